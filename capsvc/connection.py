@@ -1,0 +1,191 @@
+"""The trio driver of one connection: a reader task, a coalescing writer task.
+
+Theory of operation (DESIGN.md, "Buffered framing"):
+- The reader feeds bytes to the framing decoder and each whole message to the engine,
+  synchronously, in arrival order (rpc-protocol.md §13.1). Server methods run as their own
+  tasks (capsvc.runtime), so a slow method never stalls the reader.
+- The engine frames every outgoing message into one outbox. The writer sleeps until the
+  outbox is non-empty, then yields once to the scheduler so that everything the other tasks
+  produce in the same pass joins the batch, and writes the whole batch with one
+  ``send_all``. That is why a Finish and the next Call leave together, and why Nagle's
+  algorithm plus delayed ACKs cannot stall a call even with TCP_NODELAY off.
+- The outbox is bounded: when it holds more than ``max_buffered`` bytes the reader stops
+  reading (so the peer's calls cannot make us produce more) and callers that use
+  ``wait_writable`` wait (backpressure).
+- ``coalesce=False`` writes each message with its own ``send_all``; it exists only so the
+  benchmark can show the stall that coalescing prevents.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from capsvc.errors import Disconnected, FramingError, RpcError
+from capsvc.framing import FrameDecoder, FramingLimits
+from capsvc.rpc.hooks import Hook
+from capsvc.rpc.session import RpcSession
+
+log = logging.getLogger("capsvc")
+
+DEFAULT_MAX_BUFFERED = 4 * 1024 * 1024
+
+
+class Connection:
+    """One RPC connection over a trio Stream. Use ``run()`` inside a nursery."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        bootstrap: Hook | None = None,
+        *,
+        limits: FramingLimits | None = None,
+        coalesce: bool = True,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
+        name: str = "connection",
+    ) -> None:
+        self.stream = stream
+        self.limits = limits or FramingLimits()
+        self.session = RpcSession(bootstrap, limits=self.limits, on_output=self._wake_writer)
+        self.coalesce = coalesce
+        self.max_buffered = max_buffered
+        self.name = name
+        self.writes = 0  # send_all calls so far (tests count them)
+        self._decoder = FrameDecoder(self.limits)
+        self._writer_task: trio.lowlevel.Task | None = None
+        self._writer_parked = False
+        self._writing = False
+        self._drained = trio.Event()
+        self._closed = trio.Event()
+        self.close_reason: RpcError | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        """Serve the connection until either side closes it or it breaks."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._writer)
+                await self._reader()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._shutdown(self.close_reason or Disconnected("connection closed"))
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.stream)
+
+    async def aclose(self) -> None:
+        """Close gracefully: flush what is queued, then close the stream."""
+        if self._closed.is_set():
+            return
+        with trio.move_on_after(5):
+            await self._wait_output_written()
+        self._shutdown(Disconnected("connection closed locally"))
+        await trio.aclose_forcefully(self.stream)
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def _shutdown(self, reason: RpcError) -> None:
+        if self._closed.is_set():
+            return
+        self.close_reason = self.close_reason or reason
+        self.session.close(self.close_reason)
+        self._closed.set()
+
+    # ------------------------------------------------------------------ reading
+    async def _reader(self) -> None:
+        session = self.session
+        decoder = self._decoder
+        stream = self.stream
+        while True:
+            if self.session.pending_bytes > self.max_buffered:
+                await self._wait_drained()
+            try:
+                data = await stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+                self.close_reason = Disconnected(f"connection lost: {error!r}")
+                return
+            if not data:
+                decoder.feed_eof()
+            else:
+                decoder.feed(data)
+            try:
+                while (segments := decoder.next_message()) is not None:
+                    session.receive(segments)
+                    if session.closed is not None:
+                        break
+            except FramingError as error:
+                session.abort(str(error))
+            if session.closed is not None:
+                with trio.move_on_after(5):
+                    await self._wait_output_written()
+                self.close_reason = session.closed
+                return
+            if not data:
+                self.close_reason = Disconnected("peer closed the connection")
+                return
+
+    # ------------------------------------------------------------------ writing
+    def _wake_writer(self) -> None:
+        if self._writer_parked and self._writer_task is not None:
+            self._writer_parked = False
+            trio.lowlevel.reschedule(self._writer_task)
+
+    async def _writer(self) -> None:
+        self._writer_task = trio.lowlevel.current_task()
+        session = self.session
+        stream = self.stream
+        while True:
+            if not session.has_output:
+                self._writer_parked = True
+                await trio.lowlevel.wait_task_rescheduled(self._abort_park)
+            # One scheduler pass: let every runnable task add to this batch first.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            batch = session.take_output()
+            if not batch:
+                continue
+            self._writing = True
+            try:
+                if self.coalesce:
+                    data = b"".join(batch) if len(batch) > 1 else batch[0]
+                    self.writes += 1
+                    await stream.send_all(data)
+                else:
+                    for frame in batch:
+                        self.writes += 1
+                        await stream.send_all(frame)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
+                self.close_reason = Disconnected(f"connection lost while writing: {error!r}")
+                self._shutdown(self.close_reason)
+                await trio.aclose_forcefully(stream)
+                return
+            finally:
+                self._writing = False
+            self._drained.set()
+            self._drained = trio.Event()
+
+    def _abort_park(self, _: Any) -> trio.lowlevel.Abort:
+        self._writer_parked = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def _wait_drained(self) -> None:
+        await self._drained.wait()
+
+    async def _wait_output_written(self) -> None:
+        """Wait until the writer has written everything the engine queued so far."""
+        while (self.session.has_output or self._writing) and self._writer_task is not None:
+            if self.close_reason is not None and not self._writing and self._writer_parked:
+                break
+            await self._drained.wait()
+
+    # ------------------------------------------------------------------ API
+    def bootstrap(self, interface: Any) -> Any:
+        """The peer's bootstrap capability typed as ``interface`` (usable at once)."""
+        from capsvc.client import Client
+
+        return Client(self.session.bootstrap(), interface)

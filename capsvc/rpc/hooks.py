@@ -1,0 +1,325 @@
+"""Capability references inside the engine ("hooks"), and the result of a call.
+
+Theory of operation:
+- A ``Hook`` is one capability as this vat sees it: a local server object, a promise that
+  queues calls until it resolves, a broken capability, or (in capsvc.rpc.session) an import
+  from a peer or a pipelined capability on a question sent to a peer. ``hook.call(call)``
+  takes an ``OutgoingCall`` and either runs it, sends it, queues it or fails it.
+- Hooks are reference counted by their *owners* (payloads, table entries, user-level client
+  objects): ``add_ref()`` / ``release()``. A new hook starts with one reference, owned by its
+  creator. When the count reaches zero the hook disposes of what it holds (an import sends its
+  Release: rpc-protocol.md §7).
+- A ``CallResult`` is a sans-I/O future for one call's results. It supports pipelining:
+  ``pipeline(path)`` gives a hook for the capability that will sit at that pointer path of
+  the results. Until the call is linked to a remote question those hooks queue locally; a
+  session links remote calls so that pipelined calls go out at once (rpc-protocol.md §6).
+- Nothing here imports trio or socket. Local server calls are started through an
+  ``Executor`` supplied by the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from capsvc.errors import Failed, RpcError
+
+if TYPE_CHECKING:
+    from capsvc.rpc.payload import Payload
+
+Path = tuple[int, ...]
+
+
+class Hook:
+    """One capability reference. Subclasses define ``call`` and what disposal means."""
+
+    __slots__ = ("__weakref__", "refs")
+
+    #: True for a hook whose target may still change (rpc-protocol.md §5: senderPromise).
+    is_promise = False
+
+    def __init__(self) -> None:
+        self.refs = 1
+
+    def add_ref(self) -> Hook:
+        self.refs += 1
+        return self
+
+    def release(self) -> None:
+        self.refs -= 1
+        if self.refs == 0:
+            self._dispose()
+
+    def _dispose(self) -> None:
+        """Called once when the last owner releases the hook."""
+
+    def call(self, call: OutgoingCall) -> None:
+        raise NotImplementedError
+
+    def resolved_target(self) -> Hook | None:
+        """For a promise that has settled, the hook it settled to; otherwise None."""
+        return None
+
+    def when_resolved(self, callback: Callable[[], None]) -> None:
+        """Run callback once this promise settles (at once for a settled hook)."""
+        callback()
+
+    def shortest(self) -> Hook:
+        """Follow settled promises to the hook that now stands for this capability."""
+        hook: Hook = self
+        while (target := hook.resolved_target()) is not None:
+            hook = target
+        return hook
+
+
+class BrokenHook(Hook):
+    """A capability that fails every call with the same error."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: RpcError) -> None:
+        super().__init__()
+        self.error = error
+
+    def call(self, call: OutgoingCall) -> None:
+        call.params.release()
+        call.result.set_error(self.error)
+        call.result.release()
+
+
+def null_hook() -> BrokenHook:
+    """What a call on a null capability reaches (C++: 'Called null capability.')."""
+    return BrokenHook(Failed("called a null capability"))
+
+
+class Executor(Protocol):
+    """Runs calls on local server objects (supplied by the runtime, e.g. a trio nursery)."""
+
+    def start(self, server: Any, call: OutgoingCall) -> None: ...
+
+
+class LocalServerHook(Hook):
+    """A capability to an object served by this vat."""
+
+    __slots__ = ("executor", "server")
+
+    def __init__(self, server: Any, executor: Executor) -> None:
+        super().__init__()
+        self.server = server
+        self.executor = executor
+
+    def call(self, call: OutgoingCall) -> None:
+        self.executor.start(self.server, call)
+
+
+class PromiseHook(Hook):
+    """A local promise: calls queue, in order, until ``resolve`` names the target."""
+
+    __slots__ = ("_callbacks", "_queue", "_target")
+    is_promise = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._target: Hook | None = None
+        self._queue: list[OutgoingCall] = []
+        self._callbacks: list[Callable[[], None]] = []
+
+    def call(self, call: OutgoingCall) -> None:
+        if self._target is None:
+            self._queue.append(call)
+        else:
+            self._target.call(call)
+
+    def resolve(self, target: Hook) -> None:
+        """Settle on ``target`` (ownership passes to us) and deliver the queued calls in order."""
+        if self._target is not None:
+            target.release()
+            return
+        self._target = target
+        queue, self._queue = self._queue, []
+        for call in queue:
+            target.call(call)
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def resolved_target(self) -> Hook | None:
+        return self._target
+
+    def when_resolved(self, callback: Callable[[], None]) -> None:
+        if self._target is None:
+            self._callbacks.append(callback)
+        else:
+            callback()
+
+    def _dispose(self) -> None:
+        # Queued calls are still wanted by their callers: they stay until resolve().
+        if self._target is not None:
+            self._target.release()
+
+
+class OutgoingCall:
+    """A call on its way to a target: method, params (owned) and where the results go.
+
+    The call owns one reference to ``result``; whoever finally handles the call releases it
+    (a remote question or a running local call then keeps only an uncounted link, so that
+    the caller dropping its own references still cancels the call).
+    """
+
+    __slots__ = ("interface_id", "method_id", "params", "result")
+
+    def __init__(
+        self, interface_id: int, method_id: int, params: Payload, result: CallResult
+    ) -> None:
+        self.interface_id = interface_id
+        self.method_id = method_id
+        self.params = params
+        self.result = result
+
+
+class RemoteQuestion(Protocol):
+    """What a CallResult needs from a question a session sent for it."""
+
+    def pipeline(self, path: Path) -> Hook: ...
+
+    def drop_interest(self) -> None: ...
+
+
+class CallResult:
+    """The future results of one call, with pipelining and cancellation.
+
+    Owners hold references like hooks do. When the last owner goes before the results
+    arrive, the call is cancelled (a remote question sends its Finish: rpc-protocol.md §4).
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_callbacks",
+        "_canceller",
+        "_error",
+        "_payload",
+        "_pending_pipelines",
+        "_question",
+        "done",
+        "refs",
+    )
+
+    def __init__(self) -> None:
+        self.refs = 1
+        self.done = False
+        self._payload: Payload | None = None
+        self._error: RpcError | None = None
+        self._callbacks: list[Callable[[CallResult], None]] = []
+        self._pending_pipelines: list[tuple[Path, PromiseHook]] = []
+        self._question: RemoteQuestion | None = None
+        self._canceller: Callable[[], None] | None = None
+
+    # -- ownership --------------------------------------------------------------------
+    def add_ref(self) -> CallResult:
+        self.refs += 1
+        return self
+
+    def release(self) -> None:
+        self.refs -= 1
+        if self.refs > 0:
+            return
+        if self.done:
+            if self._payload is not None:
+                self._payload.release()
+                self._payload = None
+        else:
+            self.cancel()
+
+    # -- producer side ----------------------------------------------------------------
+    def set_result(self, payload: Payload) -> None:
+        """The call returned; ownership of ``payload`` passes to this result."""
+        if self.done:
+            payload.release()
+            return
+        self._settle(payload, None)
+        if self.refs <= 0:
+            payload.release()
+            self._payload = None
+
+    def set_error(self, error: RpcError) -> None:
+        if not self.done:
+            self._settle(None, error)
+
+    def link_question(self, question: RemoteQuestion) -> None:
+        """The call went to a peer: pipelined calls may go out at once from now on."""
+        self._question = question
+        pending, self._pending_pipelines = self._pending_pipelines, []
+        for path, promise in pending:
+            promise.resolve(question.pipeline(path))
+            self.release()
+
+    def set_canceller(self, canceller: Callable[[], None] | None) -> None:
+        """How to stop the work if every owner loses interest before it finishes."""
+        self._canceller = canceller
+
+    def cancel(self) -> None:
+        if self.done:
+            return
+        question, self._question = self._question, None
+        if question is not None:
+            question.drop_interest()
+        canceller, self._canceller = self._canceller, None
+        if canceller is not None:
+            canceller()
+
+    # -- consumer side ----------------------------------------------------------------
+    def add_done_callback(self, callback: Callable[[CallResult], None]) -> None:
+        if self.done:
+            callback(self)
+        else:
+            self._callbacks.append(callback)
+
+    def remove_done_callback(self, callback: Callable[[CallResult], None]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    @property
+    def payload(self) -> Payload:
+        """The results; raises the call's RpcError if it failed."""
+        if self._error is not None:
+            raise self._error
+        if self._payload is None:
+            raise RuntimeError("the call has not returned yet")
+        return self._payload
+
+    @property
+    def error(self) -> RpcError | None:
+        return self._error
+
+    def pipeline(self, path: Path) -> Hook:
+        """A hook for the capability at ``path`` in the results (a new reference)."""
+        if self.done:
+            if self._error is not None:
+                return BrokenHook(self._error)
+            assert self._payload is not None
+            return self._payload.cap_at(path) or null_hook()
+        if self._question is not None:
+            return self._question.pipeline(path)
+        promise = PromiseHook()
+        self._pending_pipelines.append((path, promise))
+        self.add_ref()  # the pending pipeline keeps the call wanted
+        return promise
+
+    def _settle(self, payload: Payload | None, error: RpcError | None) -> None:
+        self.done = True
+        self._payload = payload
+        self._error = error
+        self._question = None
+        self._canceller = None
+        pending, self._pending_pipelines = self._pending_pipelines, []
+        for path, promise in pending:
+            if error is not None:
+                promise.resolve(BrokenHook(error))
+            else:
+                assert payload is not None
+                promise.resolve(payload.cap_at(path) or null_hook())
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+        for _ in pending:
+            self.release()

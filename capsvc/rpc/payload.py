@@ -1,0 +1,182 @@
+"""Payloads: a call's params or results, i.e. content plus the capabilities it points to.
+
+Theory of operation (DESIGN.md, "Capabilities inside messages"): pycapnp builds and reads
+the content, but it cannot read or write capability pointers outside its own RPC system. So a
+payload keeps its capabilities beside the content, as hooks keyed by *pointer path*
+(capsvc.rpc.pointers: struct pointer slots, ``~i`` for list element i):
+
+- ``BuiltPayload``: content being built in place inside an rpc.capnp Call or Return message
+  builder. Interface fields stay null in pycapnp; ``set_cap(path, hook)`` records the hook.
+  When the message is written, the session fills the capTable and ``finish`` patches one
+  capability word per recorded path into the serialised segments.
+- ``ReceivedPayload``: content inside a received message. The capTable was turned into hooks
+  on arrival (each owned by the payload); ``cap_at(path)`` reads the pointer word at that path
+  and returns the hook its index names.
+
+A payload owns one reference to each of its hooks; ``release()`` drops them (rpc-protocol.md
+§7: imports are released when their last local reference dies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from capsvc.errors import Failed, LocalProtocolError, RemoteProtocolError
+from capsvc.rpc import pointers, wire
+from capsvc.rpc.hooks import BrokenHook, Hook, Path
+
+Segments = Sequence[bytes | bytearray | memoryview]
+
+
+class Payload:
+    """Content plus capabilities. Subclasses say where the content lives."""
+
+    __slots__ = ("caps", "released")
+
+    def __init__(self) -> None:
+        self.caps: list[Hook | None] = []
+        self.released = False
+
+    def cap_at(self, path: Path) -> Hook | None:
+        """A new reference to the capability at ``path``, or None for a null pointer."""
+        raise NotImplementedError
+
+    def content(self, schema: Any) -> Any:
+        """A pycapnp struct reader of the content, read as ``schema``."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        caps, self.caps = self.caps, []
+        for hook in caps:
+            if hook is not None:
+                hook.release()
+
+
+class BuiltPayload(Payload):
+    """Content built inside ``message`` (a Call or Return builder) at ``payload_builder``."""
+
+    __slots__ = ("cap_paths", "content_path", "message", "payload_builder", "unions")
+
+    def __init__(self, message: Any, payload_builder: Any, content_path: Path) -> None:
+        super().__init__()
+        self.message = message
+        self.payload_builder = payload_builder
+        self.content_path = content_path
+        self.cap_paths: dict[Path, int] = {}
+        self.unions: dict[Path, tuple[int, int]] = {}
+
+    def set_cap(
+        self, path: Path, hook: Hook | None, *, union: tuple[Path, int, int] | None = None
+    ) -> None:
+        """Place ``hook`` (ownership passes to the payload) at ``path`` of the content.
+
+        ``union`` = (path of the enclosing struct, discriminant offset in 16-bit units, value)
+        when the field is a union member: pycapnp cannot select it, so ``write`` does.
+        """
+        if union is not None:
+            self.unions[union[0]] = (union[1], union[2])
+        index = self.cap_paths.get(path)
+        if index is None:
+            self.cap_paths[path] = len(self.caps)
+            self.caps.append(hook)
+            return
+        old = self.caps[index]
+        self.caps[index] = hook
+        if old is not None:
+            old.release()
+
+    def cap_at(self, path: Path) -> Hook | None:
+        index = self.cap_paths.get(path)
+        if index is None:
+            return None
+        hook = self.caps[index]
+        return hook.add_ref() if hook is not None else None
+
+    def content(self, schema: Any) -> Any:
+        return self.payload_builder.content.as_struct(schema).as_reader()
+
+    def write(self, describe: Callable[[Any, Hook | None], None]) -> list[bytes | bytearray]:
+        """Serialise the message: capTable through ``describe``, then the capability words.
+
+        Null capabilities get no capTable entry; their pointer simply stays null.
+        """
+        pairs = zip(self.cap_paths, self.caps, strict=True)
+        order = [(path, hook) for path, hook in pairs if hook is not None]
+        if not order and not self.unions:
+            return list(self.message.to_segments())
+        if order:
+            table = self.payload_builder.init("capTable", len(order))
+            for index, (_, hook) in enumerate(order):
+                describe(table[index], hook)
+        segments: list[bytes | bytearray] = [bytearray(s) for s in self.message.to_segments()]
+        start = pointers.follow(segments, pointers.ROOT, self.content_path)
+        if start is None:
+            raise LocalProtocolError("payload content is missing")
+        for struct_path, (offset, value) in self.unions.items():
+            pointers.write_struct_u16(segments, start, struct_path, offset, value)
+        for index, (path, _) in enumerate(order):
+            location = pointers.follow(segments, start, path) if path else start
+            if location is None:
+                raise LocalProtocolError(f"no pointer at capability path {path}")
+            pointers.write_cap_index(segments, location, index)
+        return segments
+
+
+class ReceivedPayload(Payload):
+    """Content inside a received message; ``caps`` came from its capTable."""
+
+    __slots__ = ("_content_location", "content_path", "payload_reader", "segments")
+
+    def __init__(
+        self, segments: Segments, payload_reader: Any, content_path: Path, caps: list[Hook | None]
+    ) -> None:
+        super().__init__()
+        self.segments = segments
+        self.content_path = content_path
+        self.payload_reader = payload_reader
+        self.caps = caps
+        self._content_location: pointers.Location | None = (
+            pointers.follow(segments, pointers.ROOT, content_path) if caps else None
+        )
+
+    def cap_at(self, path: Path) -> Hook | None:
+        if self._content_location is None:
+            return None  # an empty capTable: every capability pointer reads as null
+        try:
+            location = (
+                pointers.follow(self.segments, self._content_location, path)
+                if path
+                else self._content_location
+            )
+            if location is None:
+                return None
+            index = pointers.read_cap_index(self.segments, location)
+        except RemoteProtocolError as error:
+            return BrokenHook(Failed(f"bad capability pointer: {error}"))
+        if index is None:
+            return None
+        if index >= len(self.caps):
+            return BrokenHook(Failed(f"capability index {index} is outside the capTable"))
+        hook = self.caps[index]
+        return hook.add_ref() if hook is not None else None
+
+    def content(self, schema: Any) -> Any:
+        return self.payload_reader.content.as_struct(schema)
+
+
+def new_call_payload() -> BuiltPayload:
+    """An empty params payload inside a fresh Call message."""
+    message = wire.Message.new_message()
+    params = message.init("call").init("params")
+    return BuiltPayload(message, params, wire.CALL_CONTENT_PATH)
+
+
+def new_return_payload() -> BuiltPayload:
+    """An empty results payload inside a fresh Return message."""
+    message = wire.Message.new_message()
+    results = message.init("return").init("results")
+    return BuiltPayload(message, results, wire.RETURN_CONTENT_PATH)

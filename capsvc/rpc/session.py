@@ -1,0 +1,866 @@
+"""The protocol engine for one two-party connection (rpc.capnp, Level 1). Sans-I/O.
+
+Theory of operation:
+- Feed it whole messages with ``receive(segments)``; take what must be written with
+  ``take_output()``. Every table change for a message happens synchronously inside
+  ``receive``, in arrival order (rpc-protocol.md §13.1), and every outgoing message is framed
+  into one ordered outbox (§13.2), so a driver that writes the outbox in one ``send_all``
+  keeps protocol order and coalesces writes for free.
+- The four tables of §3 live here: ``questions`` (our calls), ``answers`` (the peer's calls),
+  ``exports`` (our capabilities the peer holds) and ``imports`` (the peer's capabilities we
+  hold), plus the private embargo table of §9.
+- Local objects are reached through hooks (capsvc.rpc.hooks); remote ones through the hooks
+  of capsvc.rpc.remote, which call back into ``send_call`` here.
+- A violation by the peer raises RemoteProtocolError inside the handlers; ``receive`` turns
+  it into an Abort message and closes the session (§10). After ``close`` every question fails
+  with ``disconnected`` and every import is broken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import capnp
+
+from capsvc.errors import (
+    Disconnected,
+    ExceptionType,
+    Failed,
+    RemoteProtocolError,
+    RpcError,
+    Unimplemented,
+)
+from capsvc.framing import FramingLimits, encode_message
+from capsvc.rpc import copying, wire
+from capsvc.rpc.hooks import (
+    BrokenHook,
+    CallResult,
+    Hook,
+    OutgoingCall,
+    Path,
+    null_hook,
+)
+from capsvc.rpc.ids import IdAllocator
+from capsvc.rpc.payload import (
+    BuiltPayload,
+    Payload,
+    ReceivedPayload,
+    new_call_payload,
+    new_return_payload,
+)
+from capsvc.rpc.remote import ImportHook, ImportPromiseHook, PipelineHook, RemoteHook, RemotePromise
+
+Segments = Sequence[bytes | bytearray | memoryview]
+
+
+class Canceled(RpcError):
+    """The caller finished the question before the call returned (never seen by users)."""
+
+
+class Question:
+    """One of our calls (or bootstrap requests) awaiting or holding its Return."""
+
+    __slots__ = (
+        "finish_sent",
+        "id",
+        "param_exports",
+        "pipelines",
+        "result",
+        "returned",
+        "session",
+        "yourself",
+    )
+
+    def __init__(self, session: RpcSession, question_id: int, result: CallResult | None) -> None:
+        self.session = session
+        self.id = question_id
+        self.result = result
+        self.pipelines: dict[Path, PipelineHook] = {}
+        self.param_exports: list[int] = []
+        self.returned = False
+        self.finish_sent = False
+        self.yourself = False
+
+    def pipeline(self, path: Path) -> Hook:
+        hook = self.pipelines.get(path)
+        if hook is not None:
+            return hook.add_ref()
+        hook = PipelineHook(self, path)
+        self.pipelines[path] = hook
+        return hook
+
+    def drop_pipeline(self, hook: PipelineHook) -> None:
+        if self.pipelines.get(hook.path) is hook:
+            del self.pipelines[hook.path]
+            self.session._maybe_finish_early(self)
+
+    def drop_interest(self) -> None:
+        self.result = None
+        self.session._maybe_finish_early(self)
+
+    def write_promised_answer(self, builder: Any, path: Path) -> None:
+        builder.questionId = self.id
+        transform = builder.init("transform", len(path))
+        for index, step in enumerate(path):
+            transform[index].getPointerField = step
+
+
+class Answer:
+    """One of the peer's calls: running, or returned and awaiting its Finish."""
+
+    __slots__ = ("finish_received", "id", "redirected", "result", "result_exports", "return_sent")
+
+    def __init__(self, answer_id: int, result: CallResult, redirected: bool) -> None:
+        self.id = answer_id
+        self.result = result
+        self.redirected = redirected
+        self.return_sent = False
+        self.finish_received = False
+        self.result_exports: list[int] = []
+
+
+class Export:
+    """One of our capabilities as the peer knows it, with the peer's reference count."""
+
+    __slots__ = ("hook", "refcount", "resolve_sent")
+
+    def __init__(self, hook: Hook) -> None:
+        self.hook = hook
+        self.refcount = 0
+        self.resolve_sent = False
+
+
+class Import:
+    """One of the peer's capabilities: our hook for it and how many times we received it."""
+
+    __slots__ = ("hook", "remote_refcount")
+
+    def __init__(self, hook: ImportHook | ImportPromiseHook) -> None:
+        self.hook = hook
+        self.remote_refcount = 1
+
+
+class RpcSession:
+    """The engine of one connection. See the module docstring."""
+
+    def __init__(
+        self,
+        bootstrap: Hook | None = None,
+        *,
+        limits: FramingLimits | None = None,
+        on_output: Callable[[], None] | None = None,
+    ) -> None:
+        self.bootstrap_hook = bootstrap
+        self.limits = limits or FramingLimits()
+        self.on_output = on_output
+        self.questions: dict[int, Question] = {}
+        self.answers: dict[int, Answer] = {}
+        self.exports: dict[int, Export] = {}
+        self.imports: dict[int, Import] = {}
+        self.embargoes: dict[int, RemotePromise] = {}
+        self._question_ids = IdAllocator()
+        self._export_ids = IdAllocator()
+        self._embargo_ids = IdAllocator()
+        self._export_by_hook: dict[Hook, int] = {}
+        self._outbox: list[bytes] = []
+        self.closed: RpcError | None = None
+        self.abort_reason: str | None = None
+
+    # ================================================================== output
+    def take_output(self) -> list[bytes]:
+        """Every framed message produced since the last call, in protocol order."""
+        out, self._outbox = self._outbox, []
+        return out
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._outbox)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes framed and not yet taken by the writer (for backpressure)."""
+        return sum(len(frame) for frame in self._outbox)
+
+    def _send(self, segments: Sequence[bytes | bytearray | memoryview]) -> None:
+        self._outbox.append(encode_message(segments))
+        if len(self._outbox) == 1 and self.on_output is not None:
+            self.on_output()
+
+    def _send_message(self, message: Any) -> None:
+        self._send(message.to_segments())
+
+    def tables_empty(self) -> bool:
+        """True when all four tables and the embargo table are empty (tests check this)."""
+        return not (
+            self.questions or self.answers or self.exports or self.imports or self.embargoes
+        )
+
+    def table_sizes(self) -> dict[str, int]:
+        return {
+            "questions": len(self.questions),
+            "answers": len(self.answers),
+            "exports": len(self.exports),
+            "imports": len(self.imports),
+            "embargoes": len(self.embargoes),
+        }
+
+    # ================================================================== commands
+    def bootstrap(self) -> Hook:
+        """Ask the peer for its bootstrap capability; usable (pipelined) at once."""
+        result = CallResult()
+        if self.closed is not None:
+            result.set_error(self.closed)
+            hook = result.pipeline(())
+            result.release()
+            return hook
+        question = self._new_question(result)
+        message = wire.Message.new_message()
+        message.init("bootstrap").questionId = question.id
+        self._send_message(message)
+        result.link_question(question)
+        hook = result.pipeline(())
+        result.release()
+        return hook
+
+    def send_call(self, call: OutgoingCall, target: RemoteHook) -> None:
+        """Send ``call`` to ``target``, a remote hook of this session (rpc-protocol.md §4)."""
+        if self.closed is not None:
+            call.params.release()
+            call.result.set_error(self.closed)
+            call.result.release()
+            return
+        params = call.params
+        if not (isinstance(params, BuiltPayload) and params.content_path == wire.CALL_CONTENT_PATH):
+            params = copying.copy_to_call(params, new_call_payload())
+            call.params.release()
+        question = self._new_question(call.result)
+        body = params.message.call
+        body.questionId = question.id
+        body.interfaceId = call.interface_id
+        body.methodId = call.method_id
+        target.write_target(body.target)
+        segments = params.write(
+            lambda desc, hook: self._describe(desc, hook, question.param_exports)
+        )
+        params.release()
+        self._send(segments)
+        call.result.link_question(question)
+        call.result.release()  # the question keeps an uncounted link (see OutgoingCall)
+
+    # ================================================================== receive
+    def receive(self, segments: Segments) -> None:
+        """Handle one whole incoming message (its segments, as the framing produced them)."""
+        if self.closed is not None:
+            return
+        try:
+            self._dispatch(segments)
+        except RemoteProtocolError as error:
+            self.abort(str(error))
+        except capnp.KjException as error:
+            self.abort(f"malformed message: {_kj_reason(error)}")
+
+    def _dispatch(self, segments: Segments) -> None:
+        tag = wire.message_tag(segments)
+        message = wire.read_message(
+            segments,
+            traversal_limit_words=self.limits.traversal_limit_words,
+            nesting_limit=self.limits.nesting_limit,
+        )
+        handler = self._HANDLERS.get(tag) if tag is not None else None
+        if handler is None:
+            self._echo_unimplemented(message)
+            return
+        handler(self, message, segments)
+
+    def _echo_unimplemented(self, message: Any) -> None:
+        """rpc-protocol.md §11: send what we do not understand back, verbatim."""
+        reply = wire.Message.new_message()
+        reply.unimplemented = message
+        self._send_message(reply)
+
+    # -------------------------------------------------------------- bootstrap
+    def _on_bootstrap(self, message: Any, segments: Segments) -> None:
+        body = message.bootstrap
+        answer_id = body.questionId
+        if answer_id in self.answers:
+            raise RemoteProtocolError(f"bootstrap reuses question ID {answer_id} still in use")
+        if body._has("deprecatedObjectId"):
+            raise RemoteProtocolError("bootstrap with deprecatedObjectId is not supported")
+        result = CallResult()
+        self._start_answer(answer_id, result, redirected=False)
+        if self.bootstrap_hook is None:
+            result.set_error(Failed("this vat has no bootstrap capability"))
+            return
+        payload = new_return_payload()
+        payload.set_cap((), self.bootstrap_hook.add_ref())
+        result.set_result(payload)
+
+    # -------------------------------------------------------------- call
+    def _on_call(self, message: Any, segments: Segments) -> None:
+        body = message.call
+        answer_id = body.questionId
+        if answer_id in self.answers:
+            raise RemoteProtocolError(f"call reuses question ID {answer_id} still in use")
+        send_to = body.sendResultsTo.which()
+        if send_to == "thirdParty":
+            raise RemoteProtocolError("sendResultsTo.thirdParty is Level 3; not supported")
+        target = self._message_target(body.target)
+        params_reader = body.params
+        caps = [self._import_descriptor(d) for d in params_reader.capTable]
+        params = ReceivedPayload(segments, params_reader, wire.CALL_CONTENT_PATH, caps)
+        result = CallResult()
+        self._start_answer(answer_id, result, redirected=send_to == "yourself")
+        target.call(OutgoingCall(body.interfaceId, body.methodId, params, result.add_ref()))
+        target.release()
+
+    def _message_target(self, target: Any) -> Hook:
+        """A new reference to the hook a MessageTarget names (unknown IDs are violations)."""
+        if target.which() == "importedCap":
+            export = self.exports.get(target.importedCap)
+            if export is None:
+                raise RemoteProtocolError(
+                    f"call to export ID {target.importedCap}, which is not exported"
+                )
+            return export.hook.add_ref()
+        promised = target.promisedAnswer
+        answer = self.answers.get(promised.questionId)
+        if answer is None:
+            raise RemoteProtocolError(
+                f"promisedAnswer names question {promised.questionId}, which is not current"
+            )
+        return answer.result.pipeline(_transform_path(promised.transform))
+
+    def _start_answer(self, answer_id: int, result: CallResult, *, redirected: bool) -> None:
+        answer = Answer(answer_id, result, redirected)
+        self.answers[answer_id] = answer
+        result.add_done_callback(lambda _: self._send_return(answer))
+
+    # -------------------------------------------------------------- return (sending)
+    def _send_return(self, answer: Answer) -> None:
+        if self.closed is not None or self.answers.get(answer.id) is not answer:
+            return
+        result = answer.result
+        answer.return_sent = True
+        if answer.finish_received:
+            self._send_simple_return(answer.id, "canceled")
+            self._forget_answer(answer)
+            return
+        error = result.error
+        if error is not None:
+            self._send_exception_return(answer.id, error)
+            return
+        if answer.redirected:
+            self._send_simple_return(answer.id, "resultsSentElsewhere")
+            return
+        payload = result.payload
+        if not (
+            isinstance(payload, BuiltPayload) and payload.content_path == wire.RETURN_CONTENT_PATH
+        ):
+            payload = copying.copy_to_return(payload, new_return_payload())
+            owned = True
+        else:
+            owned = False
+        body = getattr(payload.message, "return")
+        body.answerId = answer.id
+        body.releaseParamCaps = False
+        no_caps = not any(hook is not None for hook in payload.caps)
+        if no_caps:
+            # rpc-protocol.md §4 callee step 3: cap-free results need no Finish (C++ does this).
+            body.noFinishNeeded = True
+        segments = payload.write(
+            lambda desc, hook: self._describe(desc, hook, answer.result_exports)
+        )
+        if owned:
+            payload.release()
+        self._send(segments)
+        if no_caps:
+            self._forget_answer(answer)
+
+    def _send_simple_return(self, answer_id: int, which: str) -> None:
+        message = wire.Message.new_message()
+        body = message.init("return")
+        body.answerId = answer_id
+        body.releaseParamCaps = False
+        setattr(body, which, None)
+        self._send_message(message)
+
+    def _send_exception_return(self, answer_id: int, error: RpcError) -> None:
+        message = wire.Message.new_message()
+        body = message.init("return")
+        body.answerId = answer_id
+        body.releaseParamCaps = False
+        wire.write_exception(body.init("exception"), error)
+        self._send_message(message)
+
+    def _forget_answer(self, answer: Answer) -> None:
+        if self.answers.get(answer.id) is answer:
+            del self.answers[answer.id]
+        answer.result.release()
+
+    # -------------------------------------------------------------- finish
+    def _on_finish(self, message: Any, segments: Segments) -> None:
+        body = message.finish
+        answer = self.answers.get(body.questionId)
+        if answer is None:
+            return  # it may have crossed our noFinishNeeded return (rpc-protocol.md §13.8)
+        if answer.finish_received:
+            raise RemoteProtocolError(f"second finish for question {body.questionId}")
+        answer.finish_received = True
+        if body.releaseResultCaps:
+            exports, answer.result_exports = answer.result_exports, []
+            for export_id in exports:
+                self._release_export(export_id, 1)
+        if answer.return_sent:
+            self._forget_answer(answer)
+        else:
+            answer.result.cancel()
+
+    # -------------------------------------------------------------- return (receiving)
+    def _on_return(self, message: Any, segments: Segments) -> None:
+        body = getattr(message, "return")
+        question = self.questions.get(body.answerId)
+        if question is None or question.returned:
+            raise RemoteProtocolError(
+                f"return for question {body.answerId}, which is not awaiting one"
+            )
+        question.returned = True
+        if body.releaseParamCaps:
+            exports, question.param_exports = question.param_exports, []
+            for export_id in exports:
+                self._release_export(export_id, 1)
+        which = body.which()
+        if which == "results":
+            self._complete_with_results(question, body.results, segments)
+        elif which == "exception":
+            self._complete_question(question, None, wire.read_exception(body.exception))
+        elif which == "canceled":
+            if not question.finish_sent:
+                raise RemoteProtocolError(
+                    f"return 'canceled' for question {question.id} never finished"
+                )
+            self._complete_question(question, None, Canceled("canceled"))
+        elif which == "resultsSentElsewhere":
+            if not question.yourself:
+                raise RemoteProtocolError(
+                    "resultsSentElsewhere for a call not sent with 'yourself'"
+                )
+            self._complete_question(question, None, Failed("results were sent elsewhere"))
+        elif which == "takeFromOtherQuestion":
+            self._take_from_other_question(question, body.takeFromOtherQuestion)
+        else:
+            raise RemoteProtocolError(f"return variant {which!r} is not supported (Level 3)")
+        if not question.finish_sent and not body.noFinishNeeded:
+            self._send_finish(question, release_result_caps=False)
+        self._free_question_if_done(question, no_finish_needed=body.noFinishNeeded)
+
+    def _complete_with_results(self, question: Question, results: Any, segments: Segments) -> None:
+        if question.finish_sent:
+            # We finished with releaseResultCaps=true: the callee releases them itself.
+            self._complete_question(question, None, Canceled("canceled"))
+            return
+        caps = [self._import_descriptor(d) for d in results.capTable]
+        payload = ReceivedPayload(segments, results, wire.RETURN_CONTENT_PATH, caps)
+        self._complete_question(question, payload, None)
+
+    def _take_from_other_question(self, question: Question, other_id: int) -> None:
+        """rpc-protocol.md §6.2: the results are those of our answer ``other_id``."""
+        other = self.answers.get(other_id)
+        if other is None or not other.redirected:
+            raise RemoteProtocolError(
+                f"takeFromOtherQuestion names answer {other_id}, which was not sent to 'yourself'"
+            )
+        source = other.result.add_ref()
+
+        def forward(done: CallResult) -> None:
+            if done.error is not None:
+                self._complete_question(question, None, done.error)
+            else:
+                payload = done.payload
+                self._complete_question(question, _SharedPayload(payload), None)
+            source.release()
+
+        source.add_done_callback(forward)
+
+    def _complete_question(
+        self, question: Question, payload: Payload | None, error: RpcError | None
+    ) -> None:
+        """Settle the question's pipelines (with embargoes) and then its result."""
+        for path, hook in list(question.pipelines.items()):
+            if error is not None:
+                target: Hook = BrokenHook(error)
+            else:
+                assert payload is not None
+                target = payload.cap_at(path) or null_hook()
+            if hook.settle(target):
+                self._start_embargo(hook)
+        question.pipelines.clear()
+        result, question.result = question.result, None
+        if result is None:
+            if payload is not None:
+                payload.release()
+        elif error is not None:
+            result.set_error(error)
+        else:
+            assert payload is not None
+            result.set_result(payload)
+
+    def _send_finish(self, question: Question, *, release_result_caps: bool) -> None:
+        question.finish_sent = True
+        message = wire.Message.new_message()
+        body = message.init("finish")
+        body.questionId = question.id
+        body.releaseResultCaps = release_result_caps
+        body.requireEarlyCancellationWorkaround = False  # rpc-protocol.md §13.5
+        self._send_message(message)
+
+    def _maybe_finish_early(self, question: Question) -> None:
+        """Nobody wants the question any more: finish it before its return (cancellation)."""
+        if question.returned or question.finish_sent or self.closed is not None:
+            return
+        if question.result is not None or question.pipelines:
+            return
+        self._send_finish(question, release_result_caps=True)
+
+    def _free_question_if_done(self, question: Question, *, no_finish_needed: bool) -> None:
+        if question.returned and (question.finish_sent or no_finish_needed):
+            if self.questions.get(question.id) is question:
+                del self.questions[question.id]
+                self._question_ids.free(question.id)
+
+    def _new_question(self, result: CallResult | None) -> Question:
+        question = Question(self, self._question_ids.allocate(), result)
+        self.questions[question.id] = question
+        return question
+
+    # -------------------------------------------------------------- release
+    def _on_release(self, message: Any, segments: Segments) -> None:
+        body = message.release
+        self._release_export(body.id, body.referenceCount)
+
+    def _release_export(self, export_id: int, count: int) -> None:
+        export = self.exports.get(export_id)
+        if export is None:
+            raise RemoteProtocolError(f"release of export ID {export_id}, which is not exported")
+        if count > export.refcount:
+            raise RemoteProtocolError(
+                f"release of {count} references to export {export_id}, which has {export.refcount}"
+            )
+        export.refcount -= count
+        if export.refcount == 0:
+            del self.exports[export_id]
+            del self._export_by_hook[export.hook]
+            self._export_ids.free(export_id)
+            export.hook.release()
+
+    def drop_import(self, hook: ImportHook | ImportPromiseHook) -> None:
+        """The last local reference to an import is gone: send Release with the full count."""
+        entry = self.imports.get(hook.import_id)
+        if entry is None or entry.hook is not hook:
+            return
+        del self.imports[hook.import_id]
+        if self.closed is not None:
+            return
+        message = wire.Message.new_message()
+        body = message.init("release")
+        body.id = hook.import_id
+        body.referenceCount = entry.remote_refcount
+        self._send_message(message)
+
+    # -------------------------------------------------------------- resolve
+    def _on_resolve(self, message: Any, segments: Segments) -> None:
+        body = message.resolve
+        if body.which() == "cap":
+            target = self._import_descriptor(body.cap)
+            new_target: Hook = target if target is not None else null_hook()
+        else:
+            new_target = BrokenHook(wire.read_exception(body.exception))
+        entry = self.imports.get(body.promiseId)
+        if entry is None:
+            new_target.release()  # we already released the promise: drop what it named (§8)
+            return
+        hook = entry.hook
+        if not isinstance(hook, ImportPromiseHook):
+            new_target.release()
+            raise RemoteProtocolError(
+                f"resolve for import {body.promiseId}, which is not a promise"
+            )
+        if hook.settled:
+            new_target.release()
+            raise RemoteProtocolError(f"second resolve for promise {body.promiseId}")
+        if hook.settle(new_target):
+            self._start_embargo(hook)
+
+    # -------------------------------------------------------------- embargo
+    def _start_embargo(self, hook: RemotePromise) -> None:
+        """rpc-protocol.md §9, sending side, steps 2-3."""
+        embargo_id = self._embargo_ids.allocate()
+        self.embargoes[embargo_id] = hook
+        hook.add_ref()  # the disembargo's target must stay valid until it comes back
+        message = wire.Message.new_message()
+        body = message.init("disembargo")
+        hook.write_target(body.target)
+        body.context.senderLoopback = embargo_id
+        self._send_message(message)
+
+    def _on_disembargo(self, message: Any, segments: Segments) -> None:
+        body = message.disembargo
+        context = body.context.which()
+        if context == "senderLoopback":
+            self._reflect_disembargo(body)
+        elif context == "receiverLoopback":
+            hook = self.embargoes.pop(body.context.receiverLoopback, None)
+            if hook is None:
+                raise RemoteProtocolError(
+                    f"disembargo for embargo {body.context.receiverLoopback}, which is not ours"
+                )
+            self._embargo_ids.free(body.context.receiverLoopback)
+            hook.lift_embargo()
+            hook.release()
+        else:
+            self._echo_unimplemented(message)
+
+    def _reflect_disembargo(self, body: Any) -> None:
+        """rpc-protocol.md §9, receiving side: the path back must end at the peer's own cap."""
+        target = self._message_target(body.target)
+        try:
+            final = target.resolved_target()
+            if final is None:
+                raise RemoteProtocolError("disembargo target has not resolved")
+            final = final.shortest() if not isinstance(final, RemoteHook) else final
+            if not isinstance(final, RemoteHook) or final.session is not self:
+                raise RemoteProtocolError(
+                    "disembargo target does not resolve to a capability of the sender"
+                )
+            reply = wire.Message.new_message()
+            out = reply.init("disembargo")
+            final.write_target(out.target)
+            out.context.receiverLoopback = body.context.senderLoopback
+            self._send_message(reply)
+        finally:
+            target.release()
+
+    # -------------------------------------------------------------- abort, unimplemented
+    def _on_abort(self, message: Any, segments: Segments) -> None:
+        error = wire.read_exception(message.abort)
+        self.close(Disconnected(f"peer aborted the connection: {error.reason}"))
+
+    def _on_unimplemented(self, message: Any, segments: Segments) -> None:
+        """rpc-protocol.md §11: the peer echoed one of our messages."""
+        inner = message.unimplemented
+        which = inner.which()
+        if which == "resolve":
+            cap = inner.resolve
+            if cap.which() == "cap" and cap.cap.which() in ("senderHosted", "senderPromise"):
+                self._release_export(getattr(cap.cap, cap.cap.which()), 1)
+            return
+        if which in ("bootstrap", "call"):
+            question_id = (
+                inner.bootstrap.questionId if which == "bootstrap" else inner.call.questionId
+            )
+            question = self.questions.get(question_id)
+            if question is not None and not question.returned:
+                question.returned = True
+                question.finish_sent = True  # nothing to finish: the peer never saw it
+                self._complete_question(
+                    question, None, Unimplemented(f"peer does not implement {which}")
+                )
+                self._free_question_if_done(question, no_finish_needed=True)
+            return
+        raise RemoteProtocolError(f"peer did not understand our {which!r} message")
+
+    # ================================================================== capabilities
+    def _import_descriptor(self, desc: Any) -> Hook | None:
+        """A new reference for a received CapDescriptor (rpc-protocol.md §5, 'on receipt')."""
+        which = desc.which()
+        if which == "none":
+            return None
+        if which == "senderHosted":
+            return self._import(desc.senderHosted, promise=False)
+        if which == "senderPromise":
+            return self._import(desc.senderPromise, promise=True)
+        if which == "receiverHosted":
+            export = self.exports.get(desc.receiverHosted)
+            if export is None:
+                return BrokenHook(
+                    Failed(f"receiverHosted names unknown export {desc.receiverHosted}")
+                )
+            return export.hook.add_ref()
+        if which == "receiverAnswer":
+            promised = desc.receiverAnswer
+            answer = self.answers.get(promised.questionId)
+            if answer is None:
+                return BrokenHook(
+                    Failed(f"receiverAnswer names unknown question {promised.questionId}")
+                )
+            return answer.result.pipeline(_transform_path(promised.transform))
+        if which == "thirdPartyHosted":
+            return self._import(desc.thirdPartyHosted.vineId, promise=False)
+        raise RemoteProtocolError(f"unknown capability descriptor {which!r}")
+
+    def _import(self, import_id: int, *, promise: bool) -> Hook:
+        entry = self.imports.get(import_id)
+        if entry is not None:
+            entry.remote_refcount += 1
+            return entry.hook.add_ref()
+        hook: ImportHook | ImportPromiseHook = (
+            ImportPromiseHook(self, import_id) if promise else ImportHook(self, import_id)
+        )
+        self.imports[import_id] = Import(hook)
+        return hook
+
+    def _describe(self, desc: Any, hook: Hook | None, exports_out: list[int]) -> None:
+        """Write a CapDescriptor for ``hook`` (rpc-protocol.md §5, 'Writing descriptors')."""
+        if hook is None:
+            desc.none = None
+            return
+        hook = hook.shortest()
+        if isinstance(hook, RemoteHook) and hook.session is self:
+            if isinstance(hook, PipelineHook):
+                promised = desc.init("receiverAnswer")
+                hook.question.write_promised_answer(promised, hook.path)
+            else:
+                assert isinstance(hook, ImportHook | ImportPromiseHook)
+                desc.receiverHosted = hook.import_id
+            return
+        if isinstance(hook, BrokenHook):
+            # A broken capability cannot be described: export a promise, resolve it at once.
+            self._describe_broken(desc, hook, exports_out)
+            return
+        export_id = self._export(hook)
+        exports_out.append(export_id)
+        if hook.is_promise:
+            desc.senderPromise = export_id
+        else:
+            desc.senderHosted = export_id
+
+    def _export(self, hook: Hook) -> int:
+        export_id = self._export_by_hook.get(hook)
+        if export_id is None:
+            export_id = self._export_ids.allocate()
+            export = Export(hook.add_ref())
+            self.exports[export_id] = export
+            self._export_by_hook[hook] = export_id
+            if hook.is_promise:
+                hook.when_resolved(lambda: self._send_resolve(export_id, export))
+        export = self.exports[export_id]
+        export.refcount += 1
+        return export_id
+
+    def _describe_broken(self, desc: Any, hook: BrokenHook, exports_out: list[int]) -> None:
+        from capsvc.rpc.hooks import PromiseHook
+
+        promise = PromiseHook()
+        export_id = self._export(promise)
+        exports_out.append(export_id)
+        desc.senderPromise = export_id
+        promise.resolve(hook.add_ref())
+        promise.release()
+
+    def _send_resolve(self, export_id: int, export: Export) -> None:
+        """An exported promise settled: tell the peer exactly once (rpc-protocol.md §8)."""
+        if self.closed is not None or self.exports.get(export_id) is not export:
+            return
+        if export.resolve_sent:
+            return
+        export.resolve_sent = True
+        target = export.hook.resolved_target()
+        assert target is not None
+        message = wire.Message.new_message()
+        body = message.init("resolve")
+        body.promiseId = export_id
+        final = target.shortest()
+        if isinstance(final, BrokenHook):
+            wire.write_exception(body.init("exception"), final.error)
+        else:
+            ignored: list[int] = []
+            self._describe(body.init("cap"), target, ignored)
+        self._send_message(message)
+
+    # ================================================================== shutdown
+    def abort(self, reason: str) -> None:
+        """A protocol violation: send Abort, then close (rpc-protocol.md §10)."""
+        if self.closed is not None:
+            return
+        self.abort_reason = reason
+        message = wire.Message.new_message()
+        body = message.init("abort")
+        body.reason = reason
+        body.type = int(ExceptionType.FAILED)
+        self._send_message(message)
+        self.close(Disconnected(f"connection aborted: {reason}"))
+
+    def close(self, error: RpcError) -> None:
+        """The connection is gone: fail and drop everything (rpc-protocol.md §10)."""
+        if self.closed is not None:
+            return
+        self.closed = error
+        questions, self.questions = self.questions, {}
+        for question in questions.values():
+            if not question.returned:
+                question.returned = True
+                self._complete_question(question, None, error)
+        imports, self.imports = self.imports, {}
+        for entry in imports.values():
+            if isinstance(entry.hook, ImportPromiseHook) and not entry.hook.settled:
+                entry.hook.settle(BrokenHook(error))
+        embargoes, self.embargoes = self.embargoes, {}
+        for hook in embargoes.values():
+            hook.lift_embargo()
+            hook.release()
+        exports, self.exports = self.exports, {}
+        self._export_by_hook.clear()
+        for export in exports.values():
+            export.hook.release()
+        answers, self.answers = self.answers, {}
+        for answer in answers.values():
+            answer.result.cancel()
+            answer.result.release()
+
+    _HANDLERS: dict[int, Callable[[RpcSession, Any, Segments], None]] = {}
+
+
+RpcSession._HANDLERS = {
+    wire.UNIMPLEMENTED: RpcSession._on_unimplemented,
+    wire.ABORT: RpcSession._on_abort,
+    wire.CALL: RpcSession._on_call,
+    wire.RETURN: RpcSession._on_return,
+    wire.FINISH: RpcSession._on_finish,
+    wire.RESOLVE: RpcSession._on_resolve,
+    wire.RELEASE: RpcSession._on_release,
+    wire.BOOTSTRAP: RpcSession._on_bootstrap,
+    wire.DISEMBARGO: RpcSession._on_disembargo,
+}
+
+
+class _SharedPayload(Payload):
+    """A second owner's view of another payload (takeFromOtherQuestion shares results)."""
+
+    __slots__ = ("shared_inner",)
+
+    def __init__(self, inner: Payload) -> None:
+        super().__init__()
+        self.shared_inner = inner
+        self.caps = [hook.add_ref() if hook is not None else None for hook in inner.caps]
+
+    def cap_at(self, path: Path) -> Hook | None:
+        return self.shared_inner.cap_at(path)
+
+    def content(self, schema: Any) -> Any:
+        return self.shared_inner.content(schema)
+
+
+def _transform_path(transform: Any) -> Path:
+    path = []
+    for op in transform:
+        which = op.which()
+        if which == "getPointerField":
+            path.append(op.getPointerField)
+        elif which != "noop":
+            raise RemoteProtocolError(f"unknown PromisedAnswer op {which!r}")
+    return tuple(path)
+
+
+def _kj_reason(error: Exception) -> str:
+    text = str(error)
+    return text.split("\nstack:")[0]

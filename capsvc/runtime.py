@@ -1,0 +1,89 @@
+"""The trio side of the engine: waiting for call results, and running local server calls.
+
+Theory of operation: the engine (capsvc.rpc) is sans-I/O; it settles ``CallResult`` objects
+through callbacks and starts local calls through an ``Executor``. This module is the bridge:
+``wait_result`` parks the current trio task until a result settles, and ``TrioExecutor`` runs
+each server method as its own trio task, with a cancel scope that the engine can trigger when
+the caller finishes the question early (rpc-protocol.md §4, callee step 4).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from capsvc.errors import Failed, RpcError, Unimplemented
+from capsvc.rpc.hooks import CallResult, OutgoingCall
+
+if TYPE_CHECKING:
+    from capsvc.server import Server
+
+log = logging.getLogger("capsvc")
+
+
+async def wait_result(result: CallResult, on_cancel: Callable[[], None] | None = None) -> None:
+    """Wait until ``result`` settles. If the wait is cancelled, ``on_cancel`` runs first."""
+    if result.done:
+        await trio.lowlevel.checkpoint()
+        return
+    task = trio.lowlevel.current_task()
+
+    def wake(_: CallResult) -> None:
+        trio.lowlevel.reschedule(task)
+
+    result.add_done_callback(wake)
+
+    def abort(_: Any) -> trio.lowlevel.Abort:
+        result.remove_done_callback(wake)
+        if on_cancel is not None:
+            on_cancel()
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+class TrioExecutor:
+    """Runs local server calls as trio system tasks (one per call)."""
+
+    def start(self, server: Any, call: OutgoingCall) -> None:
+        # The running call keeps an uncounted link to its result (see OutgoingCall), so a
+        # caller that drops every reference cancels it.
+        call.result.release()
+        trio.lowlevel.spawn_system_task(_run_call, server, call, name=_task_name(server, call))
+
+
+def _task_name(server: Any, call: OutgoingCall) -> str:
+    return f"capsvc call {type(server).__name__} {call.interface_id:#x}.{call.method_id}"
+
+
+async def _run_call(server: Server, call: OutgoingCall) -> None:
+    result = call.result
+    try:
+        if result.done or result.refs <= 0:
+            return  # cancelled before it started
+        with trio.CancelScope() as scope:
+            result.set_canceller(scope.cancel)
+            try:
+                payload = await server._dispatch(call.interface_id, call.method_id, call.params)
+            except RpcError as error:
+                result.set_error(error)
+                return
+            except Exception as error:
+                log.info("%s.%s raised %r", type(server).__name__, call.method_id, error)
+                result.set_error(Failed(f"{type(error).__name__}: {error}"))
+                return
+            result.set_result(payload)
+        if scope.cancelled_caught:
+            result.set_error(Failed("call was canceled"))
+    finally:
+        call.params.release()
+
+
+def unimplemented(server: Any, interface_id: int, method_id: int) -> Unimplemented:
+    return Unimplemented(
+        f"{type(server).__name__} does not implement method {method_id}"
+        f" of interface {interface_id:#x}"
+    )
