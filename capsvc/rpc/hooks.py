@@ -142,6 +142,9 @@ class PromiseHook(Hook):
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
+        if self.refs <= 0:  # every owner left while we waited: nothing keeps the target
+            self._target = None
+            target.release()
 
     def resolved_target(self) -> Hook | None:
         return self._target
@@ -210,7 +213,7 @@ class CallResult:
         self._payload: Payload | None = None
         self._error: RpcError | None = None
         self._callbacks: list[Callable[[CallResult], None]] = []
-        self._pending_pipelines: list[tuple[Path, PromiseHook]] = []
+        self._pending_pipelines: dict[Path, PromiseHook] = {}
         self._question: RemoteQuestion | None = None
         self._canceller: Callable[[], None] | None = None
 
@@ -248,8 +251,8 @@ class CallResult:
     def link_question(self, question: RemoteQuestion) -> None:
         """The call went to a peer: pipelined calls may go out at once from now on."""
         self._question = question
-        pending, self._pending_pipelines = self._pending_pipelines, []
-        for path, promise in pending:
+        pending, self._pending_pipelines = self._pending_pipelines, {}
+        for path, promise in pending.items():
             promise.resolve(question.pipeline(path))
             self.release()
 
@@ -300,9 +303,14 @@ class CallResult:
             return self._payload.cap_at(path) or null_hook()
         if self._question is not None:
             return self._question.pipeline(path)
+        promise = self._pending_pipelines.get(path)
+        if promise is not None:
+            # Reuse it even if its owners all left (an unresolved PromiseHook holds nothing
+            # yet, so coming back from zero is safe): one queue per path keeps call order.
+            return promise.add_ref()
         promise = PromiseHook()
-        self._pending_pipelines.append((path, promise))
-        self.add_ref()  # the pending pipeline keeps the call wanted
+        self.add_ref()  # a pending pipeline keeps the call wanted
+        self._pending_pipelines[path] = promise
         return promise
 
     def _settle(self, payload: Payload | None, error: RpcError | None) -> None:
@@ -311,8 +319,8 @@ class CallResult:
         self._error = error
         self._question = None
         self._canceller = None
-        pending, self._pending_pipelines = self._pending_pipelines, []
-        for path, promise in pending:
+        pending, self._pending_pipelines = self._pending_pipelines, {}
+        for path, promise in pending.items():
             if error is not None:
                 promise.resolve(BrokenHook(error))
             else:

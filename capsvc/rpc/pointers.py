@@ -34,6 +34,13 @@ handles the capability words itself, directly in the segment buffers:
   memoryviews; a trailing partial word (a truncated segment) is treated as absent.
 * Writing: ``write_cap_index`` only replaces a null word with a capability pointer (low
   32 bits = 3, high 32 bits = cap-table index); misuse raises ``LocalProtocolError``.
+  pycapnp cannot select a union member that is an interface either, so
+  ``write_struct_u16`` writes the discriminant into the data section of the struct a path
+  leads to (``read_struct_u16`` reads one back).
+* Without a schema, ``scan_caps`` lists every capability pointer under a location with its
+  path (used to copy content that holds capabilities). It visits every pointer, so it
+  bounds its work by a traversal limit (default: the message's size in words) and a
+  nesting limit (64), as libcapnp does: cycles and amplified pointers raise PointerError.
 
 Cost: ``follow`` does O(1) work per step (one ``unpack_from`` per pointer, two for a far
 pointer): a 3-step path of near pointers takes about 1 us on CPython 3.11, plus about
@@ -58,7 +65,10 @@ __all__ = [
     "follow",
     "list_length",
     "read_cap_index",
+    "read_struct_u16",
+    "scan_caps",
     "write_cap_index",
+    "write_struct_u16",
 ]
 
 Segments = Sequence[bytes | bytearray | memoryview]
@@ -75,12 +85,19 @@ _read_struct = struct.Struct("<iHH").unpack_from
 # (offset << 2 | kind, count << 3 | element size code).
 _read_list = struct.Struct("<iI").unpack_from
 _write = struct.Struct("<Q").pack_into
+_read_u16 = struct.Struct("<H").unpack_from
+_write_u16 = struct.Struct("<H").pack_into
 
 _CAP_LOW: Final = 3  # low 32 bits of a capability pointer: kind 3 ("other"), B = 0
 _MAX_INDEX: Final = 0xFFFFFFFF
 # Bits per element for list element size codes 0..6 (7, composite, is handled apart).
 _BITS: Final = (0, 1, 8, 16, 32, 64, 64)
+NESTING_LIMIT: Final = 64  # as libcapnp's default: struct/list levels scan_caps descends
 _POINTER_TYPES: Final = frozenset({"text", "data", "list", "struct", "interface", "anyPointer"})
+
+
+# (segment, first element, count, stride, data words, pointers, composite?), see _open_list
+_ListInfo = tuple[int, int, int, int, int, int, bool]
 
 
 class PointerError(RemoteProtocolError):
@@ -164,17 +181,17 @@ def _target(segments: Segments, si: int, wi: int) -> tuple[int, int, int]:
     return tag, csi, (land >> 3) & 0x1FFFFFFF
 
 
-def _open_list(segments: Segments, si: int, wi: int) -> tuple[int, int, int, int, int, int]:
+def _open_list(segments: Segments, si: int, wi: int) -> _ListInfo:
     """The list at the in-bounds pointer (si, wi) -> (segment, first element, count, stride,
-    data words, pointers): stride in words, (data words, pointers) as a struct reader sees
-    each element. Size code 1 (bits) gives stride 0 and pointers -1 (not a struct or pointer
-    list). A null list is empty."""
+    data words, pointers, composite?): stride in words, (data words, pointers) as a struct
+    reader sees each element. Size code 1 (bits) gives pointers -1 (not a struct or pointer
+    list). A null list is empty. The whole list is bounds-checked."""
     lo, hi = _read_list(segments[si], wi << 3)
     if lo & 3 == 2:
         word, cs, cp = _target(segments, si, wi)
         lo, hi = word & 0xFFFFFFFF, word >> 32
     elif not (lo or hi):
-        return si, 0, 0, 0, 0, 0
+        return si, 0, 0, 0, 0, 0, False
     else:
         cs, cp = si, wi + 1 + (lo >> 2)
     if lo & 3 != 1:
@@ -195,13 +212,13 @@ def _open_list(segments: Segments, si: int, wi: int) -> tuple[int, int, int, int
         pc = tag >> 48
         if n * (dw + pc) > count:
             raise PointerError(f"composite list at {where}: {n} elements overrun {count} words")
-        return cs, cp + 1, n, dw + pc, dw, pc
+        return cs, cp + 1, n, dw + pc, dw, pc, True
     if cp < 0 or cp + ((count * _BITS[size] + 63) >> 6) > nwords:
         raise PointerError(f"list at {where} ({count} elements) is out of bounds")
     if size == 6:
-        return cs, cp, count, 1, 0, 1
+        return cs, cp, count, 1, 0, 1, False
     # Data lists read as structs without pointers; bit lists cannot be read as structs.
-    return cs, cp, count, 0, 0, -1 if size == 1 else 0
+    return cs, cp, count, 0, 0, -1 if size == 1 else 0, False
 
 
 def follow(segments: Segments, start: Location, path: Sequence[int]) -> Location | None:
@@ -250,7 +267,7 @@ def follow(segments: Segments, start: Location, path: Sequence[int]) -> Location
         i = ~step
         if null:
             raise PointerError(f"path step {k} (~{i}): element {i} of a null list")
-        cs, first, count, stride, dw, pc = _open_list(segments, si, wi)
+        cs, first, count, stride, dw, pc, _ = _open_list(segments, si, wi)
         if i >= count:
             raise PointerError(
                 f"path step {k} (~{i}): index {i} out of range for the list at {(si, wi)}"
@@ -300,10 +317,10 @@ def read_cap_index(segments: Segments, loc: Location) -> int | None:
     raise PointerError(f"expected a capability pointer at {loc}, found {_describe(word)}")
 
 
-def write_cap_index(segments: Sequence[bytearray | memoryview], loc: Location, index: int) -> None:
+def write_cap_index(segments: Segments, loc: Location, index: int) -> None:
     """Overwrite the null word at `loc` with a capability pointer to cap-table entry `index`.
-    LocalProtocolError if the word is not null, `loc` is outside the message or `index` does
-    not fit in 32 bits."""
+    LocalProtocolError if the word is not null, `loc` is outside the message, the segment is
+    read-only (pass bytearrays) or `index` does not fit in 32 bits."""
     if not 0 <= index <= _MAX_INDEX:
         raise LocalProtocolError(f"capability index {index} does not fit in 32 bits")
     si, wi = loc
@@ -315,7 +332,145 @@ def write_cap_index(segments: Sequence[bytearray | memoryview], loc: Location, i
         raise LocalProtocolError(
             f"cannot write capability {index} at {loc}: the word holds {_describe(old)}"
         )
-    _write(seg, wi << 3, (index << 32) | _CAP_LOW)
+    try:
+        _write(seg, wi << 3, (index << 32) | _CAP_LOW)
+    except TypeError:
+        raise LocalProtocolError(f"segment {si} is read-only") from None
+
+
+def _struct_at(
+    segments: Segments, start: Location, path: Sequence[int]
+) -> tuple[int, int, int] | None:
+    """(segment, data section word index, data words) of the struct that `path` leads to from
+    `start`, or None if it is null. A path ending in a slot step (or empty) names a struct
+    pointer; a path ending in ``~i`` names element i of a struct list (an inline struct)."""
+    if path and path[-1] < 0:
+        loc = follow(segments, start, path[:-1])
+        if loc is None:
+            return None
+        cs, first, count, stride, dw, pc, _ = _open_list(segments, *loc)
+        i = ~path[-1]
+        if i >= count or pc < 0:
+            raise PointerError(f"no struct element {i} in the list at {loc} (path {path})")
+        return cs, first + i * stride, dw
+    loc = follow(segments, start, path)
+    if loc is None:
+        return None
+    word, cs, cp = _target(segments, *loc)
+    if word == 0:
+        return None
+    if word & 3:
+        raise PointerError(f"expected a struct pointer at {loc}, found {_describe(word)}")
+    dw = (word >> 32) & 0xFFFF
+    if cp < 0 or cp + dw + (word >> 48) > len(segments[cs]) >> 3:
+        raise PointerError(f"struct at {(cs, cp)} (pointer {loc}) is out of bounds")
+    return cs, cp, dw
+
+
+def read_struct_u16(
+    segments: Segments, start: Location, struct_path: Sequence[int], offset: int
+) -> int:
+    """The 16-bit data field number `offset` (in 16-bit units, like a union's
+    discriminantOffset) of the struct at `struct_path` from `start` (see ``_struct_at``).
+    A null struct or a field beyond its data section reads as 0, as in libcapnp."""
+    found = _struct_at(segments, start, struct_path)
+    if found is None or offset < 0 or (offset + 1) * 2 > found[2] * 8:
+        return 0
+    value: int = _read_u16(segments[found[0]], found[1] * 8 + offset * 2)[0]
+    return value
+
+
+def write_struct_u16(
+    segments: Segments, start: Location, struct_path: Sequence[int], offset: int, value: int
+) -> None:
+    """Write `value` into the 16-bit data field number `offset` of the struct at `struct_path`
+    from `start`: how capsvc selects a union member pycapnp cannot set (an interface field),
+    with offset = the union's discriminantOffset, value = the member's discriminantValue.
+    LocalProtocolError if there is no such struct or field, or the segment is read-only."""
+    if not 0 <= value <= 0xFFFF:
+        raise LocalProtocolError(f"{value} does not fit in 16 bits")
+    found = _struct_at(segments, start, struct_path)
+    if found is None:
+        raise LocalProtocolError(f"no struct at path {tuple(struct_path)} from {start}")
+    si, data, dw = found
+    if offset < 0 or (offset + 1) * 2 > dw * 8:
+        raise LocalProtocolError(
+            f"16-bit field {offset} is outside the {dw}-word data section at {(si, data)}"
+        )
+    try:
+        _write_u16(segments[si], data * 8 + offset * 2, value)
+    except TypeError:
+        raise LocalProtocolError(f"segment {si} is read-only") from None
+
+
+Found = list[tuple[tuple[int, ...], Location, int]]
+
+
+def scan_caps(
+    segments: Segments,
+    start: Location,
+    *,
+    traversal_limit: int | None = None,
+    nesting_limit: int = NESTING_LIMIT,
+) -> Found:
+    """Every capability pointer in the object at `start`, without a schema: a list of
+    (path from `start`, location, cap-table index), depth first, slots and elements in
+    increasing order. Paths use the language of
+    ``follow`` (``~i`` then a slot for composite list elements, ``~i`` alone for pointer list
+    elements), so ``follow(segments, start, path) == location`` (``start`` for the path ``()``).
+
+    Hostile input: besides the checks of ``follow``, an unknown 'other' pointer raises, as do
+    more than `nesting_limit` levels of structs/lists and visiting more than
+    `traversal_limit` words in all (default: the message's size, which a message without
+    overlapping objects never exceeds), so cycles and amplification stay bounded."""
+    _check_loc(segments, start)
+    budget = sum(len(s) >> 3 for s in segments) if traversal_limit is None else traversal_limit
+    found: Found = []
+
+    def spend(words: int) -> None:
+        nonlocal budget
+        budget -= words
+        if budget < 0:
+            raise PointerError("traversal limit exceeded while scanning for capabilities")
+
+    def visit(si: int, wi: int, path: tuple[int, ...], depth: int) -> None:
+        lo, hi = _read_list(segments[si], wi << 3)
+        if not (lo or hi):
+            return
+        kind = lo & 3
+        if kind == 3:
+            if lo == _CAP_LOW:
+                found.append((path, (si, wi), hi))
+                return
+            raise PointerError(f"unknown 'other' pointer at {(si, wi)} (path {path})")
+        if depth >= nesting_limit:
+            raise PointerError(f"nesting limit {nesting_limit} exceeded at path {path}")
+        word, cs, cp = _target(segments, si, wi)
+        if word & 3 >= 2:
+            raise PointerError(f"far pointer at {(si, wi)} lands on {_describe(word)}")
+        if word & 3 == 0:
+            dw = (word >> 32) & 0xFFFF
+            pc = word >> 48
+            if cp < 0 or cp + dw + pc > len(segments[cs]) >> 3:
+                raise PointerError(f"struct at {(cs, cp)} (pointer {(si, wi)}) is out of bounds")
+            spend(dw + pc)
+            for slot in range(pc):
+                visit(cs, cp + dw + slot, (*path, slot), depth + 1)
+            return
+        cs, first, count, stride, dw, pc, composite = _open_list(segments, si, wi)
+        if pc <= 0:
+            return  # no pointers in the elements
+        spend(count * stride + composite)
+        for i in range(count):
+            at = first + i * stride + dw
+            if composite:
+                for slot in range(pc):
+                    visit(cs, at + slot, (*path, ~i, slot), depth + 1)
+            else:
+                visit(cs, at, (*path, ~i), depth + 1)
+
+    visit(start[0], start[1], (), 0)
+    return found
 
 
 def field_path(struct_schema: Any, names: Sequence[str | int] | str) -> tuple[int, ...]:

@@ -624,10 +624,9 @@ class RpcSession:
         """rpc-protocol.md §9, receiving side: the path back must end at the peer's own cap."""
         target = self._message_target(body.target)
         try:
-            final = target.resolved_target()
-            if final is None:
-                raise RemoteProtocolError("disembargo target has not resolved")
-            final = final.shortest() if not isinstance(final, RemoteHook) else final
+            # The target is what our Return or Resolve described: follow settled promises to
+            # it. It must be one of the sender's own capabilities (rpc-protocol.md §9, step 3).
+            final = target.shortest()
             if not isinstance(final, RemoteHook) or final.session is not self:
                 raise RemoteProtocolError(
                     "disembargo target does not resolve to a capability of the sender"
