@@ -193,7 +193,8 @@ class SessionPair:
             decoder = FrameDecoder()
             decoder.feed(frame)
             segments = decoder.next_message()
-            assert segments is not None and decoder.next_message() is None
+            assert segments is not None
+            assert decoder.next_message() is None
             self.log.append((direction, message_type(segments)))
             target.receive(segments)
         return len(frames)

@@ -73,13 +73,14 @@ def test_exception_is_typed() -> None:
     assert result.error.reason == "busy"
     release_all(result, tester)
     pair.pump()
-    assert pair.a.tables_empty() and pair.b.tables_empty()
+    assert pair.a.tables_empty()
+    assert pair.b.tables_empty()
 
 
 def test_unknown_method_on_remote_is_unimplemented_return() -> None:
     pair = make_pair()
     tester = pair.a.bootstrap()
-    result = call(tester, TESTER_ID, 3)  # holdCaps: our engine FakeTester has no do_holdCaps
+    call(tester, TESTER_ID, 3)  # holdCaps: our engine FakeTester has no do_holdCaps
     with pytest.raises(AttributeError):
         pair.pump()
 
@@ -96,7 +97,8 @@ def test_capability_passing_both_ways_and_refcounts() -> None:
     assert back.shortest() is hook
     bumped = increment(back, 3)
     pair.pump()
-    assert value_of(bumped) == 3 and ours.seen == [3]
+    assert value_of(bumped) == 3
+    assert ours.seen == [3]
     release_all(bumped, back, reflected, tester, hook)
     pair.pump()
     assert pair.a.tables_empty(), pair.a.table_sizes()
@@ -124,7 +126,8 @@ def test_embargo_keeps_call_order_when_promise_resolves_to_caller() -> None:
     assert len(pair.a_exec.pending) == 3  # the late ones are held by the embargo
     pair.pump()
     assert ours.seen == [1, 2, 3, 4, 5, 6]
-    assert "disembargo" in pair.kinds("a->b") and "disembargo" in pair.kinds("b->a")
+    assert "disembargo" in pair.kinds("a->b")
+    assert "disembargo" in pair.kinds("b->a")
     release_all(*early, *late, back, reflected, tester, hook)
     pair.pump()
     assert pair.a.tables_empty(), pair.a.table_sizes()
@@ -166,7 +169,9 @@ def test_exported_promise_sends_resolve() -> None:
     assert "resolve" in pair.kinds("a->b")
     late = increment(theirs, 2)
     pair.pump()
-    assert value_of(early) == 1 and value_of(late) == 3 and ours.seen == [1, 2]
+    assert value_of(early) == 1
+    assert value_of(late) == 3
+    assert ours.seen == [1, 2]
     release_all(early, late, theirs)
     pair.pump()
     pair.a.bootstrap_hook.release()
@@ -232,7 +237,8 @@ def test_return_for_unknown_question_aborts() -> None:
     body.answerId = 9
     body.init("results")
     pair.a.receive(message.to_segments())
-    assert pair.a.closed is not None and "9" in (pair.a.abort_reason or "")
+    assert pair.a.closed is not None
+    assert "9" in (pair.a.abort_reason or "")
 
 
 def test_release_of_too_many_references_aborts() -> None:
@@ -267,7 +273,8 @@ def test_results_with_no_caps_need_no_finish() -> None:
     assert pair.a.questions.keys() <= {0}  # only the bootstrap question may remain
     tester.release()
     pair.pump()
-    assert pair.a.tables_empty() and pair.b.tables_empty()
+    assert pair.a.tables_empty()
+    assert pair.b.tables_empty()
 
 
 def test_results_payload_is_built_in_place() -> None:
