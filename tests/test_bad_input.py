@@ -23,7 +23,7 @@ async def server_address(nursery: trio.Nursery) -> AsyncIterator[str]:
             "tcp:127.0.0.1:0", Tester(), limits=limits, task_status=task_status
         )
     )
-    yield address
+    return address
 
 
 async def exchange(address: str, data: bytes, *, half_close: bool = True) -> list[Any]:

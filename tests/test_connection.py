@@ -88,7 +88,7 @@ async def test_one_write_per_round_trip_each_side(nodelay: bool) -> None:
 
 async def test_without_coalescing_every_message_is_a_write() -> None:
     """The debug switch really switches coalescing off (the benchmark's ablation)."""
-    async with tcp_pair(coalesce=False) as (client, server):
+    async with tcp_pair(coalesce=False) as (client, _server):
         tester = client.bootstrap(testing.Tester)
         await tester.echo(msg="warm")
         before = client.writes
