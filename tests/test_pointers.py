@@ -28,7 +28,10 @@ from capsvc.rpc.pointers import (
     follow,
     list_length,
     read_cap_index,
+    read_struct_u16,
+    scan_caps,
     write_cap_index,
+    write_struct_u16,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,7 +50,7 @@ CALLBACK = field_path(Holder, "extra.callback")
 
 _HOLDER = Holder.schema.node.struct
 _CHOICE = Holder.schema.fields["choice"].schema
-DISCRIMINANT_BYTE = _CHOICE.node.struct.discriminantOffset * 2  # in Holder's data section
+CHOICE_OFFSET = _CHOICE.node.struct.discriminantOffset  # 16-bit units, in Holder's data
 COUNTER_TAG = _CHOICE.fields["counter"].proto.discriminantValue
 
 
@@ -74,9 +77,11 @@ def seg(*words: int) -> bytearray:
     return bytearray(struct.pack(f"<{len(words)}Q", *words))
 
 
-def at(segments: Sequence[bytes | bytearray], path: Sequence[int]) -> Location:
-    """follow() from ROOT, for a path known to reach a pointer."""
-    loc = follow(segments, ROOT, path)
+def at(
+    segments: Sequence[bytes | bytearray], path: Sequence[int], start: Location = ROOT
+) -> Location:
+    """follow(), for a path known to reach a pointer."""
+    loc = follow(segments, start, path)
     assert loc is not None
     return loc
 
@@ -94,11 +99,9 @@ def segments_of(builder: Any) -> list[bytearray]:
 
 def choose_counter(segments: list[bytearray], struct_path: tuple[int, ...]) -> None:
     """Set `choice` of the Holder at struct_path to `counter` (pycapnp cannot: it would need a
-    capability value), by writing the discriminant into the struct's data section, which
-    ends where the pointer section (the slot of choice.counter) begins."""
-    si, wi = at(segments, struct_path + COUNTER)
-    byte = (wi - COUNTER[-1] - _HOLDER.dataWordCount) * 8 + DISCRIMINANT_BYTE
-    segments[si][byte : byte + 2] = COUNTER_TAG.to_bytes(2, "little")
+    capability value)."""
+    write_struct_u16(segments, ROOT, struct_path, CHOICE_OFFSET, COUNTER_TAG)
+    assert read_struct_u16(segments, ROOT, struct_path, CHOICE_OFFSET) == COUNTER_TAG
 
 
 def far_hops(segments: Sequence[bytes | bytearray], path: Sequence[int]) -> tuple[int, int]:
@@ -341,6 +344,112 @@ def test_data_list_read_as_struct_list_has_no_pointers() -> None:
         follow(segs, ROOT, (~1,))
 
 
+# --- scan_caps and union discriminants -------------------------------------------------
+
+
+def test_scan_caps_finds_every_place() -> None:
+    segs = segments_of(sample_holder(1))
+    choose_counter(segs, ())
+    paths = [field_path(Holder, names) for _, names, _ in PLACES]
+    for index, path in enumerate(paths):
+        write_cap_index(segs, at(segs, path), index)
+    found = scan_caps(segs, ROOT)
+    assert sorted((path, index) for path, _, index in found) == sorted(
+        (path, index) for index, path in enumerate(paths)
+    )
+    order = [[s if s >= 0 else ~s for s in path] for path, _, _ in found]
+    assert order == sorted(order)  # depth first, slots and elements in increasing order
+    inner = at(segs, INNER)
+    assert [(p, i) for p, _, i in scan_caps(segs, inner)] == [
+        (CAP, paths.index((*INNER, *CAP))),
+        ((*INNER, *CAP), paths.index((*INNER, *INNER, *CAP))),
+    ]
+
+
+def test_scan_caps_in_rpc_content_and_at_start() -> None:
+    m = rpc.Message.new_message()
+    h = m.init("call").params.content.as_struct(Holder.schema)
+    h.init("items", 2)
+    segs = segments_of(m)
+    content = at(segs, field_path(rpc.Message, "call.params.content"))
+    capword = at(segs, (*ITEMS, ~1, *CALLBACK), content)
+    write_cap_index(segs, capword, 0)
+    assert [(p, i) for p, _, i in scan_caps(segs, content)] == [((*ITEMS, ~1, *CALLBACK), 0)]
+    assert scan_caps(segs, capword) == [((), capword, 0)]  # the start itself is a capability
+    assert scan_caps(segs, at(segs, CAP, content)) == []  # null
+
+
+def test_scan_caps_lists_of_pointers_and_far_pointers() -> None:
+    segs = [
+        seg(far_ptr(1, 0)),
+        seg(list_ptr(0, 6, 3), cap_ptr(4), 0, list_ptr(0, 6, 1), cap_ptr(5)),
+    ]
+    assert scan_caps(segs, ROOT) == [((~0,), (1, 1), 4), ((~2, ~0), (1, 4), 5)]
+    assert follow(segs, ROOT, (~2, ~0)) == (1, 4)
+
+
+@pytest.mark.parametrize(
+    ("segs", "kwargs", "match"),
+    [
+        ([seg(struct_ptr(0, 0, 1), struct_ptr(-1, 0, 1))], {}, "traversal limit"),
+        (
+            [seg(struct_ptr(0, 0, 1), struct_ptr(-1, 0, 1))],
+            {"traversal_limit": 10**6},
+            "nesting limit",
+        ),
+        # Each struct's two pointers both point at the next one: 2**n paths, n + 1 structs.
+        (
+            [seg(struct_ptr(0, 0, 2), *[struct_ptr(1, 0, 2), struct_ptr(0, 0, 2)] * 20, 0, 0)],
+            {},
+            "traversal limit",
+        ),
+        ([seg(struct_ptr(0, 0, 1), 7)], {}, "unknown 'other' pointer"),
+        ([seg(far_ptr(1, 0)), seg(cap_ptr(1))], {}, "lands on a capability"),
+        ([seg(struct_ptr(0, 0, 2), 0)], {}, "out of bounds"),
+        ([seg(list_ptr(0, 6, 2), 0)], {}, "out of bounds"),
+        ([], {}, "outside the message"),
+    ],
+)
+def test_scan_caps_hostile(segs: list[bytearray], kwargs: dict[str, int], match: str) -> None:
+    with pytest.raises(PointerError, match=match):
+        scan_caps(segs, ROOT, **kwargs)
+
+
+def test_struct_u16_in_inline_and_pointed_structs() -> None:
+    h = sample_holder(2)
+    h.items[2].extra.number = 0x12345678
+    segs = segments_of(h)
+    number_offset = 2  # extra.number is Int32 number 1 of the data section: u16 fields 2, 3
+    assert read_struct_u16(segs, ROOT, (*ITEMS, ~2), number_offset) == 0x5678
+    assert read_struct_u16(segs, ROOT, (*ITEMS, ~2), number_offset + 1) == 0x1234
+    write_struct_u16(segs, ROOT, (*ITEMS, ~2), number_offset + 1, 0x0BCD)
+    choose_counter(segs, INNER)
+    choose_counter(segs, (*ITEMS, ~0))
+    r = Holder.from_segments(segs)
+    assert r.items[2].extra.number == 0x0BCD5678
+    assert r.inner.choice.which() == "counter"
+    assert r.items[0].choice.which() == "counter"
+    assert r.choice.which() == "none"
+    assert read_struct_u16(segs, ROOT, (*INNER, *INNER, *INNER), 0) == 0  # null struct
+    assert read_struct_u16(segs, ROOT, (), 1000) == 0  # beyond the data section
+
+
+def test_write_struct_u16_misuse() -> None:
+    segs = segments_of(sample_holder())
+    with pytest.raises(LocalProtocolError, match="no struct"):
+        write_struct_u16(segs, ROOT, (*INNER, *INNER, *INNER), 0, 1)
+    with pytest.raises(LocalProtocolError, match="outside"):
+        write_struct_u16(segs, ROOT, (), _HOLDER.dataWordCount * 4, 1)
+    with pytest.raises(LocalProtocolError, match="16 bits"):
+        write_struct_u16(segs, ROOT, (), 0, 1 << 16)
+    with pytest.raises(LocalProtocolError, match="read-only"):
+        write_struct_u16([bytes(s) for s in segs], ROOT, (), 0, 1)
+    with pytest.raises(LocalProtocolError, match="read-only"):
+        write_cap_index([bytes(s) for s in segs], at(segs, CAP), 1)
+    with pytest.raises(PointerError, match="no struct element"):
+        write_struct_u16(segs, ROOT, (*ITEMS, ~3), 0, 1)
+
+
 # --- hostile input --------------------------------------------------------------------
 
 HOSTILE: list[tuple[str, list[bytearray], Location, tuple[int, ...]]] = [
@@ -579,6 +688,9 @@ def test_random_holder_trees(spec: dict[str, Any], first_segment_words: int) -> 
     for index, path in enumerate(slots):
         write_cap_index(segs, at(segs, path), index)
     assert [read_cap_index(segs, at(segs, p)) for p in slots] == list(range(len(slots)))
+    found = scan_caps(segs, ROOT)
+    assert {path: index for path, _, index in found} == {p: i for i, p in enumerate(slots)}
+    assert all(at(segs, path) == loc for path, loc, _ in found)
     check(Holder.from_segments(segs), spec)
 
 
@@ -632,3 +744,10 @@ def test_random_segments_never_crash(
             read(segs, loc)
         except PointerError:
             pass
+    try:
+        found = scan_caps(segs, loc)
+    except PointerError:
+        return
+    for sub, where, index in found:
+        assert follow(segs, loc, sub) == where
+        assert read_cap_index(segs, where) == index

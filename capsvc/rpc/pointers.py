@@ -415,9 +415,9 @@ def scan_caps(
 ) -> Found:
     """Every capability pointer in the object at `start`, without a schema: a list of
     (path from `start`, location, cap-table index), depth first, slots and elements in
-    increasing order. Paths use the language of
-    ``follow`` (``~i`` then a slot for composite list elements, ``~i`` alone for pointer list
-    elements), so ``follow(segments, start, path) == location`` (``start`` for the path ``()``).
+    increasing order. Paths use the language of ``follow`` (``~i`` then a slot for composite
+    list elements, ``~i`` alone for pointer list elements), so
+    ``follow(segments, start, path) == location`` (``start`` for the path ``()``).
 
     Hostile input: besides the checks of ``follow``, an unknown 'other' pointer raises, as do
     more than `nesting_limit` levels of structs/lists and visiting more than
