@@ -69,6 +69,7 @@ class Question:
         "result",
         "returned",
         "session",
+        "wanted",
         "yourself",
     )
 
@@ -81,6 +82,7 @@ class Question:
         self.returned = False
         self.finish_sent = False
         self.yourself = False
+        self.wanted = result is not None
 
     def pipeline(self, path: Path) -> Hook:
         hook = self.pipelines.get(path)
@@ -96,7 +98,10 @@ class Question:
             self.session._maybe_finish_early(self)
 
     def drop_interest(self) -> None:
-        self.result = None
+        # The result stays linked (uncounted): it must still settle, with the Return that
+        # answers our Finish, so that whoever waits on it (e.g. an answer we are forwarding
+        # for the peer) can complete too.
+        self.wanted = False
         self.session._maybe_finish_early(self)
 
     def write_promised_answer(self, builder: Any, path: Path) -> None:
@@ -496,10 +501,13 @@ class RpcSession:
                 self._start_embargo(hook)
         question.pipelines.clear()
         result, question.result = question.result, None
+        if payload is not None and (result is None or not question.wanted):
+            payload.release()
+            payload = None
+            error = error or Canceled("canceled")
         if result is None:
-            if payload is not None:
-                payload.release()
-        elif error is not None:
+            return
+        if error is not None:
             result.set_error(error)
         else:
             assert payload is not None
@@ -518,7 +526,7 @@ class RpcSession:
         """Nobody wants the question any more: finish it before its return (cancellation)."""
         if question.returned or question.finish_sent or self.closed is not None:
             return
-        if question.result is not None or question.pipelines:
+        if question.wanted or question.pipelines:
             return
         self._send_finish(question, release_result_caps=True)
 
