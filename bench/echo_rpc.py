@@ -233,9 +233,8 @@ def compare(calls: int, payload: int, reps: int) -> None:
         p50 = statistics.median(r["latency_us"]["p50"] for r in runs)
         p99 = statistics.median(r["latency_us"]["p99"] for r in runs)
         top = statistics.median(r["latency_us"]["max"] for r in runs)
-        print(
-            f"| {client} -> {server} | {concurrency} | {rate:.0f} | {p50:.0f} | {p99:.0f} | {top:.0f} |"
-        )
+        row = f"{rate:.0f} | {p50:.0f} | {p99:.0f} | {top:.0f}"
+        print(f"| {client} -> {server} | {concurrency} | {row} |")
 
 
 def main() -> None:
