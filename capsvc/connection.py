@@ -5,10 +5,12 @@ Theory of operation (DESIGN.md, "Buffered framing"):
   synchronously, in arrival order (rpc-protocol.md §13.1). Server methods run as their own
   tasks (capsvc.runtime), so a slow method never stalls the reader.
 - The engine frames every outgoing message into one outbox. The writer sleeps until the
-  outbox is non-empty, then yields once to the scheduler so that everything the other tasks
-  produce in the same pass joins the batch, and writes the whole batch with one
-  ``send_all``. That is why a Finish and the next Call leave together, and why Nagle's
-  algorithm plus delayed ACKs cannot stall a call even with TCP_NODELAY off.
+  outbox becomes non-empty; the first message of a scheduler pass reschedules it, so it
+  runs in the next pass, after every task of this pass has added its messages, and writes
+  the whole batch with one ``send_all``. The engine defers a question's Finish until the
+  caller drops the results, so the Finish is produced by the caller's task together with
+  its next Call: they leave in one write, and Nagle's algorithm plus delayed ACKs cannot
+  stall a call even with TCP_NODELAY off.
 - The outbox is bounded: when it holds more than ``max_buffered`` bytes the reader stops
   reading (so the peer's calls cannot make us produce more) and callers that use
   ``wait_writable`` wait (backpressure).
@@ -101,12 +103,12 @@ class Connection:
     async def _reader(self) -> None:
         session = self.session
         decoder = self._decoder
-        stream = self.stream
+        receive_some = getattr(self.stream, "receive_some_fast", self.stream.receive_some)
         while True:
             if self.session.pending_bytes > self.max_buffered:
                 await self._wait_drained()
             try:
-                data = await stream.receive_some(65536)
+                data = await receive_some(65536)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
                 self.close_reason = Disconnected(f"connection lost: {error!r}")
                 return
@@ -140,12 +142,13 @@ class Connection:
         self._writer_task = trio.lowlevel.current_task()
         session = self.session
         stream = self.stream
+        send_all = getattr(stream, "send_all_fast", stream.send_all)
         while True:
             if not session.has_output:
                 self._writer_parked = True
                 await trio.lowlevel.wait_task_rescheduled(self._abort_park)
-            # One scheduler pass: let every runnable task add to this batch first.
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            # We were woken by the first message of a scheduler pass; by the time we run
+            # (the next pass) every task of that pass has added its messages: one write.
             batch = session.take_output()
             if not batch:
                 continue
@@ -154,11 +157,11 @@ class Connection:
                 if self.coalesce:
                     data = b"".join(batch) if len(batch) > 1 else batch[0]
                     self.writes += 1
-                    await stream.send_all(data)
+                    await send_all(data)
                 else:
                     for frame in batch:
                         self.writes += 1
-                        await stream.send_all(frame)
+                        await send_all(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
                 self.close_reason = Disconnected(f"connection lost while writing: {error!r}")
                 self._shutdown(self.close_reason)

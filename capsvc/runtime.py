@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from capsvc.errors import Failed, RpcError, Unimplemented
-from capsvc.rpc.hooks import CallResult, OutgoingCall
-
-if TYPE_CHECKING:
-    from capsvc.server import Server
+from capsvc.rpc.hooks import CallResult, LocalServerHook, OutgoingCall
 
 log = logging.getLogger("capsvc")
 
@@ -46,22 +43,49 @@ async def wait_result(result: CallResult, on_cancel: Callable[[], None] | None =
 
 
 class TrioExecutor:
-    """Runs local server calls as trio system tasks (one per call)."""
+    """Runs local server calls as trio system tasks (one per call), in arrival order.
 
-    def start(self, server: Any, call: OutgoingCall) -> None:
+    trio runs the tasks of one scheduler pass in a random order, so each call takes a ticket
+    from its hook and waits until the calls before it on the same object have begun: method
+    bodies start in the order the calls arrived (rpc-protocol.md §13.1, §13.3) and then run
+    concurrently, as in C++.
+    """
+
+    def start(self, hook: LocalServerHook, call: OutgoingCall) -> None:
         # The running call keeps an uncounted link to its result (see OutgoingCall), so a
         # caller that drops every reference cancels it.
         call.result.release()
-        trio.lowlevel.spawn_system_task(_run_call, server, call, name=_task_name(server, call))
+        ticket = hook.next_ticket
+        hook.next_ticket += 1
+        trio.lowlevel.spawn_system_task(
+            _run_call, hook, call, ticket, name=_task_name(hook.server, call)
+        )
 
 
 def _task_name(server: Any, call: OutgoingCall) -> str:
     return f"capsvc call {type(server).__name__} {call.interface_id:#x}.{call.method_id}"
 
 
-async def _run_call(server: Server, call: OutgoingCall) -> None:
+async def _wait_turn(hook: LocalServerHook, ticket: int) -> None:
+    if hook.now_serving != ticket:
+        hook.waiting[ticket] = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(_never_abort)
+    hook.now_serving = ticket + 1
+    successor = hook.waiting.pop(ticket + 1, None)
+    if successor is not None:
+        trio.lowlevel.reschedule(successor)
+
+
+def _never_abort(_: Any) -> trio.lowlevel.Abort:
+    # Waiting for a turn is short and must not be skipped, or later calls would wait forever.
+    return trio.lowlevel.Abort.FAILED
+
+
+async def _run_call(hook: LocalServerHook, call: OutgoingCall, ticket: int) -> None:
     result = call.result
+    server = hook.server
     try:
+        await _wait_turn(hook, ticket)
         if result.done or result.refs <= 0:
             return  # cancelled before it started
         with trio.CancelScope() as scope:

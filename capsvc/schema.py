@@ -152,6 +152,7 @@ class StructInfo:
     schema: Any
     fields: dict[str, CapField]
     discriminant_offset: int  # in 16-bit units, for unions
+    union_members: frozenset[str] = frozenset()
     has_caps: bool = False
 
 
@@ -188,7 +189,8 @@ def _compute_struct_infos(root: Any) -> None:
             fields.append((cap_field, direct))
             if not direct:
                 pending.append(cap_field.target)
-        info = StructInfo(schema, {}, node.struct.discriminantOffset)
+        members = frozenset(f.name for f in node.struct.fields if f.discriminantValue != 0xFFFF)
+        info = StructInfo(schema, {}, node.struct.discriminantOffset, members)
         found[node.id] = (info, fields)
     changed = True
     while changed:

@@ -63,6 +63,14 @@ def _hook_of(value: Any) -> Hook | None:
     raise TypeError(f"expected a capability (Client or Server), got {type(value).__name__}")
 
 
+def union_member_name(info: StructInfo, discriminant: int) -> str:
+    """The name of the union member of ``info``'s struct with that discriminant value."""
+    for proto in info.schema.node.struct.fields:
+        if proto.discriminantValue == discriminant:
+            return str(proto.name)
+    raise ValueError(f"no union member with discriminant {discriminant}")
+
+
 class StructReader:
     """A pycapnp struct reader whose interface fields return capsvc Clients."""
 
@@ -81,16 +89,28 @@ class StructReader:
         field = self._info.fields.get(name)
         if field is None:
             return getattr(self._reader, name)
-        if field.discriminant is not None and self._reader.which() != name:
-            raise AttributeError(
-                f"union member {name!r} is not set (it is {self._reader.which()!r})"
-            )
+        if field.discriminant is not None and self.which() != name:
+            raise AttributeError(f"union member {name!r} is not set (it is {self.which()!r})")
         return _read_field(self._reader, field, self._payload, self._path, self._keep)
 
     def which(self) -> str:
+        # A payload built in this vat keeps the capability fields it selected beside the
+        # content (pycapnp cannot select them): ask it first.
+        chosen = self._payload.union_choice(self._path, self._info.discriminant_offset)
+        if chosen is not None:
+            return union_member_name(self._info, chosen)
         return str(self._reader.which())
 
     def _has(self, name: str) -> bool:
+        field = self._info.fields.get(name)
+        if field is not None and field.kind is FieldKind.INTERFACE:
+            if field.discriminant is not None and self.which() != name:
+                return False
+            hook = self._payload.cap_at(self._path + (field.slot,))
+            if hook is None:
+                return False
+            hook.release()
+            return True
         return bool(self._reader._has(name))
 
     def __dir__(self) -> list[str]:
@@ -153,6 +173,8 @@ class StructBuilder:
         field = self._info.fields.get(name)
         if field is None:
             setattr(self._builder, name, value)
+            if name in self._info.union_members:
+                self._forget_union_caps()
             return
         if field.kind is FieldKind.INTERFACE:
             self._set_cap(field, value)
@@ -164,6 +186,16 @@ class StructBuilder:
                 target[index] = item
             return
         setattr(self._builder, name, value)
+
+    def _forget_union_caps(self) -> None:
+        """Another union member was set through pycapnp: drop our capability member."""
+        self._payload.clear_union(self._path, self._info.discriminant_offset)
+        for other in self._info.fields.values():
+            if other.discriminant is not None and other.kind is FieldKind.INTERFACE:
+                existing = self._payload.cap_at(self._path + (other.slot,))
+                if existing is not None:
+                    existing.release()
+                    self._payload.set_cap(self._path + (other.slot,), None)
 
     def _set_cap(self, field: CapField, value: Any) -> None:
         union = None
@@ -185,6 +217,9 @@ class StructBuilder:
         return _ListBuilder(result, field, self._payload, self._path + (field.slot,))
 
     def which(self) -> str:
+        chosen = self._payload.union_choice(self._path, self._info.discriminant_offset)
+        if chosen is not None:
+            return union_member_name(self._info, chosen)
         return str(self._builder.which())
 
     def __dir__(self) -> list[str]:

@@ -26,8 +26,12 @@ async def server_address(nursery: trio.Nursery) -> AsyncIterator[str]:
     return address
 
 
-async def exchange(address: str, data: bytes, *, half_close: bool = True) -> list[Any]:
-    """Send raw bytes, then read every message the server sends until it closes."""
+async def exchange(
+    address: str, data: bytes, *, half_close: bool = True, expect: int | None = None
+) -> list[Any]:
+    """Send raw bytes, then read what the server sends until it closes (or, with
+    ``expect``, until that many messages arrived: an EOF from us would make the server
+    drop the connection, and with it the calls still running, as C++ does)."""
     host_port = address.split(":", 1)[1]
     host, port = host_port.rsplit(":", 1)
     stream = await trio.open_tcp_stream(host, int(port))
@@ -41,6 +45,8 @@ async def exchange(address: str, data: bytes, *, half_close: bool = True) -> lis
             decoder.feed(chunk)
             while (segments := decoder.next_message()) is not None:
                 replies.append(wire.Message.from_segments(segments))
+            if expect is not None and len(replies) >= expect:
+                break
     await stream.aclose()
     return replies
 
@@ -120,7 +126,7 @@ async def test_call_to_unknown_interface_returns_unimplemented(
     body.methodId = 0
     body.init("params")
     data = encode_message(bootstrap.to_segments()) + encode_message(call.to_segments())
-    replies = await exchange(server_address, data)
+    replies = await exchange(server_address, data, half_close=False, expect=2)
     returns = {getattr(r, "return").answerId: getattr(r, "return") for r in replies[:2]}
     exception = returns[1].exception
     assert str(exception.type) == "unimplemented"

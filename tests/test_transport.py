@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from capsvc.transport import (
     Address,
+    FastListener,
+    FastSocketStream,
     TcpListener,
     UnixListener,
     connect_tcp,
@@ -154,7 +157,7 @@ def tcp_pair_maker(host: str, *, nodelay: bool) -> Callable[[], Awaitable[Stream
     return maker
 
 
-def nodelay_of(stream: trio.SocketStream) -> int:
+def nodelay_of(stream: trio.SocketStream | FastSocketStream) -> int:
     return stream.getsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY)
 
 
@@ -188,6 +191,59 @@ async def test_unix_stream_conformance(tmp_path: Path) -> None:
     await trio.testing.check_half_closeable_stream(maker, clogged(maker))
 
 
+@pytest.mark.parametrize("nodelay", [True, False])
+async def test_fast_tcp_stream_conformance(nodelay: bool) -> None:
+    async def maker() -> StreamPair:
+        (listener,) = await open_listeners("tcp:127.0.0.1:0", nodelay=nodelay)
+        async with listener:
+            client = await open_stream(listener_address(listener), nodelay=nodelay)
+            server = await listener.accept()
+        assert isinstance(client, FastSocketStream)
+        assert isinstance(server, FastSocketStream)
+        return client, server  # type: ignore[return-value]
+
+    await trio.testing.check_half_closeable_stream(maker, clogged(maker))
+
+
+async def test_fast_unix_stream_conformance(tmp_path: Path) -> None:
+    counter = 0
+
+    async def maker() -> StreamPair:
+        nonlocal counter
+        counter += 1
+        (listener,) = await open_listeners(f"unix:{tmp_path / f'f{counter}.sock'}")
+        async with listener:
+            client = await open_stream(listener_address(listener))
+            server = await listener.accept()
+        return client, server  # type: ignore[return-value]
+
+    await trio.testing.check_half_closeable_stream(maker, clogged(maker))
+
+
+async def test_fast_stream_yields_to_other_tasks_when_data_never_runs_out() -> None:
+    """A receiver that never blocks must still let other tasks run (fairness)."""
+    (listener,) = await open_listeners("tcp:127.0.0.1:0")
+    async with listener:
+        client = await open_stream(listener_address(listener))
+        server = await listener.accept()
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with client, server, trio.open_nursery() as nursery:
+        nursery.start_soon(client.send_all, b"x" * 200_000)
+        nursery.start_soon(ticker)
+        received = 0
+        while received < 200_000:
+            received += len(await server.receive_some_fast(1000))  # type: ignore[attr-defined]
+        nursery.cancel_scope.cancel()
+    assert ticks > 5
+
+
 async def test_memory_stream_conformance() -> None:
     async def maker() -> tuple[trio.abc.Stream, trio.abc.Stream]:
         return memory_stream_pair()
@@ -215,8 +271,8 @@ async def test_nodelay_through_uris() -> None:
         client = await open_stream(listener_address(listener), nodelay=False)
         server = await listener.accept()
         async with client, server:
-            assert isinstance(client, trio.SocketStream)
-            assert isinstance(server, trio.SocketStream)
+            assert isinstance(client, FastSocketStream)
+            assert isinstance(server, FastSocketStream)
             assert nodelay_of(client) == 0
             assert nodelay_of(server) == 0
             await client.send_all(b"ping")
@@ -231,11 +287,12 @@ async def test_listener_address_tcp() -> None:
     assert len(listeners) == 1
     (listener,) = listeners
     async with listener:
-        assert isinstance(listener, TcpListener)
+        assert isinstance(listener, FastListener)
+        assert isinstance(listener.inner, TcpListener)
         uri = listener_address(listener)
         address = parse_address(uri)
         assert address.host == "127.0.0.1"
-        assert address.port == listener.socket.getsockname()[1]
+        assert address.port == listener.inner.socket.getsockname()[1]
         assert address.port != 0
         async with await open_stream(uri) as client, await listener.accept() as server:
             await server.send_all(b"hello")
@@ -276,7 +333,8 @@ async def test_listener_address_rejects_unknown_listeners() -> None:
 async def test_unix_listener_address_and_cleanup(tmp_path: Path) -> None:
     path = tmp_path / "server.sock"
     (listener,) = await open_listeners(f"unix:{path}")
-    assert isinstance(listener, UnixListener)
+    assert isinstance(listener, FastListener)
+    assert isinstance(listener.inner, UnixListener)
     assert listener_address(listener) == f"unix:{path}"
     assert path.is_socket()
     async with await open_stream(f"unix:{path}") as client, await listener.accept() as server:

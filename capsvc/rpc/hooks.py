@@ -93,23 +93,34 @@ def null_hook() -> BrokenHook:
 
 
 class Executor(Protocol):
-    """Runs calls on local server objects (supplied by the runtime, e.g. a trio nursery)."""
+    """Runs calls on local server objects (supplied by the runtime, e.g. a trio nursery).
 
-    def start(self, server: Any, call: OutgoingCall) -> None: ...
+    ``start`` must begin the calls on one hook in the order it receives them
+    (rpc-protocol.md §13.1 and §13.3); ``LocalServerHook`` numbers them for that.
+    """
+
+    def start(self, hook: LocalServerHook, call: OutgoingCall) -> None: ...
 
 
 class LocalServerHook(Hook):
-    """A capability to an object served by this vat."""
+    """A capability to an object served by this vat.
 
-    __slots__ = ("executor", "server")
+    ``next_ticket`` numbers the calls in arrival order and ``now_serving`` is the number of
+    the next call allowed to begin; ``waiting`` is for the executor's own bookkeeping.
+    """
+
+    __slots__ = ("executor", "next_ticket", "now_serving", "server", "waiting")
 
     def __init__(self, server: Any, executor: Executor) -> None:
         super().__init__()
         self.server = server
         self.executor = executor
+        self.next_ticket = 0
+        self.now_serving = 0
+        self.waiting: dict[int, Any] = {}
 
     def call(self, call: OutgoingCall) -> None:
-        self.executor.start(self.server, call)
+        self.executor.start(self, call)
 
 
 class PromiseHook(Hook):
@@ -203,6 +214,7 @@ class CallResult:
         "_payload",
         "_pending_pipelines",
         "_question",
+        "_when_unwanted",
         "done",
         "refs",
     )
@@ -216,6 +228,7 @@ class CallResult:
         self._pending_pipelines: dict[Path, PromiseHook] = {}
         self._question: RemoteQuestion | None = None
         self._canceller: Callable[[], None] | None = None
+        self._when_unwanted: Callable[[], None] | None = None
 
     # -- ownership --------------------------------------------------------------------
     def add_ref(self) -> CallResult:
@@ -230,6 +243,9 @@ class CallResult:
             if self._payload is not None:
                 self._payload.release()
                 self._payload = None
+            when_unwanted, self._when_unwanted = self._when_unwanted, None
+            if when_unwanted is not None:
+                when_unwanted()  # e.g. the question may now send its Finish
         else:
             self.cancel()
 
@@ -251,6 +267,7 @@ class CallResult:
     def link_question(self, question: RemoteQuestion) -> None:
         """The call went to a peer: pipelined calls may go out at once from now on."""
         self._question = question
+        self._when_unwanted = question.drop_interest
         pending, self._pending_pipelines = self._pending_pipelines, {}
         for path, promise in pending.items():
             promise.resolve(question.pipeline(path))
@@ -264,6 +281,7 @@ class CallResult:
         if self.done:
             return
         question, self._question = self._question, None
+        self._when_unwanted = None
         if question is not None:
             question.drop_interest()
         canceller, self._canceller = self._canceller, None

@@ -46,6 +46,10 @@ class Payload:
         """A pycapnp struct reader of the content, read as ``schema``."""
         raise NotImplementedError
 
+    def union_choice(self, struct_path: Path, offset: int) -> int | None:
+        """A union member selected beside the content (see BuiltPayload), if any."""
+        return None
+
     def release(self) -> None:
         if self.released:
             return
@@ -67,7 +71,9 @@ class BuiltPayload(Payload):
         self.payload_builder = payload_builder
         self.content_path = content_path
         self.cap_paths: dict[Path, int] = {}
-        self.unions: dict[Path, tuple[int, int]] = {}
+        # (struct path, discriminant offset) -> discriminant value: one struct may hold its
+        # own union and the unions of its groups, at different offsets.
+        self.unions: dict[tuple[Path, int], int] = {}
 
     def set_cap(
         self, path: Path, hook: Hook | None, *, union: tuple[Path, int, int] | None = None
@@ -78,7 +84,7 @@ class BuiltPayload(Payload):
         when the field is a union member: pycapnp cannot select it, so ``write`` does.
         """
         if union is not None:
-            self.unions[union[0]] = (union[1], union[2])
+            self.unions[(union[0], union[1])] = union[2]
         index = self.cap_paths.get(path)
         if index is None:
             self.cap_paths[path] = len(self.caps)
@@ -88,6 +94,14 @@ class BuiltPayload(Payload):
         self.caps[index] = hook
         if old is not None:
             old.release()
+
+    def clear_union(self, struct_path: Path, offset: int) -> None:
+        """pycapnp selected another member of that union: forget our selection."""
+        self.unions.pop((struct_path, offset), None)
+
+    def union_choice(self, struct_path: Path, offset: int) -> int | None:
+        """The discriminant a capability field selected at that struct, if one did."""
+        return self.unions.get((struct_path, offset))
 
     def cap_at(self, path: Path) -> Hook | None:
         index = self.cap_paths.get(path)
@@ -116,7 +130,7 @@ class BuiltPayload(Payload):
         start = pointers.follow(segments, pointers.ROOT, self.content_path)
         if start is None:
             raise LocalProtocolError("payload content is missing")
-        for struct_path, (offset, value) in self.unions.items():
+        for (struct_path, offset), value in self.unions.items():
             pointers.write_struct_u16(segments, start, struct_path, offset, value)
         for index, (path, _) in enumerate(order):
             location = pointers.follow(segments, start, path) if path else start

@@ -64,11 +64,13 @@ class Question:
     __slots__ = (
         "finish_sent",
         "id",
+        "no_finish_needed",
         "param_exports",
         "pipelines",
         "result",
         "returned",
         "session",
+        "settled",
         "wanted",
         "yourself",
     )
@@ -81,6 +83,8 @@ class Question:
         self.param_exports: list[int] = []
         self.returned = False
         self.finish_sent = False
+        self.no_finish_needed = False
+        self.settled = False
         self.yourself = False
         self.wanted = result is not None
 
@@ -95,14 +99,14 @@ class Question:
     def drop_pipeline(self, hook: PipelineHook) -> None:
         if self.pipelines.get(hook.path) is hook:
             del self.pipelines[hook.path]
-            self.session._maybe_finish_early(self)
+            self.session._question_unwanted(self)
 
     def drop_interest(self) -> None:
         # The result stays linked (uncounted): it must still settle, with the Return that
         # answers our Finish, so that whoever waits on it (e.g. an answer we are forwarding
         # for the peer) can complete too.
         self.wanted = False
-        self.session._maybe_finish_early(self)
+        self.session._question_unwanted(self)
 
     def write_promised_answer(self, builder: Any, path: Path) -> None:
         builder.questionId = self.id
@@ -351,12 +355,15 @@ class RpcSession:
             self._send_simple_return(answer.id, "canceled")
             self._forget_answer(answer)
             return
+        if answer.redirected:
+            # rpc-protocol.md §6.2: a call sent with `yourself` is always answered with
+            # resultsSentElsewhere, even when it failed (C++ aborts otherwise); the caller
+            # learns the outcome through its takeFromOtherQuestion.
+            self._send_simple_return(answer.id, "resultsSentElsewhere")
+            return
         error = result.error
         if error is not None:
             self._send_exception_return(answer.id, error)
-            return
-        if answer.redirected:
-            self._send_simple_return(answer.id, "resultsSentElsewhere")
             return
         payload = result.payload
         if not (
@@ -455,9 +462,8 @@ class RpcSession:
             self._take_from_other_question(question, body.takeFromOtherQuestion)
         else:
             raise RemoteProtocolError(f"return variant {which!r} is not supported (Level 3)")
-        if not question.finish_sent and not body.noFinishNeeded:
-            self._send_finish(question, release_result_caps=False)
-        self._free_question_if_done(question, no_finish_needed=body.noFinishNeeded)
+        question.no_finish_needed = body.noFinishNeeded
+        self._finish_returned(question)
 
     def _complete_with_results(self, question: Question, results: Any, segments: Segments) -> None:
         if question.finish_sent:
@@ -491,6 +497,7 @@ class RpcSession:
         self, question: Question, payload: Payload | None, error: RpcError | None
     ) -> None:
         """Settle the question's pipelines (with embargoes) and then its result."""
+        question.settled = True
         for path, hook in list(question.pipelines.items()):
             if error is not None:
                 target: Hook = BrokenHook(error)
@@ -505,13 +512,14 @@ class RpcSession:
             payload.release()
             payload = None
             error = error or Canceled("canceled")
-        if result is None:
-            return
-        if error is not None:
-            result.set_error(error)
-        else:
-            assert payload is not None
-            result.set_result(payload)
+        if result is not None:
+            if error is not None:
+                result.set_error(error)
+            else:
+                assert payload is not None
+                result.set_result(payload)
+        if question.returned:
+            self._finish_returned(question)
 
     def _send_finish(self, question: Question, *, release_result_caps: bool) -> None:
         question.finish_sent = True
@@ -521,6 +529,29 @@ class RpcSession:
         body.releaseResultCaps = release_result_caps
         body.requireEarlyCancellationWorkaround = False  # rpc-protocol.md §13.5
         self._send_message(message)
+
+    def _question_unwanted(self, question: Question) -> None:
+        if question.returned:
+            self._finish_returned(question)
+        else:
+            self._maybe_finish_early(question)
+
+    def _finish_returned(self, question: Question) -> None:
+        """Send the Finish of a returned question once nothing needs it any more.
+
+        That is when its results have settled (a takeFromOtherQuestion may still be pending),
+        every pipelined capability has been redirected (a Disembargo naming the question
+        must leave before the Finish: rpc-protocol.md §13.4), and the caller has dropped the
+        results (as C++ does when the response object dies), so that the Finish usually
+        travels with the caller's next call.
+        """
+        if not question.returned or not question.settled:
+            return
+        if question.wanted or question.pipelines:
+            return
+        if not question.finish_sent and not question.no_finish_needed and self.closed is None:
+            self._send_finish(question, release_result_caps=False)
+        self._free_question_if_done(question, no_finish_needed=question.no_finish_needed)
 
     def _maybe_finish_early(self, question: Question) -> None:
         """Nobody wants the question any more: finish it before its return (cancellation)."""
@@ -855,6 +886,9 @@ class _SharedPayload(Payload):
 
     def content(self, schema: Any) -> Any:
         return self.shared_inner.content(schema)
+
+    def union_choice(self, struct_path: Path, offset: int) -> int | None:
+        return self.shared_inner.union_choice(struct_path, offset)
 
 
 def _transform_path(transform: Any) -> Path:

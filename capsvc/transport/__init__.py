@@ -12,6 +12,9 @@ maps an address URI (:mod:`capsvc.transport.address`) to the backend that serves
 - :func:`listener_address` gives the URI a listener is actually bound to (the port the
   kernel chose for ``tcp:HOST:0``), for "listening on ..." messages and for tests.
 
+Connected sockets are handed out as :class:`~capsvc.transport.fastsocket.FastSocketStream`
+(a trio stream that skips trio's extra scheduler pass per operation).
+
 Backends: :mod:`~capsvc.transport.tcp`, :mod:`~capsvc.transport.unix`, and for unit tests
 :mod:`~capsvc.transport.memory`. TCP_NODELAY is on by default (rpc-protocol.md §1, send
 side); ``nodelay`` is ignored by transports that have no such option.
@@ -22,11 +25,14 @@ from __future__ import annotations
 import trio
 
 from capsvc.transport.address import Address, parse_address
+from capsvc.transport.fastsocket import FastListener, FastSocketStream
 from capsvc.transport.tcp import TcpListener, connect_tcp, listen_tcp
 from capsvc.transport.unix import UnixListener, connect_unix, listen_unix
 
 __all__ = [
     "Address",
+    "FastListener",
+    "FastSocketStream",
     "TcpListener",
     "UnixListener",
     "connect_tcp",
@@ -50,9 +56,9 @@ async def open_stream(address: str | Address, *, nodelay: bool = True) -> trio.a
     if addr.scheme == "tcp" and addr.host is not None and addr.port is not None:
         if addr.port == 0:
             raise ValueError(f"cannot connect to port 0 ({addr})")
-        return await connect_tcp(addr.host, addr.port, nodelay=nodelay)
+        return FastSocketStream.take_over(await connect_tcp(addr.host, addr.port, nodelay=nodelay))
     if addr.scheme == "unix" and addr.path is not None:
-        return await connect_unix(addr.path)
+        return FastSocketStream.take_over(await connect_unix(addr.path))
     raise ValueError(f"cannot connect to {addr!r}")
 
 
@@ -68,11 +74,13 @@ async def open_listeners(
         listeners.append(await listen_unix(addr.path))
     else:
         raise ValueError(f"cannot listen on {addr!r}")
-    return listeners
+    return [FastListener(listener) for listener in listeners]
 
 
 def listener_address(listener: trio.abc.Listener[trio.abc.Stream]) -> str:
     """The URI ``listener`` is bound to, e.g. ``tcp:127.0.0.1:40123`` after asking for 0."""
+    if isinstance(listener, FastListener):
+        listener = listener.inner
     if isinstance(listener, UnixListener):
         return str(Address("unix", path=listener.path))
     if isinstance(listener, TcpListener | trio.SocketListener):

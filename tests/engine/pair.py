@@ -33,9 +33,9 @@ class ManualExecutor:
     def __init__(self) -> None:
         self.pending: list[tuple[Any, OutgoingCall]] = []
 
-    def start(self, server: Any, call: OutgoingCall) -> None:
+    def start(self, hook: LocalServerHook, call: OutgoingCall) -> None:
         call.result.release()  # keep an uncounted link, as the real executor does
-        self.pending.append((server, call))
+        self.pending.append((hook.server, call))
 
     def run(self, limit: int | None = None) -> int:
         done = 0

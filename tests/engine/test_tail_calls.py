@@ -77,12 +77,16 @@ def test_take_from_other_question() -> None:
         for m in sent(session)
     ]
     assert ("return", "resultsSentElsewhere") in kinds
-    assert ("finish", "") in kinds
+    # Our Finish for the question waits until we are done with its results.
+    assert ("finish", "") not in kinds
+    ours_result.release()
+    [finish_ours] = sent(session)
+    assert finish_ours.which() == "finish"
+    assert finish_ours.finish.questionId == q1
     for answer_id in (7, 0):  # the tail call, then the bootstrap (releasing its cap)
         finish = wire.Message.new_message()
         finish.init("finish").questionId = answer_id
         give(session, finish)
-    ours_result.release()
     theirs.release()
     [release] = sent(session)
     assert release.which() == "release"

@@ -74,7 +74,7 @@ def set_call(expr, function, *args):
     call = expr.init("call")
     call.function = function
     params = call.init("params", len(args))
-    for slot, arg in zip(params, args):
+    for slot, arg in zip(params, args, strict=True):
         if isinstance(arg, (int, float)):
             slot.literal = float(arg)
         elif arg[0] == "param":
@@ -152,7 +152,9 @@ async def step_callback(calc):
     set_call(request.expression, add, ("call", power, 2, 4), 3)
     value = (await request.send().value.read()).value
     if power.calls != 1:
-        raise StepFailed(f"callback: the local pow function was called {power.calls} times, expected 1")
+        raise StepFailed(
+            f"callback: the local pow function was called {power.calls} times, expected 1"
+        )
     check("callback", value, 19.0)
 
 
@@ -184,7 +186,7 @@ async def main(host, port):
     except StepFailed as exc:
         print(f"FAIL {exc}", flush=True)
         return 1
-    except asyncio.TimeoutError:
+    except TimeoutError:
         print(f"FAIL timeout: the sequence did not finish within {OVERALL_TIMEOUT:g} s", flush=True)
         return 1
     except Exception as exc:

@@ -126,7 +126,7 @@ async def run_load(args):
 async def main(args):
     try:
         result = await asyncio.wait_for(run_load(args), args.timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         result = {"errors": 1, "first_error": f"timeout after {args.timeout:g} s"}
     except Exception as exc:
         result = {"errors": 1, "first_error": f"{type(exc).__name__}: {exc}"}
@@ -153,10 +153,14 @@ if __name__ == "__main__":
     parser.add_argument("address", type=parse_address, metavar="HOST:PORT")
     parser.add_argument("--calls", type=positive_int, required=True)
     parser.add_argument("--concurrency", type=positive_int, default=1)
-    parser.add_argument("--payload", type=int, default=16, help="payload size in bytes (characters for ping)")
+    parser.add_argument(
+        "--payload", type=int, default=16, help="payload size in bytes (characters for ping)"
+    )
     parser.add_argument("--method", choices=["ping", "pingData"], default="ping")
     parser.add_argument("--warmup", type=int, default=0, help="unmeasured calls made first")
-    parser.add_argument("--timeout", type=float, default=120.0, help="bound on the whole run, seconds")
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="bound on the whole run, seconds"
+    )
     args = parser.parse_args()
     if args.payload < 0:
         parser.error("--payload must be >= 0")

@@ -247,7 +247,9 @@ async def serve(host, port, bootstrap):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--listen", type=parse_listen, default=("127.0.0.1", 0), metavar="HOST:PORT")
+    parser.add_argument(
+        "--listen", type=parse_listen, default=("127.0.0.1", 0), metavar="HOST:PORT"
+    )
     parser.add_argument("--bootstrap", choices=sorted(BOOTSTRAPS), required=True)
     args = parser.parse_args()
     host, port = args.listen

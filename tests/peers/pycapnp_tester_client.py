@@ -179,7 +179,9 @@ async def check_holdcaps(tester):
         value = (await cap.increment(by=1)).value
         expect("holdcaps", f"{where}.increment(1)", value, starts[i] + 1)
         if i in local:
-            expect("holdcaps", f"{where}: state of our local counter", local[i].value, starts[i] + 1)
+            expect(
+                "holdcaps", f"{where}: state of our local counter", local[i].value, starts[i] + 1
+            )
 
     ack = (await holder.extra.callback.notify(value=5)).ack
     expect("holdcaps", "extra.callback.notify(5)", ack, 11)
@@ -266,7 +268,12 @@ async def check_unimplemented(tester):
     else:
         raise CheckFailed("unimplemented: Unknown.nothing() returned normally")
     # The connection must still work afterwards.
-    expect("unimplemented", "echo afterwards", (await tester.echo(msg="still here")).reply, "still here")
+    expect(
+        "unimplemented",
+        "echo afterwards",
+        (await tester.echo(msg="still here")).reply,
+        "still here",
+    )
 
 
 CHECKS = {
@@ -307,7 +314,7 @@ async def main(host, port, names, any_type):
     except CheckFailed as exc:
         print(f"FAIL {exc}", flush=True)
         return 1
-    except asyncio.TimeoutError:
+    except TimeoutError:
         print(f"FAIL timeout: the checks did not finish within {OVERALL_TIMEOUT:g} s", flush=True)
         return 1
     except Exception as exc:
@@ -327,10 +334,17 @@ def parse_address(text):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("address", type=parse_address, metavar="HOST:PORT")
-    parser.add_argument("--only", choices=list(CHECKS), action="append",
-                        help="run only this check (may be repeated)")
-    parser.add_argument("--fail-any-type", action="store_true",
-                        help="for the fail check, accept any exception type (pycapnp servers raise only FAILED)")
+    parser.add_argument(
+        "--only",
+        choices=list(CHECKS),
+        action="append",
+        help="run only this check (may be repeated)",
+    )
+    parser.add_argument(
+        "--fail-any-type",
+        action="store_true",
+        help="for the fail check, accept any exception type (pycapnp servers raise only FAILED)",
+    )
     args = parser.parse_args()
     names = args.only or list(CHECKS)
     sys.exit(asyncio.run(capnp.run(main(*args.address, names, args.fail_any_type))))

@@ -1,0 +1,353 @@
+"""The ``capsvc`` command line: serve an app (or the demo), call the demo from the shell.
+
+Theory of operation
+-------------------
+:func:`main` parses arguments with argparse and dispatches to one function per
+subcommand; each returns the process exit status (0 success, 1 runtime failure such as a
+refused connection or a failed call, 2 usage errors such as a bad address or an APP that
+cannot be imported). ``capsvc`` (the console script), ``python -m capsvc`` and
+``python -m capsvc.cli`` all end up here.
+
+``serve`` resolves the bootstrap object *before* entering trio (so import errors are
+reported plainly), then runs :func:`capsvc.serve` under trio with a signal receiver for
+SIGINT and SIGTERM opened first: the first signal cancels the server, the process prints
+``capsvc: stopped`` and exits 0. When the listener is bound, one line goes to stdout,
+containing ``listening on ADDRESS`` with the address actually bound (the kernel's port for
+``tcp:HOST:0``), so scripts and tests can find the server. Logging goes to stderr.
+
+``call`` (alias ``demo-client``) connects to a calculator (the demo served by ``capsvc
+serve``, or any conforming Calculator such as the C++ sample) and either runs the tour of
+:func:`capsvc.demo.run_tour` or evaluates an infix expression given on the command line.
+
+New subcommands register in :func:`build_parser`, in the marked block (``gen`` and ``nic``
+are planned there, see DESIGN.md "Commands").
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+log = logging.getLogger("capsvc.cli")
+
+DEFAULT_ADDRESS = "tcp:127.0.0.1:4000"
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for (exit status 2)."""
+
+
+def version() -> str:
+    """capsvc's version: from the installed distribution, else from the source pyproject."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("capsvc")
+    except metadata.PackageNotFoundError:
+        pass
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    try:
+        import tomllib
+
+        with pyproject.open("rb") as file:
+            return str(tomllib.load(file)["project"]["version"])
+    except (OSError, KeyError, ValueError):
+        return "unknown"
+
+
+def _run_trio(function: Callable[..., Awaitable[None]], *args: Any) -> None:
+    """``trio.run``, re-raising a lone error out of any ExceptionGroups nurseries made."""
+    try:
+        trio.run(function, *args)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) == 1:
+            raise leaves[0] from group
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            found.extend(_leaves(error))
+        else:
+            found.append(error)
+    return found
+
+
+def _os_reason(error: OSError) -> str:
+    """The most specific text for ``error`` (trio hides "Connection refused" in __cause__)."""
+    candidates: list[BaseException] = [error]
+    if isinstance(error.__cause__, BaseExceptionGroup):
+        candidates += _leaves(error.__cause__)
+    for candidate in candidates:
+        if isinstance(candidate, OSError) and candidate.errno:
+            return os.strerror(candidate.errno)
+    return str(error)
+
+
+def _say(text: str) -> None:
+    """One line to stdout, flushed at once (other programs may be waiting for it)."""
+    print(text, flush=True)
+
+
+def _error(text: str) -> None:
+    print(f"capsvc: error: {text}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- serve
+def load_app(spec: str, app_dir: str | None = ".") -> Any:
+    """The object named by ``module:attr`` (``attr`` may be dotted).
+
+    ``app_dir`` is put first on ``sys.path`` so that modules beside the user are found even
+    when capsvc runs as a console script.
+
+    Raises:
+        UsageError: a malformed spec, a module that cannot be imported, a missing attribute.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"APP must look like module:factory, got {spec!r}")
+    if app_dir is not None:
+        directory = os.path.abspath(app_dir)
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(f"cannot import {module_name!r}: {error}") from error
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise UsageError(f"module {module_name!r} has no attribute {attr!r}") from None
+    return target
+
+
+async def _make_bootstrap(target: Any, spec: str) -> Any:
+    """A Server instance from ``target``: the instance itself, or what a factory returns."""
+    from capsvc.server import Server
+
+    if isinstance(target, Server):
+        return target
+    if not callable(target):
+        raise UsageError(f"{spec} is neither a capsvc.Server instance nor a factory")
+    made = target()
+    if inspect.isawaitable(made):
+        made = await made
+    if not isinstance(made, Server):
+        raise UsageError(f"{spec}() returned {type(made).__name__}, not a capsvc.Server instance")
+    return made
+
+
+def _describe(bootstrap: Any) -> str:
+    info = getattr(bootstrap, "_capsvc_interface", None)
+    name = type(bootstrap).__name__
+    return f"{name} ({info.name})" if info is not None else name
+
+
+async def _serve(address: str, target: Any, spec: str | None) -> None:
+    import capsvc
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        if spec is None:
+            bootstrap: Any = target
+            label = "the Calculator demo"
+        else:
+            bootstrap = await _make_bootstrap(target, spec)
+            label = _describe(bootstrap)
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(capsvc.serve, address, bootstrap)
+            _say(f"capsvc: serving {label}, listening on {bound} (Ctrl-C to stop)")
+            async for signum in signals:
+                log.info("received %s, stopping", signal.Signals(signum).name)
+                break
+            nursery.cancel_scope.cancel()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``capsvc serve [APP] [--listen ADDR]``."""
+    from capsvc.transport import parse_address
+
+    try:
+        parse_address(args.listen)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.app is None:
+        from capsvc import demo
+
+        target: Any = demo.bootstrap()
+    else:
+        target = load_app(args.app, args.app_dir)
+    try:
+        _run_trio(_serve, args.listen, target, args.app)
+    except OSError as error:
+        _error(f"cannot listen on {args.listen}: {_os_reason(error)}")
+        return EXIT_FAILURE
+    _say("capsvc: stopped")
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------ call
+async def _call(address: str, expressions: Sequence[str]) -> None:
+    import capsvc
+    from capsvc import demo
+
+    text = " ".join(expressions).strip()
+    if text:
+        demo.parse_infix(text)  # syntax errors before any connection
+    async with capsvc.connect(address) as conn:
+        calc = conn.bootstrap(demo.CALCULATOR)
+        if text:
+            value = await demo.evaluate_infix(calc, text)
+            _say(f"{text} = {demo.format_number(value)}")
+            return
+        _say(f"capsvc: calculator tour against {address}")
+        await demo.run_tour(calc, _say)
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    """``capsvc call [--connect ADDR] [EXPR...]``."""
+    import capsvc
+    from capsvc.transport import parse_address
+
+    try:
+        parse_address(args.connect)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    try:
+        _run_trio(_call, args.connect, args.expression)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:
+        _error(f"cannot connect to {args.connect}: {_os_reason(error)}")
+        return EXIT_FAILURE
+    except capsvc.RpcError as error:
+        _error(f"call failed ({type(error).__name__}): {error.reason}")
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``capsvc`` command (every subcommand registered)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log more (-v: debug)",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="capsvc",
+        description="Cap'n Proto RPC services on trio.",
+        parents=[common],
+    )
+    parser.set_defaults(verbose=0)
+    parser.add_argument("--version", action="version", version=f"capsvc {version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        parents=[common],
+        help="serve an app, or the calculator demo",
+        description="Serve APP's bootstrap object; with no APP, the calculator demo.",
+    )
+    serve.add_argument(
+        "app",
+        nargs="?",
+        metavar="APP",
+        help="module:factory (called for the bootstrap object) or module:instance",
+    )
+    serve.add_argument(
+        "--listen",
+        default=DEFAULT_ADDRESS,
+        metavar="ADDR",
+        help=f"address to listen on, tcp:HOST:PORT or unix:PATH (default {DEFAULT_ADDRESS})",
+    )
+    serve.add_argument(
+        "--app-dir",
+        default=".",
+        metavar="DIR",
+        help="directory put first on sys.path to import APP from (default: .)",
+    )
+    serve.set_defaults(handler=cmd_serve)
+
+    call = commands.add_parser(
+        "call",
+        aliases=["demo-client"],
+        parents=[common],
+        help="call the calculator demo: a tour, or evaluate an expression",
+        description=(
+            "Without EXPR, run a tour of the calculator (calls, pipelining, functions, "
+            "callbacks). With EXPR (e.g. '2 + 3 * 4'; numbers, + - * / ** and parentheses), "
+            "evaluate it remotely."
+        ),
+    )
+    call.add_argument(
+        "--connect",
+        default=DEFAULT_ADDRESS,
+        metavar="ADDR",
+        help=f"the calculator's address (default {DEFAULT_ADDRESS})",
+    )
+    call.add_argument("expression", nargs="*", metavar="EXPR", help="an infix expression")
+    call.set_defaults(handler=cmd_call)
+
+    # ---- later subcommands go here -------------------------------------------------
+    # `capsvc gen SCHEMA -o DIR`  (typed stubs, capsvc/codegen.py) and
+    # `capsvc nic ...` (the NIC backend) register with commands.add_parser(...) and
+    # set_defaults(handler=...), like serve and call above.
+    # ----------------------------------------------------------------------------------
+    return parser
+
+
+def _setup_logging(verbosity: int) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbosity > 0 else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``capsvc`` command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    _setup_logging(args.verbose)
+    try:
+        return handler(args)
+    except UsageError as error:
+        _error(str(error))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _say("capsvc: stopped")
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

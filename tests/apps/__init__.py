@@ -1,0 +1,1 @@
+"""Tiny apps served by ``capsvc serve`` in tests/test_cli.py."""

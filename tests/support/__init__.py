@@ -1,0 +1,1 @@
+"""Shared test servers and peer-process helpers (used by tests/interop and others)."""

@@ -1,0 +1,80 @@
+"""Leak checks on capsvc connections: tables must empty once user code drops everything."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+import trio.lowlevel
+
+import capsvc
+
+EMPTY = {"questions": 0, "answers": 0, "exports": 0, "imports": 0, "embargoes": 0}
+
+
+async def settle(seconds: float = 0.05) -> None:
+    """Collect garbage (cycles through tracebacks keep Clients alive) and let trio run."""
+    gc.collect()
+    await trio.sleep(seconds)
+    gc.collect()
+    await trio.lowlevel.checkpoint()
+
+
+async def wait_for_tables(
+    conn: capsvc.Connection, *, within: float = 2.0, **expected: int
+) -> dict[str, int]:
+    """Wait (up to ``within`` s) until the session's table sizes equal ``expected``
+    (default: all zero), collecting garbage in between; returns the last sizes seen."""
+    want = dict(EMPTY, **expected)
+    sizes = conn.session.table_sizes()
+    with trio.move_on_after(within):
+        while True:
+            await settle()
+            sizes = conn.session.table_sizes()
+            if sizes == want:
+                break
+    return sizes
+
+
+async def assert_tables(conn: capsvc.Connection, *, within: float = 2.0, **expected: int) -> None:
+    want = dict(EMPTY, **expected)
+    sizes = await wait_for_tables(conn, within=within, **expected)
+    assert sizes == want, f"connection tables leak: {sizes}, expected {want}{_details(conn)}"
+
+
+def _details(conn: capsvc.Connection) -> str:
+    session = conn.session
+    parts = []
+    for name in ("questions", "answers", "exports", "imports", "embargoes"):
+        table = getattr(session, name)
+        if table:
+            parts.append(f"\n  {name}: {sorted(table)} -> {list(table.values())[:8]!r}")
+    return "".join(parts)
+
+
+async def poll_until(predicate: Callable[[], bool], *, within: float = 5.0) -> None:
+    """Wait until ``predicate()`` is true (checked every 10 ms); fail after ``within`` s."""
+    with trio.fail_after(within):
+        for _ in iter(int, 1):
+            if predicate():
+                return
+            await trio.sleep(0.01)
+
+
+async def exercise(
+    address: str, interface: Any, body: Callable[[Any], Awaitable[None]], **connect_kw: Any
+) -> None:
+    """Connect, run ``body(bootstrap)``, then check the engine does not leak.
+
+    After ``body`` returns (its locals are gone), only the bootstrap import we still hold
+    may remain; after closing that too, every table must be empty.
+    """
+    async with capsvc.connect(address, **connect_kw) as conn:
+        boot = conn.bootstrap(interface)
+        await body(boot)
+        await assert_tables(conn, imports=1)
+        boot.close()
+        del boot
+        await assert_tables(conn)
