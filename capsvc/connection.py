@@ -51,6 +51,7 @@ class Connection:
         self.stream = stream
         self.limits = limits or FramingLimits()
         self.session = RpcSession(bootstrap, limits=self.limits, on_output=self._wake_writer)
+        self.session.driver = self
         self.coalesce = coalesce
         self.max_buffered = max_buffered
         self.name = name
@@ -131,6 +132,9 @@ class Connection:
             if not data:
                 self.close_reason = Disconnected("peer closed the connection")
                 return
+            # Let the calls just delivered run (and queue their replies) before reading
+            # more, so that the output bound above sees what they produce.
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     # ------------------------------------------------------------------ writing
     def _wake_writer(self) -> None:
@@ -178,6 +182,11 @@ class Connection:
 
     async def _wait_drained(self) -> None:
         await self._drained.wait()
+
+    async def wait_writable(self) -> None:
+        """Return once the output buffer is within ``max_buffered`` (or the connection ends)."""
+        while self.session.pending_bytes > self.max_buffered and not self._closed.is_set():
+            await self._drained.wait()
 
     async def _wait_output_written(self) -> None:
         """Wait until the writer has written everything the engine queued so far."""

@@ -22,7 +22,14 @@ log = logging.getLogger("capsvc")
 
 
 async def wait_result(result: CallResult, on_cancel: Callable[[], None] | None = None) -> None:
-    """Wait until ``result`` settles. If the wait is cancelled, ``on_cancel`` runs first."""
+    """Wait until ``result`` settles. If the wait is cancelled, ``on_cancel`` runs first.
+
+    If the call went out on a connection whose output buffer is over its bound, first wait
+    until the writer has drained it (backpressure: DESIGN.md, "Buffered framing").
+    """
+    driver = getattr(result.origin, "driver", None)
+    if driver is not None:
+        await driver.wait_writable()
     if result.done:
         await trio.lowlevel.checkpoint()
         return

@@ -140,3 +140,55 @@ async def test_cancelling_the_caller_sends_finish_and_cancels_the_server() -> No
 
 def test_address_is_parsed() -> None:
     assert str(parse_address("tcp:127.0.0.1:4000")) == "tcp:127.0.0.1:4000"
+
+
+async def test_output_stays_bounded_when_the_peer_stops_reading() -> None:
+    """A peer that floods calls but never reads its replies cannot make us buffer without
+    bound: once the output passes max_buffered the reader stops reading (backpressure)."""
+    from capsvc.framing import encode_message
+    from capsvc.rpc import wire
+
+    listeners = await open_listeners("tcp:127.0.0.1:0")
+    port = listeners[0].socket.getsockname()[1]  # type: ignore[attr-defined]
+    payload = "x" * 60_000
+    limit = 256 * 1024
+    frames = []
+    bootstrap = wire.Message.new_message()
+    bootstrap.init("bootstrap").questionId = 0
+    frames.append(encode_message(bootstrap.to_segments()))
+    echo_params = testing.Tester.schema.methods["echo"].param_type
+    for question in range(1, 400):
+        message = wire.Message.new_message()
+        body = message.init("call")
+        body.questionId = question
+        body.target.init("promisedAnswer").questionId = 0
+        body.interfaceId = testing.Tester.schema.node.id
+        body.methodId = 0
+        body.init("params").content.as_struct(echo_params).msg = payload
+        frames.append(encode_message(message.to_segments()))
+    flood = b"".join(frames)  # ~24 MB of calls whose replies are as large
+    async with trio.open_nursery() as nursery:
+        raw = await trio.open_tcp_stream("127.0.0.1", port)
+        server = Connection(await listeners[0].accept(), Tester()._new_hook(), max_buffered=limit)
+        nursery.start_soon(server.run)
+        highest = 0
+
+        async def sender() -> None:
+            await raw.send_all(flood)  # blocks for good once both directions are full
+
+        async def watch() -> None:
+            nonlocal highest
+            while True:
+                highest = max(highest, server.session.pending_bytes)
+                await trio.sleep(0.001)
+
+        nursery.start_soon(sender)
+        nursery.start_soon(watch)
+        await trio.sleep(1.0)
+        # One receive_some (64 KiB) can hold at most two of these calls past the check.
+        assert highest <= limit + 3 * 61_000, highest
+        assert len(server.session.answers) < 399  # it stopped reading calls
+        nursery.cancel_scope.cancel()
+    await raw.aclose()
+    for listener in listeners:
+        await listener.aclose()

@@ -216,6 +216,7 @@ class CallResult:
         "_question",
         "_when_unwanted",
         "done",
+        "origin",
         "refs",
     )
 
@@ -229,6 +230,8 @@ class CallResult:
         self._question: RemoteQuestion | None = None
         self._canceller: Callable[[], None] | None = None
         self._when_unwanted: Callable[[], None] | None = None
+        #: The session that sent the call, if it went to a peer (for driver backpressure).
+        self.origin: Any = None
 
     # -- ownership --------------------------------------------------------------------
     def add_ref(self) -> CallResult:

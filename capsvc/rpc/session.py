@@ -173,6 +173,10 @@ class RpcSession:
         self._embargo_ids = IdAllocator()
         self._export_by_hook: dict[Hook, int] = {}
         self._outbox: list[bytes] = []
+        self._pending_bytes = 0
+        #: The I/O driver running this session, if any (the trio Connection sets itself
+        #: here so that callers can find it for backpressure). The engine never uses it.
+        self.driver: object | None = None
         self.closed: RpcError | None = None
         self.abort_reason: str | None = None
 
@@ -180,6 +184,7 @@ class RpcSession:
     def take_output(self) -> list[bytes]:
         """Every framed message produced since the last call, in protocol order."""
         out, self._outbox = self._outbox, []
+        self._pending_bytes = 0
         return out
 
     @property
@@ -189,10 +194,12 @@ class RpcSession:
     @property
     def pending_bytes(self) -> int:
         """Bytes framed and not yet taken by the writer (for backpressure)."""
-        return sum(len(frame) for frame in self._outbox)
+        return self._pending_bytes
 
     def _send(self, segments: Sequence[bytes | bytearray | memoryview]) -> None:
-        self._outbox.append(encode_message(segments))
+        frame = encode_message(segments)
+        self._outbox.append(frame)
+        self._pending_bytes += len(frame)
         if len(self._outbox) == 1 and self.on_output is not None:
             self.on_output()
 
@@ -254,6 +261,7 @@ class RpcSession:
         )
         params.release()
         self._send(segments)
+        call.result.origin = self
         call.result.link_question(question)
         call.result.release()  # the question keeps an uncounted link (see OutgoingCall)
 

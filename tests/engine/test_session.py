@@ -293,3 +293,19 @@ def _only_message(frames: list[bytes]) -> list[memoryview]:
     segments = decoder.next_message()
     assert segments is not None
     return segments
+
+
+def test_received_abort_fails_everything_with_disconnected() -> None:
+    pair = make_pair()
+    tester = pair.a.bootstrap()
+    pending = call(tester, TESTER_ID, NEW_COUNTER)
+    message = wire.Message.new_message()
+    body = message.init("abort")
+    body.reason = "going away"
+    body.type = "failed"
+    pair.a.receive(message.to_segments())
+    assert isinstance(pending.error, Disconnected)
+    assert "going away" in pending.error.reason
+    assert pair.a.closed is not None
+    release_all(pending, tester)
+    assert pair.a.tables_empty()
