@@ -309,3 +309,33 @@ def test_received_abort_fails_everything_with_disconnected() -> None:
     assert pair.a.closed is not None
     release_all(pending, tester)
     assert pair.a.tables_empty()
+
+
+def test_pipelined_capability_goes_back_as_receiver_answer() -> None:
+    """rpc-protocol.md §5: a capability inside one of the peer's unanswered answers is sent
+    back as receiverAnswer, and the peer takes it from that answer's pipeline."""
+    pair = make_pair()
+    tester = pair.a.bootstrap()
+    made = new_counter(pair, tester, start=7)
+    theirs = made.pipeline((0,))  # not returned yet: a PipelineHook
+    reflected = call(tester, TESTER_ID, REFLECT, with_cap("reflect", theirs.add_ref()))
+    frames = pair.a.take_output()
+    decoded = [wire.Message.from_segments(_only_message([frame])) for frame in frames]
+    reflect_call = [m for m in decoded if m.which() == "call"][-1]
+    descriptor = reflect_call.call.params.capTable[0]
+    assert descriptor.which() == "receiverAnswer"
+    assert (
+        descriptor.receiverAnswer.questionId
+        == [m for m in decoded if m.which() == "call"][0].call.questionId
+    )
+    for frame in frames:  # now let the conversation happen
+        pair.b.receive(_only_message([frame]))
+    pair.pump()
+    back = reflected.pipeline((0,))
+    bumped = increment(back, 1)
+    pair.pump()
+    assert value_of(bumped) == 8
+    release_all(bumped, back, reflected, theirs, made, tester)
+    pair.pump()
+    assert pair.a.tables_empty(), pair.a.table_sizes()
+    assert pair.b.tables_empty(), pair.b.table_sizes()
