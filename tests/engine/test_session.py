@@ -321,13 +321,11 @@ def test_pipelined_capability_goes_back_as_receiver_answer() -> None:
     reflected = call(tester, TESTER_ID, REFLECT, with_cap("reflect", theirs.add_ref()))
     frames = pair.a.take_output()
     decoded = [wire.Message.from_segments(_only_message([frame])) for frame in frames]
-    reflect_call = [m for m in decoded if m.which() == "call"][-1]
-    descriptor = reflect_call.call.params.capTable[0]
+    calls = [m.call for m in decoded if m.which() == "call"]
+    new_counter_call, reflect_call = calls[0], calls[-1]
+    descriptor = reflect_call.params.capTable[0]
     assert descriptor.which() == "receiverAnswer"
-    assert (
-        descriptor.receiverAnswer.questionId
-        == [m for m in decoded if m.which() == "call"][0].call.questionId
-    )
+    assert descriptor.receiverAnswer.questionId == new_counter_call.questionId
     for frame in frames:  # now let the conversation happen
         pair.b.receive(_only_message([frame]))
     pair.pump()
