@@ -26,6 +26,7 @@ from typing import Any
 import trio
 
 from capsvc.errors import Disconnected, FramingError, RpcError
+from capsvc.flusher import current_flusher
 from capsvc.framing import FrameDecoder, FramingLimits
 from capsvc.rpc.hooks import Hook
 from capsvc.rpc.session import RpcSession
@@ -50,7 +51,7 @@ class Connection:
     ) -> None:
         self.stream = stream
         self.limits = limits or FramingLimits()
-        self.session = RpcSession(bootstrap, limits=self.limits, on_output=self._wake_writer)
+        self.session = RpcSession(bootstrap, limits=self.limits, on_output=self._on_output)
         self.session.driver = self
         self.coalesce = coalesce
         self.max_buffered = max_buffered
@@ -63,6 +64,11 @@ class Connection:
         self._drained = trio.Event()
         self._closed = trio.Event()
         self.close_reason: RpcError | None = None
+        # The end-of-pass fast path (capsvc.flusher) needs a plain non-blocking socket.
+        self._socket = getattr(stream, "socket", None) if hasattr(stream, "send_all_fast") else None
+        self._flusher = current_flusher() if coalesce and self._socket is not None else None
+        self._remainder = b""
+        self._token = trio.lowlevel.current_trio_token()
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -137,10 +143,42 @@ class Connection:
             await trio.lowlevel.cancel_shielded_checkpoint()
 
     # ------------------------------------------------------------------ writing
+    def _on_output(self) -> None:
+        """The engine's outbox just became non-empty."""
+        if self._flusher is not None and not self._writing:
+            self._flusher.dirty[self] = None
+        else:
+            self._wake_writer()
+
     def _wake_writer(self) -> None:
         if self._writer_parked and self._writer_task is not None:
             self._writer_parked = False
             trio.lowlevel.reschedule(self._writer_task)
+
+    def flush_at_end_of_pass(self) -> None:
+        """Called by the flusher once per pass: one non-blocking send of the whole batch."""
+        if self._writing or self._closed.is_set() or not self.session.has_output:
+            return
+        batch = self.session.take_output()
+        data = b"".join(batch) if len(batch) > 1 else batch[0]
+        self.writes += 1
+        assert self._socket is not None
+        try:
+            sent = self._socket.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            sent = 0  # the writer task will meet the error again and close properly
+        if sent < len(data):
+            self._remainder = data[sent:]
+            self._writing = True
+            self._token.run_sync_soon(self._wake_writer)
+        elif self._drained.statistics().tasks_waiting:
+            self._token.run_sync_soon(self._signal_drained)
+
+    def _signal_drained(self) -> None:
+        self._drained.set()
+        self._drained = trio.Event()
 
     async def _writer(self) -> None:
         self._writer_task = trio.lowlevel.current_task()
@@ -148,17 +186,20 @@ class Connection:
         stream = self.stream
         send_all = getattr(stream, "send_all_fast", stream.send_all)
         while True:
-            if not session.has_output:
+            if not session.has_output and not self._remainder:
                 self._writer_parked = True
                 await trio.lowlevel.wait_task_rescheduled(self._abort_park)
             # We were woken by the first message of a scheduler pass; by the time we run
             # (the next pass) every task of that pass has added its messages: one write.
-            batch = session.take_output()
+            remainder, self._remainder = self._remainder, b""
+            batch = [remainder] if remainder else session.take_output()
             if not batch:
                 continue
             self._writing = True
             try:
-                if self.coalesce:
+                if remainder:
+                    await send_all(remainder)
+                elif self.coalesce:
                     data = b"".join(batch) if len(batch) > 1 else batch[0]
                     self.writes += 1
                     await send_all(data)
@@ -173,8 +214,7 @@ class Connection:
                 return
             finally:
                 self._writing = False
-            self._drained.set()
-            self._drained = trio.Event()
+            self._signal_drained()
 
     def _abort_park(self, _: Any) -> trio.lowlevel.Abort:
         self._writer_parked = False

@@ -52,47 +52,28 @@ async def wait_result(result: CallResult, on_cancel: Callable[[], None] | None =
 class TrioExecutor:
     """Runs local server calls as trio system tasks (one per call), in arrival order.
 
-    trio runs the tasks of one scheduler pass in a random order, so each call takes a ticket
-    from its hook and waits until the calls before it on the same object have begun: method
-    bodies start in the order the calls arrived (rpc-protocol.md §13.1, §13.3) and then run
-    concurrently, as in C++.
+    trio runs the tasks of one scheduler pass in an arbitrary order, so a task does not run
+    "its" call: it takes the call at the head of the hook's queue. Whatever order the tasks
+    run in, method bodies begin in the order the calls arrived (rpc-protocol.md §13.1,
+    §13.3), in the same scheduler pass, and then run concurrently, as in C++.
     """
 
     def start(self, hook: LocalServerHook, call: OutgoingCall) -> None:
         # The running call keeps an uncounted link to its result (see OutgoingCall), so a
         # caller that drops every reference cancels it.
         call.result.release()
-        ticket = hook.next_ticket
-        hook.next_ticket += 1
-        trio.lowlevel.spawn_system_task(
-            _run_call, hook, call, ticket, name=_task_name(hook.server, call)
-        )
+        trio.lowlevel.spawn_system_task(_run_next_call, hook, name=_task_name(hook.server, call))
 
 
 def _task_name(server: Any, call: OutgoingCall) -> str:
     return f"capsvc call {type(server).__name__} {call.interface_id:#x}.{call.method_id}"
 
 
-async def _wait_turn(hook: LocalServerHook, ticket: int) -> None:
-    if hook.now_serving != ticket:
-        hook.waiting[ticket] = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(_never_abort)
-    hook.now_serving = ticket + 1
-    successor = hook.waiting.pop(ticket + 1, None)
-    if successor is not None:
-        trio.lowlevel.reschedule(successor)
-
-
-def _never_abort(_: Any) -> trio.lowlevel.Abort:
-    # Waiting for a turn is short and must not be skipped, or later calls would wait forever.
-    return trio.lowlevel.Abort.FAILED
-
-
-async def _run_call(hook: LocalServerHook, call: OutgoingCall, ticket: int) -> None:
+async def _run_next_call(hook: LocalServerHook) -> None:
+    call = hook.pending.popleft()
     result = call.result
     server = hook.server
     try:
-        await _wait_turn(hook, ticket)
         if result.done or result.refs <= 0:
             return  # cancelled before it started
         with trio.CancelScope() as scope:

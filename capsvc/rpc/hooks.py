@@ -19,6 +19,7 @@ Theory of operation:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -96,7 +97,7 @@ class Executor(Protocol):
     """Runs calls on local server objects (supplied by the runtime, e.g. a trio nursery).
 
     ``start`` must begin the calls on one hook in the order it receives them
-    (rpc-protocol.md §13.1 and §13.3); ``LocalServerHook`` numbers them for that.
+    (rpc-protocol.md §13.1 and §13.3); ``LocalServerHook.pending`` is the queue for that.
     """
 
     def start(self, hook: LocalServerHook, call: OutgoingCall) -> None: ...
@@ -105,21 +106,20 @@ class Executor(Protocol):
 class LocalServerHook(Hook):
     """A capability to an object served by this vat.
 
-    ``next_ticket`` numbers the calls in arrival order and ``now_serving`` is the number of
-    the next call allowed to begin; ``waiting`` is for the executor's own bookkeeping.
+    ``pending`` holds calls not yet begun, in arrival order: whoever begins a call takes the
+    one at the head, so calls begin in order however the executor schedules its work.
     """
 
-    __slots__ = ("executor", "next_ticket", "now_serving", "server", "waiting")
+    __slots__ = ("executor", "pending", "server")
 
     def __init__(self, server: Any, executor: Executor) -> None:
         super().__init__()
         self.server = server
         self.executor = executor
-        self.next_ticket = 0
-        self.now_serving = 0
-        self.waiting: dict[int, Any] = {}
+        self.pending: deque[OutgoingCall] = deque()
 
     def call(self, call: OutgoingCall) -> None:
+        self.pending.append(call)
         self.executor.start(self, call)
 
 

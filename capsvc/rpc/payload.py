@@ -40,6 +40,17 @@ class Payload:
 
     def cap_at(self, path: Path) -> Hook | None:
         """A new reference to the capability at ``path``, or None for a null pointer."""
+        found = self.locate_cap(path)
+        if found is None or isinstance(found, Hook):
+            return found
+        if found >= len(self.caps):
+            return BrokenHook(Failed(f"capability index {found} is outside the capTable"))
+        hook = self.caps[found]
+        return hook.add_ref() if hook is not None else None
+
+    def locate_cap(self, path: Path) -> int | Hook | None:
+        """The index in ``caps`` of the capability at ``path``: None for a null pointer, or
+        a (new) broken hook if the pointer there is not a valid capability."""
         raise NotImplementedError
 
     def content(self, schema: Any) -> Any:
@@ -103,12 +114,8 @@ class BuiltPayload(Payload):
         """The discriminant a capability field selected at that struct, if one did."""
         return self.unions.get((struct_path, offset))
 
-    def cap_at(self, path: Path) -> Hook | None:
-        index = self.cap_paths.get(path)
-        if index is None:
-            return None
-        hook = self.caps[index]
-        return hook.add_ref() if hook is not None else None
+    def locate_cap(self, path: Path) -> int | Hook | None:
+        return self.cap_paths.get(path)
 
     def content(self, schema: Any) -> Any:
         return self.payload_builder.content.as_struct(schema).as_reader()
@@ -157,7 +164,7 @@ class ReceivedPayload(Payload):
             pointers.follow(segments, pointers.ROOT, content_path) if caps else None
         )
 
-    def cap_at(self, path: Path) -> Hook | None:
+    def locate_cap(self, path: Path) -> int | Hook | None:
         if self._content_location is None:
             return None  # an empty capTable: every capability pointer reads as null
         try:
@@ -171,12 +178,7 @@ class ReceivedPayload(Payload):
             index = pointers.read_cap_index(self.segments, location)
         except RemoteProtocolError as error:
             return BrokenHook(Failed(f"bad capability pointer: {error}"))
-        if index is None:
-            return None
-        if index >= len(self.caps):
-            return BrokenHook(Failed(f"capability index {index} is outside the capTable"))
-        hook = self.caps[index]
-        return hook.add_ref() if hook is not None else None
+        return index
 
     def content(self, schema: Any) -> Any:
         return self.payload_reader.content.as_struct(schema)

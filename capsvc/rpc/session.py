@@ -889,8 +889,10 @@ class _SharedPayload(Payload):
         self.shared_inner = inner
         self.caps = [hook.add_ref() if hook is not None else None for hook in inner.caps]
 
-    def cap_at(self, path: Path) -> Hook | None:
-        return self.shared_inner.cap_at(path)
+    def locate_cap(self, path: Path) -> int | Hook | None:
+        # Our caps mirror the inner payload's, index for index, with references of our own:
+        # the inner payload may be released before we are.
+        return self.shared_inner.locate_cap(path)
 
     def content(self, schema: Any) -> Any:
         return self.shared_inner.content(schema)

@@ -35,7 +35,7 @@ class ManualExecutor:
 
     def start(self, hook: LocalServerHook, call: OutgoingCall) -> None:
         call.result.release()  # keep an uncounted link, as the real executor does
-        self.pending.append((hook.server, call))
+        self.pending.append((hook.server, hook.pending.popleft()))
 
     def run(self, limit: int | None = None) -> int:
         done = 0

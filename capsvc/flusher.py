@@ -1,0 +1,62 @@
+"""Write each connection's output once per scheduler pass, at the end of the pass.
+
+Theory of operation (DESIGN.md, "Buffered framing"): trio calls an instrument's
+``before_io_wait`` once per scheduler pass, after every runnable task has run and just
+before it polls for I/O. That is exactly the moment at which "everything produced in one
+pass" is known. ``EndOfPassFlusher`` keeps the set of connections that produced output
+during the pass and, at that moment, writes each one's whole batch with one non-blocking
+``send`` on its socket. Compared with waking a writer task, this saves a scheduler pass
+(an ``epoll_wait`` and a task switch) per batch on each side of every round trip.
+
+What the flusher cannot finish (the socket buffer is full, or the stream has no plain
+socket) is left to the connection's writer task. The flusher never reschedules a task
+directly: at this point of the loop trio has already chosen how long to sleep, so it asks
+trio to run the wake-up "soon" through ``run_sync_soon``, which interrupts the sleep.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import trio
+
+
+class Flushable(Protocol):
+    def flush_at_end_of_pass(self) -> None: ...
+
+
+class EndOfPassFlusher(trio.abc.Instrument):
+    """The per-run instrument; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.dirty: dict[Flushable, None] = {}  # an ordered set
+
+    def before_io_wait(self, timeout: float) -> None:
+        if not self.dirty:
+            return
+        dirty, self.dirty = self.dirty, {}
+        for connection in dirty:
+            try:
+                connection.flush_at_end_of_pass()
+            except Exception:  # an instrument that raises is disabled by trio: never raise
+                trio.lowlevel.current_trio_token().run_sync_soon(_log_flush_error)
+
+
+def _log_flush_error() -> None:
+    import logging
+
+    logging.getLogger("capsvc").exception("end-of-pass flush failed")
+
+
+_FLUSHER: trio.lowlevel.RunVar[EndOfPassFlusher] = trio.lowlevel.RunVar("capsvc_flusher")
+
+
+def current_flusher() -> EndOfPassFlusher:
+    """The flusher of the running trio loop (installed on first use)."""
+    try:
+        return _FLUSHER.get()
+    except LookupError:
+        flusher = EndOfPassFlusher()
+        trio.lowlevel.add_instrument(flusher)
+        _FLUSHER.set(flusher)
+        return flusher
