@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from capsvc.rpc.hooks import Hook, OutgoingCall, Path
 
 if TYPE_CHECKING:
-    from capsvc.rpc.session import Question, RpcSession
+    from capsvc.rpc.session import RpcSession
+    from capsvc.rpc.tables import Question
 
 
 class RemoteHook(Hook):

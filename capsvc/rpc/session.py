@@ -8,7 +8,9 @@ Theory of operation:
   keeps protocol order and coalesces writes for free.
 - The four tables of §3 live here: ``questions`` (our calls), ``answers`` (the peer's calls),
   ``exports`` (our capabilities the peer holds) and ``imports`` (the peer's capabilities we
-  hold), plus the private embargo table of §9.
+  hold), plus the private embargo table of §9. Their entries are in capsvc.rpc.tables; the
+  handling of capability references (descriptors, releases, resolves, embargoes) is the
+  CapabilityTables half, in capsvc.rpc.captable.
 - Local objects are reached through hooks (capsvc.rpc.hooks); remote ones through the hooks
   of capsvc.rpc.remote, which call back into ``send_call`` here.
 - A violation by the peer raises RemoteProtocolError inside the handlers; ``receive`` turns
@@ -33,12 +35,12 @@ from capsvc.errors import (
 )
 from capsvc.framing import FramingLimits, encode_message
 from capsvc.rpc import copying, wire
+from capsvc.rpc.captable import CapabilityTables
 from capsvc.rpc.hooks import (
     BrokenHook,
     CallResult,
     Hook,
     OutgoingCall,
-    Path,
     null_hook,
 )
 from capsvc.rpc.ids import IdAllocator
@@ -49,108 +51,21 @@ from capsvc.rpc.payload import (
     new_call_payload,
     new_return_payload,
 )
-from capsvc.rpc.remote import ImportHook, ImportPromiseHook, PipelineHook, RemoteHook, RemotePromise
+from capsvc.rpc.remote import ImportPromiseHook, RemoteHook, RemotePromise
+from capsvc.rpc.tables import (
+    Answer,
+    Canceled,
+    Export,
+    Import,
+    Question,
+    SharedPayload,
+    transform_path,
+)
 
 Segments = Sequence[bytes | bytearray | memoryview]
 
 
-class Canceled(RpcError):
-    """The caller finished the question before the call returned (never seen by users)."""
-
-
-class Question:
-    """One of our calls (or bootstrap requests) awaiting or holding its Return."""
-
-    __slots__ = (
-        "finish_sent",
-        "id",
-        "no_finish_needed",
-        "param_exports",
-        "pipelines",
-        "result",
-        "returned",
-        "session",
-        "settled",
-        "wanted",
-        "yourself",
-    )
-
-    def __init__(self, session: RpcSession, question_id: int, result: CallResult | None) -> None:
-        self.session = session
-        self.id = question_id
-        self.result = result
-        self.pipelines: dict[Path, PipelineHook] = {}
-        self.param_exports: list[int] = []
-        self.returned = False
-        self.finish_sent = False
-        self.no_finish_needed = False
-        self.settled = False
-        self.yourself = False
-        self.wanted = result is not None
-
-    def pipeline(self, path: Path) -> Hook:
-        hook = self.pipelines.get(path)
-        if hook is not None:
-            return hook.add_ref()
-        hook = PipelineHook(self, path)
-        self.pipelines[path] = hook
-        return hook
-
-    def drop_pipeline(self, hook: PipelineHook) -> None:
-        if self.pipelines.get(hook.path) is hook:
-            del self.pipelines[hook.path]
-            self.session._question_unwanted(self)
-
-    def drop_interest(self) -> None:
-        # The result stays linked (uncounted): it must still settle, with the Return that
-        # answers our Finish, so that whoever waits on it (e.g. an answer we are forwarding
-        # for the peer) can complete too.
-        self.wanted = False
-        self.session._question_unwanted(self)
-
-    def write_promised_answer(self, builder: Any, path: Path) -> None:
-        builder.questionId = self.id
-        transform = builder.init("transform", len(path))
-        for index, step in enumerate(path):
-            transform[index].getPointerField = step
-
-
-class Answer:
-    """One of the peer's calls: running, or returned and awaiting its Finish."""
-
-    __slots__ = ("finish_received", "id", "redirected", "result", "result_exports", "return_sent")
-
-    def __init__(self, answer_id: int, result: CallResult, redirected: bool) -> None:
-        self.id = answer_id
-        self.result = result
-        self.redirected = redirected
-        self.return_sent = False
-        self.finish_received = False
-        self.result_exports: list[int] = []
-
-
-class Export:
-    """One of our capabilities as the peer knows it, with the peer's reference count."""
-
-    __slots__ = ("hook", "refcount", "resolve_sent")
-
-    def __init__(self, hook: Hook) -> None:
-        self.hook = hook
-        self.refcount = 0
-        self.resolve_sent = False
-
-
-class Import:
-    """One of the peer's capabilities: our hook for it and how many times we received it."""
-
-    __slots__ = ("hook", "remote_refcount")
-
-    def __init__(self, hook: ImportHook | ImportPromiseHook) -> None:
-        self.hook = hook
-        self.remote_refcount = 1
-
-
-class RpcSession:
+class RpcSession(CapabilityTables):
     """The engine of one connection. See the module docstring."""
 
     def __init__(
@@ -346,7 +261,7 @@ class RpcSession:
             raise RemoteProtocolError(
                 f"promisedAnswer names question {promised.questionId}, which is not current"
             )
-        return answer.result.pipeline(_transform_path(promised.transform))
+        return answer.result.pipeline(transform_path(promised.transform))
 
     def _start_answer(self, answer_id: int, result: CallResult, *, redirected: bool) -> None:
         answer = Answer(answer_id, result, redirected)
@@ -496,7 +411,7 @@ class RpcSession:
                 self._complete_question(question, None, done.error)
             else:
                 payload = done.payload
-                self._complete_question(question, _SharedPayload(payload), None)
+                self._complete_question(question, SharedPayload(payload), None)
             source.release()
 
         source.add_done_callback(forward)
@@ -580,112 +495,6 @@ class RpcSession:
         self.questions[question.id] = question
         return question
 
-    # -------------------------------------------------------------- release
-    def _on_release(self, message: Any, segments: Segments) -> None:
-        body = message.release
-        self._release_export(body.id, body.referenceCount)
-
-    def _release_export(self, export_id: int, count: int) -> None:
-        export = self.exports.get(export_id)
-        if export is None:
-            raise RemoteProtocolError(f"release of export ID {export_id}, which is not exported")
-        if count > export.refcount:
-            raise RemoteProtocolError(
-                f"release of {count} references to export {export_id}, which has {export.refcount}"
-            )
-        export.refcount -= count
-        if export.refcount == 0:
-            del self.exports[export_id]
-            del self._export_by_hook[export.hook]
-            self._export_ids.free(export_id)
-            export.hook.release()
-
-    def drop_import(self, hook: ImportHook | ImportPromiseHook) -> None:
-        """The last local reference to an import is gone: send Release with the full count."""
-        entry = self.imports.get(hook.import_id)
-        if entry is None or entry.hook is not hook:
-            return
-        del self.imports[hook.import_id]
-        if self.closed is not None:
-            return
-        message = wire.Message.new_message()
-        body = message.init("release")
-        body.id = hook.import_id
-        body.referenceCount = entry.remote_refcount
-        self._send_message(message)
-
-    # -------------------------------------------------------------- resolve
-    def _on_resolve(self, message: Any, segments: Segments) -> None:
-        body = message.resolve
-        if body.which() == "cap":
-            target = self._import_descriptor(body.cap)
-            new_target: Hook = target if target is not None else null_hook()
-        else:
-            new_target = BrokenHook(wire.read_exception(body.exception))
-        entry = self.imports.get(body.promiseId)
-        if entry is None:
-            new_target.release()  # we already released the promise: drop what it named (§8)
-            return
-        hook = entry.hook
-        if not isinstance(hook, ImportPromiseHook):
-            new_target.release()
-            raise RemoteProtocolError(
-                f"resolve for import {body.promiseId}, which is not a promise"
-            )
-        if hook.settled:
-            new_target.release()
-            raise RemoteProtocolError(f"second resolve for promise {body.promiseId}")
-        if hook.settle(new_target):
-            self._start_embargo(hook)
-
-    # -------------------------------------------------------------- embargo
-    def _start_embargo(self, hook: RemotePromise) -> None:
-        """rpc-protocol.md §9, sending side, steps 2-3."""
-        embargo_id = self._embargo_ids.allocate()
-        self.embargoes[embargo_id] = hook
-        hook.add_ref()  # the disembargo's target must stay valid until it comes back
-        message = wire.Message.new_message()
-        body = message.init("disembargo")
-        hook.write_target(body.target)
-        body.context.senderLoopback = embargo_id
-        self._send_message(message)
-
-    def _on_disembargo(self, message: Any, segments: Segments) -> None:
-        body = message.disembargo
-        context = body.context.which()
-        if context == "senderLoopback":
-            self._reflect_disembargo(body)
-        elif context == "receiverLoopback":
-            hook = self.embargoes.pop(body.context.receiverLoopback, None)
-            if hook is None:
-                raise RemoteProtocolError(
-                    f"disembargo for embargo {body.context.receiverLoopback}, which is not ours"
-                )
-            self._embargo_ids.free(body.context.receiverLoopback)
-            hook.lift_embargo()
-            hook.release()
-        else:
-            self._echo_unimplemented(message)
-
-    def _reflect_disembargo(self, body: Any) -> None:
-        """rpc-protocol.md §9, receiving side: the path back must end at the peer's own cap."""
-        target = self._message_target(body.target)
-        try:
-            # The target is what our Return or Resolve described: follow settled promises to
-            # it. It must be one of the sender's own capabilities (rpc-protocol.md §9, step 3).
-            final = target.shortest()
-            if not isinstance(final, RemoteHook) or final.session is not self:
-                raise RemoteProtocolError(
-                    "disembargo target does not resolve to a capability of the sender"
-                )
-            reply = wire.Message.new_message()
-            out = reply.init("disembargo")
-            final.write_target(out.target)
-            out.context.receiverLoopback = body.context.senderLoopback
-            self._send_message(reply)
-        finally:
-            target.release()
-
     # -------------------------------------------------------------- abort, unimplemented
     def _on_abort(self, message: Any, segments: Segments) -> None:
         error = wire.read_exception(message.abort)
@@ -714,114 +523,6 @@ class RpcSession:
                 self._free_question_if_done(question, no_finish_needed=True)
             return
         raise RemoteProtocolError(f"peer did not understand our {which!r} message")
-
-    # ================================================================== capabilities
-    def _import_descriptor(self, desc: Any) -> Hook | None:
-        """A new reference for a received CapDescriptor (rpc-protocol.md §5, 'on receipt')."""
-        which = desc.which()
-        if which == "none":
-            return None
-        if which == "senderHosted":
-            return self._import(desc.senderHosted, promise=False)
-        if which == "senderPromise":
-            return self._import(desc.senderPromise, promise=True)
-        if which == "receiverHosted":
-            export = self.exports.get(desc.receiverHosted)
-            if export is None:
-                return BrokenHook(
-                    Failed(f"receiverHosted names unknown export {desc.receiverHosted}")
-                )
-            return export.hook.add_ref()
-        if which == "receiverAnswer":
-            promised = desc.receiverAnswer
-            answer = self.answers.get(promised.questionId)
-            if answer is None:
-                return BrokenHook(
-                    Failed(f"receiverAnswer names unknown question {promised.questionId}")
-                )
-            return answer.result.pipeline(_transform_path(promised.transform))
-        if which == "thirdPartyHosted":
-            return self._import(desc.thirdPartyHosted.vineId, promise=False)
-        raise RemoteProtocolError(f"unknown capability descriptor {which!r}")
-
-    def _import(self, import_id: int, *, promise: bool) -> Hook:
-        entry = self.imports.get(import_id)
-        if entry is not None:
-            entry.remote_refcount += 1
-            return entry.hook.add_ref()
-        hook: ImportHook | ImportPromiseHook = (
-            ImportPromiseHook(self, import_id) if promise else ImportHook(self, import_id)
-        )
-        self.imports[import_id] = Import(hook)
-        return hook
-
-    def _describe(self, desc: Any, hook: Hook | None, exports_out: list[int]) -> None:
-        """Write a CapDescriptor for ``hook`` (rpc-protocol.md §5, 'Writing descriptors')."""
-        if hook is None:
-            desc.none = None
-            return
-        hook = hook.shortest()
-        if isinstance(hook, RemoteHook) and hook.session is self:
-            if isinstance(hook, PipelineHook):
-                promised = desc.init("receiverAnswer")
-                hook.question.write_promised_answer(promised, hook.path)
-            else:
-                assert isinstance(hook, ImportHook | ImportPromiseHook)
-                desc.receiverHosted = hook.import_id
-            return
-        if isinstance(hook, BrokenHook):
-            # A broken capability cannot be described: export a promise, resolve it at once.
-            self._describe_broken(desc, hook, exports_out)
-            return
-        export_id = self._export(hook)
-        exports_out.append(export_id)
-        if hook.is_promise:
-            desc.senderPromise = export_id
-        else:
-            desc.senderHosted = export_id
-
-    def _export(self, hook: Hook) -> int:
-        export_id = self._export_by_hook.get(hook)
-        if export_id is None:
-            export_id = self._export_ids.allocate()
-            export = Export(hook.add_ref())
-            self.exports[export_id] = export
-            self._export_by_hook[hook] = export_id
-            if hook.is_promise:
-                hook.when_resolved(lambda: self._send_resolve(export_id, export))
-        export = self.exports[export_id]
-        export.refcount += 1
-        return export_id
-
-    def _describe_broken(self, desc: Any, hook: BrokenHook, exports_out: list[int]) -> None:
-        from capsvc.rpc.hooks import PromiseHook
-
-        promise = PromiseHook()
-        export_id = self._export(promise)
-        exports_out.append(export_id)
-        desc.senderPromise = export_id
-        promise.resolve(hook.add_ref())
-        promise.release()
-
-    def _send_resolve(self, export_id: int, export: Export) -> None:
-        """An exported promise settled: tell the peer exactly once (rpc-protocol.md §8)."""
-        if self.closed is not None or self.exports.get(export_id) is not export:
-            return
-        if export.resolve_sent:
-            return
-        export.resolve_sent = True
-        target = export.hook.resolved_target()
-        assert target is not None
-        message = wire.Message.new_message()
-        body = message.init("resolve")
-        body.promiseId = export_id
-        final = target.shortest()
-        if isinstance(final, BrokenHook):
-            wire.write_exception(body.init("exception"), final.error)
-        else:
-            ignored: list[int] = []
-            self._describe(body.init("cap"), target, ignored)
-        self._send_message(message)
 
     # ================================================================== shutdown
     def abort(self, reason: str) -> None:
@@ -877,39 +578,6 @@ RpcSession._HANDLERS = {
     wire.BOOTSTRAP: RpcSession._on_bootstrap,
     wire.DISEMBARGO: RpcSession._on_disembargo,
 }
-
-
-class _SharedPayload(Payload):
-    """A second owner's view of another payload (takeFromOtherQuestion shares results)."""
-
-    __slots__ = ("shared_inner",)
-
-    def __init__(self, inner: Payload) -> None:
-        super().__init__()
-        self.shared_inner = inner
-        self.caps = [hook.add_ref() if hook is not None else None for hook in inner.caps]
-
-    def locate_cap(self, path: Path) -> int | Hook | None:
-        # Our caps mirror the inner payload's, index for index, with references of our own:
-        # the inner payload may be released before we are.
-        return self.shared_inner.locate_cap(path)
-
-    def content(self, schema: Any) -> Any:
-        return self.shared_inner.content(schema)
-
-    def union_choice(self, struct_path: Path, offset: int) -> int | None:
-        return self.shared_inner.union_choice(struct_path, offset)
-
-
-def _transform_path(transform: Any) -> Path:
-    path = []
-    for op in transform:
-        which = op.which()
-        if which == "getPointerField":
-            path.append(op.getPointerField)
-        elif which != "noop":
-            raise RemoteProtocolError(f"unknown PromisedAnswer op {which!r}")
-    return tuple(path)
 
 
 def _kj_reason(error: Exception) -> str:
