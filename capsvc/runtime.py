@@ -62,11 +62,56 @@ class TrioExecutor:
         # The running call keeps an uncounted link to its result (see OutgoingCall), so a
         # caller that drops every reference cancels it.
         call.result.release()
-        trio.lowlevel.spawn_system_task(_run_next_call, hook, name=_task_name(hook.server, call))
+        _pool().run(hook)
 
 
-def _task_name(server: Any, call: OutgoingCall) -> str:
-    return f"capsvc call {type(server).__name__} {call.interface_id:#x}.{call.method_id}"
+class _WorkerPool:
+    """Long-lived system tasks that run calls, so a call costs a reschedule, not a spawn.
+
+    A worker that finishes a call parks itself as idle; ``run`` hands the next hook to an
+    idle worker or spawns a new one. At most ``MAX_IDLE`` workers stay parked.
+    """
+
+    MAX_IDLE = 64
+
+    def __init__(self) -> None:
+        self.idle: list[trio.lowlevel.Task] = []
+        self.assigned: dict[trio.lowlevel.Task, LocalServerHook] = {}
+
+    def run(self, hook: LocalServerHook) -> None:
+        if self.idle:
+            worker = self.idle.pop()
+            self.assigned[worker] = hook
+            trio.lowlevel.reschedule(worker)
+        else:
+            trio.lowlevel.spawn_system_task(self._work, hook, name="capsvc call worker")
+
+    async def _work(self, hook: LocalServerHook) -> None:
+        me = trio.lowlevel.current_task()
+        while True:
+            await _run_next_call(hook)
+            if len(self.idle) >= self.MAX_IDLE:
+                return
+            self.idle.append(me)
+            await trio.lowlevel.wait_task_rescheduled(self._abort_idle)
+            hook = self.assigned.pop(me)
+
+    def _abort_idle(self, _: Any) -> trio.lowlevel.Abort:
+        # Only the end of the trio run cancels an idle worker: let it go.
+        self.idle.remove(trio.lowlevel.current_task())
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+_POOL: trio.lowlevel.RunVar[_WorkerPool] = trio.lowlevel.RunVar("capsvc_worker_pool")
+
+
+def _pool() -> _WorkerPool:
+    try:
+        return _POOL.get()
+    except LookupError:
+        pool = _WorkerPool()
+        _POOL.set(pool)
+        return pool
 
 
 async def _run_next_call(hook: LocalServerHook) -> None:

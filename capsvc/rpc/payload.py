@@ -150,15 +150,21 @@ class BuiltPayload(Payload):
 class ReceivedPayload(Payload):
     """Content inside a received message; ``caps`` came from its capTable."""
 
-    __slots__ = ("_content_location", "content_path", "payload_reader", "segments")
+    __slots__ = ("_content_location", "_payload_reader", "content_path", "message", "segments")
 
     def __init__(
-        self, segments: Segments, payload_reader: Any, content_path: Path, caps: list[Hook | None]
+        self,
+        segments: Segments,
+        message: Any,
+        content_path: Path,
+        caps: list[Hook | None],
+        payload_reader: Any = None,
     ) -> None:
         super().__init__()
         self.segments = segments
+        self.message = message  # the pycapnp Message reader over ``segments``
         self.content_path = content_path
-        self.payload_reader = payload_reader
+        self._payload_reader = payload_reader
         self.caps = caps
         self._content_location: pointers.Location | None = (
             pointers.follow(segments, pointers.ROOT, content_path) if caps else None
@@ -179,6 +185,17 @@ class ReceivedPayload(Payload):
         except RemoteProtocolError as error:
             return BrokenHook(Failed(f"bad capability pointer: {error}"))
         return index
+
+    @property
+    def payload_reader(self) -> Any:
+        """The pycapnp reader of the Payload struct (read lazily: most calls never need
+        it before the method reads its params)."""
+        reader = self._payload_reader
+        if reader is None:
+            body = self.message.call if self.content_path == wire.CALL_CONTENT_PATH else None
+            reader = body.params if body is not None else getattr(self.message, "return").results
+            self._payload_reader = reader
+        return reader
 
     def content(self, schema: Any) -> Any:
         return self.payload_reader.content.as_struct(schema)

@@ -94,3 +94,98 @@ def read_exception(reader: Any) -> RpcError:
     """The typed RpcError for an rpc.capnp Exception reader (unknown types read as FAILED)."""
     trace = reader.trace if reader._has("trace") else ""
     return RpcError.from_type(reader.type.raw, reader.reason, trace)
+
+
+# ---------------------------------------------------------------------- fast Call header
+# The fields the engine needs from every Call, read straight from the words (pycapnp
+# attribute reads cost ~1 us each and a Call needs a dozen). Offsets come from the schema;
+# anything unusual (far pointers, short structs) returns None and the caller falls back to
+# pycapnp, which then also does all the validation.
+_STRUCT_PTR = struct.Struct("<iHH")  # offset<<2 | kind (signed), data words, pointer count
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+def _slot_byte_offset(schema: Any, name: str) -> int:
+    field = next(f for f in schema.node.struct.fields if f.name == name)
+    size = {"uint16": 2, "uint32": 4, "uint64": 8}[field.slot.type.which()]
+    return int(field.slot.offset) * size
+
+
+_CALL_QUESTION = _slot_byte_offset(rpc.Call.schema, "questionId")
+_CALL_INTERFACE = _slot_byte_offset(rpc.Call.schema, "interfaceId")
+_CALL_METHOD = _slot_byte_offset(rpc.Call.schema, "methodId")
+_SEND_TO_TAG = rpc.Call.schema.fields["sendResultsTo"].schema.node.struct.discriminantOffset * 2
+_TARGET_TAG = rpc.MessageTarget.schema.node.struct.discriminantOffset * 2
+_TARGET_IMPORTED = _slot_byte_offset(rpc.MessageTarget.schema, "importedCap")
+
+
+def _near_struct(segment: Any, word: int) -> tuple[int, int, int] | None:
+    """(first data word, data words, pointers) of the near struct pointer at ``word``."""
+    if (word + 1) * 8 > len(segment):
+        return None
+    tagged, data_words, pointers = _STRUCT_PTR.unpack_from(segment, word * 8)
+    if tagged & 3 or (tagged == 0 and data_words == 0 and pointers == 0):
+        return None  # far, list, other, or null: let pycapnp handle (and judge) it
+    start = word + 1 + (tagged >> 2)
+    if start < 0 or (start + data_words + pointers) * 8 > len(segment):
+        return None
+    return start, data_words, pointers
+
+
+class CallHeader:
+    """What the engine reads from a Call before dispatching it."""
+
+    __slots__ = (
+        "has_caps",
+        "imported_cap",
+        "interface_id",
+        "method_id",
+        "question_id",
+        "send_to",
+        "target_is_import",
+    )
+
+    def __init__(self) -> None:
+        self.question_id = 0
+        self.interface_id = 0
+        self.method_id = 0
+        self.send_to = 0  # 0 caller, 1 yourself, 2 thirdParty
+        self.target_is_import = True
+        self.imported_cap = 0
+        self.has_caps = False
+
+
+def read_call_header(segments: Sequence[bytes | bytearray | memoryview]) -> CallHeader | None:
+    """The Call's header fields, or None to say "read it with pycapnp instead"."""
+    segment = segments[0]
+    root = _near_struct(segment, 0)
+    if root is None or root[2] < 1:
+        return None
+    call = _near_struct(segment, root[0] + root[1])
+    if call is None:
+        return None
+    data, data_words, pointers = call
+    if data_words < 3 or pointers < 2:
+        return None
+    base = data * 8
+    header = CallHeader()
+    header.question_id = _U32.unpack_from(segment, base + _CALL_QUESTION)[0]
+    header.interface_id = _U64.unpack_from(segment, base + _CALL_INTERFACE)[0]
+    header.method_id = _U16.unpack_from(segment, base + _CALL_METHOD)[0]
+    header.send_to = _U16.unpack_from(segment, base + _SEND_TO_TAG)[0]
+    target = _near_struct(segment, data + data_words)
+    if target is None or target[1] < 1:
+        return None
+    target_base = target[0] * 8
+    header.target_is_import = _U16.unpack_from(segment, target_base + _TARGET_TAG)[0] == 0
+    header.imported_cap = _U32.unpack_from(segment, target_base + _TARGET_IMPORTED)[0]
+    params = _near_struct(segment, data + data_words + 1)
+    if params is None:
+        return None
+    params_data, params_data_words, params_pointers = params
+    if params_pointers >= 2:
+        cap_table_word = params_data + params_data_words + 1
+        header.has_caps = _U64.unpack_from(segment, cap_table_word * 8)[0] != 0
+    return header
