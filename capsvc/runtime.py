@@ -90,16 +90,19 @@ class _WorkerPool:
         me = trio.lowlevel.current_task()
         while True:
             await _run_next_call(hook)
+            del hook  # an idle worker must not keep the last object it served alive
             if len(self.idle) >= self.MAX_IDLE:
                 return
             self.idle.append(me)
-            await trio.lowlevel.wait_task_rescheduled(self._abort_idle)
-            hook = self.assigned.pop(me)
 
-    def _abort_idle(self, _: Any) -> trio.lowlevel.Abort:
-        # Only the end of the trio run cancels an idle worker: let it go.
-        self.idle.remove(trio.lowlevel.current_task())
-        return trio.lowlevel.Abort.SUCCEEDED
+            def abort(_: Any, worker: trio.lowlevel.Task = me) -> trio.lowlevel.Abort:
+                # Only the end of the trio run cancels an idle worker: let it go.
+                if worker in self.idle:
+                    self.idle.remove(worker)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
+            hook = self.assigned.pop(me)
 
 
 _POOL: trio.lowlevel.RunVar[_WorkerPool] = trio.lowlevel.RunVar("capsvc_worker_pool")
