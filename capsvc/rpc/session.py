@@ -394,6 +394,38 @@ class RpcSession(CapabilityTables):
 
     # -------------------------------------------------------------- return (receiving)
     def _on_return(self, message: Any, segments: Segments) -> None:
+        header = wire.read_return_header(segments)
+        if header is not None and header.which == 0:
+            self._on_results_return(header, message, segments)
+        else:
+            self._on_return_slow(message, segments)
+
+    def _on_results_return(
+        self, header: wire.ReturnHeader, message: Any, segments: Segments
+    ) -> None:
+        """A Return carrying results, read from the raw words (the common case)."""
+        question = self.questions.get(header.answer_id)
+        if question is None or question.returned:
+            raise RemoteProtocolError(
+                f"return for question {header.answer_id}, which is not awaiting one"
+            )
+        question.returned = True
+        if header.release_param_caps and question.param_exports:
+            exports, question.param_exports = question.param_exports, []
+            for export_id in exports:
+                self._release_export(export_id, 1)
+        if question.finish_sent:
+            # We finished with releaseResultCaps=true: the callee releases them itself.
+            self._complete_question(question, None, Canceled("canceled"))
+        else:
+            results = getattr(message, "return").results if header.has_caps else None
+            caps = [self._import_descriptor(d) for d in results.capTable] if results else []
+            payload = ReceivedPayload(segments, message, wire.RETURN_CONTENT_PATH, caps, results)
+            self._complete_question(question, payload, None)
+        question.no_finish_needed = header.no_finish_needed
+        self._finish_returned(question)
+
+    def _on_return_slow(self, message: Any, segments: Segments) -> None:
         body = getattr(message, "return")
         question = self.questions.get(body.answerId)
         if question is None or question.returned:

@@ -189,3 +189,53 @@ def read_call_header(segments: Sequence[bytes | bytearray | memoryview]) -> Call
         cap_table_word = params_data + params_data_words + 1
         header.has_caps = _U64.unpack_from(segment, cap_table_word * 8)[0] != 0
     return header
+
+
+# ---------------------------------------------------------------------- fast Return header
+_RETURN_ANSWER = _slot_byte_offset(rpc.Return.schema, "answerId")
+_RETURN_TAG = rpc.Return.schema.node.struct.discriminantOffset * 2
+_RETURN_FLAGS_BYTE = 4  # releaseParamCaps is bit 32, noFinishNeeded bit 33 of data word 0
+
+
+class ReturnHeader:
+    """What the engine reads from a Return with results before settling its question."""
+
+    __slots__ = ("answer_id", "has_caps", "no_finish_needed", "release_param_caps", "which")
+
+    def __init__(self) -> None:
+        self.answer_id = 0
+        self.which = 0  # 0 results, 1 exception, 2 canceled, ... (rpc.capnp Return union)
+        self.release_param_caps = True
+        self.no_finish_needed = False
+        self.has_caps = False
+
+
+def read_return_header(segments: Sequence[bytes | bytearray | memoryview]) -> ReturnHeader | None:
+    """The Return's header fields, or None to say "read it with pycapnp instead"."""
+    segment = segments[0]
+    root = _near_struct(segment, 0)
+    if root is None or root[2] < 1:
+        return None
+    found = _near_struct(segment, root[0] + root[1])
+    if found is None:
+        return None
+    data, data_words, pointers = found
+    if data_words < 1 or pointers < 1:
+        return None
+    base = data * 8
+    header = ReturnHeader()
+    header.answer_id = _U32.unpack_from(segment, base + _RETURN_ANSWER)[0]
+    header.which = _U16.unpack_from(segment, base + _RETURN_TAG)[0]
+    flags = segment[base + _RETURN_FLAGS_BYTE]
+    # Bools are stored XOR their default: releaseParamCaps defaults to true.
+    header.release_param_caps = not (flags & 1)
+    header.no_finish_needed = bool(flags & 2)
+    if header.which == 0:
+        results = _near_struct(segment, data + data_words)
+        if results is None:
+            return None
+        results_data, results_data_words, results_pointers = results
+        if results_pointers >= 2:
+            cap_table_word = results_data + results_data_words + 1
+            header.has_caps = _U64.unpack_from(segment, cap_table_word * 8)[0] != 0
+    return header

@@ -60,3 +60,48 @@ def test_garbage_falls_back_instead_of_raising() -> None:
     assert wire.read_call_header([bytes(8)]) is None
     assert wire.read_call_header([b"\xff" * 64]) is None
     assert wire.read_call_header([bytes([0, 0, 0, 0, 1, 0, 1, 0])]) is None
+
+
+@given(
+    answer=st.integers(0, 2**32 - 1),
+    which=st.sampled_from(["results", "exception", "canceled", "takeFromOtherQuestion"]),
+    release_param_caps=st.booleans(),
+    no_finish_needed=st.booleans(),
+    caps=st.integers(0, 2),
+    first_segment_words=st.sampled_from([None, 1, 2, 3, 5]),
+)
+def test_fast_return_header_matches_pycapnp(
+    answer: int,
+    which: str,
+    release_param_caps: bool,
+    no_finish_needed: bool,
+    caps: int,
+    first_segment_words: int | None,
+) -> None:
+    kwargs = {} if first_segment_words is None else {"num_first_segment_words": first_segment_words}
+    message = wire.Message.new_message(**kwargs)
+    body = message.init("return")
+    body.answerId = answer
+    body.releaseParamCaps = release_param_caps
+    body.noFinishNeeded = no_finish_needed
+    if which == "results":
+        results = body.init("results")
+        if caps:
+            results.init("capTable", caps)
+    elif which == "exception":
+        body.init("exception").reason = "x"
+    elif which == "canceled":
+        body.canceled = None
+    else:
+        body.takeFromOtherQuestion = 5
+    segments = message.to_segments()
+    header = wire.read_return_header(segments)
+    if header is None:
+        assert len(segments) > 1
+        return
+    assert header.answer_id == answer
+    assert (header.which == 0) == (which == "results")
+    assert header.release_param_caps == release_param_caps
+    assert header.no_finish_needed == no_finish_needed
+    if which == "results":
+        assert header.has_caps == (caps > 0)
