@@ -159,8 +159,24 @@ class StructInfo:
 _STRUCTS: dict[int, StructInfo] = {}
 
 
+_BY_OBJECT: dict[int, tuple[Any, StructInfo]] = {}
+
+
 def struct_info(schema: Any) -> StructInfo:
-    """Where capabilities can live in ``schema`` (cached per node)."""
+    """Where capabilities can live in ``schema`` (cached per node, and per schema object:
+    pycapnp schema objects are unhashable and reading their node costs microseconds, which
+    matters on every call)."""
+    entry = _BY_OBJECT.get(id(schema))
+    if entry is not None and entry[0] is schema:
+        return entry[1]
+    info = _struct_info_by_node(schema)
+    if len(_BY_OBJECT) > 4096:  # schema objects made on the fly must not pile up
+        _BY_OBJECT.clear()
+    _BY_OBJECT[id(schema)] = (schema, info)  # holding the object keeps its id unique
+    return info
+
+
+def _struct_info_by_node(schema: Any) -> StructInfo:
     schema = getattr(schema, "schema", schema)
     node_id = schema.node.id
     info = _STRUCTS.get(node_id)
