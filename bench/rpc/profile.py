@@ -1,0 +1,285 @@
+"""Where a capsvc call's time goes: per-call costs on both sides, and optional py-spy.
+
+Theory of operation
+-------------------
+``python -m bench.rpc profile`` starts one capsvc echo server (its own process, as in the
+suite) and drives it from a capsvc client in this process, for a fixed number of calls
+per concurrency level. Around the measured calls it reads:
+
+- client: CPU time (``time.process_time``), trio scheduler passes (an instrument counting
+  ``before_io_wait``) and ``Connection.writes``;
+- server: the same three, from the server's ``STATS`` answer to SIGUSR1
+  (bench.rpc.servers), so that nothing in capsvc needs changing.
+
+Divided by the calls they give CPU µs, passes and writes *per call per side*. With
+``--py-spy DIR`` it also samples both processes with py-spy (non-blocking, raw collapsed
+stacks in DIR) while the measured calls run, and prints each side's top functions by
+self time and the share of samples per package (capsvc.rpc, capsvc.connection, trio,
+pycapnp, ...). ``--pairing capsvc-to-pycapnp`` or ``pycapnp-to-capsvc`` profiles the
+capsvc side against the C++ reference instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench.rpc.clients import make_client
+from bench.rpc.scenarios import PAIRINGS, SERVER_KINDS
+from bench.rpc.servers import start_servers, stop_servers
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pairing", default="capsvc-tcp", choices=sorted(PAIRINGS))
+    parser.add_argument("--calls", type=int, default=20_000, help="measured calls per level")
+    parser.add_argument("--warmup", type=int, default=2_000)
+    parser.add_argument("--concurrency", default="1,12", help="comma-separated levels")
+    parser.add_argument("--payload", type=int, default=16)
+    parser.add_argument("--py-spy", metavar="DIR", help="sample both sides with py-spy")
+    parser.add_argument("--top", type=int, default=15, help="functions shown per side")
+    parser.add_argument(
+        "--no-syscalls", action="store_true", help="do not count system calls with perf"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    pairing = PAIRINGS[args.pairing]
+    scratch = tempfile.mkdtemp(prefix="capsvc-profile-")
+    servers = start_servers([SERVER_KINDS[pairing.server]], scratch)
+    server = servers[pairing.server]
+    rows = []
+    calls_rows: list[tuple[int, list[dict[str, int]]]] = []
+    try:
+        for level in (int(c) for c in args.concurrency.split(",")):
+            client = make_client(pairing.client, server.address, level, args.payload).start()
+            try:
+                client.run(args.warmup)
+                spies = _start_spies(args.py_spy, server.pid, f"c{level}")
+                counters = [] if args.no_syscalls else _start_perf([os.getpid(), server.pid])
+                before = _snapshot(client, server)
+                seconds = client.run(args.calls)
+                after = _snapshot(client, server)
+                syscalls = _stop_perf(counters)
+                _stop_spies(spies)
+            finally:
+                client.close()
+            rows.append(_row(level, args.calls, seconds, before, after))
+            if syscalls:
+                calls_rows.append((level, syscalls))
+            for side, path in spies:
+                _print_top(f"{pairing.name} c{level} {side}", path, args.top)
+    finally:
+        stop_servers(servers)
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"\n{pairing.title}, payload {args.payload} B, {args.calls:,} calls per level\n")
+    header = (
+        "| conc | calls/s | client CPU µs | server CPU µs | client passes | server passes "
+        "| client writes | server writes |"
+    )
+    print(header)
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    if calls_rows:
+        print("\nSystem calls per call (perf stat tracepoints, whole processes):\n")
+        names = sorted({n for _, sides in calls_rows for side in sides for n in side})
+        print("| conc | side | " + " | ".join(names) + " |")
+        print("|---|---|" + "---|" * len(names))
+        for level, sides in calls_rows:
+            for side, counts in zip(("client", "server"), sides, strict=False):
+                cells = [f"{counts.get(n, 0) / args.calls:.2f}" for n in names]
+                print(f"| {level} | {side} | " + " | ".join(cells) + " |")
+    return 0
+
+
+SYSCALLS = (
+    "sendto", "sendmsg", "write", "writev", "recvfrom", "recvmsg", "read",
+    "epoll_wait", "epoll_pwait",
+)  # fmt: skip
+
+
+def _start_perf(pids: list[int]) -> list[subprocess.Popen[str]]:
+    """``perf stat`` counting socket/epoll system calls of each pid (if perf works here)."""
+    perf = shutil.which("perf")
+    if perf is None:
+        return []
+    events = ",".join(f"syscalls:sys_enter_{name}" for name in SYSCALLS)
+    counters = [
+        subprocess.Popen(
+            [perf, "stat", "-x", ",", "-e", events, "-p", str(pid)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in pids
+    ]
+    time.sleep(0.5)  # perf attaches
+    return counters
+
+
+def _stop_perf(counters: list[subprocess.Popen[str]]) -> list[dict[str, int]]:
+    results = []
+    for counter in counters:
+        counter.send_signal(signal.SIGINT)
+    for counter in counters:
+        try:
+            _, err = counter.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            counter.kill()
+            continue
+        counts = {}
+        for line in err.splitlines():
+            fields = line.split(",")
+            if len(fields) > 2 and fields[2].startswith("syscalls:sys_enter_"):
+                if fields[0].isdigit() and int(fields[0]):
+                    counts[fields[2][len("syscalls:sys_enter_") :]] = int(fields[0])
+        results.append(counts)
+    return results
+
+
+def _snapshot(client: Any, server: Any) -> dict[str, Any]:
+    snap: dict[str, Any] = {"client_cpu": time.process_time(), "client": client.stats()}
+    if server.kind.impl in ("capsvc", "raw"):
+        snap["server"] = server.stats()
+    else:
+        snap["server"] = {"cpu": server.cpu_seconds()}
+    return snap
+
+
+def _row(
+    level: int, calls: int, seconds: float, before: dict[str, Any], after: dict[str, Any]
+) -> list[str]:
+    def per_call(side: str, key: str, scale: float = 1.0, digits: int = 2) -> str:
+        a, b = before[side], after[side]
+        if key not in a or key not in b:
+            return "-"
+        return f"{(b[key] - a[key]) / calls * scale:.{digits}f}"
+
+    client_cpu = (after["client_cpu"] - before["client_cpu"]) / calls * 1e6
+    return [
+        str(level),
+        f"{calls / seconds:,.0f}",
+        f"{client_cpu:.0f}",
+        per_call("server", "cpu", 1e6, 0),
+        per_call("client", "passes"),
+        per_call("server", "passes"),
+        per_call("client", "writes"),
+        per_call("server", "writes"),
+    ]
+
+
+# ---------------------------------------------------------------------- py-spy
+def _start_spies(directory: str | None, server_pid: int, tag: str) -> list[Any]:
+    if directory is None:
+        return []
+    exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    os.makedirs(directory, exist_ok=True)
+    spies = []
+    for side, pid in (("client", os.getpid()), ("server", server_pid)):
+        path = os.path.join(directory, f"{tag}-{side}.txt")
+        process = subprocess.Popen(
+            [exe, "record", "--pid", str(pid), "--format", "raw", "--nonblocking",
+             "--rate", "500", "--output", path],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        spies.append((side, path, process))
+    time.sleep(1.0)  # py-spy attaches
+    return spies
+
+
+def _stop_spies(spies: list[Any]) -> list[tuple[str, str]]:
+    for _, _, process in spies:
+        process.send_signal(signal.SIGINT)
+    for _, _, process in spies:
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    spies[:] = [(side, path) for side, path, _ in spies]
+    return spies
+
+
+PACKAGES = (
+    ("capsvc/rpc/", "capsvc.rpc (engine)"),
+    ("capsvc/connection", "capsvc.connection"),
+    ("capsvc/flusher", "capsvc.flusher"),
+    ("capsvc/framing", "capsvc.framing"),
+    ("capsvc/transport", "capsvc.transport"),
+    ("capsvc/runtime", "capsvc.runtime"),
+    ("capsvc/", "capsvc (API: client, server, structs)"),
+    ("bench/", "benchmark harness"),
+    ("trio/", "trio"),
+    ("capnp/", "pycapnp"),
+    ("asyncio/", "asyncio"),
+    ("selectors", "selectors"),
+    ("threading", "threading"),
+)
+
+
+def _package(frame: str) -> str:
+    for needle, name in PACKAGES:
+        if needle in frame:
+            return name
+    return "other"
+
+
+# Stages of a call, as (label, substrings of py-spy frames "function (file:line)"): a sample
+# counts for a stage when a frame matching one of them is anywhere on its stack (inclusive
+# time; stages overlap, e.g. the engine runs inside the reader and the server dispatch).
+STAGES = (
+    ("socket send (end-of-pass flush)", ("Connection.flush_at_end_of_pass", "send_all_fast")),
+    ("socket receive", ("FastSocketStream.receive_some",)),
+    ("epoll wait (trio)", ("EpollIOManager.get_events",)),
+    ("engine (capsvc/rpc/)", ("capsvc/rpc/",)),
+    ("client API (client.py, structs.py)", ("capsvc/client.py", "capsvc/structs.py")),
+    ("server dispatch (server.py, runtime.py)", ("capsvc/server.py", "capsvc/runtime.py")),
+    ("framing (framing.py)", ("capsvc/framing.py",)),
+)
+
+
+def _print_top(title: str, path: str, top: int) -> None:
+    """Self time per function and per package from py-spy's raw (collapsed) output."""
+    if not os.path.exists(path):
+        print(f"\n{title}: no py-spy output ({path})")
+        return
+    own: collections.Counter[str] = collections.Counter()
+    packages: collections.Counter[str] = collections.Counter()
+    stages: collections.Counter[str] = collections.Counter()
+    total = 0
+    with open(path) as source:
+        for line in source:
+            stack, _, count_text = line.rstrip().rpartition(" ")
+            if not stack or not count_text.isdigit():
+                continue
+            count = int(count_text)
+            frames = stack.split(";")
+            leaf = frames[-1]
+            if "idle" in frames[0] or "(idle)" in leaf:
+                continue
+            total += count
+            own[leaf] += count
+            packages[_package(leaf)] += count
+            for label, needles in STAGES:
+                if any(needle in frame for frame in frames for needle in needles):
+                    stages[label] += count
+    if not total:
+        print(f"\n{title}: no busy samples")
+        return
+    print(f"\n{title}: {total} busy samples; self time by package")
+    for name, count in packages.most_common():
+        print(f"  {count / total:6.1%}  {name}")
+    print(f"{title}: inclusive time of the stages of a call")
+    for label, _ in STAGES:
+        if stages[label]:
+            print(f"  {stages[label] / total:6.1%}  {label}")
+    print(f"{title}: top {top} functions by self time")
+    for name, count in own.most_common(top):
+        print(f"  {count / total:6.1%}  {name}")

@@ -1,0 +1,307 @@
+"""The benchmark's server programs, and running each one as a separate process.
+
+Theory of operation
+-------------------
+Every server runs in its own process, started by the driver before a repetition and
+stopped (SIGTERM, by PID) after it, so that client and server never share an interpreter,
+a GIL or an event loop, as in capnp-rpc's echo_bench. Three programs:
+
+- ``capsvc``: ``capsvc.serve`` with a ``BenchEcho`` object (schemas/bench_echo.capnp,
+  which extends the plain ``Echo``, so pycapnp's client calls it unchanged). TCP_NODELAY
+  and write coalescing are the documented switches of ``capsvc.serve``.
+- ``pycapnp``: tests/peers/pycapnp_server.py, the C++ reference's RPC (``--bootstrap echo``).
+- ``raw``: a trio ping-pong server, the ceiling for any trio RPC: it parses 8-byte frame
+  headers (``body length, reply length``, little-endian u32s) and answers every whole
+  request with a reply of the asked length, all replies of one read in one ``send_all``.
+
+Each program prints exactly one ``LISTENING <address>`` line when it accepts connections
+(``tcp:HOST:PORT`` or ``unix:PATH``; pycapnp's peer prints a bare port). The capsvc and raw
+servers answer SIGUSR1 with one ``STATS {json}`` line (process CPU seconds and trio
+scheduler passes so far; for capsvc also the writes of its live connections), which
+the profiling command uses to count per-call costs on the server side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+from typing import IO, Any
+
+from bench.rpc.scenarios import BENCH_ECHO_SCHEMA, PEERS, ROOT, ServerKind
+
+FRAME_HEADER = struct.Struct("<II")  # raw ping-pong: body length, reply length (bytes)
+
+
+# ------------------------------------------------------------------------ in-process parts
+class PassCounter:
+    """A trio instrument that counts scheduler passes (one ``before_io_wait`` each)."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.passes += 1
+
+
+def _stats_line(counter: PassCounter, writes: int | None) -> str:
+    stats: dict[str, Any] = {"cpu": time.process_time(), "passes": counter.passes}
+    if writes is not None:
+        stats["writes"] = writes
+    return "STATS " + json.dumps(stats)
+
+
+async def _serve_until_signalled(
+    start: Any, counter: PassCounter, writes: Any = lambda: None
+) -> None:
+    """Run ``start`` (a ``nursery.start`` target returning the address) until SIGTERM."""
+    import trio
+
+    trio.lowlevel.add_instrument(counter)  # type: ignore[arg-type]
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    with trio.open_signal_receiver(*signals) as received:
+        async with trio.open_nursery() as nursery:
+            address = await nursery.start(start)
+            print(f"LISTENING {address}", flush=True)
+            async for signum in received:
+                if signum == signal.SIGUSR1:
+                    print(_stats_line(counter, writes()), flush=True)
+                    continue
+                nursery.cancel_scope.cancel()
+                break
+
+
+def run_capsvc_server(listen: str, *, nodelay: bool, coalesce: bool) -> None:
+    """The capsvc BenchEcho server (blocks until SIGTERM/SIGINT)."""
+    import gc
+
+    import trio
+
+    import capsvc
+
+    schema = capsvc.load_schema(BENCH_ECHO_SCHEMA, check=False)
+
+    class BenchEchoServer(capsvc.Server, interface=schema.BenchEcho):
+        async def ping(self, params: Any, results: Any) -> None:
+            results.reply = params.msg
+
+        async def pingData(self, params: Any, results: Any) -> None:
+            results.data = params.data
+
+        async def pingCap(self, params: Any, results: Any) -> None:
+            results.reply = params.msg
+            results.cap = self
+
+    server = BenchEchoServer()
+
+    async def start(task_status: Any) -> None:
+        await capsvc.serve(
+            listen, server, nodelay=nodelay, coalesce=coalesce, task_status=task_status
+        )
+
+    def writes() -> int:
+        # capsvc.serve keeps its connections to itself; find the live ones (stats only).
+        return sum(o.writes for o in gc.get_objects() if isinstance(o, capsvc.Connection))
+
+    trio.run(_serve_until_signalled, start, PassCounter(), writes)
+
+
+def run_raw_server(listen: str) -> None:
+    """The raw trio ping-pong server (blocks until SIGTERM/SIGINT)."""
+    import trio
+
+    replies: dict[int, bytes] = {}
+
+    def reply(size: int) -> bytes:
+        frame = replies.get(size)
+        if frame is None:
+            frame = replies[size] = FRAME_HEADER.pack(size - 8, 0) + bytes(size - 8)
+        return frame
+
+    async def handle(stream: trio.abc.Stream) -> None:
+        buffer = bytearray()
+        header = FRAME_HEADER
+        while True:
+            try:
+                data = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                return
+            if not data:
+                return
+            buffer += data
+            out = []
+            offset = 0
+            while len(buffer) - offset >= 8:
+                body, reply_size = header.unpack_from(buffer, offset)
+                if len(buffer) - offset < 8 + body:
+                    break
+                offset += 8 + body
+                out.append(reply(reply_size))
+            del buffer[:offset]
+            if out:
+                try:
+                    await stream.send_all(out[0] if len(out) == 1 else b"".join(out))
+                except trio.BrokenResourceError:
+                    return
+
+    async def start(task_status: Any) -> None:
+        if listen.startswith("unix:"):
+            path = listen[len("unix:") :]
+            sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+            await sock.bind(path)
+            sock.listen(128)
+            listeners = [trio.SocketListener(sock)]
+            address = listen
+        else:
+            host, port = listen[len("tcp:") :].rsplit(":", 1)
+            listeners = await trio.open_tcp_listeners(int(port), host=host)
+            address = f"tcp:{host}:{listeners[0].socket.getsockname()[1]}"
+        task_status.started(address)
+        try:
+            await trio.serve_listeners(handle, listeners)
+        finally:
+            if listen.startswith("unix:"):
+                os.unlink(listen[len("unix:") :])
+
+    trio.run(_serve_until_signalled, start, PassCounter())
+
+
+# ------------------------------------------------------------------------ processes
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+class ServerProcess:
+    """One benchmark server in its own process; ``start()`` then ``wait_ready()``."""
+
+    def __init__(self, kind: ServerKind, socket_dir: str, log: IO[str] | None = None) -> None:
+        self.kind = kind
+        self.socket_dir = socket_dir
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        self._buffer = b""
+
+    def command(self) -> list[str]:
+        kind = self.kind
+        if kind.impl == "pycapnp":
+            if kind.transport != "tcp":
+                raise ValueError("the pycapnp peer serves TCP only")
+            return [
+                sys.executable, os.path.join(PEERS, "pycapnp_server.py"),
+                "--listen", "127.0.0.1:0", "--bootstrap", "echo",
+            ]  # fmt: skip
+        if kind.transport == "unix":
+            listen = "unix:" + os.path.join(self.socket_dir, f"{kind.name}.sock")
+        else:
+            listen = "tcp:127.0.0.1:0"
+        command = [sys.executable, "-m", "bench.rpc", "server", kind.impl, "--listen", listen]
+        if not kind.nodelay:
+            command.append("--no-nodelay")
+        if not kind.coalesce:
+            command.append("--no-coalesce")
+        return command
+
+    def start(self) -> ServerProcess:
+        self.process = subprocess.Popen(
+            self.command(),
+            cwd=ROOT,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=self.log if self.log is not None else subprocess.DEVNULL,
+            bufsize=0,
+        )
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> str:
+        line = self._read_line(timeout)
+        if not line.startswith("LISTENING "):
+            self.stop()
+            raise RuntimeError(f"{self.kind.name} server did not start: {line!r}")
+        address = line.split(None, 1)[1].strip()
+        self.address = address if ":" in address else f"tcp:127.0.0.1:{address}"
+        return self.address
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far."""
+        import psutil  # type: ignore[import-untyped]
+
+        times = psutil.Process(self.pid).cpu_times()
+        return float(times.user + times.system)
+
+    def stats(self, timeout: float = 10.0) -> dict[str, Any]:
+        """The server's own counters (capsvc and raw servers only): CPU, passes, writes."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGUSR1)
+        line = self._read_line(timeout)
+        if not line.startswith("STATS "):
+            raise RuntimeError(f"{self.kind.name} server sent {line!r} instead of STATS")
+        return dict(json.loads(line[len("STATS ") :]))
+
+    def _read_line(self, timeout: float) -> str:
+        assert self.process is not None
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise RuntimeError(f"{self.kind.name} server: no answer within {timeout} s")
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                code = self.process.poll()
+                raise RuntimeError(f"{self.kind.name} server exited (status {code})")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def start_servers(
+    kinds: list[ServerKind], socket_dir: str, log: IO[str] | None = None
+) -> dict[str, ServerProcess]:
+    """Start every server at once (they import in parallel), then wait for each."""
+    servers = {kind.name: ServerProcess(kind, socket_dir, log).start() for kind in kinds}
+    try:
+        for server in servers.values():
+            server.wait_ready()
+    except BaseException:
+        stop_servers(servers)
+        raise
+    return servers
+
+
+def stop_servers(servers: dict[str, ServerProcess], grace: float = 3.0) -> None:
+    """SIGTERM every server, wait up to ``grace`` seconds in all, then SIGKILL the rest."""
+    running = [s.process for s in servers.values() if s.process and s.process.poll() is None]
+    for process in running:
+        process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in running:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

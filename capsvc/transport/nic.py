@@ -1,0 +1,637 @@
+"""The ``nic`` transport: trio streams over the user-space 82599 driver (or its model).
+
+Theory of operation
+-------------------
+Address grammar (what follows ``nic:``)::
+
+    nic:DEVICE[,OPTION...]
+    DEVICE := model:NAME          a software model port (``capsvc nic start-pair NAME``
+                                  creates NAME.0 and NAME.1, wired back to back)
+            | dddd:bb:dd.f        a real 82599/X540 by PCI address (``bb:dd.f`` = domain 0)
+    OPTION := peer=MAC            connect: send the SYN to MAC rather than to broadcast
+            | sysfs=DIR           PCI devices: sysfs root (default /sys)
+            | rundir=DIR          model ports: where they live (default $CAPSVC_NIC_RUNDIR,
+                                  else /dev/shm/capsvc-nic)
+
+How two processes find each other on a model pair: each process opens *its own* port of
+the pair, e.g. the server ``nic:model:demo.0`` and the client ``nic:model:demo.1``. A device
+has one driver, so one process per port. The client's SYN goes to the Ethernet broadcast
+address (the pair is a point-to-point cable, so only the peer port hears it); the listening
+side answers from its MAC and the connection continues unicast. On real hardware it is the
+same with a cable between two ports (or ``peer=MAC`` on a switched network).
+
+Per opened device, one :class:`NicPort` lives in this process (shared by its listener and
+all its connections, released when none is left): the :class:`~capsvc.nicdriver.ixgbe.
+IxgbeDevice` (initialised in a worker thread, since the init sequence blocks for tens of
+milliseconds), a :class:`~capsvc.nicdriver.stream.StreamMux` (the reliable protocol, no I/O)
+and the *poll loop*, a trio system task. The loop receives up to 64 frames per pass, feeds
+them to the mux, runs its timers, transmits what it produced and wakes the tasks whose
+channel changed. It is cooperative: after work it yields once (``checkpoint``); with no work
+it spins a few passes, then sleeps with growing back-off (up to 1 ms on hardware, which has
+no interrupts without VFIO), never past the mux's next timer. On a model port it sleeps on
+the model's wake-up FIFO instead (the model pokes it after an RX write-back; up to 50 ms),
+so an idle connection costs no CPU. Senders transmit directly from ``send_all`` (no
+scheduler round trip) and kick the loop so it re-reads the timers.
+
+:class:`NicStream` is a :class:`trio.abc.HalfCloseableStream` (it passes
+``trio.testing.check_half_closeable_stream``); ``send_all_fast``/``receive_some_fast`` are
+the variants capsvc's Connection prefers (they skip the extra scheduler pass when they do
+not block). Errors: a broken connection raises ``trio.BrokenResourceError`` with the
+protocol's reason; opening a device that is missing raises the driver's
+:class:`~capsvc.nicdriver.errors.NicError` (an ``OSError``) saying what is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import final
+
+import trio
+
+from capsvc.nicdriver.errors import NicError
+from capsvc.nicdriver.ixgbe import IxgbeDevice
+from capsvc.nicdriver.modelhost import MODEL_PCI_ADDRESS, check_name, find_port
+from capsvc.nicdriver.pci import canonical_address
+from capsvc.nicdriver.stream import BROADCAST, Channel, StreamConfig, StreamMux
+
+__all__ = [
+    "NicListener",
+    "NicPort",
+    "NicSpec",
+    "NicStream",
+    "connect_nic",
+    "listen_nic",
+    "parse_nic_spec",
+]
+
+log = logging.getLogger("capsvc.nic")
+
+RX_BATCH = 64
+SPIN_PASSES = 20  # hardware only: passes before the first back-off sleep
+MAX_SLEEP_HW = 0.001
+MAX_SLEEP_MODEL = 0.05
+IDLE_GRACE = 2.0  # keep an unused port open this long (re-opening resets the device)
+BACKLOG_LIMIT = 4096
+RECEIVE_DEFAULT = 65536
+
+
+# ----------------------------------------------------------------------------- address
+@dataclass(frozen=True)
+class NicSpec:
+    """A parsed ``nic:`` address."""
+
+    device: str  # "model:NAME" or a canonical PCI address
+    peer: bytes | None = None
+    sysfs: str | None = None
+    rundir: str | None = None
+
+    @property
+    def is_model(self) -> bool:
+        return self.device.startswith("model:")
+
+    def __str__(self) -> str:
+        options = []
+        if self.peer is not None:
+            options.append(f"peer={self.peer.hex(':')}")
+        if self.sysfs is not None:
+            options.append(f"sysfs={self.sysfs}")
+        if self.rundir is not None:
+            options.append(f"rundir={self.rundir}")
+        return ",".join([f"nic:{self.device}", *options])
+
+    def key(self) -> tuple[str, str]:
+        if self.is_model:
+            return (self.device, os.path.abspath(self.rundir or _default_rundir()))
+        return (self.device, os.path.abspath(self.sysfs or "/sys"))
+
+
+def _default_rundir() -> str:
+    return os.environ.get("CAPSVC_NIC_RUNDIR", "/dev/shm/capsvc-nic")
+
+
+def parse_nic_spec(text: str) -> NicSpec:
+    """Parse what follows ``nic:`` (a leading ``nic:`` is accepted too).
+
+    Raises:
+        ValueError: naming what is malformed.
+    """
+    if text.lower().startswith("nic:"):
+        text = text[4:]
+    device, *options = text.split(",")
+    if not device:
+        raise ValueError("malformed nic: address: expected nic:model:NAME or nic:PCI_ADDRESS")
+    if device.startswith("model:"):
+        device = "model:" + check_name(device[6:])
+    else:
+        try:
+            device = canonical_address(device)
+        except ValueError:
+            raise ValueError(
+                f"malformed nic: address {text!r}: expected model:NAME or a PCI address "
+                "such as 0000:03:00.0"
+            ) from None
+    values: dict[str, str] = {}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or key not in ("peer", "sysfs", "rundir") or not value:
+            raise ValueError(f"unknown nic: option {option!r} (peer=MAC, sysfs=DIR, rundir=DIR)")
+        values[key] = value
+    peer = None
+    if "peer" in values:
+        try:
+            peer = bytes.fromhex(values["peer"].replace(":", "").replace("-", ""))
+        except ValueError:
+            peer = b""
+        if len(peer) != 6:
+            raise ValueError(f"peer={values['peer']} is not a MAC address")
+    return NicSpec(device, peer, values.get("sysfs"), values.get("rundir"))
+
+
+# ----------------------------------------------------------------------------- port
+_PORTS: dict[tuple[str, str], NicPort] = {}
+
+
+class _FlushBeforeWait(trio.abc.Instrument):
+    """Runs the deferred doorbell wake-ups of every port when trio is about to poll for
+    I/O, i.e. after the tasks of this scheduler pass have finished their work."""
+
+    def before_io_wait(self, timeout: float) -> None:
+        for port in list(_PORTS.values()):
+            if not port.closed:
+                port.flush_wakeups()
+
+
+def _open_device(spec: NicSpec) -> IxgbeDevice:
+    """Open and initialise the device (blocking; runs in a worker thread)."""
+    if spec.is_model:
+        port = find_port(spec.device[6:], Path(spec.rundir) if spec.rundir else None)
+        device = IxgbeDevice.open(MODEL_PCI_ADDRESS, sysfs_root=port.sysfs_root)
+    else:
+        device = IxgbeDevice.open(spec.device, sysfs_root=spec.sysfs or "/sys")
+    try:
+        device.reset_and_init()
+    except BaseException:
+        device.close()
+        raise
+    return device
+
+
+class NicPort:
+    """One device opened by this process, its protocol mux and its poll loop."""
+
+    def __init__(self, spec: NicSpec, device: IxgbeDevice, config: StreamConfig) -> None:
+        self.spec = spec
+        self.device = device
+        self.mux = StreamMux(device.mac, config)
+        self.users = 0  # listeners and operations in progress
+        self.listener: NicListener | None = None
+        self.lot = trio.lowlevel.ParkingLot()  # every waiter of this port parks here
+        self.closed = False
+        self.error: BaseException | None = None
+        self.frames_out = 0
+        self.frames_dropped = 0
+        self._rxq = device.rx_queues[0]
+        self._txq = device.tx_queues[0]
+        self._pool = self._rxq.pool
+        self._backlog: list[bytes] = []
+        self._idle_scope: trio.CancelScope | None = None
+        self._sleep_until = 0.0
+        self._idle_since: float | None = None
+        self._has_fd = device.idle_fd() is not None
+        device.bar.deferred = True
+        self._bar = device.bar
+        self.flush_wakeups = device.bar.flush_wakeups
+        self._instrument = _FlushBeforeWait()
+
+    # ------------------------------------------------------------------ lifetime
+    @classmethod
+    async def acquire(cls, spec: NicSpec, config: StreamConfig | None = None) -> NicPort:
+        """The port for ``spec`` in this process (opened and initialised on first use)."""
+        key = spec.key()
+        port = _PORTS.get(key)
+        if port is not None and not port.closed:
+            port.users += 1
+            return port
+        try:
+            device = await trio.to_thread.run_sync(_open_device, spec)
+        except NicError:
+            raise
+        except OSError as error:
+            raise NicError(f"cannot open nic:{spec.device}: {error}") from error
+        port = _PORTS.get(key)
+        if port is not None and not port.closed:  # another task won the race
+            device.close()
+            port.users += 1
+            return port
+        port = cls(spec, device, config or StreamConfig())
+        port.users += 1
+        _PORTS[key] = port
+        trio.lowlevel.add_instrument(port._instrument)
+        trio.lowlevel.spawn_system_task(port._run, name=f"nic poll {spec.device}")
+        return port
+
+    def release(self) -> None:
+        self.users -= 1
+        self.kick()
+
+    @property
+    def idle(self) -> bool:
+        return self.users <= 0 and not self.mux.channels and not self.mux.connecting
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    # ------------------------------------------------------------------ poll loop
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        except trio.Cancelled:
+            raise
+        except BaseException as error:  # a system task must not crash the run
+            log.exception("nic poll loop for %s failed", self.spec.device)
+            self.error = error
+        finally:
+            self._shutdown()
+
+    async def _loop(self) -> None:
+        rxq = self._rxq
+        pool = self._pool
+        mem = pool.mem
+        mux = self.mux
+        receive_frame = mux.receive_frame
+        offset = pool.offset
+        idle_passes = 0
+        sleep = 0.0001
+        service = self.device.bar.service
+        device_deadline = self.device.bar.next_deadline
+        while True:
+            now = time.monotonic()
+            service()  # a co-located model runs here (no-op otherwise)
+            bufs, lens = rxq.rx_batch(RX_BATCH)
+            if bufs:
+                for buf, length in zip(bufs, lens, strict=True):
+                    start = offset(buf)
+                    receive_frame(mem[start : start + length], now)
+                pool.free_batch(bufs)
+            deadline = mux.next_deadline()
+            if deadline is not None and now >= deadline:
+                mux.poll(now)
+            sent = self.flush()
+            if mux.changed:
+                mux.changed.clear()
+                self.lot.unpark_all()
+            if bufs or sent:
+                self._idle_since = None
+                sleep = 0.0001
+                idle_passes = 0
+                if not self._has_fd:
+                    await trio.lowlevel.checkpoint()
+                    continue
+                # model: sleeping on its FIFO yields to the woken tasks, and returns at once
+                # when more frames are waiting, so there is no need for another pass first
+            else:
+                if self.idle:
+                    if self._idle_since is None:
+                        self._idle_since = now
+                    elif now - self._idle_since > IDLE_GRACE:
+                        return
+                idle_passes += 1
+                if idle_passes < SPIN_PASSES and not self._has_fd:
+                    await trio.lowlevel.checkpoint()
+                    continue
+            if self._has_fd:  # the model pokes us: no need to poll more often
+                timeout = MAX_SLEEP_MODEL
+            else:  # hardware: poll with exponential back-off up to 1 ms
+                timeout = sleep
+                sleep = min(sleep * 2, MAX_SLEEP_HW)
+            for deadline in (mux.next_deadline(), device_deadline()):
+                if deadline is not None:
+                    timeout = max(0.0, min(timeout, deadline - now))
+            if self.idle and self._idle_since is not None:
+                timeout = min(timeout, max(0.0, self._idle_since + IDLE_GRACE - now + 0.001))
+            await self._sleep(timeout)
+
+    async def _sleep(self, seconds: float) -> None:
+        device = self.device
+        fd = device.idle_fd() if self._has_fd else None
+        self._sleep_until = time.monotonic() + seconds
+        with trio.move_on_after(seconds) as scope:
+            self._idle_scope = scope
+            if fd is not None:
+                device.bar.begin_idle()
+                poked = False
+                try:
+                    if not self._rxq.pending():  # an RX write-back may have raced the flag
+                        await trio.lowlevel.wait_readable(fd)
+                        poked = True
+                finally:
+                    device.bar.end_idle(drain=poked)
+            else:
+                await trio.sleep_forever()
+        self._idle_scope = None
+
+    def kick(self) -> None:
+        """Wake the poll loop (new timers, new work, shutdown checks)."""
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
+
+    def kick_for(self, channel: Channel) -> None:
+        """Wake the poll loop only if ``channel`` now has a timer before its wake-up."""
+        if self._idle_scope is not None:
+            deadline = channel.next_deadline()
+            if deadline is not None and deadline < self._sleep_until:
+                self._idle_scope.cancel()
+
+    def flush(self) -> int:
+        """Transmit what the mux produced (and earlier leftovers); returns frames sent."""
+        frames = self.mux.take_output()
+        if self._backlog:
+            frames = self._backlog + frames
+            self._backlog = []
+        if not frames:
+            if self._txq.in_flight:
+                self._txq.clean()
+            return 0
+        pool = self._pool
+        mem = pool.mem
+        offset = pool.offset
+        bufs = pool.alloc_batch(len(frames))
+        lens = []
+        for buf, frame in zip(bufs, frames, strict=False):
+            start = offset(buf)
+            mem[start : start + len(frame)] = frame
+            lens.append(len(frame))
+        sent = self._txq.tx_batch(bufs, lens) if bufs else 0
+        if self._idle_scope is not None and (self._bar.needs_service or self._rxq.pending()):
+            # a co-located model waits for service() (or ran and received frames while the
+            # poll loop sleeps on a socket it can no longer see readable): wake the loop
+            self._idle_scope.cancel()
+        if sent < len(bufs):
+            pool.free_batch(bufs[sent:])
+        if sent < len(frames):
+            left = frames[sent:]
+            if len(left) > BACKLOG_LIMIT:  # the protocol retransmits what is dropped here
+                self.frames_dropped += len(left) - BACKLOG_LIMIT
+                left = left[-BACKLOG_LIMIT:]
+            self._backlog = left
+        self.frames_out += sent
+        return sent
+
+    def _shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if _PORTS.get(self.spec.key()) is self:
+            del _PORTS[self.spec.key()]
+        reason = f"the NIC port {self.spec.device} was shut down"
+        for channel in (*self.mux.channels.values(), *self.mux.connecting.values()):
+            channel._break(reason)
+        self.lot.unpark_all()
+        try:
+            trio.lowlevel.remove_instrument(self._instrument)
+        except (KeyError, ValueError, RuntimeError):
+            pass
+        try:
+            self.device.close()
+        except Exception:  # pragma: no cover (best effort on the way out)
+            log.exception("closing %s", self.spec.device)
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise trio.BrokenResourceError(
+                f"the NIC port {self.spec.device} is closed"
+                + (f" ({self.error!r})" if self.error else "")
+            )
+
+
+# ----------------------------------------------------------------------------- stream
+@final
+class NicStream(trio.abc.HalfCloseableStream):
+    """One reliable connection over a NIC port, as a trio stream."""
+
+    def __init__(self, port: NicPort, channel: Channel) -> None:
+        self.port = port
+        self.channel = channel
+        self._closed = False
+        self._sending = False
+        self._receiving = False
+
+    @property
+    def peer_mac(self) -> bytes:
+        return self.channel.peer
+
+    # ------------------------------------------------------------------ sending
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.send_all_fast(data)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def send_all_fast(self, data: bytes | bytearray | memoryview) -> None:
+        """``send_all`` that yields only when it has to wait for window or buffer."""
+        if self._sending:
+            raise trio.BusyResourceError("another task is already sending on this stream")
+        if self._closed or self.channel.fin_queued:
+            raise trio.ClosedResourceError("the stream is closed for sending")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._sending = True
+        try:
+            port = self.port
+            channel = self.channel
+            with memoryview(data) as view:
+                total = len(view)
+                sent = 0
+                while True:
+                    if channel.send_error is not None:
+                        raise trio.BrokenResourceError(channel.send_error)
+                    if sent < total:
+                        sent += channel.send(view[sent:], port.now())
+                        port.flush()
+                        port.kick_for(channel)
+                    if sent >= total:
+                        return
+                    await self._park()
+        finally:
+            self._sending = False
+
+    async def wait_send_all_might_not_block(self) -> None:
+        if self._sending:
+            raise trio.BusyResourceError("another task is already sending on this stream")
+        if self._closed:
+            raise trio.ClosedResourceError("the stream is closed")
+        self._sending = True
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            while not self.channel.writable and not self._closed:
+                await self._park()
+            if self._closed:
+                raise trio.ClosedResourceError("the stream was closed")
+        finally:
+            self._sending = False
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def send_eof(self) -> None:
+        if self._sending:
+            raise trio.BusyResourceError("another task is already sending on this stream")
+        if self._closed:
+            raise trio.ClosedResourceError("the stream is closed")
+        await trio.lowlevel.checkpoint()
+        self.channel.send_eof(self.port.now())
+        self.port.flush()
+        self.port.kick()
+
+    # ------------------------------------------------------------------ receiving
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        data = await self.receive_some_fast(max_bytes)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return data
+
+    async def receive_some_fast(self, max_bytes: int | None = None) -> bytes:
+        """``receive_some`` that yields only when it has to wait for data."""
+        if max_bytes is None:
+            max_bytes = RECEIVE_DEFAULT
+        else:
+            max_bytes = operator.index(max_bytes)
+            if max_bytes < 1:
+                raise ValueError("max_bytes must be >= 1")
+        if self._receiving:
+            raise trio.BusyResourceError("another task is already receiving on this stream")
+        if self._closed:
+            raise trio.ClosedResourceError("the stream is closed")
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._receiving = True
+        try:
+            channel = self.channel
+            port = self.port
+            while True:
+                if self._closed:
+                    raise trio.ClosedResourceError("the stream was closed")
+                if channel.rcv_buf:
+                    data = channel.receive(max_bytes, port.now())
+                    port.flush()  # a window update may be due
+                    return data
+                if channel.eof:
+                    return b""
+                if channel.recv_error is not None:
+                    raise trio.BrokenResourceError(channel.recv_error)
+                await self._park()
+        finally:
+            self._receiving = False
+
+    # ------------------------------------------------------------------ closing
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.channel.close(self.port.now())
+            if not self.port.closed:
+                self.port.flush()
+            self.port.kick()
+            self.port.lot.unpark_all()
+        await trio.lowlevel.checkpoint()
+
+    async def _park(self) -> None:
+        if self.port.closed:  # the poll loop is gone: nothing will ever wake us
+            self.channel._break(f"the NIC port {self.port.spec.device} was shut down")
+            await trio.lowlevel.checkpoint()
+            return
+        await self.port.lot.park()
+
+    def __repr__(self) -> str:
+        return f"<NicStream {self.port.spec.device} {self.channel!r}>"
+
+
+# ----------------------------------------------------------------------------- listener
+@final
+class NicListener(trio.abc.Listener[NicStream]):
+    """Accepts connections arriving on a NIC port."""
+
+    def __init__(self, port: NicPort, address: str) -> None:
+        self.port = port
+        self.address = address
+        self._closed = False
+
+    async def accept(self) -> NicStream:
+        port = self.port
+        mux = port.mux
+        while True:
+            if self._closed:
+                raise trio.ClosedResourceError("the listener is closed")
+            port.check_open()
+            while mux.accept_queue:
+                channel = mux.accept_queue.popleft()
+                if channel.recv_error is None:
+                    await trio.lowlevel.checkpoint()
+                    return NicStream(port, channel)
+            await port.lot.park()
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            port = self.port
+            if port.listener is self:
+                port.listener = None
+                port.mux.stop_listening(port.now())
+                if not port.closed:
+                    port.flush()
+            port.lot.unpark_all()
+            port.release()
+        await trio.lowlevel.checkpoint()
+
+    def __repr__(self) -> str:
+        return f"<NicListener {self.address}>"
+
+
+# ----------------------------------------------------------------------------- API
+async def connect_nic(spec: str | NicSpec, *, config: StreamConfig | None = None) -> NicStream:
+    """Open a connection over the NIC named by ``spec`` (see the module docstring).
+
+    Gives up after ``config.connect_timeout`` (5 s by default; or cancel it).
+
+    Raises:
+        NicError: the device cannot be opened or initialised (says what is missing).
+        ConnectionRefusedError: the peer port has no listener.
+        TimeoutError: nobody answered (no link, no peer process).
+    """
+    nic = spec if isinstance(spec, NicSpec) else parse_nic_spec(spec)
+    port = await NicPort.acquire(nic, config)
+    try:
+        channel = port.mux.connect(port.now(), nic.peer or BROADCAST)
+        port.flush()
+        port.kick()
+        try:
+            while channel.state == "syn-sent":
+                port.check_open()
+                await port.lot.park()
+        except BaseException:
+            channel.close(port.now())
+            raise
+        if not channel.established:
+            reason = channel.recv_error or "connection failed"
+            if "refused" in reason:
+                raise ConnectionRefusedError(f"nic:{nic.device}: {reason}")
+            raise TimeoutError(f"nic:{nic.device}: {reason}")
+        return NicStream(port, channel)
+    finally:
+        port.release()
+
+
+async def listen_nic(
+    spec: str | NicSpec, *, config: StreamConfig | None = None
+) -> list[trio.abc.Listener[trio.abc.Stream]]:
+    """Listen for connections on the NIC named by ``spec``; one listener per device.
+
+    Raises:
+        NicError: the device cannot be opened; OSError: this process already listens there.
+    """
+    nic = spec if isinstance(spec, NicSpec) else parse_nic_spec(spec)
+    port = await NicPort.acquire(nic, config)
+    if port.listener is not None:
+        port.release()
+        raise OSError(f"this process already listens on nic:{nic.device}")
+    listener = NicListener(port, str(NicSpec(nic.device, None, nic.sysfs, nic.rundir)))
+    port.listener = listener
+    port.mux.listening = True
+    return [listener]

@@ -1,0 +1,130 @@
+"""Unit tests of the RPC benchmark's bookkeeping: scenario selection, figures, ratios, report.
+
+Theory of operation: a results directory is made by hand with pyperf's own API (what the
+suite writes, minus the measuring), with known values, so that every figure the report
+prints can be checked exactly; no process is started.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyperf
+import pytest
+
+from bench.rpc import report, scenarios
+from bench.rpc.results import DASH, GOALS, Results, Spread, percentile
+
+
+def test_select_defaults_and_patterns() -> None:
+    default = scenarios.select(None)
+    assert {s.load.name for s in default} == set(scenarios.DEFAULT_LOADS)
+    assert len(default) == len(scenarios.PAIRINGS) * len(scenarios.DEFAULT_LOADS)
+    ids = [s.id for s in scenarios.select(["capsvc-tcp/*"])]
+    assert ids == ["capsvc-tcp/c1-16B", "capsvc-tcp/c12-16B", "capsvc-tcp/c1-4KiB"]
+    # A load outside the default set runs when named explicitly.
+    assert [s.id for s in scenarios.select(["pycapnp/c12-4KiB"])] == ["pycapnp/c12-4KiB"]
+    assert scenarios.unknown_patterns(["capsvc-tcp/*", "nope/*"]) == ["nope/*"]
+    assert [s.id for s in scenarios.select(list(scenarios.SMOKE))] == list(scenarios.SMOKE)
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.5) == 50
+    assert percentile(values, 0.99) == 99
+    assert percentile(values, 0.999) == 100
+    assert percentile([7.0], 0.9) == 7
+
+
+def test_spread_formatting() -> None:
+    assert Spread((3.0, 1.0, 2.0)).fmt() == f"2 (1{DASH}3)"
+    assert Spread((1234.5,)).fmt() == "1,234"  # banker's rounding of .5 is fine here
+    assert Spread((0.5, 0.25)).fmt(2) == f"0.38 (0.25{DASH}0.50)"
+
+
+def _timing(pairing: str, load: str, rep: int, per_call: float) -> pyperf.Run:
+    return pyperf.Run(
+        [per_call] * 3,
+        metadata={"name": f"echo-{load}", "unit": "second", "loops": 100, "rpc_rep": rep},
+        collect_metadata=False,
+    )
+
+
+def _latency(pairing: str, load: str, rep: int, values: list[float]) -> pyperf.Run:
+    return pyperf.Run(
+        values,
+        metadata={
+            "name": f"echo-{load}-latency",
+            "unit": "second",
+            "loops": 1,
+            "rpc_rep": rep,
+            "rpc_client_cpu_us_per_call": 100.0,
+            "rpc_server_cpu_us_per_call": 90.0,
+        },
+        collect_metadata=False,
+    )
+
+
+@pytest.fixture
+def results_dir(tmp_path: Path) -> Path:
+    # Two reps. capsvc-tcp: 1 ms/call then 0.5 ms/call; pycapnp: 2 ms/call both times.
+    per_call = {"capsvc-tcp": (1e-3, 5e-4), "pycapnp": (2e-3, 2e-3), "raw-trio": (1e-4, 1e-4)}
+    p99s = {"capsvc-tcp": 4e-4, "pycapnp": 8e-4, "raw-trio": 1e-4}
+    for pairing, times in per_call.items():
+        timing, latency = [], []
+        for rep, seconds in enumerate(times, start=1):
+            timing.append(_timing(pairing, "c1-16B", rep, seconds))
+            values = [p99s[pairing] / 2] * 99 + [p99s[pairing]]
+            latency.append(_latency(pairing, "c1-16B", rep, values))
+        suite = pyperf.BenchmarkSuite([pyperf.Benchmark(timing), pyperf.Benchmark(latency)])
+        suite.dump(str(tmp_path / f"{pairing}.json.gz"))
+    (tmp_path / "manifest.json").write_text(json.dumps({"reps": 2, "nagle_cases": []}))
+    return tmp_path
+
+
+def test_figures_and_ratios_per_repetition(results_dir: Path) -> None:
+    results = Results(str(results_dir))
+    calls = results.figure("capsvc-tcp", "c1-16B", lambda f: f.calls_per_s)
+    assert calls is not None
+    assert calls.values == pytest.approx((1000.0, 2000.0))
+    ratio = results.ratio(("capsvc-tcp", "c1-16B"), ("pycapnp", "c1-16B"), lambda f: f.calls_per_s)
+    assert ratio is not None
+    assert ratio.values == pytest.approx((2.0, 4.0))  # taken within each rep
+    p99 = results.figure("capsvc-tcp", "c1-16B", lambda f: f.latency["p99"])
+    assert p99 is not None
+    assert p99.median == pytest.approx(2e-4)  # nearest rank: the 99th of 100 values
+    top = results.figure("capsvc-tcp", "c1-16B", lambda f: f.latency["max"])
+    assert top is not None
+    assert top.median == pytest.approx(4e-4)
+    cpu = results.figure("capsvc-tcp", "c1-16B", lambda f: f.costs["client_cpu_us"])
+    assert cpu is not None
+    assert cpu.median == pytest.approx(100.0)
+
+
+def test_goals_and_markdown(results_dir: Path, tmp_path: Path) -> None:
+    results = Results(str(results_dir))
+    first = GOALS[0]
+    value = first.measure(results)
+    assert value is not None
+    assert value.median == pytest.approx(3.0)
+    assert first.verdict(value) == "met (every rep)"
+    assert first.verdict(Spread((1.0, 1.6, 2.0))) == "met (median; not every rep)"
+    assert first.verdict(None) == "not measured"
+    out = str(tmp_path / "out")
+    text = report.main_report(str(results_dir), out, charts_too=False, quiet=True)
+    assert f"| capsvc → capsvc, TCP | 1,500 (1,000{DASH}2,000) |" in text
+    assert f"3.00 (2.00{DASH}4.00)" in text
+
+
+def test_readme_section_is_replaced(results_dir: Path, tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n{report.BEGIN}\nold\n{report.END}\ntail\n")
+    report.main_report(
+        str(results_dir), str(tmp_path / "out"), charts_too=False, readme=str(readme), quiet=True
+    )
+    content = readme.read_text()
+    assert content.startswith("# title\n")
+    assert content.endswith(f"{report.END}\ntail\n")
+    assert "old" not in content
+    assert "### Goals" in content

@@ -1,0 +1,210 @@
+"""The nic transport: address grammar, trio stream conformance, errors, idle cost.
+
+The model pair runs in its own process (``model_process`` fixture); both ends of every
+stream live in the test process, each on its own port of the pair.
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+import trio
+import trio.testing
+
+from capsvc.nicdriver import regs
+from capsvc.nicdriver.errors import NicError
+from capsvc.nicdriver.pci import list_functions
+from capsvc.nicdriver.stream import StreamConfig
+from capsvc.transport.nic import (
+    NicListener,
+    NicSpec,
+    NicStream,
+    connect_nic,
+    listen_nic,
+    parse_nic_spec,
+)
+from tests.nic.conftest import ModelProcess
+
+# -- addresses ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "spec"),
+    [
+        ("nic:model:demo.0", NicSpec("model:demo.0")),
+        ("model:demo.1", NicSpec("model:demo.1")),
+        ("nic:03:00.0", NicSpec("0000:03:00.0")),
+        ("nic:0000:03:00.1,sysfs=/tmp/sys", NicSpec("0000:03:00.1", sysfs="/tmp/sys")),
+        (
+            "nic:model:x,peer=02:00:00:00:00:01,rundir=/r",
+            NicSpec("model:x", peer=bytes.fromhex("020000000001"), rundir="/r"),
+        ),
+    ],
+)
+def test_address_grammar(text: str, spec: NicSpec) -> None:
+    assert parse_nic_spec(text) == spec
+    assert parse_nic_spec(str(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["nic:", "nic:eth0", "nic:model:", "nic:model:a/b", "nic:model:x,peer=zz", "nic:model:x,mtu=9"],
+)
+def test_bad_addresses(text: str) -> None:
+    with pytest.raises(ValueError, match=r"nic|MAC|model port name"):
+        parse_nic_spec(text)
+
+
+async def test_missing_model_port_says_how_to_start_one(rundir: object) -> None:
+    with pytest.raises(NicError, match="capsvc nic start-pair"):
+        await connect_nic(f"nic:model:nothere.0,rundir={rundir}")
+
+
+async def test_missing_pci_device_is_reported() -> None:
+    with pytest.raises(NicError, match="capsvc nic list"):
+        await connect_nic("nic:0000:7f:1f.7")
+
+
+async def test_the_sandbox_virtio_nic_is_refused() -> None:
+    for function in list_functions("/sys"):
+        if function.vendor == regs.VIRTIO_VENDOR and function.is_network:
+            with pytest.raises(NicError, match="not an Intel 82599"):
+                await connect_nic(f"nic:{function.address}")
+            assert list_functions("/sys") == list_functions("/sys")  # nothing changed
+            return
+    pytest.skip("no virtio device on this machine")
+
+
+# -- streams -------------------------------------------------------------------------------
+
+
+def addresses(host: ModelProcess) -> tuple[str, str]:
+    return (
+        f"nic:model:{host.ports[0]},rundir={host.rundir}",
+        f"nic:model:{host.ports[1]}," + f"rundir={host.rundir}",
+    )
+
+
+async def open_pair(
+    listener: NicListener, client_address: str, config: StreamConfig | None = None
+) -> tuple[NicStream, NicStream]:
+    accepted: list[NicStream] = []
+
+    async def accept() -> None:
+        accepted.append(await listener.accept())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept)
+        client = await connect_nic(client_address, config=config)
+    return client, accepted[0]
+
+
+def stream_maker(
+    host: ModelProcess,
+) -> Callable[[], Awaitable[tuple[NicStream, NicStream]]]:
+    state: dict[str, NicListener] = {}
+    server_address, client_address = addresses(host)
+
+    async def make() -> tuple[NicStream, NicStream]:
+        if "listener" not in state:
+            (listener,) = await listen_nic(server_address)
+            assert isinstance(listener, NicListener)
+            state["listener"] = listener
+        return await open_pair(state["listener"], client_address)
+
+    return make
+
+
+async def test_half_closeable_stream_conformance(model_process: ModelProcess) -> None:
+    await trio.testing.check_half_closeable_stream(stream_maker(model_process), None)
+
+
+async def test_connect_without_a_peer_driver_times_out(model_process: ModelProcess) -> None:
+    _, client_address = addresses(model_process)
+    with pytest.raises(TimeoutError, match=r"no listener answered within 0\.3 s"):
+        await connect_nic(client_address, config=StreamConfig(connect_timeout=0.3))
+
+
+async def test_connect_to_a_port_without_listener_is_refused(
+    model_process: ModelProcess,
+) -> None:
+    server_address, client_address = addresses(model_process)
+    (listener,) = await listen_nic(server_address)
+    await listener.aclose()  # the port stays open a moment, not listening
+    with pytest.raises(ConnectionRefusedError, match="no listener"):
+        await connect_nic(client_address)
+
+
+async def test_two_connections_at_once_and_big_transfers(model_process: ModelProcess) -> None:
+    server_address, client_address = addresses(model_process)
+    (listener,) = await listen_nic(server_address)
+    assert isinstance(listener, NicListener)
+    assert listener.address == server_address
+    pairs = [await open_pair(listener, client_address) for _ in range(2)]
+    data = [random.Random(i).randbytes(300_000) for i in range(2)]
+
+    async def pump(stream: NicStream, payload: bytes) -> None:
+        await stream.send_all(payload)
+        await stream.send_eof()
+
+    async def drain(stream: NicStream, expected: bytes) -> None:
+        got = bytearray()
+        while chunk := await stream.receive_some():
+            got += chunk
+        assert got == expected
+
+    async with trio.open_nursery() as nursery:
+        for (client, server), payload in zip(pairs, data, strict=True):
+            nursery.start_soon(pump, client, payload)
+            nursery.start_soon(drain, server, payload)
+    for client, server in pairs:
+        await client.aclose()
+        await server.aclose()
+    await listener.aclose()
+
+
+async def test_idle_connection_does_not_burn_a_core(model_process: ModelProcess) -> None:
+    server_address, client_address = addresses(model_process)
+    (listener,) = await listen_nic(server_address)
+    assert isinstance(listener, NicListener)
+    client, server = await open_pair(listener, client_address)
+    await trio.sleep(0.1)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    start = time.monotonic()
+    await trio.sleep(1.0)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert cpu < 0.15 * (time.monotonic() - start), f"idle poll loops used {cpu:.3f} s of CPU"
+    # and the connection still works after sleeping
+    await client.send_all(b"wake up")
+    assert await server.receive_some() == b"wake up"
+    await client.aclose()
+    await server.aclose()
+    await listener.aclose()
+
+
+async def test_a_dead_model_breaks_the_stream(rundir: object) -> None:
+    host = ModelProcess("d", rundir)  # type: ignore[arg-type]
+    try:
+        server_address, client_address = addresses(host)
+        (listener,) = await listen_nic(server_address)
+        assert isinstance(listener, NicListener)
+        quick = StreamConfig(max_retries=6, keepalive=0.5)
+        client, server = await open_pair(listener, client_address, quick)
+        host.stop()
+
+        async def send_forever() -> None:
+            while True:
+                await client.send_all(b"x" * 1000)
+
+        with trio.fail_after(15), pytest.raises(trio.BrokenResourceError, match=r"silent|ackno"):
+            await send_forever()
+        await client.aclose()
+        await server.aclose()
+        await listener.aclose()
+    finally:
+        host.stop()
