@@ -177,6 +177,13 @@ class _TrioClient(EchoClient):
     def stats(self) -> dict[str, float]:
         return {"passes": self.counter.passes}
 
+    def profile(self, profiler: Any, on: bool) -> None:
+        """Enable/disable a ``cProfile.Profile`` in the loop's thread (profiling command)."""
+        import trio
+
+        action = profiler.enable if on else profiler.disable
+        trio.from_thread.run_sync(action, trio_token=self._token)
+
     def close(self) -> None:
         import trio
 

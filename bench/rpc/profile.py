@@ -1,22 +1,26 @@
-"""Where a capsvc call's time goes: per-call costs on both sides, and optional py-spy.
+"""Where a capsvc call's time goes: per-call costs on both sides, and optional profilers.
 
 Theory of operation
 -------------------
-``python -m bench.rpc profile`` starts one capsvc echo server (its own process, as in the
-suite) and drives it from a capsvc client in this process, for a fixed number of calls
-per concurrency level. Around the measured calls it reads:
+``python -m bench.rpc profile`` starts one server (its own process, as in the suite) and
+drives it from a client in this process, for a fixed number of calls per concurrency
+level. Around the measured calls it reads, for each side:
 
-- client: CPU time (``time.process_time``), trio scheduler passes (an instrument counting
-  ``before_io_wait``) and ``Connection.writes``;
-- server: the same three, from the server's ``STATS`` answer to SIGUSR1
-  (bench.rpc.servers), so that nothing in capsvc needs changing.
+- CPU time, and its kernel part (``os.times`` here, psutil for the server);
+- trio scheduler passes (an instrument counting ``before_io_wait``) and
+  ``Connection.writes``: the client's directly, the server's from its ``STATS`` answer
+  to SIGUSR1 (bench.rpc.servers), so that nothing in capsvc needs changing;
+- system calls (``perf stat`` on the ``syscalls:sys_enter_*`` tracepoints of both
+  processes: send, recv, epoll_wait), when perf works here (``--no-syscalls`` skips it).
 
-Divided by the calls they give CPU µs, passes and writes *per call per side*. With
-``--py-spy DIR`` it also samples both processes with py-spy (non-blocking, raw collapsed
-stacks in DIR) while the measured calls run, and prints each side's top functions by
-self time and the share of samples per package (capsvc.rpc, capsvc.connection, trio,
-pycapnp, ...). ``--pairing capsvc-to-pycapnp`` or ``pycapnp-to-capsvc`` profiles the
-capsvc side against the C++ reference instead.
+Divided by the calls they give costs *per call per side*. Optional profilers, run only
+around the measured calls: ``--py-spy DIR`` samples both processes (non-blocking; with
+``--gil`` only samples that hold the GIL, i.e. Python work, not time in system calls or
+preempted) and prints self time per package and function and inclusive time per stage
+of a call; ``--cprofile DIR`` runs cProfile in both trio threads (the server toggles it
+on SIGUSR2) and prints exclusive time per package and function (inflated by cProfile's
+overhead: read the shares). ``--pairing`` profiles another pairing, e.g. the raw
+ping-pong or pycapnp, the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default="1,12", help="comma-separated levels")
     parser.add_argument("--payload", type=int, default=16)
     parser.add_argument("--py-spy", metavar="DIR", help="sample both sides with py-spy")
+    parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="py-spy: only samples holding the GIL (Python work, not syscalls or preemption)",
+    )
+    parser.add_argument(
+        "--cprofile", metavar="DIR", help="cProfile (CPU time) both sides' trio threads"
+    )
     parser.add_argument("--top", type=int, default=15, help="functions shown per side")
     parser.add_argument(
         "--no-syscalls", action="store_true", help="do not count system calls with perf"
@@ -53,7 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     pairing = PAIRINGS[args.pairing]
     scratch = tempfile.mkdtemp(prefix="capsvc-profile-")
-    servers = start_servers([SERVER_KINDS[pairing.server]], scratch)
+    env = {}
+    if args.cprofile:
+        os.makedirs(args.cprofile, exist_ok=True)
+        env["BENCH_RPC_CPROFILE"] = os.path.abspath(os.path.join(args.cprofile, "server.prof"))
+    servers = start_servers([SERVER_KINDS[pairing.server]], scratch, env=env)
     server = servers[pairing.server]
     rows = []
     calls_rows: list[tuple[int, list[dict[str, int]]]] = []
@@ -62,15 +78,24 @@ def main(args: argparse.Namespace) -> int:
             client = make_client(pairing.client, server.address, level, args.payload).start()
             try:
                 client.run(args.warmup)
-                spies = _start_spies(args.py_spy, server.pid, f"c{level}")
+                spies = _start_spies(args.py_spy, server.pid, f"c{level}", args.gil)
                 counters = [] if args.no_syscalls else _start_perf([os.getpid(), server.pid])
+                profiles = _start_cprofile(args.cprofile, client, server)
                 before = _snapshot(client, server)
                 seconds = client.run(args.calls)
                 after = _snapshot(client, server)
+                _stop_cprofile(profiles, args.cprofile, client, server, f"c{level}")
                 syscalls = _stop_perf(counters)
                 _stop_spies(spies)
             finally:
                 client.close()
+            if args.cprofile:
+                for side in ("client", "server"):
+                    path = os.path.join(args.cprofile, f"c{level}-{side}.prof")
+                    if os.path.exists(path):
+                        _print_cprofile(
+                            f"{pairing.name} c{level} {side}", path, args.calls, args.top
+                        )
             rows.append(_row(level, args.calls, seconds, before, after))
             if syscalls:
                 calls_rows.append((level, syscalls))
@@ -81,11 +106,11 @@ def main(args: argparse.Namespace) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"\n{pairing.title}, payload {args.payload} B, {args.calls:,} calls per level\n")
     header = (
-        "| conc | calls/s | client CPU µs | server CPU µs | client passes | server passes "
-        "| client writes | server writes |"
+        "| conc | calls/s | client CPU µs | server CPU µs | of which kernel: client "
+        "| server | client passes | server passes | client writes | server writes |"
     )
     print(header)
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
     if calls_rows:
@@ -98,6 +123,60 @@ def main(args: argparse.Namespace) -> int:
                 cells = [f"{counts.get(n, 0) / args.calls:.2f}" for n in names]
                 print(f"| {level} | {side} | " + " | ".join(cells) + " |")
     return 0
+
+
+def _start_cprofile(directory: str | None, client: Any, server: Any) -> Any:
+    if directory is None:
+        return None
+    import cProfile
+
+    profiler = None
+    if hasattr(client, "profile"):
+        profiler = cProfile.Profile()
+        client.profile(profiler, True)
+    if server.kind.impl in ("capsvc", "raw"):
+        server.toggle_profiler()
+    return profiler
+
+
+def _stop_cprofile(
+    profiler: Any, directory: str | None, client: Any, server: Any, tag: str
+) -> None:
+    if directory is None:
+        return
+    if profiler is not None:
+        client.profile(profiler, False)
+        profiler.dump_stats(os.path.join(directory, f"{tag}-client.prof"))
+    if server.kind.impl in ("capsvc", "raw"):
+        answer = server.toggle_profiler()
+        if answer.startswith("PROFILED "):
+            os.replace(answer.split(None, 1)[1], os.path.join(directory, f"{tag}-server.prof"))
+
+
+def _print_cprofile(title: str, path: str, calls: int, top: int) -> None:
+    """Time per echo call by package and by function: cProfile's own (exclusive) time, wall
+    clock, minus the time asleep in ``epoll.poll`` (inflated by cProfile's overhead: read
+    the shares, and the real CPU totals in the table)."""
+    import pstats
+
+    stats: Any = pstats.Stats(path)
+    packages: collections.Counter[str] = collections.Counter()
+    functions: collections.Counter[str] = collections.Counter()
+    for (filename, line, name), (_, _, tottime, _, _) in stats.stats.items():
+        if name == "<method 'poll' of 'select.epoll' objects>":
+            continue  # asleep (mostly): not work
+        where = f"{filename}:{line}"
+        packages[_package(where if filename != "~" else name)] += tottime
+        short = filename.split("site-packages/")[-1].split("/work/main/")[-1]
+        functions[f"{name} ({short}:{line})"] += tottime
+    total = sum(packages.values())
+    scale = 1e6 / calls
+    print(f"\n{title}: cProfile {total * scale:.0f} µs/call busy (with profiling overhead)")
+    for package, seconds in packages.most_common():
+        print(f"  {seconds * scale:6.1f} µs  {seconds / total:6.1%}  {package}")
+    print(f"{title}: top {top} functions by own time")
+    for function, seconds in functions.most_common(top):
+        print(f"  {seconds * scale:6.1f} µs  {seconds / total:6.1%}  {function}")
 
 
 SYSCALLS = (
@@ -146,11 +225,15 @@ def _stop_perf(counters: list[subprocess.Popen[str]]) -> list[dict[str, int]]:
 
 
 def _snapshot(client: Any, server: Any) -> dict[str, Any]:
+    times = os.times()
     snap: dict[str, Any] = {"client_cpu": time.process_time(), "client": client.stats()}
+    snap["client"] |= {"user": times.user, "sys": times.system}
     if server.kind.impl in ("capsvc", "raw"):
         snap["server"] = server.stats()
     else:
         snap["server"] = {"cpu": server.cpu_seconds()}
+    user, system = server.cpu_split()
+    snap["server"] |= {"user": user, "sys": system}
     return snap
 
 
@@ -169,6 +252,8 @@ def _row(
         f"{calls / seconds:,.0f}",
         f"{client_cpu:.0f}",
         per_call("server", "cpu", 1e6, 0),
+        per_call("client", "sys", 1e6, 0),
+        per_call("server", "sys", 1e6, 0),
         per_call("client", "passes"),
         per_call("server", "passes"),
         per_call("client", "writes"),
@@ -177,7 +262,7 @@ def _row(
 
 
 # ---------------------------------------------------------------------- py-spy
-def _start_spies(directory: str | None, server_pid: int, tag: str) -> list[Any]:
+def _start_spies(directory: str | None, server_pid: int, tag: str, gil: bool = False) -> list[Any]:
     if directory is None:
         return []
     exe = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
@@ -187,7 +272,7 @@ def _start_spies(directory: str | None, server_pid: int, tag: str) -> list[Any]:
         path = os.path.join(directory, f"{tag}-{side}.txt")
         process = subprocess.Popen(
             [exe, "record", "--pid", str(pid), "--format", "raw", "--nonblocking",
-             "--rate", "500", "--output", path],
+             "--rate", "500", "--output", path, *(["--gil"] if gil else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         spies.append((side, path, process))
@@ -221,6 +306,8 @@ PACKAGES = (
     ("asyncio/", "asyncio"),
     ("selectors", "selectors"),
     ("threading", "threading"),
+    ("<method '", "builtins, C methods (socket, pycapnp, ...)"),
+    ("<built-in", "builtins, C methods (socket, pycapnp, ...)"),
 )
 
 

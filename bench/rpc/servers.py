@@ -63,7 +63,8 @@ async def _serve_until_signalled(
     import trio
 
     trio.lowlevel.add_instrument(counter)  # type: ignore[arg-type]
-    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+    profiler: Any = None
     with trio.open_signal_receiver(*signals) as received:
         async with trio.open_nursery() as nursery:
             address = await nursery.start(start)
@@ -72,8 +73,28 @@ async def _serve_until_signalled(
                 if signum == signal.SIGUSR1:
                     print(_stats_line(counter, writes()), flush=True)
                     continue
+                if signum == signal.SIGUSR2:
+                    profiler = _toggle_profiler(profiler)
+                    continue
                 nursery.cancel_scope.cancel()
                 break
+
+
+def _toggle_profiler(profiler: Any) -> Any:
+    """SIGUSR2: start cProfile (in this thread, where trio runs everything); the next
+    SIGUSR2 stops it and writes the stats to $BENCH_RPC_CPROFILE."""
+    import cProfile
+
+    if profiler is None:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        print("PROFILING", flush=True)
+        return profiler
+    profiler.disable()
+    path = os.environ.get("BENCH_RPC_CPROFILE", "server.prof")
+    profiler.dump_stats(path)
+    print(f"PROFILED {path}", flush=True)
+    return None
 
 
 def run_capsvc_server(listen: str, *, nodelay: bool, coalesce: bool) -> None:
@@ -181,8 +202,15 @@ def child_env() -> dict[str, str]:
 class ServerProcess:
     """One benchmark server in its own process; ``start()`` then ``wait_ready()``."""
 
-    def __init__(self, kind: ServerKind, socket_dir: str, log: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        kind: ServerKind,
+        socket_dir: str,
+        log: IO[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.kind = kind
+        self.env = env or {}
         self.socket_dir = socket_dir
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
@@ -213,7 +241,7 @@ class ServerProcess:
         self.process = subprocess.Popen(
             self.command(),
             cwd=ROOT,
-            env=child_env(),
+            env=child_env() | self.env,
             stdout=subprocess.PIPE,
             stderr=self.log if self.log is not None else subprocess.DEVNULL,
             bufsize=0,
@@ -241,6 +269,13 @@ class ServerProcess:
         times = psutil.Process(self.pid).cpu_times()
         return float(times.user + times.system)
 
+    def cpu_split(self) -> tuple[float, float]:
+        """(user, system) CPU seconds of the server process so far."""
+        import psutil
+
+        times = psutil.Process(self.pid).cpu_times()
+        return float(times.user), float(times.system)
+
     def stats(self, timeout: float = 10.0) -> dict[str, Any]:
         """The server's own counters (capsvc and raw servers only): CPU, passes, writes."""
         assert self.process is not None
@@ -249,6 +284,12 @@ class ServerProcess:
         if not line.startswith("STATS "):
             raise RuntimeError(f"{self.kind.name} server sent {line!r} instead of STATS")
         return dict(json.loads(line[len("STATS ") :]))
+
+    def toggle_profiler(self, timeout: float = 30.0) -> str:
+        """Start or stop cProfile in the server (capsvc and raw servers); returns its answer."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGUSR2)
+        return self._read_line(timeout)
 
     def _read_line(self, timeout: float) -> str:
         assert self.process is not None
@@ -280,10 +321,13 @@ class ServerProcess:
 
 
 def start_servers(
-    kinds: list[ServerKind], socket_dir: str, log: IO[str] | None = None
+    kinds: list[ServerKind],
+    socket_dir: str,
+    log: IO[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, ServerProcess]:
     """Start every server at once (they import in parallel), then wait for each."""
-    servers = {kind.name: ServerProcess(kind, socket_dir, log).start() for kind in kinds}
+    servers = {kind.name: ServerProcess(kind, socket_dir, log, env).start() for kind in kinds}
     try:
         for server in servers.values():
             server.wait_ready()
