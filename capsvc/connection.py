@@ -21,6 +21,7 @@ Theory of operation (DESIGN.md, "Buffered framing"):
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 import trio
@@ -34,6 +35,22 @@ from capsvc.rpc.session import RpcSession
 log = logging.getLogger("capsvc")
 
 DEFAULT_MAX_BUFFERED = 4 * 1024 * 1024
+#: How long a lone Finish or Release may wait for company when Nagle's algorithm is on
+#: (longer than Linux's 40 ms delayed-ACK timer, short enough to free remote state soon).
+HOLD_HOUSEKEEPING = 0.2
+
+
+def _nagle_is_on(stream: trio.abc.Stream) -> bool:
+    """True for a TCP stream whose TCP_NODELAY is off."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return False
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return False
+        return not sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    except OSError:
+        return False
 
 
 class Connection:
@@ -69,6 +86,11 @@ class Connection:
         self._flusher = current_flusher() if coalesce and self._socket is not None else None
         self._remainder = b""
         self._token = trio.lowlevel.current_trio_token()
+        # With TCP_NODELAY off, a Finish or Release written alone makes the next Call wait
+        # for the peer's delayed ACK (Nagle): hold such housekeeping back (at most
+        # HOLD_HOUSEKEEPING seconds) so that it travels with the next message.
+        self._hold_housekeeping = coalesce and _nagle_is_on(stream)
+        self._urgent_output = trio.Event()
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -144,7 +166,12 @@ class Connection:
 
     # ------------------------------------------------------------------ writing
     def _on_output(self) -> None:
-        """The engine's outbox just became non-empty."""
+        """The engine's outbox just became non-empty (or got its first urgent message)."""
+        if self._hold_housekeeping:
+            if not self.session.has_urgent_output:
+                self._wake_writer()  # it holds the housekeeping back, then writes it
+                return
+            self._urgent_output.set()
         if self._flusher is not None and not self._writing:
             self._flusher.dirty[self] = None
         else:
@@ -158,6 +185,8 @@ class Connection:
     def flush_at_end_of_pass(self) -> None:
         """Called by the flusher once per pass: one non-blocking send of the whole batch."""
         if self._writing or self._closed.is_set() or not self.session.has_output:
+            return
+        if self._hold_housekeeping and not self.session.has_urgent_output:
             return
         batch = self.session.take_output()
         data = b"".join(batch) if len(batch) > 1 else batch[0]
@@ -189,6 +218,15 @@ class Connection:
             if not session.has_output and not self._remainder:
                 self._writer_parked = True
                 await trio.lowlevel.wait_task_rescheduled(self._abort_park)
+            if (
+                self._hold_housekeeping
+                and not self._remainder
+                and not session.has_urgent_output
+                and session.has_output
+            ):
+                self._urgent_output = trio.Event()
+                with trio.move_on_after(HOLD_HOUSEKEEPING):
+                    await self._urgent_output.wait()
             # We were woken by the first message of a scheduler pass; by the time we run
             # (the next pass) every task of that pass has added its messages: one write.
             remainder, self._remainder = self._remainder, b""

@@ -192,3 +192,35 @@ async def test_output_stays_bounded_when_the_peer_stops_reading() -> None:
     await raw.aclose()
     for listener in listeners:
         await listener.aclose()
+
+
+async def test_nagle_on_a_paused_caller_still_sends_one_write_per_call() -> None:
+    """With TCP_NODELAY off, a Finish written alone would make the next Call wait for the
+    peer's delayed ACK: it is held back and leaves with the next Call instead, or alone
+    after at most HOLD_HOUSEKEEPING when no call follows."""
+    from capsvc.connection import HOLD_HOUSEKEEPING
+
+    async with tcp_pair(nodelay=False) as (client, server):
+        tester = client.bootstrap(testing.Tester)
+        first = await tester.newCounter(start=1)
+        del first
+        await trio.sleep(0.01)
+        before = client.writes
+        rounds = 10
+        for start in range(rounds):
+            results = await tester.newCounter(start=start)
+            del results  # its Finish is due now...
+            await trio.sleep(0.005)  # ...but the caller pauses before the next call
+        assert client.writes - before == rounds
+        assert len(server.session.answers) == 1  # the last newCounter: its Finish is held
+        await trio.sleep(HOLD_HOUSEKEEPING + 0.1)
+        assert len(server.session.answers) == 0  # the held Finish went out on its own
+
+
+async def test_with_nodelay_on_housekeeping_is_not_held() -> None:
+    async with tcp_pair(nodelay=True) as (client, server):
+        tester = client.bootstrap(testing.Tester)
+        results = await tester.newCounter(start=1)
+        del results
+        await trio.sleep(0.05)
+        assert len(server.session.answers) == 0  # the Finish went out at once

@@ -41,7 +41,7 @@ class CapabilityTables:
     _embargo_ids: IdAllocator
     _export_by_hook: dict[Hook, int]
 
-    def _send_message(self, message: Any) -> None:
+    def _send_message(self, message: Any, urgent: bool = True) -> None:
         raise NotImplementedError
 
     def _message_target(self, target: Any) -> Hook:
@@ -82,7 +82,7 @@ class CapabilityTables:
         body = message.init("release")
         body.id = hook.import_id
         body.referenceCount = entry.remote_refcount
-        self._send_message(message)
+        self._send_message(message, urgent=False)
 
     # -------------------------------------------------------------- resolve
     def _on_resolve(self, message: Any, segments: Segments) -> None:

@@ -89,6 +89,7 @@ class RpcSession(CapabilityTables):
         self._export_by_hook: dict[Hook, int] = {}
         self._outbox: list[bytes] = []
         self._pending_bytes = 0
+        self._urgent = False
         #: The I/O driver running this session, if any (the trio Connection sets itself
         #: here so that callers can find it for backpressure). The engine never uses it.
         self.driver: object | None = None
@@ -100,6 +101,7 @@ class RpcSession(CapabilityTables):
         """Every framed message produced since the last call, in protocol order."""
         out, self._outbox = self._outbox, []
         self._pending_bytes = 0
+        self._urgent = False
         return out
 
     @property
@@ -111,15 +113,25 @@ class RpcSession(CapabilityTables):
         """Bytes framed and not yet taken by the writer (for backpressure)."""
         return self._pending_bytes
 
-    def _send(self, segments: Sequence[bytes | bytearray | memoryview]) -> None:
+    def _send(self, segments: Sequence[bytes | bytearray | memoryview], urgent: bool = True) -> None:
+        """Queue one message. ``urgent=False`` marks housekeeping (Finish, Release) that the
+        peer does not answer: a driver may hold it back to travel with the next message."""
         frame = encode_message(segments)
         self._outbox.append(frame)
         self._pending_bytes += len(frame)
-        if len(self._outbox) == 1 and self.on_output is not None:
+        became_urgent = urgent and not self._urgent
+        if urgent:
+            self._urgent = True
+        if (len(self._outbox) == 1 or became_urgent) and self.on_output is not None:
             self.on_output()
 
-    def _send_message(self, message: Any) -> None:
-        self._send(message.to_segments())
+    def _send_message(self, message: Any, urgent: bool = True) -> None:
+        self._send(message.to_segments(), urgent)
+
+    @property
+    def has_urgent_output(self) -> bool:
+        """True if the outbox holds anything but Finish and Release messages."""
+        return self._urgent
 
     def tables_empty(self) -> bool:
         """True when all four tables and the embargo table are empty (tests check this)."""
@@ -526,7 +538,7 @@ class RpcSession(CapabilityTables):
         body.questionId = question.id
         body.releaseResultCaps = release_result_caps
         body.requireEarlyCancellationWorkaround = False  # rpc-protocol.md §13.5
-        self._send_message(message)
+        self._send_message(message, urgent=False)
 
     def _question_unwanted(self, question: Question) -> None:
         if question.returned:
