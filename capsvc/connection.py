@@ -14,6 +14,9 @@ Theory of operation (DESIGN.md, "Buffered framing"):
 - The outbox is bounded: when it holds more than ``max_buffered`` bytes the reader stops
   reading (so the peer's calls cannot make us produce more) and callers that use
   ``wait_writable`` wait (backpressure).
+- With TCP_NODELAY off, a lone Finish or Release (housekeeping the peer never answers) is
+  held for up to ``HOLD_HOUSEKEEPING`` so it leaves with the next message: written alone,
+  it would make the next Call wait for the peer's delayed ACK (Nagle).
 - ``coalesce=False`` writes each message with its own ``send_all``; it exists only so the
   benchmark can show the stall that coalescing prevents.
 """
