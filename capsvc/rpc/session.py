@@ -113,7 +113,7 @@ class RpcSession(CapabilityTables):
         """Bytes framed and not yet taken by the writer (for backpressure)."""
         return self._pending_bytes
 
-    def _send(self, segments: Sequence[bytes | bytearray | memoryview], urgent: bool = True) -> None:
+    def _send(self, segments: Segments, urgent: bool = True) -> None:
         """Queue one message. ``urgent=False`` marks housekeeping (Finish, Release) that the
         peer does not answer: a driver may hold it back to travel with the next message."""
         frame = encode_message(segments)
@@ -401,7 +401,11 @@ class RpcSession(CapabilityTables):
                 self._release_export(export_id, 1)
         if answer.return_sent:
             self._forget_answer(answer)
-        else:
+        elif answer.result.refs <= 1:
+            # Nothing but this answer wants the results: cancel the work (§4 callee step 4).
+            # If something else still does (a pipelined capability of this answer that the
+            # peer passed back to us as receiverAnswer), the call runs on; its Return will
+            # say 'canceled', since the caller finished.
             answer.result.cancel()
 
     # -------------------------------------------------------------- return (receiving)
