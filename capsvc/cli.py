@@ -313,10 +313,13 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("expression", nargs="*", metavar="EXPR", help="an infix expression")
     call.set_defaults(handler=cmd_call)
 
+    from capsvc.nicdriver.cli import add_nic_parser
+
+    add_nic_parser(commands, parents=[common])
+
     # ---- later subcommands go here -------------------------------------------------
-    # `capsvc gen SCHEMA -o DIR`  (typed stubs, capsvc/codegen.py) and
-    # `capsvc nic ...` (the NIC backend) register with commands.add_parser(...) and
-    # set_defaults(handler=...), like serve and call above.
+    # `capsvc gen SCHEMA -o DIR`  (typed stubs, capsvc/codegen.py) registers with
+    # commands.add_parser(...) and set_defaults(handler=...), like serve and call above.
     # ----------------------------------------------------------------------------------
     return parser
 

@@ -10,8 +10,9 @@ the init sequence only, then is stepped by hand). ``population`` frames of 64 by
 
 One iteration is ixy-fwd in both directions: ``rx_batch(batch)`` on port A, touch one byte
 of every packet (ixy-fwd does ``data[1] += 1``), ``tx_batch`` on port B; the same from B to
-A; then each model runs one ``step`` (its TX engine sends what the driver queued, the peer's
-RX engine writes it into the other ring). The driver's calls and the models' steps are timed
+A; then the models step (A, B, A: each TX engine sends what the driver queued, the peer's
+RX engine writes it into the other ring, so every frame is back in a ring for the next
+iteration). The driver's calls and the models' steps are timed
 separately, so two benchmarks come out per batch size:
 
 - ``nic-driver-fwd-bN``: seconds per forwarded packet spent in the driver (the figure to
@@ -106,7 +107,8 @@ class Rig:
                         space.free_batch(bufs[sent:])
             t1 = clock()
             step_a()
-            step_b()
+            step_b()  # transmits B's frames into A's inbox ...
+            step_a()  # ... which A's RX engine writes into A's ring now
             t2 = clock()
             driver += t1 - t0
             model += t2 - t1
@@ -197,9 +199,9 @@ def main() -> None:
             bench = runner.bench_time_func(
                 f"nic-{kind}-b{batch}", func, batch, inner_loops=2 * batch
             )
-            if bench is not None:
+            if bench is not None and not runner.args.worker:
                 results[(kind, batch)] = bench
-    if results and len(results) == 2 * len(BATCHES):
+    if len(results) == 2 * len(BATCHES):
         rows = []
         for batch in BATCHES:
             drv = 1 / statistics.mean(results[("driver-fwd", batch)].get_values()) / 1e6

@@ -19,10 +19,18 @@ poll and its TX doorbells see the device react at once; the driver's poll loop c
 
 The two ports of a co-located pair talk over :class:`DgramWire`: an ``AF_UNIX SOCK_DGRAM``
 socket bound to ``<port>/wire.sock`` that sends to the peer port's socket. A frame thus
-costs one process wake-up, like a TCP segment on loopback. Carrier is always on (the cable
-is plugged); a frame sent while no process drives the peer port is lost, as it would be
-on a powered NIC that nobody has initialised, and the stream protocol retransmits.
-Fault injection (loss, duplication, reordering) wraps the wire as in the other modes.
+costs one process wake-up, like a TCP segment on loopback. An AF_UNIX datagram queue is
+short (``net.unix.max_dgram_qlen``, 10 by default): when the peer's is full, the wire keeps
+the frames in order and retries every 0.2 ms, like a NIC's transmit FIFO. Carrier is
+always on (the cable is plugged); a frame sent while no process drives the peer port is
+lost, as it would be on a powered NIC that nobody has initialised, and the stream protocol
+retransmits. Fault injection (loss, duplication, reordering) wraps the wire as in the
+other modes.
+
+A TX doorbell of a port driven by the trio transport is *deferred*
+(:attr:`~capsvc.nicdriver.mmio.Bar.deferred`): the model's TX engine runs in
+:meth:`ColocatedBar.flush_wakeups`, which the transport calls when trio is about to wait
+for I/O, so the peer process is woken after our own work for this pass is done.
 """
 
 from __future__ import annotations
@@ -30,12 +38,17 @@ from __future__ import annotations
 import errno
 import mmap
 import socket
+import time
+from collections import deque
 from pathlib import Path
 
 from capsvc.nicdriver.link import MAX_FRAME, Wire
 from capsvc.nicdriver.mmio import Doorbell, ModelBar
 
 __all__ = ["ColocatedBar", "DgramWire"]
+
+RETRY = 0.0002  # seconds between attempts while the peer's datagram queue is full
+BACKLOG_LIMIT = 4096
 
 
 class DgramWire(Wire):
@@ -45,6 +58,8 @@ class DgramWire(Wire):
         self.path = own / "wire.sock"
         self.peer = str(peer / "wire.sock")
         self.dropped = 0
+        self._backlog: deque[bytes] = deque()
+        self._retry_at = 0.0
         try:
             self.path.unlink()
         except FileNotFoundError:
@@ -56,17 +71,45 @@ class DgramWire(Wire):
         self.sock.bind(str(self.path))
 
     def send(self, frame: bytes) -> None:
+        backlog = self._backlog
+        if backlog:
+            if len(backlog) >= BACKLOG_LIMIT:
+                self.dropped += 1
+                return
+            backlog.append(frame)
+            self._flush()
+            return
         try:
             self.sock.sendto(frame, self.peer)
-        except OSError as error:  # nobody drives the peer port, or its buffer is full
-            if error.errno not in (
-                errno.ENOENT,
-                errno.ECONNREFUSED,
-                errno.EAGAIN,
-                errno.ENOBUFS,
-            ):
+        except (BlockingIOError, InterruptedError):
+            backlog.append(frame)  # the peer's queue is full: keep order, retry soon
+            self._retry_at = time.monotonic() + RETRY
+        except OSError as error:  # nobody drives the peer port: the frame is lost
+            if error.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOBUFS):
                 raise
             self.dropped += 1
+
+    def _flush(self) -> None:
+        backlog = self._backlog
+        sendto = self.sock.sendto
+        while backlog:
+            try:
+                sendto(backlog[0], self.peer)
+            except (BlockingIOError, InterruptedError):
+                self._retry_at = time.monotonic() + RETRY
+                return
+            except OSError:
+                self.dropped += len(backlog)
+                backlog.clear()
+                return
+            backlog.popleft()
+
+    def next_deadline(self) -> float | None:
+        return self._retry_at if self._backlog else None
+
+    def poll(self, now: float) -> None:
+        if self._backlog and now >= self._retry_at:
+            self._flush()
 
     def receive(self) -> list[bytes]:
         frames = []
@@ -129,19 +172,17 @@ class ColocatedBar(ModelBar):
         return ring
 
     def flush_wakeups(self) -> None:
-        return None  # the poll loop's service() runs the model (it must see RX results)
-
-    @property
-    def needs_service(self) -> bool:
-        """A deferred doorbell waits for :meth:`service`."""
-        return self._wakeup_pending
+        # only the TX engines: frames from the peer stay in the socket, which keeps it
+        # readable, so the poll loop (sleeping on it) still wakes up for them
+        if self._wakeup_pending:
+            self._wakeup_pending = False
+            self.model.transmit_pending()
 
     def _timeout_hint(self) -> str:
         return " (co-located model)"
 
     # the transport's poll loop
     def service(self) -> None:
-        self._wakeup_pending = False
         self.model.step()
 
     def next_deadline(self) -> float | None:

@@ -191,7 +191,7 @@ class IxgbeDevice:
     def reset_and_init(self, *, wait_for_link: bool = True, link_timeout: float = 10.0) -> None:
         """The full init sequence; afterwards the queues run and the port is promiscuous."""
         bar = self.bar
-        log.info("resetting %s", self.address)
+        log.debug("resetting %s", self.address)
         # 1. disable interrupts [4.6.3.1]
         self._disable_interrupts()
         # 2. global reset [4.6.3.2]: RST | LNK_RST, wait until both read 0, then 10 ms
@@ -336,7 +336,7 @@ class IxgbeDevice:
                     "(is a cable or the peer model connected? `capsvc nic status` shows it)"
                 )
             time.sleep(0.01)
-        log.info("%s: link up at %d Mbit/s", self.address, speed)
+        log.debug("%s: link up at %d Mbit/s", self.address, speed)
         return speed
 
     # ------------------------------------------------------------------ statistics

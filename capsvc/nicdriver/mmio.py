@@ -23,7 +23,14 @@ snapshot. It also gives the model *wake-up hints*: when the model says it sleeps
 (``MODEL_SLEEPING`` in the control file), a register write or doorbell pokes the model's
 FIFO, and the driver's poll loop may wait on its own FIFO that the model pokes after an RX
 write-back. These are the model's stand-in for the MSI-X interrupts that real hardware has
-only with VFIO; both sides keep timeouts, so hints only cut latency.
+only with VFIO; both sides keep timeouts, so hints only cut latency. RX tail writes never
+poke (``doorbell(..., urgent=False)``): returning descriptors needs no immediate action.
+An event loop may set :attr:`Bar.deferred`: TX doorbells then only store, and the poke
+happens in :meth:`Bar.flush_wakeups`, which the loop calls just before it blocks, so the
+process it wakes does not compete with the rest of its own work for a CPU.
+:meth:`Bar.service` and :meth:`Bar.next_deadline` let a poll loop run a device that needs
+it (the co-located model of :mod:`capsvc.nicdriver.colocated`); for hardware and the
+process model they do nothing.
 """
 
 from __future__ import annotations
@@ -118,11 +125,6 @@ class Bar:
     def service(self) -> None:
         """Let the device run (a co-located model steps here; hardware runs by itself)."""
         return None
-
-    @property
-    def needs_service(self) -> bool:
-        """Is :meth:`service` due (work a deferred doorbell left)?"""
-        return False
 
     def next_deadline(self) -> float | None:
         """When :meth:`service` has timed work to do (``time.monotonic`` seconds), if ever."""

@@ -28,7 +28,8 @@ What one ``step`` does:
    status dword; then TDH. Counts GPTC, GOTC (+4 per frame for the FCS), QPTC.
 3. RX (spec 2.4) for each frame from the wire: drop unless RXCTRL.RXEN and link up; the
    address filter (broadcast needs BAM, multicast MPE, unicast a match with RAL/RAH(0) or
-   UPE); oversize (> MAXFRS, FCS included, unless HLREG0.JUMBOEN) counts ROC; queue 0. No free
+   UPE); oversize (> MAXFRS, FCS included, unless HLREG0.JUMBOEN) counts ROC, undersize
+   (< 64 bytes with the FCS) counts RUC; queue 0. No free
    descriptor (head == tail, or not enough for the frame): with SRRCTL.DROP_EN drop and count
    QPRDC and RNBC, else hold the frame in a packet buffer of RXPBSIZE(0) bytes and count MPC
    when that is full. Otherwise copy the frame into the slot's buffer (appending a CRC-32 if
@@ -52,6 +53,7 @@ delivers a frame as if it came from the wire, and the fault counters are in
 
 from __future__ import annotations
 
+import mmap
 import os
 import time
 import zlib
@@ -75,6 +77,7 @@ _C = {offset: slot for offset, slot in regs.COUNTER_SLOT.items()}
 S_GPRC = _C[regs.GPRC]
 S_GPTC = _C[regs.GPTC]
 S_ROC = _C[regs.ROC]
+S_RUC = _C[regs.RUC]
 S_MPC0 = _C[regs.MPC(0)]
 S_RNBC0 = _C[regs.RNBC(0)]
 S_QPRC = [_C[regs.QPRC(i)] for i in range(regs.MODEL_QUEUES)]
@@ -122,8 +125,6 @@ class IxgbeModel:
             raise ValueError(f"the model implements 1..{regs.MODEL_QUEUES} queues")
         fd = os.open(bar_path, os.O_RDWR)
         try:
-            import mmap
-
             self._bar_mm = mmap.mmap(fd, regs.BAR0_SIZE, mmap.MAP_SHARED)
         finally:
             os.close(fd)
@@ -206,11 +207,7 @@ class IxgbeModel:
         self._queue_edges()
         if self.wire.next_deadline() is not None:
             self.wire.poll(time.monotonic())
-        if self.link_up and r[regs.DMATXCTL >> 2] & regs.DMATXCTL_TE:
-            i_tdt = self._i_tdt
-            for q in self.txq:
-                if q is not None and q.head != r[i_tdt[q.index]]:
-                    work += self._transmit(q)
+        work += self.transmit_pending()
         frames = self.wire.receive()
         if frames:
             self.faults[Fault.WIRE_RX] += len(frames)
@@ -221,6 +218,19 @@ class IxgbeModel:
                 work += received
                 if self.control.words[ctl.W_DRIVER_SLEEPING]:
                     self._poke_driver()
+        return work
+
+    def transmit_pending(self) -> int:
+        """Only the TX engines (the part of :meth:`step` a TX doorbell asks for)."""
+        if self._paused:
+            return 0
+        r = self.regs
+        work = 0
+        if self.link_up and r[regs.DMATXCTL >> 2] & regs.DMATXCTL_TE:
+            i_tdt = self._i_tdt
+            for q in self.txq:
+                if q is not None and q.head != r[i_tdt[q.index]]:
+                    work += self._transmit(q)
         return work
 
     # ------------------------------------------------------------------ reset (2.3)
@@ -457,6 +467,9 @@ class IxgbeModel:
             r[regs.MAXFRS >> 2] >> 16
         ):
             self.counters[S_ROC] += 1
+            return False
+        if len(frame) < 60:  # under 64 bytes with the FCS: a runt
+            self.counters[S_RUC] += 1
             return False
         return True
 

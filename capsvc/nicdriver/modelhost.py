@@ -48,6 +48,7 @@ from pathlib import Path
 
 from capsvc.nicdriver import control as ctl
 from capsvc.nicdriver import regs
+from capsvc.nicdriver.address import check_name
 from capsvc.nicdriver.control import Control, Fault
 from capsvc.nicdriver.dma import (
     DmaWindow,
@@ -79,17 +80,10 @@ __all__ = [
 
 MODEL_PCI_ADDRESS = "0000:00:10.0"
 DEFAULT_DMA_PAGES = 64  # 128 MiB of sparse arena: rings and a 4096-entry pool use 6 pages
-_NAME_OK = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
 def default_rundir() -> Path:
     return Path(os.environ.get("CAPSVC_NIC_RUNDIR", "/dev/shm/capsvc-nic"))
-
-
-def check_name(name: str) -> str:
-    if not name or not set(name) <= _NAME_OK or name.startswith("."):
-        raise ValueError(f"bad model port name {name!r}: use letters, digits, '_', '.', '-'")
-    return name
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,10 @@ async def open_stream(address: str | Address, *, nodelay: bool = True) -> trio.a
         return FastSocketStream.take_over(await connect_tcp(addr.host, addr.port, nodelay=nodelay))
     if addr.scheme == "unix" and addr.path is not None:
         return FastSocketStream.take_over(await connect_unix(addr.path))
+    if addr.scheme == "nic" and addr.path is not None:
+        from capsvc.transport.nic import connect_nic
+
+        return await connect_nic(addr.path)
     raise ValueError(f"cannot connect to {addr!r}")
 
 
@@ -72,6 +76,10 @@ async def open_listeners(
         listeners.extend(await listen_tcp(addr.host, addr.port, nodelay=nodelay))
     elif addr.scheme == "unix" and addr.path is not None:
         listeners.append(await listen_unix(addr.path))
+    elif addr.scheme == "nic" and addr.path is not None:
+        from capsvc.transport.nic import listen_nic
+
+        return list(await listen_nic(addr.path))
     else:
         raise ValueError(f"cannot listen on {addr!r}")
     return [FastListener(listener) for listener in listeners]
@@ -81,6 +89,10 @@ def listener_address(listener: trio.abc.Listener[trio.abc.Stream]) -> str:
     """The URI ``listener`` is bound to, e.g. ``tcp:127.0.0.1:40123`` after asking for 0."""
     if isinstance(listener, FastListener):
         listener = listener.inner
+    from capsvc.transport.nic import NicListener
+
+    if isinstance(listener, NicListener):
+        return str(listener.address)
     if isinstance(listener, UnixListener):
         return str(Address("unix", path=listener.path))
     if isinstance(listener, TcpListener | trio.SocketListener):

@@ -26,9 +26,8 @@ __all__ = ["Address", "parse_address"]
 
 _RESERVED = {
     "pipe": "pipe: addresses are not supported yet",
-    "nic": "nic: addresses are not supported yet",
 }
-_KNOWN = ("tcp:HOST:PORT", "unix:PATH")
+_KNOWN = ("tcp:HOST:PORT", "unix:PATH", "nic:DEVICE")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +54,8 @@ class Address:
             return f"tcp:{_bracket(self.host or '')}:{self.port}"
         if self.scheme == "unix":
             return f"unix:{self.path}"
+        if self.scheme == "nic":
+            return f"nic:{self.path}"
         return f"{self.scheme}:"
 
 
@@ -74,6 +75,8 @@ def parse_address(text: str) -> Address:
         return _parse_tcp(text, rest)
     if scheme == "unix":
         return _parse_unix(text, rest)
+    if scheme == "nic":
+        return _parse_nic(text, rest)
     if scheme in _RESERVED:
         raise ValueError(f"{_RESERVED[scheme]} (in {text!r})")
     if scheme == "memory":
@@ -132,3 +135,15 @@ def _parse_unix(text: str, rest: str) -> Address:
     if "\0" in rest:
         raise ValueError(f"malformed address {text!r}: a path cannot contain NUL")
     return Address("unix", path=rest)
+
+
+def _parse_nic(text: str, rest: str) -> Address:
+    """``nic:model:NAME`` or ``nic:PCI-ADDRESS``, with ``,key=value`` options
+    (grammar in capsvc.nicdriver.address)."""
+    from capsvc.nicdriver.address import parse_nic_spec  # pure: no trio, no driver
+
+    try:
+        spec = parse_nic_spec(rest)
+    except ValueError as error:
+        raise ValueError(f"malformed address {text!r}: {error}") from None
+    return Address("nic", path=str(spec).removeprefix("nic:"))

@@ -21,17 +21,28 @@ side answers from its MAC and the connection continues unicast. On real hardware
 same with a cable between two ports (or ``peer=MAC`` on a switched network).
 
 Per opened device, one :class:`NicPort` lives in this process (shared by its listener and
-all its connections, released when none is left): the :class:`~capsvc.nicdriver.ixgbe.
-IxgbeDevice` (initialised in a worker thread, since the init sequence blocks for tens of
-milliseconds), a :class:`~capsvc.nicdriver.stream.StreamMux` (the reliable protocol, no I/O)
-and the *poll loop*, a trio system task. The loop receives up to 64 frames per pass, feeds
-them to the mux, runs its timers, transmits what it produced and wakes the tasks whose
-channel changed. It is cooperative: after work it yields once (``checkpoint``); with no work
-it spins a few passes, then sleeps with growing back-off (up to 1 ms on hardware, which has
-no interrupts without VFIO), never past the mux's next timer. On a model port it sleeps on
-the model's wake-up FIFO instead (the model pokes it after an RX write-back; up to 50 ms),
-so an idle connection costs no CPU. Senders transmit directly from ``send_all`` (no
-scheduler round trip) and kick the loop so it re-reads the timers.
+all its connections, closed two seconds after the last one is gone): the
+:class:`~capsvc.nicdriver.ixgbe.IxgbeDevice` (initialised in a worker thread, since the init
+sequence blocks for tens of milliseconds), a :class:`~capsvc.nicdriver.mux.StreamMux` (the
+reliable protocol, no I/O) and the *poll loop*, a trio system task. A pass of the loop
+receives up to 64 frames, feeds them to the mux, runs its timers, transmits what it
+produced and wakes the tasks whose channel changed. The loop is cooperative:
+
+- on hardware (no interrupts without VFIO) it yields once after work, spins 20 passes
+  when idle, then sleeps with exponential back-off up to 1 ms;
+- on a model port it sleeps on the model's wake-up FIFO (the model pokes it after an RX
+  write-back), for up to 50 ms, right after its work (the sleep yields to the woken tasks
+  and returns at once if more frames are waiting);
+
+and never past the mux's next timer, so an idle connection costs no CPU. Senders transmit
+directly from ``send_all`` (no scheduler round trip) and kick the loop only when they
+created a timer earlier than its wake-up. The port's register accessor runs in *deferred*
+mode: a TX doorbell only stores the tail, and a trio instrument pokes the model in
+``before_io_wait``, once this scheduler pass's tasks are done (waking the model while we
+still run would make the two processes compete for one CPU). With a co-located model
+(``capsvc nic start-pair NAME --wire colocated``) the port's model runs in this process:
+the poll loop steps it (``bar.service()``) and sleeps on its wire socket, and the deferred
+TX engine runs in the same ``before_io_wait`` hook.
 
 :class:`NicStream` is a :class:`trio.abc.HalfCloseableStream` (it passes
 ``trio.testing.check_half_closeable_stream``); ``send_all_fast``/``receive_some_fast`` are
@@ -45,19 +56,19 @@ from __future__ import annotations
 
 import logging
 import operator
-import os
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import final
 
 import trio
 
+from capsvc.nicdriver.address import NicSpec, parse_nic_spec
 from capsvc.nicdriver.errors import NicError
 from capsvc.nicdriver.ixgbe import IxgbeDevice
-from capsvc.nicdriver.modelhost import MODEL_PCI_ADDRESS, check_name, find_port
-from capsvc.nicdriver.pci import canonical_address
-from capsvc.nicdriver.stream import BROADCAST, Channel, StreamConfig, StreamMux
+from capsvc.nicdriver.modelhost import MODEL_PCI_ADDRESS, find_port
+from capsvc.nicdriver.mux import StreamMux
+from capsvc.nicdriver.stream import BROADCAST, Channel, StreamConfig
 
 __all__ = [
     "NicListener",
@@ -80,90 +91,21 @@ BACKLOG_LIMIT = 4096
 RECEIVE_DEFAULT = 65536
 
 
-# ----------------------------------------------------------------------------- address
-@dataclass(frozen=True)
-class NicSpec:
-    """A parsed ``nic:`` address."""
-
-    device: str  # "model:NAME" or a canonical PCI address
-    peer: bytes | None = None
-    sysfs: str | None = None
-    rundir: str | None = None
-
-    @property
-    def is_model(self) -> bool:
-        return self.device.startswith("model:")
-
-    def __str__(self) -> str:
-        options = []
-        if self.peer is not None:
-            options.append(f"peer={self.peer.hex(':')}")
-        if self.sysfs is not None:
-            options.append(f"sysfs={self.sysfs}")
-        if self.rundir is not None:
-            options.append(f"rundir={self.rundir}")
-        return ",".join([f"nic:{self.device}", *options])
-
-    def key(self) -> tuple[str, str]:
-        if self.is_model:
-            return (self.device, os.path.abspath(self.rundir or _default_rundir()))
-        return (self.device, os.path.abspath(self.sysfs or "/sys"))
-
-
-def _default_rundir() -> str:
-    return os.environ.get("CAPSVC_NIC_RUNDIR", "/dev/shm/capsvc-nic")
-
-
-def parse_nic_spec(text: str) -> NicSpec:
-    """Parse what follows ``nic:`` (a leading ``nic:`` is accepted too).
-
-    Raises:
-        ValueError: naming what is malformed.
-    """
-    if text.lower().startswith("nic:"):
-        text = text[4:]
-    device, *options = text.split(",")
-    if not device:
-        raise ValueError("malformed nic: address: expected nic:model:NAME or nic:PCI_ADDRESS")
-    if device.startswith("model:"):
-        device = "model:" + check_name(device[6:])
-    else:
-        try:
-            device = canonical_address(device)
-        except ValueError:
-            raise ValueError(
-                f"malformed nic: address {text!r}: expected model:NAME or a PCI address "
-                "such as 0000:03:00.0"
-            ) from None
-    values: dict[str, str] = {}
-    for option in options:
-        key, sep, value = option.partition("=")
-        if not sep or key not in ("peer", "sysfs", "rundir") or not value:
-            raise ValueError(f"unknown nic: option {option!r} (peer=MAC, sysfs=DIR, rundir=DIR)")
-        values[key] = value
-    peer = None
-    if "peer" in values:
-        try:
-            peer = bytes.fromhex(values["peer"].replace(":", "").replace("-", ""))
-        except ValueError:
-            peer = b""
-        if len(peer) != 6:
-            raise ValueError(f"peer={values['peer']} is not a MAC address")
-    return NicSpec(device, peer, values.get("sysfs"), values.get("rundir"))
-
-
 # ----------------------------------------------------------------------------- port
 _PORTS: dict[tuple[str, str], NicPort] = {}
+_OPENING: dict[tuple[str, str], trio.Event] = {}
 
 
 class _FlushBeforeWait(trio.abc.Instrument):
-    """Runs the deferred doorbell wake-ups of every port when trio is about to poll for
-    I/O, i.e. after the tasks of this scheduler pass have finished their work."""
+    """Runs a port's deferred doorbell wake-ups when trio is about to poll for I/O, i.e.
+    after the tasks of this scheduler pass have finished their work (so the process we
+    wake does not have to share our CPU with the rest of our work)."""
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self.flush = flush
 
     def before_io_wait(self, timeout: float) -> None:
-        for port in list(_PORTS.values()):
-            if not port.closed:
-                port.flush_wakeups()
+        self.flush()
 
 
 def _open_device(spec: NicSpec) -> IxgbeDevice:
@@ -204,30 +146,29 @@ class NicPort:
         self._idle_since: float | None = None
         self._has_fd = device.idle_fd() is not None
         device.bar.deferred = True
-        self._bar = device.bar
-        self.flush_wakeups = device.bar.flush_wakeups
-        self._instrument = _FlushBeforeWait()
+        self._instrument = _FlushBeforeWait(device.bar.flush_wakeups)
 
     # ------------------------------------------------------------------ lifetime
     @classmethod
     async def acquire(cls, spec: NicSpec, config: StreamConfig | None = None) -> NicPort:
         """The port for ``spec`` in this process (opened and initialised on first use)."""
         key = spec.key()
+        while (opening := _OPENING.get(key)) is not None:
+            await opening.wait()  # another task is opening this device: share its port
         port = _PORTS.get(key)
         if port is not None and not port.closed:
             port.users += 1
             return port
+        _OPENING[key] = done = trio.Event()
         try:
             device = await trio.to_thread.run_sync(_open_device, spec)
         except NicError:
             raise
         except OSError as error:
             raise NicError(f"cannot open nic:{spec.device}: {error}") from error
-        port = _PORTS.get(key)
-        if port is not None and not port.closed:  # another task won the race
-            device.close()
-            port.users += 1
-            return port
+        finally:
+            del _OPENING[key]
+            done.set()
         port = cls(spec, device, config or StreamConfig())
         port.users += 1
         _PORTS[key] = port
@@ -367,9 +308,9 @@ class NicPort:
             mem[start : start + len(frame)] = frame
             lens.append(len(frame))
         sent = self._txq.tx_batch(bufs, lens) if bufs else 0
-        if self._idle_scope is not None and (self._bar.needs_service or self._rxq.pending()):
-            # a co-located model waits for service() (or ran and received frames while the
-            # poll loop sleeps on a socket it can no longer see readable): wake the loop
+        if self._idle_scope is not None and self._rxq.pending():
+            # a co-located model ran inside the doorbell and received frames while the poll
+            # loop sleeps on a socket it can no longer see readable: wake the loop
             self._idle_scope.cancel()
         if sent < len(bufs):
             pool.free_batch(bufs[sent:])

@@ -5,7 +5,7 @@
   during init (the driver's waits need a concurrent device) and is then stopped, so tests
   step it by hand and stay deterministic.
 - ``model_process``: a model-pair host in a subprocess (real concurrency), for transport
-  tests; yields the port names and the run directory.
+  tests, once per mode (host process, co-located); yields the port names and run directory.
 """
 
 from __future__ import annotations
@@ -125,9 +125,11 @@ class ModelProcess:
             self.process.stdout.close()
 
 
-@pytest.fixture
-def model_process(rundir: Path) -> Iterator[ModelProcess]:
-    host = ModelProcess("m", rundir)
+@pytest.fixture(params=["pair", "colocated"])
+def model_process(rundir: Path, request: pytest.FixtureRequest) -> Iterator[ModelProcess]:
+    """A model pair: run by a host process (``pair``), or ``colocated`` (each port's model
+    runs in the process that opens the port; the host process only owns the files)."""
+    host = ModelProcess("m", rundir, "--wire", request.param)
     try:
         yield host
     finally:

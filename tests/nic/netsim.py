@@ -11,7 +11,8 @@ import heapq
 import random
 from collections.abc import Callable
 
-from capsvc.nicdriver.stream import StreamConfig, StreamMux
+from capsvc.nicdriver.mux import StreamMux
+from capsvc.nicdriver.stream import StreamConfig
 
 MAC_A = b"\x02\0\0\0\0\x0a"
 MAC_B = b"\x02\0\0\0\0\x0b"

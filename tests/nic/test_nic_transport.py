@@ -10,12 +10,14 @@ import random
 import resource
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 import trio
 import trio.testing
 
 from capsvc.nicdriver import regs
+from capsvc.nicdriver.control import Control
 from capsvc.nicdriver.errors import NicError
 from capsvc.nicdriver.pci import list_functions
 from capsvc.nicdriver.stream import StreamConfig
@@ -59,7 +61,7 @@ def test_bad_addresses(text: str) -> None:
         parse_nic_spec(text)
 
 
-async def test_missing_model_port_says_how_to_start_one(rundir: object) -> None:
+async def test_missing_model_port_says_how_to_start_one(rundir: Path) -> None:
     with pytest.raises(NicError, match="capsvc nic start-pair"):
         await connect_nic(f"nic:model:nothere.0,rundir={rundir}")
 
@@ -187,8 +189,8 @@ async def test_idle_connection_does_not_burn_a_core(model_process: ModelProcess)
     await listener.aclose()
 
 
-async def test_a_dead_model_breaks_the_stream(rundir: object) -> None:
-    host = ModelProcess("d", rundir)  # type: ignore[arg-type]
+async def test_a_dead_model_breaks_the_stream(rundir: Path) -> None:
+    host = ModelProcess("d", rundir)
     try:
         server_address, client_address = addresses(host)
         (listener,) = await listen_nic(server_address)
@@ -208,3 +210,80 @@ async def test_a_dead_model_breaks_the_stream(rundir: object) -> None:
         await listener.aclose()
     finally:
         host.stop()
+
+
+@pytest.mark.parametrize(("loss", "dup", "reorder"), [(0.1, 0.05, 0.1), (0.3, 0.2, 0.3)])
+async def test_model_injected_faults_lose_and_double_nothing(
+    rundir: Path, loss: float, dup: float, reorder: float
+) -> None:
+    """Loss, duplication and reordering injected by the model's wire (spec 2.6), end to end
+    through driver, rings and transport; the rates are set while the pair runs."""
+    host = ModelProcess("f", rundir)
+    try:
+        for port in host.ports:
+            control = Control(rundir / port / "control")
+            control.set_fault_rates(loss, dup, reorder)
+            control.close()
+        server_address, client_address = addresses(host)
+        (listener,) = await listen_nic(server_address)
+        assert isinstance(listener, NicListener)
+        client, server = await open_pair(listener, client_address)
+        data = random.Random(7).randbytes(150_000)
+
+        async def pump(stream: NicStream, payload: bytes) -> None:
+            await stream.send_all(payload)
+            await stream.send_eof()
+
+        async def drain(stream: NicStream, expected: bytes) -> None:
+            got = bytearray()
+            while chunk := await stream.receive_some():
+                got += chunk
+            assert got == expected
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pump, client, data)
+                nursery.start_soon(drain, server, data)
+                nursery.start_soon(pump, server, data[::-1])
+                nursery.start_soon(drain, client, data[::-1])
+        faults = Control(rundir / host.ports[1] / "control")
+        counts = faults.fault_dict()
+        faults.close()
+        assert counts["injected_loss"] > 0
+        assert counts["injected_dup"] > 0
+        assert counts["injected_reorder"] > 0
+        assert client.channel.retransmits > 0
+        await client.aclose()
+        await server.aclose()
+        await listener.aclose()
+    finally:
+        host.stop()
+
+
+async def test_concurrent_opens_share_one_device(model_process: ModelProcess) -> None:
+    server_address, client_address = addresses(model_process)
+    (listener,) = await listen_nic(server_address)
+    assert isinstance(listener, NicListener)
+    clients: list[NicStream] = []
+    servers: list[NicStream] = []
+
+    async def connect() -> None:
+        clients.append(await connect_nic(client_address))
+
+    async def accept() -> None:
+        servers.append(await listener.accept())
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(connect)
+                nursery.start_soon(accept)
+    assert len({client.port for client in clients}) == 1  # one device, opened once
+    by_conn = {server.channel.conn: server for server in servers}
+    with trio.fail_after(10):
+        for client in clients:
+            await client.send_all(b"hello")
+            assert await by_conn[client.channel.conn].receive_some() == b"hello"
+    for stream in clients + servers:
+        await stream.aclose()
+    await listener.aclose()

@@ -110,3 +110,22 @@ def test_real_sysfs_listing_is_read_only() -> None:
         if function.vendor == regs.VIRTIO_VENDOR:
             assert not function.allowed
             assert function.refusal() is not None
+
+
+def test_the_driver_package_imports_neither_trio_nor_the_rpc_layer() -> None:
+    """DESIGN.md: capsvc/nicdriver never imports capsvc.rpc; trio only in the transport."""
+    import ast
+
+    package = Path(__file__).resolve().parents[2] / "capsvc" / "nicdriver"
+    for module in package.glob("*.py"):
+        tree = ast.parse(module.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert not name.startswith("trio"), f"{module.name} imports {name}"
+                assert not name.startswith("capsvc.rpc"), f"{module.name} imports {name}"
+                assert name != "capsvc" or isinstance(node, ast.ImportFrom), module.name

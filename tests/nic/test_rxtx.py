@@ -199,3 +199,10 @@ def test_mempools_never_assume_contiguous_pages(pair: Pair) -> None:
     for buf in (pool.base, pool.base + 1023, pool.base + 1024, pool.base + 4095):
         index = buf - pool.base
         assert phys[buf] == pages[index * 2048 >> 21] + (index * 2048 & 0x1FFFFF) + 64
+
+
+def test_runts_count_ruc(pair: Pair) -> None:
+    pair.mb.inject(pair.b.mac + pair.a.mac + ETHERTYPE + b"tiny")  # 18 bytes, no padding
+    pair.step()
+    assert receive(pair) == []
+    assert pair.mb.counter(regs.RUC) == 1
