@@ -134,6 +134,14 @@ def _near_struct(segment: Any, word: int) -> tuple[int, int, int] | None:
     return start, data_words, pointers
 
 
+def _message_body(segment: Any) -> tuple[int, int, int] | None:
+    """The struct the Message union points at (Call, Return...), if it is near and sane."""
+    root = _near_struct(segment, 0)
+    if root is None or root[2] < 1:
+        return None
+    return _near_struct(segment, root[0] + root[1])
+
+
 class CallHeader:
     """What the engine reads from a Call before dispatching it."""
 
@@ -160,13 +168,10 @@ class CallHeader:
 def read_call_header(segments: Sequence[bytes | bytearray | memoryview]) -> CallHeader | None:
     """The Call's header fields, or None to say "read it with pycapnp instead"."""
     segment = segments[0]
-    root = _near_struct(segment, 0)
-    if root is None or root[2] < 1:
+    body = _message_body(segment)
+    if body is None:
         return None
-    call = _near_struct(segment, root[0] + root[1])
-    if call is None:
-        return None
-    data, data_words, pointers = call
+    data, data_words, pointers = body
     if data_words < 3 or pointers < 2:
         return None
     base = data * 8
@@ -213,13 +218,10 @@ class ReturnHeader:
 def read_return_header(segments: Sequence[bytes | bytearray | memoryview]) -> ReturnHeader | None:
     """The Return's header fields, or None to say "read it with pycapnp instead"."""
     segment = segments[0]
-    root = _near_struct(segment, 0)
-    if root is None or root[2] < 1:
+    body = _message_body(segment)
+    if body is None:
         return None
-    found = _near_struct(segment, root[0] + root[1])
-    if found is None:
-        return None
-    data, data_words, pointers = found
+    data, data_words, pointers = body
     if data_words < 1 or pointers < 1:
         return None
     base = data * 8
