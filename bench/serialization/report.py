@@ -205,9 +205,15 @@ def main(argv: Sequence[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m bench.serialization report")
     parser.add_argument("results", help="pyperf JSON written by `run -o`")
+    parser.add_argument("--charts", metavar="DIR", help="also write PNG charts into DIR")
     args = parser.parse_args(argv)
     suite = pyperf.BenchmarkSuite.load(args.results)
     print(render(suite))
+    if args.charts:
+        from bench.serialization.charts import write_charts
+
+        for path in write_charts(suite, args.charts):
+            print(f"chart: {path}")
     return 0
 
 

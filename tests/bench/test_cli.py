@@ -70,9 +70,13 @@ def test_smoke_run_compare_to_and_report(tmp_path: Path) -> None:
     compared = _run("-m", "pyperf", "compare_to", str(results), str(results), "--table")
     assert compared.returncode == 0, compared.stdout + compared.stderr
     assert "eval/pipe/none/capnp" in compared.stdout
-    report = _run("-m", "bench.serialization", "report", str(results))
+    charts = tmp_path / "charts"
+    report = _run("-m", "bench.serialization", "report", str(results), "--charts", str(charts))
     assert report.returncode == 0, report.stderr
     assert "| carsales | bytes | packed |" in report.stdout
+    for benchmark in ("carsales", "catrank", "eval"):
+        png = (charts / f"serialization-{benchmark}.png").read_bytes()
+        assert png.startswith(b"\x89PNG")
     assert "catrank/pipe/packed/capnp-direct" in names
     assert "| eval | pipe-async | none |" in report.stdout
 
