@@ -19,6 +19,7 @@ from capsvc.connection import Connection
 from capsvc.framing import FramingLimits
 from capsvc.rpc.hooks import Hook
 from capsvc.transport import listener_address, open_listeners, open_stream
+from capsvc.transport.busypoll import DEFAULT_BUDGET
 
 log = logging.getLogger("capsvc")
 
@@ -37,6 +38,7 @@ async def connect(
     nodelay: bool = True,
     limits: FramingLimits | None = None,
     coalesce: bool = True,
+    busy_poll: float | None = DEFAULT_BUDGET,
 ) -> AsyncIterator[Connection]:
     """Connect to ``address`` (``tcp:HOST:PORT`` or ``unix:PATH``) for the block's duration.
 
@@ -45,10 +47,13 @@ async def connect(
         nodelay: TCP_NODELAY (on by default; coalesced writes make it matter little).
         limits: framing and traversal limits for what the peer sends.
         coalesce: write each scheduler pass's messages at once (off only for experiments).
+        busy_poll: how long (seconds) to keep polling for the peer's next message before
+            sleeping, when recent messages came that fast (capsvc.transport.busypoll);
+            None never polls.
     """
     stream = await open_stream(address, nodelay=nodelay)
     async with open_connection(
-        stream, bootstrap=bootstrap, limits=limits, coalesce=coalesce
+        stream, bootstrap=bootstrap, limits=limits, coalesce=coalesce, busy_poll=busy_poll
     ) as conn:
         yield conn
 
@@ -60,9 +65,12 @@ async def open_connection(
     bootstrap: Any = None,
     limits: FramingLimits | None = None,
     coalesce: bool = True,
+    busy_poll: float | None = DEFAULT_BUDGET,
 ) -> AsyncIterator[Connection]:
     """Run an RPC connection over an already open stream for the block's duration."""
-    conn = Connection(stream, _bootstrap_hook(bootstrap), limits=limits, coalesce=coalesce)
+    conn = Connection(
+        stream, _bootstrap_hook(bootstrap), limits=limits, coalesce=coalesce, busy_poll=busy_poll
+    )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(conn.run)
         try:
@@ -79,9 +87,10 @@ async def serve(
     nodelay: bool = True,
     limits: FramingLimits | None = None,
     coalesce: bool = True,
+    busy_poll: float | None = DEFAULT_BUDGET,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``bootstrap`` on ``address`` until cancelled.
+    """Serve ``bootstrap`` on ``address`` until cancelled (options as for ``connect``).
 
     ``task_status.started`` receives the address actually bound (``tcp:127.0.0.1:40123``
     when port 0 was asked), so ``await nursery.start(capsvc.serve, ...)`` returns it.
@@ -92,7 +101,11 @@ async def serve(
 
     async def handle(stream: trio.abc.Stream) -> None:
         conn = Connection(
-            stream, hook.add_ref() if hook is not None else None, limits=limits, coalesce=coalesce
+            stream,
+            hook.add_ref() if hook is not None else None,
+            limits=limits,
+            coalesce=coalesce,
+            busy_poll=busy_poll,
         )
         try:
             await conn.run()

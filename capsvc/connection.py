@@ -38,6 +38,8 @@ from capsvc.flusher import current_flusher
 from capsvc.framing import FrameDecoder, FramingLimits
 from capsvc.rpc.hooks import Hook
 from capsvc.rpc.session import RpcSession
+from capsvc.runtime import delivery_flag
+from capsvc.transport.busypoll import DEFAULT_BUDGET, BusyPoll
 
 log = logging.getLogger("capsvc")
 
@@ -74,6 +76,7 @@ class Connection:
         coalesce: bool = True,
         max_buffered: int = DEFAULT_MAX_BUFFERED,
         name: str = "connection",
+        busy_poll: float | None = DEFAULT_BUDGET,
     ) -> None:
         self.stream = stream
         self.limits = limits or FramingLimits()
@@ -101,6 +104,10 @@ class Connection:
         # HOLD_HOUSEKEEPING seconds) so that it travels with the next message.
         self._hold_housekeeping = coalesce and _nagle_is_on(stream)
         self._urgent_output = trio.Event()
+        # Poll briefly for the peer's next message instead of sleeping, while that pays
+        # (capsvc.transport.busypoll); only streams over a plain socket support it.
+        if busy_poll is not None and hasattr(stream, "busy_poll"):
+            stream.busy_poll = BusyPoll(busy_poll)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -143,10 +150,14 @@ class Connection:
         session = self.session
         decoder = self._decoder
         receive_some = getattr(self.stream, "receive_some_fast", self.stream.receive_some)
+        flag = delivery_flag()
+        since_yield = 0  # messages delivered since the reader last let other tasks run
         while True:
-            if self.session.pending_bytes > self.max_buffered:
+            if session.pending_bytes > self.max_buffered:
                 await self._wait_drained()
             try:
+                # The fast receive parks only when nothing is waiting: a Call answered
+                # inline has its Return flushed at the end of this very pass.
                 data = await receive_some(65536)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
                 self.close_reason = Disconnected(f"connection lost: {error!r}")
@@ -155,17 +166,23 @@ class Connection:
                 decoder.feed_eof()
             else:
                 decoder.feed(data)
+            handed_off = flag.handed_off
             try:
-                delivered = 0
                 while (segments := decoder.next_message()) is not None:
-                    session.receive(segments)
+                    flag.delivering = True
+                    try:
+                        session.receive(segments)
+                    finally:
+                        flag.delivering = False
                     if session.closed is not None:
                         break
-                    delivered += 1
-                    if delivered % self.messages_per_pass == 0:
+                    since_yield += 1
+                    if since_yield >= self.messages_per_pass:
                         # Let what was delivered run and its replies leave (end of this
                         # pass) before delivering more: the peer starts on the first replies
-                        # while we work on the rest, instead of both sides taking turns.
+                        # while we work on the rest, and the output bound above sees what
+                        # they produced.
+                        since_yield = 0
                         await trio.lowlevel.cancel_shielded_checkpoint()
             except FramingError as error:
                 session.abort(str(error))
@@ -177,9 +194,12 @@ class Connection:
             if not data:
                 self.close_reason = Disconnected("peer closed the connection")
                 return
-            # Let the calls just delivered run (and queue their replies) before reading
-            # more, so that the output bound above sees what they produce.
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            if flag.handed_off != handed_off:
+                # Calls went to worker tasks: let them run (and queue their replies) before
+                # reading more, so that the output bound above sees what they produce. A
+                # call answered inline needs no such pass: its Return is already queued.
+                since_yield = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
 
     # ------------------------------------------------------------------ writing
     def _on_output(self) -> None:

@@ -10,13 +10,14 @@ the caller finishes the question early (rpc-protocol.md §4, callee step 4).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import trio
 
 from capsvc.errors import Failed, RpcError, Unimplemented
 from capsvc.rpc.hooks import CallResult, LocalServerHook, OutgoingCall
+from capsvc.rpc.payload import BuiltPayload
 
 log = logging.getLogger("capsvc")
 
@@ -56,13 +57,67 @@ class TrioExecutor:
     "its" call: it takes the call at the head of the hook's queue. Whatever order the tasks
     run in, method bodies begin in the order the calls arrived (rpc-protocol.md §13.1,
     §13.3), in the same scheduler pass, and then run concurrently, as in C++.
+
+    A plain (non-async) method that a connection's reader delivers runs at once instead
+    (capsvc.server), when no earlier call to the same object is waiting to begin: its
+    Return then leaves at the end of the pass that read the Call.
     """
 
     def start(self, hook: LocalServerHook, call: OutgoingCall) -> None:
         # The running call keeps an uncounted link to its result (see OutgoingCall), so a
         # caller that drops every reference cancels it.
         call.result.release()
-        _pool().run(hook)
+        pool = _pool()
+        if (
+            pool.delivering
+            and len(hook.pending) == 1
+            and hook.server._runs_inline(call.interface_id, call.method_id)
+        ):
+            hook.pending.popleft()
+            _run_inline(hook.server, call)
+        else:
+            pool.run(hook)
+
+
+class DeliveryFlag(Protocol):
+    #: Set by a connection's reader while it delivers incoming messages: calls to plain
+    #: methods made meanwhile may run inline. Calls made by local code never do (a local
+    #: caller must not find the callee running inside its own call).
+    delivering: bool
+    #: Calls handed to worker tasks so far (a reader that handed some off yields, so that
+    #: they run and its output bound sees what they produce).
+    handed_off: int
+
+
+def delivery_flag() -> DeliveryFlag:
+    """The flag of the running trio loop (one per loop, shared by its connections)."""
+    return _pool()
+
+
+def _run_inline(server: Any, call: OutgoingCall) -> None:
+    result = call.result
+    if result.done or result.refs <= 0:
+        call.params.release()
+        return
+    try:
+        outcome = server._dispatch_inline(call.interface_id, call.method_id, call.params)
+    except Exception as error:
+        _fail(result, server, call, error)
+        call.params.release()
+        return
+    if isinstance(outcome, BuiltPayload):
+        result.set_result(outcome)
+        call.params.release()
+    else:  # an awaitable after all: finish it in a task of its own
+        trio.lowlevel.spawn_system_task(_run_call, server, call, outcome, name="capsvc call")
+
+
+def _fail(result: CallResult, server: Any, call: OutgoingCall, error: Exception) -> None:
+    if isinstance(error, RpcError):
+        result.set_error(error)
+        return
+    log.info("%s.%s raised %r", type(server).__name__, call.method_id, error)
+    result.set_error(Failed(f"{type(error).__name__}: {error}"))
 
 
 class _WorkerPool:
@@ -75,10 +130,14 @@ class _WorkerPool:
     MAX_IDLE = 64
 
     def __init__(self) -> None:
+        #: True while a connection's reader delivers messages (see ``delivering``).
+        self.delivering = False
+        self.handed_off = 0
         self.idle: list[trio.lowlevel.Task] = []
         self.assigned: dict[trio.lowlevel.Task, LocalServerHook] = {}
 
     def run(self, hook: LocalServerHook) -> None:
+        self.handed_off += 1
         if self.idle:
             worker = self.idle.pop()
             self.assigned[worker] = hook
@@ -119,21 +178,24 @@ def _pool() -> _WorkerPool:
 
 async def _run_next_call(hook: LocalServerHook) -> None:
     call = hook.pending.popleft()
-    result = call.result
+    if call.result.done or call.result.refs <= 0:
+        call.params.release()
+        return  # cancelled before it started
     server = hook.server
+    await _run_call(server, call, server._dispatch(call.interface_id, call.method_id, call.params))
+
+
+async def _run_call(server: Any, call: OutgoingCall, work: Awaitable[BuiltPayload]) -> None:
+    """Await ``work`` (the method's results) with a cancel scope the caller's Finish can
+    trigger (rpc-protocol.md §4, callee step 4), and settle the call's result."""
+    result = call.result
     try:
-        if result.done or result.refs <= 0:
-            return  # cancelled before it started
         with trio.CancelScope() as scope:
             result.set_canceller(scope.cancel)
             try:
-                payload = await server._dispatch(call.interface_id, call.method_id, call.params)
-            except RpcError as error:
-                result.set_error(error)
-                return
+                payload = await work
             except Exception as error:
-                log.info("%s.%s raised %r", type(server).__name__, call.method_id, error)
-                result.set_error(Failed(f"{type(error).__name__}: {error}"))
+                _fail(result, server, call, error)
                 return
             result.set_result(payload)
         if scope.cancelled_caught:

@@ -142,9 +142,18 @@ def test_address_is_parsed() -> None:
     assert str(parse_address("tcp:127.0.0.1:4000")) == "tcp:127.0.0.1:4000"
 
 
-async def test_output_stays_bounded_when_the_peer_stops_reading() -> None:
+class PlainTester(Tester):
+    """Tester whose echo is a plain method: answered inline by the reader (capsvc.server)."""
+
+    def echo(self, params: object, results: object) -> str:  # type: ignore[override]
+        return params.msg  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.mark.parametrize("tester", [Tester, PlainTester])
+async def test_output_stays_bounded_when_the_peer_stops_reading(tester: type[Tester]) -> None:
     """A peer that floods calls but never reads its replies cannot make us buffer without
-    bound: once the output passes max_buffered the reader stops reading (backpressure)."""
+    bound: once the output passes max_buffered the reader stops reading (backpressure),
+    whether the calls run in worker tasks or inline."""
     from capsvc.framing import encode_message
     from capsvc.rpc import wire
 
@@ -169,7 +178,7 @@ async def test_output_stays_bounded_when_the_peer_stops_reading() -> None:
     flood = b"".join(frames)  # ~24 MB of calls whose replies are as large
     async with trio.open_nursery() as nursery:
         raw = await trio.open_tcp_stream("127.0.0.1", port)
-        server = Connection(await listeners[0].accept(), Tester()._new_hook(), max_buffered=limit)
+        server = Connection(await listeners[0].accept(), tester()._new_hook(), max_buffered=limit)
         nursery.start_soon(server.run)
         highest = 0
 

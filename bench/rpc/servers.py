@@ -107,14 +107,16 @@ def run_capsvc_server(listen: str, *, nodelay: bool, coalesce: bool) -> None:
 
     schema = capsvc.load_schema(BENCH_ECHO_SCHEMA, check=False)
 
+    # Plain methods: an echo never waits, so it runs inline in the connection's reader
+    # (capsvc.server). pycapnp's peer has no such option (its methods must be coroutines).
     class BenchEchoServer(capsvc.Server, interface=schema.BenchEcho):
-        async def ping(self, params: Any, results: Any) -> None:
+        def ping(self, params: Any, results: Any) -> None:
             results.reply = params.msg
 
-        async def pingData(self, params: Any, results: Any) -> None:
+        def pingData(self, params: Any, results: Any) -> None:
             results.data = params.data
 
-        async def pingCap(self, params: Any, results: Any) -> None:
+        def pingCap(self, params: Any, results: Any) -> None:
             results.reply = params.msg
             results.cap = self
 

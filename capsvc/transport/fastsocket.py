@@ -22,6 +22,9 @@ from typing import Any, final
 
 import trio
 
+from capsvc.transport import busypoll
+from capsvc.transport.busypoll import BusyPoll
+
 _YIELD_EVERY = 16
 _BUFFER_SIZE = 65536
 
@@ -38,6 +41,8 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
         self._closed = False
         self._eof_sent = False
         self._streak = 0
+        #: Adaptive busy polling of receives (None: always sleep until readable).
+        self.busy_poll: BusyPoll | None = None
 
     @classmethod
     def take_over(cls, stream: trio.SocketStream) -> FastSocketStream:
@@ -121,16 +126,50 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
             if self._streak >= _YIELD_EVERY:
                 self._streak = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
-            while True:
-                try:
-                    return self.socket.recv(max_bytes or _BUFFER_SIZE)
-                except BlockingIOError:
-                    self._streak = 0
-                    await trio.lowlevel.wait_readable(self.socket)
-                except OSError as error:
-                    raise self._translate(error) from error
+            size = max_bytes or _BUFFER_SIZE
+            try:
+                return self.socket.recv(size)
+            except BlockingIOError:
+                self._streak = 0
+            except OSError as error:
+                raise self._translate(error) from error
+            return await self._wait_and_receive(size)
         finally:
             self._receiving = False
+
+    async def _wait_and_receive(self, size: int) -> bytes:
+        """Nothing is waiting: poll for a while (capsvc.transport.busypoll) or sleep."""
+        poll = self.busy_poll
+        if poll is None:
+            return await self._sleep_and_receive(size)
+        if poll.should_poll():
+            deadline = busypoll.now() + poll.budget
+            while True:
+                # One zero-timeout scheduler pass: other tasks run, output is flushed.
+                await trio.lowlevel.checkpoint()
+                try:
+                    data = self.socket.recv(size)
+                except BlockingIOError:
+                    if busypoll.now() >= deadline or not poll.yield_cpu():
+                        # Out of budget, or another process wants this CPU: sleep.
+                        poll.polled(found=False)
+                        break
+                    continue
+                except OSError as error:
+                    raise self._translate(error) from error
+                poll.polled(found=True)
+                return data
+        return await self._sleep_and_receive(size)
+
+    async def _sleep_and_receive(self, size: int) -> bytes:
+        while True:
+            await trio.lowlevel.wait_readable(self.socket)
+            try:
+                return self.socket.recv(size)
+            except BlockingIOError:
+                continue
+            except OSError as error:
+                raise self._translate(error) from error
 
     async def aclose(self) -> None:
         if not self._closed:
