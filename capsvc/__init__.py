@@ -27,3 +27,4 @@ from capsvc.errors import Unimplemented as Unimplemented
 from capsvc.framing import FramingLimits as FramingLimits
 from capsvc.schema import load_schema as load_schema
 from capsvc.server import Server as Server
+from capsvc.transport.busypoll import DEFAULT_BUSY_POLL as DEFAULT_BUSY_POLL

@@ -93,7 +93,10 @@ def _server(args: argparse.Namespace) -> int:
 
     if args.impl == "capsvc":
         servers.run_capsvc_server(
-            args.listen, nodelay=not args.no_nodelay, coalesce=not args.no_coalesce
+            args.listen,
+            nodelay=not args.no_nodelay,
+            coalesce=not args.no_coalesce,
+            busy_poll=not args.no_busy_poll,
         )
     else:
         servers.run_raw_server(args.listen)
@@ -161,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="tcp:127.0.0.1:0")
     p.add_argument("--no-nodelay", action="store_true")
     p.add_argument("--no-coalesce", action="store_true")
+    p.add_argument("--no-busy-poll", action="store_true")
     p.set_defaults(func=_server)
     p = sub.add_parser("nagle-client", help="(internal) one Nagle case's client")
     p.add_argument("--connect", required=True)

@@ -210,12 +210,14 @@ class CapsvcClient(_TrioClient):
         nodelay: bool = True,
         coalesce: bool = True,
         pause: float = 0.0,
+        busy_poll: bool = True,
     ) -> None:
         super().__init__(address, concurrency, payload)
         self.method = method
         self.pause = pause  # seconds each caller sleeps after each call (Nagle experiment)
         self.nodelay = nodelay
         self.coalesce = coalesce
+        self.busy_poll = busy_poll
         self.connection: Any = None
 
     def session(self) -> Any:
@@ -231,7 +233,10 @@ class CapsvcClient(_TrioClient):
         async def connected() -> Any:
             schema = capsvc.load_schema(BENCH_ECHO_SCHEMA, check=False)
             async with capsvc.connect(
-                self.address, nodelay=self.nodelay, coalesce=self.coalesce
+                self.address,
+                nodelay=self.nodelay,
+                coalesce=self.coalesce,
+                busy_poll=capsvc.DEFAULT_BUSY_POLL if self.busy_poll else None,
             ) as conn:
                 self.connection = conn
                 message = self.message
@@ -485,6 +490,8 @@ def make_client(
     """A not yet started client of implementation ``impl`` (capsvc, pycapnp, raw)."""
     if impl == "capsvc":
         return CapsvcClient(address, concurrency, payload, **options)
+    if impl == "capsvc-nopoll":
+        return CapsvcClient(address, concurrency, payload, busy_poll=False, **options)
     if options:
         raise ValueError(f"{impl} client takes no options {sorted(options)}")
     if impl == "pycapnp":

@@ -45,6 +45,7 @@ LOAD_TITLES = {
 COLOURS = {
     "capsvc-tcp": "#1f77b4",
     "capsvc-unix": "#6baed6",
+    "capsvc-tcp-nopoll": "#9ecae1",
     "pycapnp": "#d62728",
     "raw-trio": "#2ca02c",
     "raw-trio-unix": "#98df8a",
@@ -140,6 +141,12 @@ def _throughput_tables(results: Results, pairings: list[str], loads: list[str], 
     ratios = [
         ("capsvc→capsvc TCP ÷ pycapnp→pycapnp, calls/s", "capsvc-tcp", "pycapnp", _calls),
         ("capsvc→capsvc Unix ÷ pycapnp→pycapnp, calls/s", "capsvc-unix", "pycapnp", _calls),
+        (
+            "capsvc→capsvc TCP, busy polling off ÷ pycapnp→pycapnp, calls/s",
+            "capsvc-tcp-nopoll",
+            "pycapnp",
+            _calls,
+        ),
         ("capsvc client (→ pycapnp) ÷ pycapnp→pycapnp", "capsvc-to-pycapnp", "pycapnp", _calls),
         ("capsvc server (pycapnp →) ÷ pycapnp→pycapnp", "pycapnp-to-capsvc", "pycapnp", _calls),
         ("capsvc→capsvc TCP ÷ raw trio ceiling, calls/s", "capsvc-tcp", "raw-trio", _calls),

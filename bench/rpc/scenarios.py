@@ -37,6 +37,7 @@ class ServerKind:
     transport: str  # "tcp" | "unix"
     nodelay: bool = True
     coalesce: bool = True
+    busy_poll: bool = True  # capsvc's adaptive busy polling (capsvc.transport.busypoll)
 
 
 SERVER_KINDS: dict[str, ServerKind] = {
@@ -44,6 +45,7 @@ SERVER_KINDS: dict[str, ServerKind] = {
     for kind in (
         ServerKind("capsvc-tcp", "capsvc", "tcp"),
         ServerKind("capsvc-unix", "capsvc", "unix"),
+        ServerKind("capsvc-tcp-nopoll", "capsvc", "tcp", busy_poll=False),
         ServerKind("pycapnp-tcp", "pycapnp", "tcp"),
         ServerKind("raw-tcp", "raw", "tcp"),
         ServerKind("raw-unix", "raw", "unix"),
@@ -73,6 +75,13 @@ PAIRINGS: dict[str, Pairing] = {
         Pairing("pycapnp", "pycapnp", "pycapnp-tcp", "pycapnp → pycapnp, TCP", "reference"),
         Pairing("raw-trio", "raw", "raw-tcp", "raw trio ping-pong, TCP", "ceiling"),
         Pairing("capsvc-unix", "capsvc", "capsvc-unix", "capsvc → capsvc, Unix", "capsvc"),
+        Pairing(
+            "capsvc-tcp-nopoll",
+            "capsvc-nopoll",
+            "capsvc-tcp-nopoll",
+            "capsvc → capsvc, TCP, busy polling off",
+            "capsvc",
+        ),
         Pairing("raw-trio-unix", "raw", "raw-unix", "raw trio ping-pong, Unix", "ceiling"),
         Pairing("capsvc-to-pycapnp", "capsvc", "pycapnp-tcp", "capsvc → pycapnp, TCP", "interop"),
         Pairing("pycapnp-to-capsvc", "pycapnp", "capsvc-tcp", "pycapnp → capsvc, TCP", "interop"),
@@ -109,6 +118,7 @@ SMOKE = (
     "pycapnp/c12-16B",
     "raw-trio/c1-4KiB",
     "capsvc-unix/c12-16B",
+    "capsvc-tcp-nopoll/c1-16B",
     "raw-trio-unix/c12-16B",
     "capsvc-to-pycapnp/c1-4KiB",
     "pycapnp-to-capsvc/c1-16B",

@@ -97,7 +97,9 @@ def _toggle_profiler(profiler: Any) -> Any:
     return None
 
 
-def run_capsvc_server(listen: str, *, nodelay: bool, coalesce: bool) -> None:
+def run_capsvc_server(
+    listen: str, *, nodelay: bool, coalesce: bool, busy_poll: bool = True
+) -> None:
     """The capsvc BenchEcho server (blocks until SIGTERM/SIGINT)."""
     import gc
 
@@ -124,7 +126,12 @@ def run_capsvc_server(listen: str, *, nodelay: bool, coalesce: bool) -> None:
 
     async def start(task_status: Any) -> None:
         await capsvc.serve(
-            listen, server, nodelay=nodelay, coalesce=coalesce, task_status=task_status
+            listen,
+            server,
+            nodelay=nodelay,
+            coalesce=coalesce,
+            busy_poll=capsvc.DEFAULT_BUSY_POLL if busy_poll else None,
+            task_status=task_status,
         )
 
     def writes() -> int:
@@ -237,6 +244,8 @@ class ServerProcess:
             command.append("--no-nodelay")
         if not kind.coalesce:
             command.append("--no-coalesce")
+        if not kind.busy_poll:
+            command.append("--no-busy-poll")
         return command
 
     def start(self) -> ServerProcess:
