@@ -29,7 +29,7 @@ async def wait_result(result: CallResult, on_cancel: Callable[[], None] | None =
     until the writer has drained it (backpressure: DESIGN.md, "Buffered framing").
     """
     driver = getattr(result.origin, "driver", None)
-    if driver is not None:
+    if driver is not None and driver.session.pending_bytes > driver.max_buffered:
         await driver.wait_writable()
     if result.done:
         await trio.lowlevel.checkpoint()
