@@ -19,14 +19,21 @@ A payload owns one reference to each of its hooks; ``release()`` drops them (rpc
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import capnp.lib.capnp as capnp_lib
+
 from capsvc.errors import Failed, LocalProtocolError, RemoteProtocolError
+from capsvc.framing import DEFAULT_LIMITS
 from capsvc.rpc import pointers, wire
 from capsvc.rpc.hooks import BrokenHook, Hook, Path
 
 Segments = Sequence[bytes | bytearray | memoryview]
+
+_WORD = struct.Struct("<Q")
+_DEFAULT_LIMITS = (DEFAULT_LIMITS.traversal_limit_words, DEFAULT_LIMITS.nesting_limit)
 
 
 class Payload:
@@ -148,9 +155,24 @@ class BuiltPayload(Payload):
 
 
 class ReceivedPayload(Payload):
-    """Content inside a received message; ``caps`` came from its capTable."""
+    """Content inside a received message; ``caps`` came from its capTable.
 
-    __slots__ = ("_content_location", "_payload_reader", "content_path", "message", "segments")
+    ``message``, the pycapnp reader of the whole message, may be None: it is then made
+    when first needed (with ``limits``: traversal words, nesting). When the engine's raw
+    header reader already found the content pointer (``content_word``, a word of segment
+    0), ``content`` reads the content without it, from a copy of the message re-rooted at
+    that pointer (see ``reroot``).
+    """
+
+    __slots__ = (
+        "_content_location",
+        "_content_word",
+        "_limits",
+        "_payload_reader",
+        "content_path",
+        "message",
+        "segments",
+    )
 
     def __init__(
         self,
@@ -159,12 +181,17 @@ class ReceivedPayload(Payload):
         content_path: Path,
         caps: list[Hook | None],
         payload_reader: Any = None,
+        *,
+        content_word: int = -1,
+        limits: tuple[int, int] = _DEFAULT_LIMITS,
     ) -> None:
         super().__init__()
         self.segments = segments
-        self.message = message  # the pycapnp Message reader over ``segments``
+        self.message = message
         self.content_path = content_path
         self._payload_reader = payload_reader
+        self._content_word = content_word
+        self._limits = limits
         self.caps = caps
         self._content_location: pointers.Location | None = (
             pointers.follow(segments, pointers.ROOT, content_path) if caps else None
@@ -192,13 +219,67 @@ class ReceivedPayload(Payload):
         it before the method reads its params)."""
         reader = self._payload_reader
         if reader is None:
-            body = self.message.call if self.content_path == wire.CALL_CONTENT_PATH else None
-            reader = body.params if body is not None else getattr(self.message, "return").results
+            message = self.message
+            if message is None:
+                message = self.message = wire.read_message(
+                    self.segments,
+                    traversal_limit_words=self._limits[0],
+                    nesting_limit=self._limits[1],
+                )
+            body = message.call if self.content_path == wire.CALL_CONTENT_PATH else None
+            reader = body.params if body is not None else getattr(message, "return").results
             self._payload_reader = reader
         return reader
 
     def content(self, schema: Any) -> Any:
+        if self._content_word >= 0:
+            rerooted = reroot(self.segments, self._content_word)
+            if rerooted is not None:
+                return struct_module(schema).from_segments(
+                    rerooted,
+                    traversal_limit_in_words=self._limits[0],
+                    nesting_limit=self._limits[1],
+                )
         return self.payload_reader.content.as_struct(schema)
+
+
+def reroot(segments: Segments, word: int) -> list[bytes | bytearray | memoryview] | None:
+    """The message re-rooted at the struct pointer in ``word`` of segment 0, or None.
+
+    A copy of segment 0 whose root pointer (word 0) points where that pointer does; the
+    other segments are shared. Nothing points at a message's root pointer, so the subtree
+    under the content reads exactly as before, through a reader that costs one pycapnp
+    call instead of a walk down Message -> Call -> Payload -> content (~1.5 us less per
+    received message). Only near struct pointers and far pointers qualify (a far pointer
+    does not depend on where it is stored); anything else returns None.
+    """
+    segment = segments[0]
+    if not 0 < word < len(segment) >> 3:
+        return None
+    (pointer,) = _WORD.unpack_from(segment, word * 8)
+    kind = pointer & 3
+    if kind == 0 and pointer != 0:
+        offset = (pointer & 0xFFFFFFFF) >> 2
+        if offset >= 1 << 29:
+            offset -= 1 << 30
+        offset += word  # now relative to word 0
+        if offset >= 1 << 29:
+            return None
+        pointer = (pointer & ~0xFFFFFFFF) | ((offset & 0x3FFFFFFF) << 2)
+    elif kind != 2:
+        return None
+    return [_WORD.pack(pointer) + segment[8:], *segments[1:]]
+
+
+_MODULES: dict[int, Any] = {}
+
+
+def struct_module(schema: Any) -> Any:
+    """pycapnp's module object for a struct schema (it reads messages rooted at one)."""
+    module = _MODULES.get(schema.node.id)
+    if module is None:
+        module = _MODULES[schema.node.id] = capnp_lib._StructModule(schema, schema.node.id)
+    return module
 
 
 def new_call_payload() -> BuiltPayload:

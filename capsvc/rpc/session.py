@@ -77,6 +77,7 @@ class RpcSession(CapabilityTables):
     ) -> None:
         self.bootstrap_hook = bootstrap
         self.limits = limits or FramingLimits()
+        self._reader_limits = (self.limits.traversal_limit_words, self.limits.nesting_limit)
         self.on_output = on_output
         self.questions: dict[int, Question] = {}
         self.answers: dict[int, Answer] = {}
@@ -206,6 +207,18 @@ class RpcSession(CapabilityTables):
 
     def _dispatch(self, segments: Segments) -> None:
         tag = wire.message_tag(segments)
+        # The common messages, read from the raw words alone (no pycapnp reader of the
+        # whole message): a Call to an import and a Return with results, both cap-free.
+        if tag == wire.CALL:
+            call = wire.read_call_header(segments)
+            if call is not None and call.target_is_import and not call.has_caps:
+                self._on_plain_call(call, segments)
+                return
+        elif tag == wire.RETURN:
+            header = wire.read_return_header(segments)
+            if header is not None and header.which == 0 and not header.has_caps:
+                self._on_results_return(header, None, segments)
+                return
         message = wire.read_message(
             segments,
             traversal_limit_words=self.limits.traversal_limit_words,
@@ -265,8 +278,37 @@ class RpcSession(CapabilityTables):
             if header.has_caps
             else []
         )
-        params = ReceivedPayload(segments, message, wire.CALL_CONTENT_PATH, caps)
+        params = ReceivedPayload(
+            segments,
+            message,
+            wire.CALL_CONTENT_PATH,
+            caps,
+            content_word=header.content_word,
+            limits=self._reader_limits,
+        )
         self._deliver_call(target, answer_id, header.send_to == 1, header, params)
+
+    def _on_plain_call(self, header: wire.CallHeader, segments: Segments) -> None:
+        """A cap-free Call to an export (what ``_on_call`` does, without pycapnp)."""
+        answer_id = header.question_id
+        if answer_id in self.answers:
+            raise RemoteProtocolError(f"call reuses question ID {answer_id} still in use")
+        if header.send_to == 2:
+            raise RemoteProtocolError("sendResultsTo.thirdParty is Level 3; not supported")
+        export = self.exports.get(header.imported_cap)
+        if export is None:
+            raise RemoteProtocolError(
+                f"call to export ID {header.imported_cap}, which is not exported"
+            )
+        params = ReceivedPayload(
+            segments,
+            None,
+            wire.CALL_CONTENT_PATH,
+            [],
+            content_word=header.content_word,
+            limits=self._reader_limits,
+        )
+        self._deliver_call(export.hook.add_ref(), answer_id, header.send_to == 1, header, params)
 
     def _on_call_slow(self, message: Any, segments: Segments) -> None:
         """The same as ``_on_call``, reading every field through pycapnp."""
@@ -280,7 +322,14 @@ class RpcSession(CapabilityTables):
         target = self._message_target(body.target)
         params_reader = body.params
         caps = [self._import_descriptor(d) for d in params_reader.capTable]
-        params = ReceivedPayload(segments, message, wire.CALL_CONTENT_PATH, caps, params_reader)
+        params = ReceivedPayload(
+            segments,
+            message,
+            wire.CALL_CONTENT_PATH,
+            caps,
+            params_reader,
+            limits=self._reader_limits,
+        )
         header = wire.CallHeader()
         header.interface_id = body.interfaceId
         header.method_id = body.methodId
@@ -436,7 +485,15 @@ class RpcSession(CapabilityTables):
         else:
             results = getattr(message, "return").results if header.has_caps else None
             caps = [self._import_descriptor(d) for d in results.capTable] if results else []
-            payload = ReceivedPayload(segments, message, wire.RETURN_CONTENT_PATH, caps, results)
+            payload = ReceivedPayload(
+                segments,
+                message,
+                wire.RETURN_CONTENT_PATH,
+                caps,
+                results,
+                content_word=header.content_word,
+                limits=self._reader_limits,
+            )
             self._complete_question(question, payload, None)
         question.no_finish_needed = header.no_finish_needed
         self._finish_returned(question)
@@ -485,7 +542,9 @@ class RpcSession(CapabilityTables):
             self._complete_question(question, None, Canceled("canceled"))
             return
         caps = [self._import_descriptor(d) for d in results.capTable]
-        payload = ReceivedPayload(segments, message, wire.RETURN_CONTENT_PATH, caps, results)
+        payload = ReceivedPayload(
+            segments, message, wire.RETURN_CONTENT_PATH, caps, results, limits=self._reader_limits
+        )
         self._complete_question(question, payload, None)
 
     def _take_from_other_question(self, question: Question, other_id: int) -> None:

@@ -146,6 +146,7 @@ class CallHeader:
     """What the engine reads from a Call before dispatching it."""
 
     __slots__ = (
+        "content_word",
         "has_caps",
         "imported_cap",
         "interface_id",
@@ -163,6 +164,7 @@ class CallHeader:
         self.target_is_import = True
         self.imported_cap = 0
         self.has_caps = False
+        self.content_word = -1  # the params' content pointer, a word of segment 0
 
 
 def read_call_header(segments: Sequence[bytes | bytearray | memoryview]) -> CallHeader | None:
@@ -190,6 +192,8 @@ def read_call_header(segments: Sequence[bytes | bytearray | memoryview]) -> Call
     if params is None:
         return None
     params_data, params_data_words, params_pointers = params
+    if params_pointers >= 1:
+        header.content_word = params_data + params_data_words
     if params_pointers >= 2:
         cap_table_word = params_data + params_data_words + 1
         header.has_caps = _U64.unpack_from(segment, cap_table_word * 8)[0] != 0
@@ -205,7 +209,14 @@ _RETURN_FLAGS_BYTE = 4  # releaseParamCaps is bit 32, noFinishNeeded bit 33 of d
 class ReturnHeader:
     """What the engine reads from a Return with results before settling its question."""
 
-    __slots__ = ("answer_id", "has_caps", "no_finish_needed", "release_param_caps", "which")
+    __slots__ = (
+        "answer_id",
+        "content_word",
+        "has_caps",
+        "no_finish_needed",
+        "release_param_caps",
+        "which",
+    )
 
     def __init__(self) -> None:
         self.answer_id = 0
@@ -213,6 +224,7 @@ class ReturnHeader:
         self.release_param_caps = True
         self.no_finish_needed = False
         self.has_caps = False
+        self.content_word = -1  # the results' content pointer, a word of segment 0
 
 
 def read_return_header(segments: Sequence[bytes | bytearray | memoryview]) -> ReturnHeader | None:
@@ -237,6 +249,8 @@ def read_return_header(segments: Sequence[bytes | bytearray | memoryview]) -> Re
         if results is None:
             return None
         results_data, results_data_words, results_pointers = results
+        if results_pointers >= 1:
+            header.content_word = results_data + results_data_words
         if results_pointers >= 2:
             cap_table_word = results_data + results_data_words + 1
             header.has_caps = _U64.unpack_from(segment, cap_table_word * 8)[0] != 0

@@ -1,11 +1,18 @@
-"""The fast Call-header reader agrees with pycapnp, and falls back when it should."""
+"""The fast Call/Return header readers and the re-rooted content reader agree with pycapnp,
+and fall back when they should."""
 
 from __future__ import annotations
 
+import os
+import struct
+from typing import Any
+
+import capnp
 from hypothesis import given
 from hypothesis import strategies as st
 
 from capsvc.rpc import wire
+from capsvc.rpc.payload import ReceivedPayload, reroot
 
 
 @given(
@@ -105,3 +112,64 @@ def test_fast_return_header_matches_pycapnp(
     assert header.no_finish_needed == no_finish_needed
     if which == "results":
         assert header.has_caps == (caps > 0)
+
+
+# ------------------------------------------------------------------ re-rooted content
+_testing = capnp.load(os.path.join(os.path.dirname(__file__), "..", "schemas", "testing.capnp"))
+_HOLDER = _testing.Tester.schema.methods["echo"].param_type
+
+
+@given(
+    text=st.text(max_size=300),
+    first_segment_words=st.sampled_from([None, 1, 2, 3, 5, 8, 13]),
+    kind=st.sampled_from(["call", "return"]),
+)
+def test_content_read_without_the_message_reader_matches_pycapnp(
+    text: str, first_segment_words: int | None, kind: str
+) -> None:
+    """ReceivedPayload.content re-roots the message at the content pointer that the raw
+    header reader found; whatever the segment layout (near or far pointers), it must read
+    what pycapnp's walk down Message -> Call/Return -> Payload -> content reads."""
+    kwargs = {} if first_segment_words is None else {"num_first_segment_words": first_segment_words}
+    message = wire.Message.new_message(**kwargs)
+    if kind == "call":
+        body = message.init("call")
+        body.target.importedCap = 0
+        payload_builder = body.init("params")
+    else:
+        payload_builder = message.init("return").init("results")
+    payload_builder.content.as_struct(_HOLDER).msg = text
+    segments = message.to_segments()
+    if kind == "call":
+        header: Any = wire.read_call_header(segments)
+        path = wire.CALL_CONTENT_PATH
+    else:
+        header = wire.read_return_header(segments)
+        path = wire.RETURN_CONTENT_PATH
+    if header is None:
+        return  # a layout the fast reader leaves to pycapnp (far Message body)
+    assert header.content_word > 0
+    fast = ReceivedPayload(segments, None, path, [], content_word=header.content_word)
+    assert fast.content(_HOLDER).msg == text
+    slow = ReceivedPayload(segments, None, path, [])  # the pycapnp walk, made lazily
+    assert slow.content(_HOLDER).msg == text
+
+
+def test_reroot_accepts_only_struct_and_far_pointers() -> None:
+    word = struct.Struct("<Q").pack
+    segment = word(0) + word(4 << 2) + word(1 | (2 << 32)) + word(0) + word(3) + word(6)
+    # A near struct pointer at word 1 (offset 4, so the struct is at word 6): the new root
+    # at word 0 points at the same struct (offset 5); the rest of the segment is unchanged.
+    rerooted = reroot([segment], 1)
+    assert rerooted is not None
+    assert rerooted[0][:8] == word(5 << 2)
+    assert rerooted[0][8:] == segment[8:]
+    assert reroot([segment], 2) is None  # a list pointer
+    assert reroot([segment], 3) is None  # null
+    assert reroot([segment], 4) is None  # a capability pointer (kind 3)
+    assert reroot([segment], 0) is None  # the root itself
+    assert reroot([segment], 6) is None  # past the end
+    far = reroot([segment, segment], 5)  # 6: a far pointer (kind 2), double-far bit set
+    assert far is not None
+    assert far[0][:8] == word(6)
+    assert far[1] is segment
