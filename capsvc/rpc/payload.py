@@ -81,11 +81,15 @@ class Payload:
 class BuiltPayload(Payload):
     """Content built inside ``message`` (a Call or Return builder) at ``payload_builder``."""
 
-    __slots__ = ("cap_paths", "content_path", "message", "payload_builder", "unions")
+    __slots__ = ("body", "cap_paths", "content_path", "message", "payload_builder", "unions")
 
-    def __init__(self, message: Any, payload_builder: Any, content_path: Path) -> None:
+    def __init__(
+        self, message: Any, payload_builder: Any, content_path: Path, body: Any = None
+    ) -> None:
         super().__init__()
         self.message = message
+        #: The Call or Return builder, kept so the session need not look it up again.
+        self.body = body
         self.payload_builder = payload_builder
         self.content_path = content_path
         self.cap_paths: dict[Path, int] = {}
@@ -285,12 +289,12 @@ def struct_module(schema: Any) -> Any:
 def new_call_payload() -> BuiltPayload:
     """An empty params payload inside a fresh Call message."""
     message = wire.Message.new_message()
-    params = message.init("call").init("params")
-    return BuiltPayload(message, params, wire.CALL_CONTENT_PATH)
+    body = message.init("call")
+    return BuiltPayload(message, body.init("params"), wire.CALL_CONTENT_PATH, body)
 
 
 def new_return_payload() -> BuiltPayload:
     """An empty results payload inside a fresh Return message."""
     message = wire.Message.new_message()
-    results = message.init("return").init("results")
-    return BuiltPayload(message, results, wire.RETURN_CONTENT_PATH)
+    body = message.init("return")
+    return BuiltPayload(message, body.init("results"), wire.RETURN_CONTENT_PATH, body)

@@ -179,7 +179,7 @@ class RpcSession(CapabilityTables):
             params = copying.copy_to_call(params, new_call_payload())
             call.params.release()
         question = self._new_question(call.result)
-        body = params.message.call
+        body = params.body if params.body is not None else params.message.call
         body.questionId = question.id
         body.interfaceId = call.interface_id
         body.methodId = call.method_id
@@ -398,7 +398,7 @@ class RpcSession(CapabilityTables):
             owned = True
         else:
             owned = False
-        body = getattr(payload.message, "return")
+        body = payload.body if payload.body is not None else getattr(payload.message, "return")
         body.answerId = answer.id
         body.releaseParamCaps = False
         no_caps = not any(hook is not None for hook in payload.caps)
