@@ -285,8 +285,14 @@ def _append_framed(parts: list[Segment], segments: Sequence[Segment]) -> None:
     parts.extend(segments)
 
 
+_ONE_SEGMENT = struct.Struct("<II")
+
+
 def encode_message(segments: Sequence[Segment]) -> bytes:
     """One framed message (segment table + bodies) as a single ``bytes`` object."""
+    if len(segments) == 1:  # the common case, without the general table builder
+        segment = segments[0]
+        return _ONE_SEGMENT.pack(0, _segment_size(segment)) + segment
     parts: list[Segment] = []
     _append_framed(parts, segments)
     return b"".join(parts)
