@@ -212,7 +212,7 @@ class RpcSession(CapabilityTables):
         if tag == wire.CALL:
             call = wire.read_call_header(segments)
             if call is not None and call.target_is_import and not call.has_caps:
-                self._on_plain_call(call, segments)
+                self._on_fast_call(call, None, segments)
                 return
         elif tag == wire.RETURN:
             header = wire.read_return_header(segments)
@@ -259,6 +259,11 @@ class RpcSession(CapabilityTables):
         if header is None:
             self._on_call_slow(message, segments)
             return
+        self._on_fast_call(header, message, segments)
+
+    def _on_fast_call(self, header: wire.CallHeader, message: Any, segments: Segments) -> None:
+        """A Call whose header came from the raw words. ``message``, the pycapnp reader, is
+        needed only for a promisedAnswer target or a capTable; it is None otherwise."""
         answer_id = header.question_id
         if answer_id in self.answers:
             raise RemoteProtocolError(f"call reuses question ID {answer_id} still in use")
@@ -287,28 +292,6 @@ class RpcSession(CapabilityTables):
             limits=self._reader_limits,
         )
         self._deliver_call(target, answer_id, header.send_to == 1, header, params)
-
-    def _on_plain_call(self, header: wire.CallHeader, segments: Segments) -> None:
-        """A cap-free Call to an export (what ``_on_call`` does, without pycapnp)."""
-        answer_id = header.question_id
-        if answer_id in self.answers:
-            raise RemoteProtocolError(f"call reuses question ID {answer_id} still in use")
-        if header.send_to == 2:
-            raise RemoteProtocolError("sendResultsTo.thirdParty is Level 3; not supported")
-        export = self.exports.get(header.imported_cap)
-        if export is None:
-            raise RemoteProtocolError(
-                f"call to export ID {header.imported_cap}, which is not exported"
-            )
-        params = ReceivedPayload(
-            segments,
-            None,
-            wire.CALL_CONTENT_PATH,
-            [],
-            content_word=header.content_word,
-            limits=self._reader_limits,
-        )
-        self._deliver_call(export.hook.add_ref(), answer_id, header.send_to == 1, header, params)
 
     def _on_call_slow(self, message: Any, segments: Segments) -> None:
         """The same as ``_on_call``, reading every field through pycapnp."""
