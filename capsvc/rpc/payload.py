@@ -275,14 +275,22 @@ def reroot(segments: Segments, word: int) -> list[bytes | bytearray | memoryview
     return [_WORD.pack(pointer) + segment[8:], *segments[1:]]
 
 
-_MODULES: dict[int, Any] = {}
+_MODULES: dict[int, tuple[Any, Any]] = {}
 
 
 def struct_module(schema: Any) -> Any:
-    """pycapnp's module object for a struct schema (it reads messages rooted at one)."""
-    module = _MODULES.get(schema.node.id)
-    if module is None:
-        module = _MODULES[schema.node.id] = capnp_lib._StructModule(schema, schema.node.id)
+    """pycapnp's module object for a struct schema (it reads messages rooted at one).
+
+    Cached per schema object (reading ``schema.node`` costs ~0.6 us); the entry holds the
+    object, so its id stays unique while cached.
+    """
+    entry = _MODULES.get(id(schema))
+    if entry is not None and entry[0] is schema:
+        return entry[1]
+    if len(_MODULES) > 4096:  # schema objects made on the fly must not pile up
+        _MODULES.clear()
+    module = capnp_lib._StructModule(schema, str(schema.node.displayName))
+    _MODULES[id(schema)] = (schema, module)
     return module
 
 
