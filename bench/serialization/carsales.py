@@ -39,6 +39,7 @@ __all__ = [
     "CAR_INPUT_FIELDS",
     "MAKES",
     "MODELS",
+    "MSGPACK_RAW",
     "MSGPACK_SINGLE_FLOAT",
     "REQUEST_TYPE",
     "RESPONSE_TYPE",
@@ -52,6 +53,7 @@ __all__ = [
 REQUEST_TYPE = "ParkingLot"
 RESPONSE_TYPE = "TotalValue"
 MSGPACK_SINGLE_FLOAT = True  # §8: Float32 fields stay 4 bytes
+MSGPACK_RAW = True  # make and model are never read: they stay bytes
 
 MAKES = ("Toyota", "GM", "Ford", "Honda", "Tesla")  # §2 row 0
 MODELS = ("Camry", "Prius", "Volt", "Accord", "Leaf", "Model S")  # §2 row 1

@@ -30,6 +30,7 @@ from bench.serialization.base import CheckFailed
 from bench.serialization.rng import div32, mod32, wrap32
 
 __all__ = [
+    "MSGPACK_RAW",
     "MSGPACK_SINGLE_FLOAT",
     "REQUEST_TYPE",
     "RESPONSE_TYPE",
@@ -44,6 +45,7 @@ __all__ = [
 REQUEST_TYPE = "Expression"
 RESPONSE_TYPE = "EvaluationResult"
 MSGPACK_SINGLE_FLOAT = False
+MSGPACK_RAW = False  # no strings
 
 EvalInput = tuple[tuple[int, ...], int]
 

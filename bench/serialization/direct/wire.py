@@ -50,6 +50,7 @@ __all__ = [
     "deref",
     "flat_segments",
     "frame_flat",
+    "frame_message",
     "list_target",
     "pack_segments",
     "root_struct",
@@ -59,7 +60,7 @@ __all__ = [
 ]
 
 POINTER = struct.Struct("<iI")  # one pointer word as (lo signed, hi unsigned)
-_SEGMENT_COUNT = struct.Struct("<I")
+_ONE_SEGMENT = struct.Struct("<II")  # segment count - 1, then the first segment's words
 
 
 class LayoutError(ValueError):
@@ -280,12 +281,27 @@ def _format_items(fmt: str) -> list[tuple[str, int]]:
 
 def frame_flat(segment: bytes) -> bytes:
     """One single-segment message in stream framing (§6): u32 0, u32 words, segment."""
-    return encode_message([segment])
+    return _ONE_SEGMENT.pack(0, len(segment) >> 3) + segment
+
+
+def frame_message(segments: Sequence[bytes]) -> bytes:
+    """A message in stream framing; the writers' single segment without a general join.
+
+    capsvc's ``encode_message`` handles any segment count (~0.8 µs); one segment needs only
+    its 8-byte table (~0.15 µs), which matters for eval's ~130-byte messages.
+    """
+    if len(segments) == 1 and not len(segments[0]) & 7:
+        return _ONE_SEGMENT.pack(0, len(segments[0]) >> 3) + segments[0]
+    return encode_message(segments)
 
 
 def flat_segments(data: bytes) -> list[bytes]:
     """The segments of one framed message held in ``data`` (bytes mode)."""
-    (count_minus_one,) = _SEGMENT_COUNT.unpack_from(data, 0)
+    count_minus_one, words = _ONE_SEGMENT.unpack_from(data, 0)
+    if count_minus_one == 0:  # one segment: the common case, without the general loop
+        if 8 + words * 8 > len(data):
+            raise LayoutError("message ends prematurely")
+        return [data[8 : 8 + words * 8]]
     count = count_minus_one + 1
     sizes = struct.unpack_from(f"<{count}I", data, 4)
     offset = 8 * (count // 2 + 1)
