@@ -28,9 +28,9 @@ from __future__ import annotations
 import os
 import time
 
-#: The default budget: longer than a small call's turnaround in a busy peer (~50-150 µs
+#: The default budget: a few times a small call's turnaround when both peers poll (~100 µs
 #: here), short enough that a wasted poll costs little.
-DEFAULT_BUDGET = 200e-6
+DEFAULT_BUDGET = 400e-6
 DEFAULT_BUSY_POLL = DEFAULT_BUDGET  # the public name (capsvc.DEFAULT_BUSY_POLL)
 #: While polling does not pay, one wait in this many polls anyway (a probe).
 PROBE_EVERY = 16
