@@ -94,9 +94,13 @@ class Connection:
         self._drained = trio.Event()
         self._closed = trio.Event()
         self.close_reason: RpcError | None = None
-        # The end-of-pass fast path (capsvc.flusher) needs a plain non-blocking socket.
-        self._socket = getattr(stream, "socket", None) if hasattr(stream, "send_all_fast") else None
-        self._flusher = current_flusher() if coalesce and self._socket is not None else None
+        # The end-of-pass fast path (capsvc.flusher) needs a stream that can send without
+        # blocking from trio's before_io_wait (``send_from_flusher``: FastSocketStream,
+        # NicStream); other streams are written by the writer task, a pass later.
+        self._send_from_flusher: Any = getattr(stream, "send_from_flusher", None)
+        self._flusher = (
+            current_flusher() if coalesce and self._send_from_flusher is not None else None
+        )
         self._remainder = b""
         self._token = trio.lowlevel.current_trio_token()
         # With TCP_NODELAY off, a Finish or Release written alone makes the next Call wait
@@ -228,12 +232,9 @@ class Connection:
         batch = self.session.take_output()
         data = b"".join(batch) if len(batch) > 1 else batch[0]
         self.writes += 1
-        assert self._socket is not None
         try:
-            sent = self._socket.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
+            sent = self._send_from_flusher(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
             sent = 0  # the writer task will meet the error again and close properly
         if sent < len(data):
             self._remainder = data[sent:]

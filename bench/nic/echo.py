@@ -16,7 +16,22 @@ give the time per call; the parent prints calls/s and the ratios to TCP at the e
 
 In the process mode three processes share the machine (client, server, model host) and
 every frame wakes two of them; the co-located mode needs two processes and one wake-up per
-frame, like TCP. The model's work is part of both nic figures.
+frame, like TCP. The model's work is part of both nic figures. The model host runs with
+``--spin-us 300`` (:data:`MODEL_SPIN_US`): it keeps polling for 300 µs after work, yielding
+the CPU each round, and sleeps when idle. Both transports get capsvc's end-of-pass write
+and its adaptive busy polling of receives (``NicStream.send_from_flusher``
+and ``NicStream.busy_poll``), so the comparison is of the frame paths.
+
+Figures (2026-11-30, 2-vCPU VM shared with other jobs; ranges over runs), calls/s
+relative to TCP loopback, model process / co-located: at load ~2.5 (``--quick --calls
+2000 --reps 5``) c1 0.55-0.56 / 0.58-0.61 and c12 0.86-0.88 / 0.79-0.82 (before the tuning
+of this date, alternated with those runs: c1 0.44-0.48 / 0.52-0.55, c12 0.62-0.64 /
+0.72-0.73); at load ~1.5-2 (this command and ``--quick``), where TCP's busy polling keeps
+both of its processes awake, c1 0.32-0.42 / 0.52-0.56 and c12 0.33-0.45 / 0.68-0.69. What
+bounds them: per frame, the driver's descriptor work, the stream protocol and the model's
+DMA copy and wire hand-off, all in Python, cost about as much CPU as a whole small call
+over TCP; the process mode adds the model host's hop, and its three processes cannot all
+poll on two CPUs (see the README's NIC section).
 """
 
 from __future__ import annotations
@@ -37,6 +52,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ECHO_SCHEMA = os.path.join(ROOT, "schemas", "echo.capnp")
 MESSAGE = "x" * 16
 WARMUP = 200
+# The model host process polls this long after its last work before it sleeps (yielding
+# the CPU on every round): a device is always awake while traffic flows, and a host that
+# slept between a request and its reply would add a process wake-up to every frame.
+# Idle, it sleeps as before. (Only the process mode has a host that runs models.)
+MODEL_SPIN_US = 300
 
 
 def _env() -> dict[str, str]:
@@ -106,7 +126,7 @@ class Servers:
         for kind, pair, wire in (("nic", "proc", "pair"), ("nic-coloc", "coloc", "colocated")):
             self._start(
                 [sys.executable, "-m", "capsvc.nicdriver.modelhost", pair,
-                 "--rundir", self.rundir, "--wire", wire],
+                 "--rundir", self.rundir, "--wire", wire, "--spin-us", str(MODEL_SPIN_US)],
                 "READY",
             )  # fmt: skip
             server = f"nic:model:{pair}.0,rundir={self.rundir}"

@@ -15,11 +15,16 @@ run *synchronously by the register accessor*, like a trap handler. :class:`Coloc
 write and doorbell and before every register read, so the driver's init waits, its link
 poll and its TX doorbells see the device react at once; the driver's poll loop calls
 :meth:`ColocatedBar.service` before looking at the RX ring, and sleeps on the wire's socket
-(:meth:`ColocatedBar.idle_fd`). The driver code (ixgbe.py, rings.py) is the same.
+(:meth:`ColocatedBar.idle_fd`). The driver code (ixgbe.py, rings.py) is the same. Since
+every register write already ran the model, ``service`` only needs its receive half
+(:meth:`~capsvc.nicdriver.model.IxgbeModel.receive_pending`: the wire and its timers).
 
 The two ports of a co-located pair talk over :class:`DgramWire`: an ``AF_UNIX SOCK_DGRAM``
-socket bound to ``<port>/wire.sock`` that sends to the peer port's socket. A frame thus
-costs one process wake-up, like a TCP segment on loopback. An AF_UNIX datagram queue is
+socket bound to ``<port>/wire.sock`` receives, and a second one *connected* to the peer
+port's path sends (``sendto`` a path would look the path up for every frame; the receiving
+socket stays unconnected so that a peer re-opened by another process is heard at once, and
+the sender reconnects when its peer socket is gone). A frame thus costs one process
+wake-up, like a TCP segment on loopback. An AF_UNIX datagram queue is
 short (``net.unix.max_dgram_qlen``, 10 by default): when the peer's is full, the wire keeps
 the frames in order and retries every 0.2 ms, like a NIC's transmit FIFO. Carrier is
 always on (the cable is plugged); a frame sent while no process drives the peer port is
@@ -47,6 +52,8 @@ from capsvc.nicdriver.mmio import Doorbell, ModelBar
 
 __all__ = ["ColocatedBar", "DgramWire"]
 
+# a send error meaning "nobody drives the peer port now": the frame is lost on the cable
+_PEER_GONE = (errno.ENOENT, errno.ECONNREFUSED, errno.ENOBUFS)
 RETRY = 0.0002  # seconds between attempts while the peer's datagram queue is full
 BACKLOG_LIMIT = 4096
 
@@ -67,8 +74,11 @@ class DgramWire(Wire):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         self.sock.bind(str(self.path))
+        # Frames leave through a second, unbound socket *connected* to the peer's path:
+        # sendto(path) resolves the path on every frame. The bound socket stays
+        # unconnected, so it accepts frames from whichever process drives the peer now.
+        self._out: socket.socket | None = None
 
     def send(self, frame: bytes) -> None:
         backlog = self._backlog
@@ -80,21 +90,48 @@ class DgramWire(Wire):
             self._flush()
             return
         try:
-            self.sock.sendto(frame, self.peer)
+            self._send(frame)
         except (BlockingIOError, InterruptedError):
             backlog.append(frame)  # the peer's queue is full: keep order, retry soon
             self._retry_at = time.monotonic() + RETRY
         except OSError as error:  # nobody drives the peer port: the frame is lost
-            if error.errno not in (errno.ENOENT, errno.ECONNREFUSED, errno.ENOBUFS):
+            if error.errno not in _PEER_GONE:
                 raise
             self.dropped += 1
 
+    def _send(self, frame: bytes) -> None:
+        """Send on the connected socket; (re)connect when there is none or the peer's
+        socket went away (a new process re-creates it: the old connection is refused)."""
+        out = self._out
+        if out is not None:
+            try:
+                out.send(frame)
+                return
+            except OSError as error:
+                if error.errno not in (errno.ECONNREFUSED, errno.ENOTCONN):
+                    raise
+                self._disconnect()
+        out = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            out.setblocking(False)
+            out.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            out.connect(self.peer)
+        except BaseException:
+            out.close()
+            raise
+        self._out = out
+        out.send(frame)
+
+    def _disconnect(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
     def _flush(self) -> None:
         backlog = self._backlog
-        sendto = self.sock.sendto
         while backlog:
             try:
-                sendto(backlog[0], self.peer)
+                self._send(backlog[0])
             except (BlockingIOError, InterruptedError):
                 self._retry_at = time.monotonic() + RETRY
                 return
@@ -125,6 +162,7 @@ class DgramWire(Wire):
         return self.sock.fileno()
 
     def close(self) -> None:
+        self._disconnect()
         self.sock.close()
         try:
             self.path.unlink()
@@ -183,7 +221,8 @@ class ColocatedBar(ModelBar):
 
     # the transport's poll loop
     def service(self) -> None:
-        self.model.step()
+        # every register write already stepped the model: only the wire can have news
+        self.model.receive_pending()
 
     def next_deadline(self) -> float | None:
         return self.model.next_deadline()

@@ -147,6 +147,11 @@ class Control:
         w = self.words
         return (w[W_LOSS_PPM] / 1e6, w[W_DUP_PPM] / 1e6, w[W_REORDER_PPM] / 1e6)
 
+    def faultless(self) -> bool:
+        """No fault injection configured (cheaper than :meth:`fault_rates` per frame)."""
+        w = self.words
+        return not (w[W_LOSS_PPM] or w[W_DUP_PPM] or w[W_REORDER_PPM])
+
     def set_fault_rates(self, loss: float = 0.0, dup: float = 0.0, reorder: float = 0.0) -> None:
         for word, rate in ((W_LOSS_PPM, loss), (W_DUP_PPM, dup), (W_REORDER_PPM, reorder)):
             if not 0.0 <= rate <= 1.0:

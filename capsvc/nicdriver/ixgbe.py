@@ -199,17 +199,20 @@ class IxgbeDevice:
         bar.wait_clear(regs.CTRL, regs.CTRL_RST_MASK, "CTRL.RST to self-clear (device reset)")
         time.sleep(0.01)
         self._disable_interrupts()
-        # 3. the MAC address (after the reset, from RAL(0)/RAH(0))
-        self.mac = self._read_mac()
         # 4. EEPROM auto-read done [4.6.3]
         bar.wait_set(regs.EEC, regs.EEC_ARD, "EEC.ARD (EEPROM auto-read done)")
+        # 3. the MAC address, from RAL(0)/RAH(0). The auto-read of step 4 is what loads
+        # them from the EEPROM, so they are read once it is done (ixy reads them before;
+        # the spec's step 3 notes that after step 4 is safer)
+        self.mac = self._read_mac()
         # 5. DMA init done
         bar.wait_set(regs.RDRXCTL, regs.RDRXCTL_DMAIDONE, "RDRXCTL.DMAIDONE (DMA init done)")
         # 6. link [4.6.4]: 10G serial, XAUI PMA/PMD, restart auto-negotiation; no wait here
         autoc = bar.read32(regs.AUTOC)
         autoc = (autoc & ~regs.AUTOC_LMS_MASK) | regs.AUTOC_LMS_10G_SERIAL
         autoc = (autoc & ~regs.AUTOC_10G_PMA_PMD_MASK) | regs.AUTOC_10G_XAUI
-        bar.write32(regs.AUTOC, autoc | regs.AUTOC_AN_RESTART)
+        bar.write32(regs.AUTOC, autoc)
+        bar.set_flags(regs.AUTOC, regs.AUTOC_AN_RESTART)  # then restart, on the new mode
         # 7. statistics [4.6.5]: read the clear-on-read counters once to zero them
         self.read_stats()
         self.stats = DeviceStats(

@@ -46,6 +46,11 @@ in the control file; the driver's :class:`~capsvc.nicdriver.mmio.ModelBar` turns
 into clear-on-read registers. The model never writes a register the driver read-modify-writes
 except the self-clearing bits the driver is waiting on (spec 2.3, last point).
 
+Hosts call ``step`` often, so its common case is cheap: the queue-enable check compares all
+RXDCTL/TXDCTL words at once (two strided copies) and walks the queues only when one
+changed. A host that sees every register write itself (the co-located accessor) calls
+:meth:`IxgbeModel.receive_pending` instead between writes: only the wire can have news.
+
 ``pause()`` stops all processing (frames keep queueing in the inbox), ``inject(frame)``
 delivers a frame as if it came from the wire, and the fault counters are in
 ``control.faults``.
@@ -161,6 +166,10 @@ class IxgbeModel:
         self._i_tdh = [regs.TDH(q) >> 2 for q in range(num_queues)]
         self._i_rxdctl = [regs.RXDCTL(q) >> 2 for q in range(num_queues)]
         self._i_txdctl = [regs.TXDCTL(q) >> 2 for q in range(num_queues)]
+        stride = (regs.RXDCTL(1) - regs.RXDCTL(0)) >> 2
+        self._rxdctl_cols = slice(self._i_rxdctl[0], self._i_rxdctl[-1] + 1, stride)
+        self._txdctl_cols = slice(self._i_txdctl[0], self._i_txdctl[-1] + 1, stride)
+        self._ctl_seen: tuple[list[int], list[int]] | None = None
         self.reset()
 
     # ------------------------------------------------------------------ public API
@@ -185,11 +194,14 @@ class IxgbeModel:
 
     def next_deadline(self) -> float | None:
         """When this model has timed work (the link timer, held frames)."""
-        held = time.monotonic() + 0.001 if self.packet_buffer else None  # retry held frames
-        deadlines = [
-            d for d in (self._an_deadline, self.wire.next_deadline(), held) if d is not None
-        ]
-        return min(deadlines) if deadlines else None
+        best = self.wire.next_deadline()  # asked on every pass of a poll loop: no list
+        if self._an_deadline is not None and (best is None or self._an_deadline < best):
+            best = self._an_deadline
+        if self.packet_buffer:  # retry held frames soon
+            held = time.monotonic() + 0.001
+            if best is None or held < best:
+                best = held
+        return best
 
     def step(self) -> int:
         """Do everything that is due; returns a work count (0: idle)."""
@@ -220,6 +232,48 @@ class IxgbeModel:
                     self._poke_driver()
         return work
 
+    def receive_pending(self) -> int:
+        """The RX half of :meth:`step`, for a host that sees every register write itself
+        (the co-located accessor steps the model on each write): control and queue-enable
+        changes cannot be pending, so only the wire and its timers need a look. Falls back
+        to :meth:`step` while the link trains or when the carrier is lost."""
+        if self._paused:
+            return 0
+        wire = self.wire
+        if self._an_deadline is not None or (self.link_up and not wire.carrier()):
+            return self.step()
+        if wire.next_deadline() is not None:
+            wire.poll(time.monotonic())
+        frames = wire.receive()
+        if frames:
+            self.faults[Fault.WIRE_RX] += len(frames)
+            if not self.inbox and not self.packet_buffer:
+                received = self._receive_frames(frames)  # nothing queued ahead of them
+            else:
+                self.inbox.extend(frames)
+                received = self._receive_all()
+        elif self.inbox or self.packet_buffer:
+            received = self._receive_all()
+        else:
+            return 0
+        if received and self.control.words[ctl.W_DRIVER_SLEEPING]:
+            self._poke_driver()
+        return received
+
+    def _receive_frames(self, frames: list[bytes]) -> int:
+        """:meth:`_receive_all` for frames with nothing queued ahead of them."""
+        done = 0
+        for i, frame in enumerate(frames):
+            if not self._accept(frame):
+                continue
+            result = self._deliver(frame)
+            if result == 0:  # out of descriptors: the rest waits in order, as usual
+                self._no_room(frame)
+                self.inbox.extend(frames[i + 1 :])
+                return done + self._receive_all()
+            done += result > 0
+        return done
+
     def transmit_pending(self) -> int:
         """Only the TX engines (the part of :meth:`step` a TX doorbell asks for)."""
         if self._paused:
@@ -244,6 +298,7 @@ class IxgbeModel:
                     queues[i] = None
         self.packet_buffer.clear()
         self.packet_buffer_bytes = 0
+        self._ctl_seen = None
         self.bar[4:] = _ZERO_BAR[4:]  # everything but CTRL
         r[regs.EEC >> 2] = regs.EEC_ARD | regs.EEC_PRES
         r[regs.RDRXCTL >> 2] = regs.RDRXCTL_DMAIDONE
@@ -293,6 +348,18 @@ class IxgbeModel:
 
     # ------------------------------------------------------------------ queue enables
     def _queue_edges(self) -> None:
+        r = self.regs
+        # every step looks: compare all RXDCTL/TXDCTL words at once (two strided copies)
+        # and walk the queues only when one of them changed since the last walk
+        seen = (r[self._rxdctl_cols].tolist(), r[self._txdctl_cols].tolist())
+        if seen == self._ctl_seen:
+            return
+        # remember what the walk is based on, not what it leaves: a driver write during
+        # the walk (another process) then differs at the next step, which walks again
+        self._ctl_seen = seen
+        self._queue_walk()
+
+    def _queue_walk(self) -> None:
         r = self.regs
         rxq, txq = self.rxq, self.txq
         i_rx, i_tx = self._i_rxdctl, self._i_txdctl
@@ -459,7 +526,7 @@ class IxgbeModel:
         elif dst[0] & 1:
             ok = fctrl & regs.FCTRL_MPE
         else:
-            ok = fctrl & regs.FCTRL_UPE or dst == self.mac
+            ok = fctrl & regs.FCTRL_UPE or dst == self._station_address()
         if not ok:
             self.faults[Fault.RX_FILTERED] += 1
             return False
@@ -472,6 +539,15 @@ class IxgbeModel:
             self.counters[S_RUC] += 1
             return False
         return True
+
+    def _station_address(self) -> bytes | None:
+        """The unicast address in RAL(0)/RAH(0), None unless RAH.AV (spec 2.3: the RX
+        engine reads RAL/RAH; the driver may program another address than the reset one)."""
+        r = self.regs
+        ral, rah = r[regs.RAL0 >> 2], r[regs.RAH0 >> 2]
+        if not rah & regs.RAH_AV:
+            return None
+        return ral.to_bytes(4, "little") + (rah & 0xFFFF).to_bytes(2, "little")
 
     def _deliver(self, frame: bytes) -> int:
         """Write ``frame`` into queue 0's ring: 1 done, 0 no free descriptor, -1 lost to a
@@ -504,7 +580,7 @@ class IxgbeModel:
                 self._stop(q, True, Fault.BAD_DMA)
                 return -1
             mem, off = where
-            mem[off : off + chunk] = data[pos : pos + chunk]
+            mem[off : off + chunk] = data if chunk == total else data[pos : pos + chunk]
             pos += chunk
             # store order (spec 2.2): data, then length and lower words, then status
             d32[4 * head + 3] = chunk  # length (VLAN tag 0)

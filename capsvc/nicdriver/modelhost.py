@@ -17,10 +17,12 @@ needs to find and open a modelled 82599 exactly as it would a real one (spec 2.1
   one-process lock.
 
 :class:`ModelHost` runs a set of models: it calls ``step`` on each while there is work,
-keeps spinning for ``spin`` seconds after the last work (latency), then sets each model's
-``MODEL_SLEEPING`` flag, steps once more (a doorbell may have raced with the flag) and
-sleeps in ``select`` on the kick FIFOs and the wires' sockets, bounded by the models' timers
-and ``max_sleep``. An idle host therefore costs nothing measurable, and a driver's register
+keeps spinning for ``spin`` seconds after the last work (latency; each idle round yields
+the CPU with ``sched_yield``, so a runnable driver on the same CPU goes first), then sets
+each model's ``MODEL_SLEEPING`` flag, steps until a round finds nothing (a doorbell may have
+raced with the flag, and a frame one model sent may wait in the other's inbox) and sleeps
+in ``select`` on the kick FIFOs and the wires' sockets, bounded by the models' timers and
+``max_sleep``. An idle host therefore costs nothing measurable, and a driver's register
 write wakes it within a system call.
 
 :func:`start_pair` creates two ports wired back to back (in-process hand-off, or two veth
@@ -223,7 +225,13 @@ def open_model(
         control.faults[index] += 1
 
     stable = int.from_bytes(hashlib.sha256(port.name.encode()).digest()[:4], "little")
-    faulty = FaultyWire(wire, control.fault_rates, seed=seed ^ stable, on_fault=on_fault)
+    faulty = FaultyWire(
+        wire,
+        control.fault_rates,
+        seed=seed ^ stable,
+        on_fault=on_fault,
+        faultless=control.faultless,
+    )
     return IxgbeModel(
         port.bar,
         control,
@@ -279,22 +287,27 @@ class ModelHost:
             for model in models:
                 work += model.step()
             if work:
-                # again at once: a frame one model sent may be waiting in the other's inbox
-                while self.step():
-                    pass
                 last_work = clock()
                 if self.spin > 0:
                     continue
             elif clock() - last_work < self.spin:
+                os.sched_yield()  # spin politely: a runnable driver on this CPU goes first
                 continue
-            # going to sleep: say so, then look once more (a doorbell may have raced the flag)
+            # going to sleep: say so, then look once more (a doorbell may have raced the
+            # flag). After work this look is also the "again" round: a frame one model
+            # sent may be waiting in the other's inbox (then the loop goes round again).
             for w in words:
                 w[ctl.W_MODEL_SLEEPING] = 1
             if self.step():
-                for w in words:
-                    w[ctl.W_MODEL_SLEEPING] = 0
+                # more work: keep the flag (a doorbell meanwhile only costs a spurious
+                # poke) and step until a round finds nothing, then sleep
+                while self.step():
+                    pass
                 last_work = clock()
-                continue
+                if self.spin > 0:
+                    for w in words:
+                        w[ctl.W_MODEL_SLEEPING] = 0
+                    continue
             timeout = self.max_sleep
             mono = time.monotonic()
             for model in models:

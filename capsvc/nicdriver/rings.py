@@ -15,7 +15,11 @@ memoryview slices*, one C-level copy each:
 
 Per packet, only two list comprehensions remain (the physical address of each buffer, the
 TX command word of each length); a batch costs a fixed two dozen C calls plus ~50 ns a
-packet. Descriptor stores for a batch precede the single tail store (the doorbell) for the
+packet. That fixed cost dominates a batch of one, which is what request/response traffic
+sends and receives: :meth:`TxQueue.tx_one` and the lone-frame case of
+:meth:`RxQueue.rx_batch` (the next slot has DD|EOP and no error, the one after has no DD)
+use a few scalar loads and stores instead, with the same store order and tail rules.
+Descriptor stores for a batch precede the single tail store (the doorbell) for the
 batch; on x86-64 stores stay in program order (spec 4.3), and the device does not own the
 slots until the tail moves, so the order of stores *within* the batch is irrelevant.
 
@@ -56,6 +60,7 @@ _DD = bytes(1 if b & regs.RX_STATUS_DD else 0 for b in range(256))
 _DD_EOP = bytes(1 if b & 3 == 3 else 0 for b in range(256))
 # byte 11 of a write-back (status bits 31:24) -> 1 when RXE (bit 29) is set
 _RXE = bytes(1 if b & (regs.RX_ERROR_RXE >> 24) else 0 for b in range(256))
+_RXE_BYTE = regs.RX_ERROR_RXE >> 24
 
 
 def _check_ring_size(n: int) -> None:
@@ -124,6 +129,18 @@ class RxQueue(_Ring):
         The buffers are the caller's: free them to their pool (or send them).
         """
         start = self.rx_index
+        d8 = self.d8
+        status = d8[16 * start + 8]
+        if not status & regs.RX_STATUS_DD:
+            return [], []  # nothing written back: the common idle poll
+        if (
+            status & 3 == 3  # DD and EOP: a whole one-buffer frame
+            and not d8[16 * start + 11] & _RXE_BYTE
+            and not d8[16 * ((start + 1) & self.mask) + 8] & regs.RX_STATUS_DD
+            and not self._dropping
+            and max_packets > 0
+        ):
+            return self._take_one(start)
         first = min(max_packets, self.size - start)
         bufs, lens = self._take(start, first)
         if len(bufs) == first and first < max_packets and self.rx_index == 0:
@@ -134,6 +151,21 @@ class RxQueue(_Ring):
         if bufs or self.rx_index != start:
             self._rdt((self.rx_index - 1) & self.mask)
         return bufs, lens
+
+    def _take_one(self, start: int) -> tuple[list[int], list[int]]:
+        """A lone frame (request/response traffic): scalar stores beat column copies."""
+        new = self.pool.alloc()
+        if new < 0:
+            return [], []
+        table = self.table
+        buf = table[start]
+        length = self.d16[8 * start + 6]
+        self.d64[2 * start] = self._phys[new]
+        self.d64[2 * start + 1] = 0  # header address 0; also clears DD (spec 1.5)
+        table[start] = new
+        self.rx_index = (start + 1) & self.mask
+        self._rdt(start)  # the last re-armed slot (spec 1.6)
+        return [buf], [length]
 
     def _take(self, start: int, count: int) -> tuple[list[int], list[int]]:
         if count <= 0:
@@ -255,6 +287,21 @@ class TxQueue(_Ring):
         self.tx_index = (tx + k) & self.mask
         self._tdt(self.tx_index)
         return k
+
+    def tx_one(self, buf: int, length: int) -> bool:
+        """:meth:`tx_batch` for a single buffer (scalar stores); False if the ring is full."""
+        self.clean()
+        tx = self.tx_index
+        if not (self.clean_index - tx - 1) & self.mask:
+            return False
+        if length > MAX_TX_LENGTH:
+            raise ValueError("a TX length exceeds the buffer size")
+        self.d64[2 * tx] = self._phys[buf]
+        self.d64[2 * tx + 1] = (length << 46) | regs.TX_CMD_TYPE_DATA | length
+        self.table[tx] = buf
+        self.tx_index = (tx + 1) & self.mask
+        self._tdt(self.tx_index)
+        return True
 
     def _write(self, slot: int, bufs: list[int], lens: list[int], a: int, b: int) -> None:
         end = slot + b - a

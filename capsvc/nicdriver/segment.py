@@ -44,6 +44,8 @@ __all__ = [
     "Segment",
     "decode",
     "encode",
+    "encode_after",
+    "ethernet_header",
 ]
 
 ETHERTYPE = 0x88B5
@@ -57,7 +59,10 @@ CLOSED = 0x10  # the sender will not read any more: stop sending to it
 PROBE = 0x20  # please acknowledge at once (zero-window probe, keep-alive)
 ETH_HEADER = 14
 _FIELDS = struct.Struct("<BBHIIIQHH")
-HEADER_SIZE = _FIELDS.size + 4
+_CRC = struct.Struct("<I")
+HEADER_SIZE = _FIELDS.size + _CRC.size
+_CRC_AT = ETH_HEADER + _FIELDS.size  # offset of the CRC in a frame
+_PAYLOAD = ETH_HEADER + HEADER_SIZE  # offset of the payload in a frame
 MTU = 1500
 MSS = MTU - HEADER_SIZE  # 1468 data bytes per frame
 FLAG_NAMES = {SYN: "SYN", ACK: "ACK", FIN: "FIN", RST: "RST", CLOSED: "CLOSED", PROBE: "PROBE"}
@@ -85,6 +90,11 @@ class Segment(NamedTuple):
         )
 
 
+def ethernet_header(dst: bytes, src: bytes) -> bytes:
+    """The 14-byte Ethernet II header of our frames from ``src`` to ``dst``."""
+    return bytes(dst) + bytes(src) + ETHERTYPE_BYTES
+
+
 def encode(
     dst: bytes,
     src: bytes,
@@ -97,6 +107,20 @@ def encode(
     payload: bytes | bytearray | memoryview = b"",
 ) -> bytes:
     """A complete Ethernet frame carrying one segment."""
+    return encode_after(ethernet_header(dst, src), flags, conn, seq, ack, sack, window, payload)
+
+
+def encode_after(
+    eth: bytes,
+    flags: int,
+    conn: int,
+    seq: int,
+    ack: int,
+    sack: int,
+    window: int,
+    payload: bytes | bytearray | memoryview = b"",
+) -> bytes:
+    """:func:`encode` with a prebuilt Ethernet header (a channel keeps its own)."""
     fields = _FIELDS.pack(
         VERSION,
         flags,
@@ -109,22 +133,21 @@ def encode(
         len(payload),
     )
     crc = zlib.crc32(payload, zlib.crc32(fields))
-    return b"".join((dst, src, ETHERTYPE_BYTES, fields, crc.to_bytes(4, "little"), payload))
+    return b"".join((eth, fields, _CRC.pack(crc), payload))
 
 
 def decode(frame: bytes | memoryview) -> Segment | None:
     """The segment in ``frame``, or None if it is not a valid one."""
-    if len(frame) < ETH_HEADER + HEADER_SIZE or frame[12:14] != ETHERTYPE_BYTES:
+    if type(frame) is not bytes:
+        frame = bytes(frame)  # one copy; slicing bytes below is cheaper than views
+    if len(frame) < _PAYLOAD or frame[12:14] != ETHERTYPE_BYTES:
         return None
     version, flags, _, conn, seq, ack, sack, window, length = _FIELDS.unpack_from(frame, ETH_HEADER)
-    start = ETH_HEADER + HEADER_SIZE
-    if version != VERSION or start + length > len(frame):
+    end = _PAYLOAD + length
+    if version != VERSION or end > len(frame):
         return None
-    payload = bytes(frame[start : start + length])
-    fields = frame[ETH_HEADER : ETH_HEADER + _FIELDS.size]
-    (crc,) = struct.unpack_from("<I", frame, ETH_HEADER + _FIELDS.size)
-    if zlib.crc32(payload, zlib.crc32(fields)) != crc:
+    payload = frame[_PAYLOAD:end]
+    (crc,) = _CRC.unpack_from(frame, _CRC_AT)
+    if zlib.crc32(payload, zlib.crc32(frame[ETH_HEADER:_CRC_AT])) != crc:
         return None
-    return Segment(
-        bytes(frame[0:6]), bytes(frame[6:12]), flags, conn, seq, ack, sack, window, payload
-    )
+    return Segment(frame[0:6], frame[6:12], flags, conn, seq, ack, sack, window, payload)

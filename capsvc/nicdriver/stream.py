@@ -62,7 +62,8 @@ from capsvc.nicdriver.segment import (
     RST,
     SYN,
     Segment,
-    encode,
+    encode_after,
+    ethernet_header,
 )
 
 if TYPE_CHECKING:
@@ -168,6 +169,8 @@ class Channel:
         self.retransmits = 0
         self.last_heard = now
         self.keepalive_probes = 0
+        self._eth_peer = b""
+        self._eth = b""
 
     # ------------------------------------------------------------------ app side
     @property
@@ -194,8 +197,19 @@ class Channel:
         """Accept up to :attr:`send_room` bytes of ``data``; returns how many."""
         n = min(self.send_room, len(data))
         if n:
-            self.snd_buf += data[:n]
-            self._push(now)
+            if (
+                n <= self.config.mss
+                and not self.snd_buf
+                and self.state == ESTABLISHED
+                and self.send_error is None
+                and self.snd_next < self._send_limit()
+            ):
+                # the common RPC case: a small write, nothing queued, window open. The
+                # segment is cut straight from ``data`` (no trip through snd_buf).
+                self._new_segment(bytes(data[:n]), 0, now)
+            else:
+                self.snd_buf += data[:n]
+                self._push(now)
         return n
 
     def receive(self, max_bytes: int, now: float) -> bytes:
@@ -203,8 +217,12 @@ class Channel:
         buf = self.rcv_buf
         if not buf:
             return b""
-        data = bytes(buf[:max_bytes])
-        del buf[:max_bytes]
+        if len(buf) <= max_bytes:
+            data = bytes(buf)
+            buf.clear()
+        else:
+            data = bytes(buf[:max_bytes])
+            del buf[:max_bytes]
         window = self._window()
         half = self.config.max_window // 2
         if self.state == ESTABLISHED and self._advertised < half <= window:
@@ -355,19 +373,16 @@ class Channel:
 
     # ------------------------------------------------------------------ timers
     def next_deadline(self) -> float | None:
-        deadlines = [
-            d
-            for d in (
-                self.rto_deadline,
-                self.ack_deadline,
-                self.persist_deadline,
-                self.syn_deadline,
-                self.done_at,
-                self._keepalive_deadline(),
-            )
-            if d is not None
-        ]
-        return min(deadlines) if deadlines else None
+        # called on every pass of the transport's poll loop: no temporary list
+        best = self.rto_deadline
+        for d in (self.ack_deadline, self.persist_deadline, self.syn_deadline, self.done_at):
+            if d is not None and (best is None or d < best):
+                best = d
+        if self.state == ESTABLISHED and self.done_at is None:
+            d = self.last_heard + self.config.keepalive * (1 + self.keepalive_probes / 4)
+            if best is None or d < best:
+                best = d
+        return best
 
     def _keepalive_deadline(self) -> float | None:
         if self.state != ESTABLISHED or self.done_at is not None:
@@ -420,31 +435,41 @@ class Channel:
             self.state = DONE
 
     # ------------------------------------------------------------------ sending
+    def _send_limit(self) -> int:
+        """One past the highest sequence number the windows allow in flight."""
+        return min(self.peer_ack + self.peer_window, self.snd_una + self.config.max_window)
+
     def _push(self, now: float) -> None:
         """Cut buffered data into segments and send what the window allows."""
         if self.state != ESTABLISHED or self.send_error is not None:
             return
-        limit = min(self.peer_ack + self.peer_window, self.snd_una + self.config.max_window)
         buf = self.snd_buf
+        if not buf and (not self.fin_queued or self.fin_sent):
+            return  # nothing to send (every incoming ack calls this)
+        limit = self._send_limit()
         mss = self.config.mss
         while self.snd_next < limit and (buf or (self.fin_queued and not self.fin_sent)):
             if buf:
                 payload = bytes(buf[:mss])
                 del buf[:mss]
-                out = _Out(self.snd_next, payload, 0)
-                self.unacked_bytes += len(payload)
+                self._new_segment(payload, 0, now)
             else:
-                out = _Out(self.snd_next, b"", FIN)
                 self.fin_sent = True
-            self.unacked[self.snd_next] = out
-            self.snd_next += 1
-            self._send_segment(out, now)
-        if self.unacked and self.rto_deadline is None:
-            self.rto_deadline = now + self.rto
+                self._new_segment(b"", FIN, now)
         pending = buf or (self.fin_queued and not self.fin_sent)
         if pending and self.snd_next >= limit and self.persist_deadline is None:
             if not self.unacked:  # window closed and nothing in flight: probe
                 self.persist_deadline = now + self.rto
+
+    def _new_segment(self, payload: bytes, flags: int, now: float) -> None:
+        """Assign the next sequence number to ``payload`` and send it (window checked)."""
+        out = _Out(self.snd_next, payload, flags)
+        self.unacked_bytes += len(payload)
+        self.unacked[self.snd_next] = out
+        self.snd_next += 1
+        self._send_segment(out, now)
+        if self.rto_deadline is None:
+            self.rto_deadline = now + self.rto
 
     def _send_segment(self, out: _Out, now: float) -> None:
         out.sent = now
@@ -474,18 +499,11 @@ class Channel:
                 i = seq_held - base
                 if 0 <= i < 64:
                     sack |= 1 << i
+        if self._eth_peer is not self.peer:  # the peer's MAC is learnt at establishment
+            self._eth_peer = self.peer
+            self._eth = ethernet_header(self.peer, self.mux.mac)
         self.mux.outbox.append(
-            encode(
-                self.peer,
-                self.mux.mac,
-                flags,
-                self.conn,
-                seq,
-                self.rcv_next,
-                sack,
-                window,
-                payload,
-            )
+            encode_after(self._eth, flags, self.conn, seq, self.rcv_next, sack, window, payload)
         )
 
     def _window(self) -> int:

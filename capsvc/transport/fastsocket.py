@@ -83,6 +83,21 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
         finally:
             self._sending = False
 
+    def send_from_flusher(self, data: bytes | bytearray | memoryview) -> int:
+        """Send what fits without blocking; 0 if nothing does. For capsvc's end-of-pass
+        flusher (it runs in trio's ``before_io_wait``, where nothing may block or
+        reschedule a task); the rest is left to the connection's writer task."""
+        if self._sending:
+            raise trio.BusyResourceError("another task is already sending on this stream")
+        if self._closed or self._eof_sent:
+            raise trio.ClosedResourceError("the stream is closed for sending")
+        try:
+            return self.socket.send(data)
+        except BlockingIOError:
+            return 0
+        except OSError as error:
+            raise self._translate(error) from error
+
     async def wait_send_all_might_not_block(self) -> None:
         if self._sending:
             raise trio.BusyResourceError("another task is already sending on this stream")

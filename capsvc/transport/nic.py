@@ -34,15 +34,40 @@ produced and wakes the tasks whose channel changed. The loop is cooperative:
   write-back), for up to 50 ms, right after its work (the sleep yields to the woken tasks
   and returns at once if more frames are waiting);
 
-and never past the mux's next timer, so an idle connection costs no CPU. Senders transmit
-directly from ``send_all`` (no scheduler round trip) and kick the loop only when they
-created a timer earlier than its wake-up. The port's register accessor runs in *deferred*
-mode: a TX doorbell only stores the tail, and a trio instrument pokes the model in
-``before_io_wait``, once this scheduler pass's tasks are done (waking the model while we
-still run would make the two processes compete for one CPU). With a co-located model
-(``capsvc nic start-pair NAME --wire colocated``) the port's model runs in this process:
-the poll loop steps it (``bar.service()``) and sleeps on its wire socket, and the deferred
-TX engine runs in the same ``before_io_wait`` hook.
+and never past the mux's next timer, so an idle connection costs no CPU. The loop keeps one
+cancel scope across many passes and moves its deadline only when a timer comes due
+earlier (a scope per sleep cost as much as the rest of an idle pass); ``kick`` cancels it.
+While traffic flows (for 100 ms after the last frame) it wakes at least every ``min_rto``,
+so a send, whose retransmission timer is at least ``min_rto`` away, never needs to kick
+it. Senders transmit directly from ``send_all`` (no scheduler round trip) and kick the
+loop only when they created a timer earlier than its wake-up. The port's register
+accessor runs in *deferred* mode: a TX doorbell only stores the tail, and a trio
+instrument pokes the model in ``before_io_wait``, once this scheduler pass's tasks are done
+(waking the model while we still run would make the two processes compete for one CPU).
+With a co-located model (``capsvc nic start-pair NAME --wire colocated``) the port's model
+runs in this process: the poll loop lets it receive (``bar.service()``) and sleeps on its
+wire socket, and the deferred TX engine runs in the same ``before_io_wait`` hook.
+
+Request/response traffic moves one frame at a time, so the single-frame cases have
+scalar fast paths all the way down: a small write becomes a segment without passing
+through the send buffer (:meth:`~capsvc.nicdriver.stream.Channel.send`), one TX
+descriptor is written without column copies (:meth:`~capsvc.nicdriver.rings.TxQueue.tx_one`),
+and a lone received frame is taken the same way.
+
+capsvc's :class:`~capsvc.connection.Connection` writes a connection's output at the end of
+each scheduler pass, from trio's ``before_io_wait``, through ``stream.send_from_flusher``
+(the end-of-pass flusher, :mod:`capsvc.flusher`), when the stream offers one; otherwise a
+writer task does it a pass later. :meth:`NicStream.send_from_flusher` is that non-blocking
+send, so RPC over ``nic:`` saves that pass on each side as TCP does. Code that runs in
+``before_io_wait`` must not reschedule tasks (trio has already chosen how long to sleep):
+the transmit path never does, and wake-ups it needs go through ``run_sync_soon``. The
+Connection also gives each stream that has a ``busy_poll`` attribute its adaptive
+busy-polling policy (:mod:`capsvc.transport.busypoll`, the same as TCP's): a reader that
+finds no data then polls the device for a while (zero-timeout scheduler passes, each running
+one pass of the port's work from the reader's task, :meth:`NicPort.poll_now`) instead of
+sleeping until the poll loop wakes it, when replies have been coming within the budget (at
+least :data:`MIN_BUSY_POLL`, since a round trip over ``nic:`` takes longer than TCP's). A
+hit also saves the poll loop's hand-off: the reader gets its bytes in its own pass.
 
 :class:`NicStream` is a :class:`trio.abc.HalfCloseableStream` (it passes
 ``trio.testing.check_half_closeable_stream``); ``send_all_fast``/``receive_some_fast`` are
@@ -69,6 +94,8 @@ from capsvc.nicdriver.ixgbe import IxgbeDevice
 from capsvc.nicdriver.modelhost import MODEL_PCI_ADDRESS, find_port
 from capsvc.nicdriver.mux import StreamMux
 from capsvc.nicdriver.stream import BROADCAST, Channel, StreamConfig
+from capsvc.transport import busypoll
+from capsvc.transport.busypoll import BusyPoll
 
 __all__ = [
     "NicListener",
@@ -84,11 +111,16 @@ log = logging.getLogger("capsvc.nic")
 
 RX_BATCH = 64
 SPIN_PASSES = 20  # hardware only: passes before the first back-off sleep
+MIN_SLEEP_HW = 0.0001
 MAX_SLEEP_HW = 0.001
 MAX_SLEEP_MODEL = 0.05
+BUSY_WINDOW = 0.1  # seconds after the last frame during which the loop wakes every min_rto
 IDLE_GRACE = 2.0  # keep an unused port open this long (re-opening resets the device)
 BACKLOG_LIMIT = 4096
 RECEIVE_DEFAULT = 65536
+# The least busy-poll budget of a nic: stream (see NicStream.busy_poll): a small call's
+# round trip takes ~250-300 µs here against TCP's ~150 µs, beyond TCP's 200 µs budget
+MIN_BUSY_POLL = 500e-6
 
 
 # ----------------------------------------------------------------------------- port
@@ -144,9 +176,16 @@ class NicPort:
         self._idle_scope: trio.CancelScope | None = None
         self._sleep_until = 0.0
         self._idle_since: float | None = None
-        self._has_fd = device.idle_fd() is not None
+        self._idle_passes = 0
+        self._last_work = 0.0
+        self._backoff = MIN_SLEEP_HW
+        fd = device.idle_fd()
+        self._fd = -1 if fd is None else fd
+        self._has_fd = fd is not None
+        self._service = device.bar.service
+        self._device_deadline = device.bar.next_deadline
         device.bar.deferred = True
-        self._instrument = _FlushBeforeWait(device.bar.flush_wakeups)
+        self._instrument = _FlushBeforeWait(self.flush_device)
 
     # ------------------------------------------------------------------ lifetime
     @classmethod
@@ -200,93 +239,159 @@ class NicPort:
             self._shutdown()
 
     async def _loop(self) -> None:
-        rxq = self._rxq
-        pool = self._pool
-        mem = pool.mem
-        mux = self.mux
-        receive_frame = mux.receive_frame
-        offset = pool.offset
-        idle_passes = 0
-        sleep = 0.0001
-        service = self.device.bar.service
-        device_deadline = self.device.bar.next_deadline
-        while True:
-            now = time.monotonic()
-            service()  # a co-located model runs here (no-op otherwise)
-            bufs, lens = rxq.rx_batch(RX_BATCH)
-            if bufs:
-                for buf, length in zip(bufs, lens, strict=True):
-                    start = offset(buf)
-                    receive_frame(mem[start : start + length], now)
-                pool.free_batch(bufs)
-            deadline = mux.next_deadline()
-            if deadline is not None and now >= deadline:
-                mux.poll(now)
-            sent = self.flush()
-            if mux.changed:
-                mux.changed.clear()
-                self.lot.unpark_all()
-            if bufs or sent:
-                self._idle_since = None
-                sleep = 0.0001
-                idle_passes = 0
-                if not self._has_fd:
-                    await trio.lowlevel.checkpoint()
-                    continue
-                # model: sleeping on its FIFO yields to the woken tasks, and returns at once
-                # when more frames are waiting, so there is no need for another pass first
-            else:
-                if self.idle:
-                    if self._idle_since is None:
-                        self._idle_since = now
-                    elif now - self._idle_since > IDLE_GRACE:
-                        return
-                idle_passes += 1
-                if idle_passes < SPIN_PASSES and not self._has_fd:
-                    await trio.lowlevel.checkpoint()
-                    continue
-            if self._has_fd:  # the model pokes us: no need to poll more often
-                timeout = MAX_SLEEP_MODEL
-            else:  # hardware: poll with exponential back-off up to 1 ms
-                timeout = sleep
-                sleep = min(sleep * 2, MAX_SLEEP_HW)
-            for deadline in (mux.next_deadline(), device_deadline()):
-                if deadline is not None:
-                    timeout = max(0.0, min(timeout, deadline - now))
-            if self.idle and self._idle_since is not None:
-                timeout = min(timeout, max(0.0, self._idle_since + IDLE_GRACE - now + 0.001))
-            await self._sleep(timeout)
+        # One cancel scope serves many passes: its deadline is the wake-up timer (moved
+        # only when a timer comes due earlier, see _arm), and kick() cancels it. A fresh
+        # scope per sleep (move_on_after) cost as much as the rest of an idle pass.
+        while not await self._passes():
+            pass
 
-    async def _sleep(self, seconds: float) -> None:
-        device = self.device
-        fd = device.idle_fd() if self._has_fd else None
-        self._sleep_until = time.monotonic() + seconds
-        with trio.move_on_after(seconds) as scope:
+    async def _passes(self) -> bool:
+        """Poll until the port is idle long enough (True) or the scope fires (False)."""
+        with trio.CancelScope() as scope:
             self._idle_scope = scope
-            if fd is not None:
-                device.bar.begin_idle()
-                poked = False
-                try:
-                    if not self._rxq.pending():  # an RX write-back may have raced the flag
-                        await trio.lowlevel.wait_readable(fd)
-                        poked = True
-                finally:
-                    device.bar.end_idle(drain=poked)
-            else:
-                await trio.sleep_forever()
-        self._idle_scope = None
+            try:
+                while True:
+                    now = time.monotonic()
+                    worked = self._pass(now)
+                    if self._wait_done(worked, now):
+                        return True
+                    if worked and not self._has_fd:
+                        await trio.lowlevel.checkpoint()  # hardware: poll again next pass
+                        continue
+                    if not worked and self._idle_passes < SPIN_PASSES and not self._has_fd:
+                        await trio.lowlevel.checkpoint()
+                        continue
+                    self._arm(scope, now)
+                    await self._wait()
+            finally:
+                self._idle_scope = None
+        return False
+
+    def _pass(self, now: float) -> bool:
+        """One round of work: device, RX, timers, TX, wake-ups; True if frames moved."""
+        self._service()  # a co-located model runs here (no-op otherwise)
+        bufs, lens = self._rxq.rx_batch(RX_BATCH)
+        mux = self.mux
+        if bufs:
+            pool = self._pool
+            mem = pool.mem
+            offset = pool.offset
+            receive_frame = mux.receive_frame
+            for buf, length in zip(bufs, lens, strict=True):
+                start = offset(buf)
+                receive_frame(bytes(mem[start : start + length]), now)
+            pool.free_batch(bufs)
+        deadline = mux.next_deadline()
+        if deadline is not None and now >= deadline:
+            mux.poll(now)
+        sent = self.flush()
+        if mux.changed:
+            mux.changed.clear()
+            self.lot.unpark_all()
+        return bool(bufs) or sent > 0
+
+    def _wait_done(self, worked: bool, now: float) -> bool:
+        """Idle bookkeeping; True once an unused port has been idle for IDLE_GRACE."""
+        if worked:
+            self._last_work = now
+            self._idle_since = None
+            self._backoff = MIN_SLEEP_HW
+            self._idle_passes = 0
+            return False
+        self._idle_passes += 1
+        if self.idle:
+            if self._idle_since is None:
+                self._idle_since = now
+            elif now - self._idle_since > IDLE_GRACE:
+                return True
+        return False
+
+    def _arm(self, scope: trio.CancelScope, now: float) -> None:
+        """Set the scope's deadline for the coming wait: the next timer, bounded by the
+        poll interval. A deadline left earlier than needed stays (one spurious wake-up
+        is cheaper than moving trio's deadline on every frame)."""
+        if self._has_fd:  # the model pokes us: no need to poll more often
+            wake = now + MAX_SLEEP_MODEL
+        else:  # hardware: poll with exponential back-off up to 1 ms
+            wake = now + self._backoff
+            self._backoff = min(self._backoff * 2, MAX_SLEEP_HW)
+        if now - self._last_work < BUSY_WINDOW:
+            # while traffic flows, wake at least every min_rto: a send then never creates
+            # a timer earlier than our wake-up (an RTO is >= min_rto away), so senders need
+            # not kick us (a kick costs this loop a scheduler pass and a new cancel scope)
+            wake = min(wake, now + self.mux.config.min_rto)
+        for deadline in (self.mux.next_deadline(), self._device_deadline()):
+            if deadline is not None and deadline < wake:
+                wake = deadline
+        if self.idle and self._idle_since is not None:
+            wake = min(wake, self._idle_since + IDLE_GRACE + 0.001)
+        # trio's clock counts from another origin: convert through the offset
+        offset = trio.current_time() - now
+        current = scope.deadline - offset
+        if wake < current:
+            scope.deadline = wake + offset
+            current = wake
+        self._sleep_until = current
+
+    async def _wait(self) -> None:
+        """Sleep until the scope fires, or (model ports) the model pokes us."""
+        if not self._has_fd:
+            await trio.sleep_forever()
+            return
+        bar = self.device.bar
+        bar.begin_idle()
+        poked = False
+        try:
+            if not self._rxq.pending():  # an RX write-back may have raced the flag
+                await trio.lowlevel.wait_readable(self._fd)
+                poked = True
+        finally:
+            bar.end_idle(drain=poked)
+
+    def poll_now(self) -> None:
+        """One pass of the poll loop's work, from the calling task (a busy-polling reader):
+        the loop itself may be asleep; the pass is synchronous, so the two never overlap."""
+        if not self.closed:
+            now = time.monotonic()
+            if self._pass(now):
+                self._last_work = now  # traffic flows (see _arm), even if the loop sleeps
+            if self._rxq.pending():
+                # more than a batch came: the loop sleeps on a socket or FIFO that may no
+                # longer say so (this pass drained it), so it must look itself
+                self.kick()
+
+    def flush_device(self) -> None:
+        """The deferred doorbell work (runs in trio's ``before_io_wait``): wake the model,
+        or run a co-located model's TX engine. That can leave the device with timed work
+        (a co-located wire keeps frames the peer's full queue refused, to retry shortly),
+        due before the poll loop's wake-up, which trio has already chosen: then the loop
+        is woken through ``run_sync_soon`` (it interrupts trio's sleep)."""
+        if self.closed:
+            return
+        self.device.bar.flush_wakeups()
+        deadline = self._device_deadline()
+        if deadline is not None and deadline < self._sleep_until and self._idle_scope is not None:
+            trio.lowlevel.current_trio_token().run_sync_soon(self.kick)
 
     def kick(self) -> None:
         """Wake the poll loop (new timers, new work, shutdown checks)."""
         if self._idle_scope is not None:
             self._idle_scope.cancel()
 
-    def kick_for(self, channel: Channel) -> None:
-        """Wake the poll loop only if ``channel`` now has a timer before its wake-up."""
+    def kick_for(self, channel: Channel, *, from_hook: bool = False) -> None:
+        """Wake the poll loop only if ``channel`` now has a timer before its wake-up.
+
+        ``from_hook``: called from trio's ``before_io_wait``, where trio has already chosen
+        how long to sleep; the wake-up then goes through ``run_sync_soon``, which
+        interrupts that sleep.
+        """
         if self._idle_scope is not None:
             deadline = channel.next_deadline()
             if deadline is not None and deadline < self._sleep_until:
-                self._idle_scope.cancel()
+                if from_hook:
+                    trio.lowlevel.current_trio_token().run_sync_soon(self.kick)
+                else:
+                    self._idle_scope.cancel()
 
     def flush(self) -> int:
         """Transmit what the mux produced (and earlier leftovers); returns frames sent."""
@@ -298,6 +403,10 @@ class NicPort:
             if self._txq.in_flight:
                 self._txq.clean()
             return 0
+        if len(frames) == 1:
+            sent = self._send_one(frames[0])
+            if sent:
+                return sent
         pool = self._pool
         mem = pool.mem
         offset = pool.offset
@@ -307,11 +416,9 @@ class NicPort:
             start = offset(buf)
             mem[start : start + len(frame)] = frame
             lens.append(len(frame))
+        # the doorbell is deferred (no model runs inside it), and flush() may run in trio's
+        # before_io_wait (NicStream.send_from_flusher): nothing here may reschedule a task
         sent = self._txq.tx_batch(bufs, lens) if bufs else 0
-        if self._idle_scope is not None and self._rxq.pending():
-            # a co-located model ran inside the doorbell and received frames while the poll
-            # loop sleeps on a socket it can no longer see readable: wake the loop
-            self._idle_scope.cancel()
         if sent < len(bufs):
             pool.free_batch(bufs[sent:])
         if sent < len(frames):
@@ -322,6 +429,21 @@ class NicPort:
             self._backlog = left
         self.frames_out += sent
         return sent
+
+    def _send_one(self, frame: bytes) -> int:
+        """One frame, nothing held back (request/response traffic): scalar ring work.
+        Returns 0 (nothing taken) when the pool or the ring is full."""
+        pool = self._pool
+        buf = pool.alloc()
+        if buf < 0:
+            return 0
+        start = pool.offset(buf)
+        pool.mem[start : start + len(frame)] = frame
+        if not self._txq.tx_one(buf, len(frame)):
+            pool.free(buf)
+            return 0
+        self.frames_out += 1
+        return 1
 
     def _shutdown(self) -> None:
         if self.closed:
@@ -361,10 +483,57 @@ class NicStream(trio.abc.HalfCloseableStream):
         self._closed = False
         self._sending = False
         self._receiving = False
+        self._poll_policy: BusyPoll | None = None
 
     @property
     def peer_mac(self) -> bytes:
         return self.channel.peer
+
+    @property
+    def busy_poll(self) -> BusyPoll | None:
+        """Adaptive busy polling of receives (:mod:`capsvc.transport.busypoll`), the same
+        policy as TCP's; capsvc's Connection sets it. None: sleep until the poll loop
+        wakes us. A budget below :data:`MIN_BUSY_POLL` is raised to it: a round trip over
+        ``nic:`` takes longer than one over TCP (the frame path runs in Python on both
+        sides), so TCP's budget would give up just before the reply comes."""
+        return self._poll_policy
+
+    @busy_poll.setter
+    def busy_poll(self, policy: BusyPoll | None) -> None:
+        if policy is not None and policy.budget < MIN_BUSY_POLL:
+            policy.budget = MIN_BUSY_POLL
+        self._poll_policy = policy
+
+    def send_from_flusher(self, data: bytes | bytearray | memoryview) -> int:
+        """Send what fits without blocking (0 if nothing does), from trio's
+        ``before_io_wait``: capsvc's end-of-pass flusher (:mod:`capsvc.flusher`) writes a
+        connection's output through this, so RPC over ``nic:`` saves the writer task's
+        scheduler pass per batch as TCP does. The transmit doorbell it rings is deferred
+        like every other (the port's own ``before_io_wait`` hook does the wake-up); since
+        this may run after that hook, the wake-up work is done here at once."""
+        sent = self.send_nowait(data, from_hook=True)
+        if sent:
+            self.port.flush_device()
+        return sent
+
+    def send_nowait(self, data: bytes | bytearray | memoryview, *, from_hook: bool = False) -> int:
+        """Queue what fits of ``data`` and transmit it now, without blocking; returns the
+        byte count (0 when the send buffer is full). Raises ``trio.ClosedResourceError`` or
+        ``trio.BrokenResourceError`` like :meth:`send_all`. ``from_hook``: the caller runs
+        in trio's ``before_io_wait`` (see :meth:`NicPort.kick_for`)."""
+        if self._closed or self.channel.fin_queued:
+            raise trio.ClosedResourceError("the stream is closed for sending")
+        channel = self.channel
+        if channel.send_error is not None:
+            raise trio.BrokenResourceError(channel.send_error)
+        if self._sending:
+            raise trio.BusyResourceError("another task is already sending on this stream")
+        port = self.port
+        sent = channel.send(data, port.now())
+        if sent:
+            port.flush()
+            port.kick_for(channel, from_hook=from_hook)
+        return sent
 
     # ------------------------------------------------------------------ sending
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -458,9 +627,35 @@ class NicStream(trio.abc.HalfCloseableStream):
                     return b""
                 if channel.recv_error is not None:
                     raise trio.BrokenResourceError(channel.recv_error)
-                await self._park()
+                policy = self._poll_policy
+                if policy is None or not await self._busy_poll(policy):
+                    await self._park()
         finally:
             self._receiving = False
+
+    async def _busy_poll(self, poll: BusyPoll) -> bool:
+        """Poll the device for our data a while instead of sleeping, when it pays (the
+        policy and its budget are :mod:`capsvc.transport.busypoll`'s, as for TCP): each
+        poll is one zero-timeout scheduler pass plus one pass of the port's work (a
+        poll-mode driver's RX check; ixy never sleeps at all), with a ``sched_yield`` so
+        that a process waiting for this CPU gets it. True if the channel became readable."""
+        if not poll.should_poll():
+            return False
+        channel = self.channel
+        port = self.port
+        deadline = busypoll.now() + poll.budget
+        while True:
+            await trio.lowlevel.checkpoint()
+            if port.closed:
+                return False
+            if not channel.readable:
+                port.poll_now()
+            if channel.readable:
+                poll.polled(found=True)
+                return True
+            if busypoll.now() >= deadline or not poll.yield_cpu():
+                poll.polled(found=False)  # out of budget, or the CPUs are contended
+                return False
 
     # ------------------------------------------------------------------ closing
     async def aclose(self) -> None:

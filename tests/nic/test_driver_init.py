@@ -128,3 +128,48 @@ def test_link_waits_for_the_model(rundir: Path) -> None:
             device.close()
     finally:
         host.close()
+
+
+def test_mac_after_eeprom_auto_read_and_link_mode_before_an_restart(rundir: Path) -> None:
+    # spec 1.4 step 3: RAL(0)/RAH(0) are loaded by the EEPROM auto-read that step 4 waits
+    # for, so the driver reads them only after EEC.ARD reads 1
+    host = start_pair("ee", rundir=rundir, spin=0)
+    host.start_thread()
+    try:
+        device = open_port(rundir, "ee.0")
+        try:
+            reads: list[tuple[int, int]] = []
+            original = device.bar.read32
+
+            def recording_read32(offset: int) -> int:
+                value = original(offset)
+                reads.append((offset, value))
+                return value
+
+            writes: list[tuple[int, int]] = []
+            original_write = device.bar.write32
+
+            def recording_write32(offset: int, value: int) -> None:
+                writes.append((offset, value))
+                original_write(offset, value)
+
+            device.bar.read32 = recording_read32  # type: ignore[method-assign]
+            device.bar.write32 = recording_write32  # type: ignore[method-assign]
+            device.reset_and_init(link_timeout=5)
+            # step 6: the link mode is written first, AN_RESTART set afterwards
+            autoc = [value for off, value in writes if off == regs.AUTOC]
+            assert len(autoc) == 2
+            assert not autoc[0] & regs.AUTOC_AN_RESTART
+            assert autoc[0] & regs.AUTOC_LMS_MASK == regs.AUTOC_LMS_10G_SERIAL
+            assert autoc[1] == autoc[0] | regs.AUTOC_AN_RESTART
+            ard_seen = next(
+                i for i, (off, val) in enumerate(reads) if off == regs.EEC and val & regs.EEC_ARD
+            )
+            mac_reads = [i for i, (off, _) in enumerate(reads) if off in (regs.RAL0, regs.RAH0)]
+            assert mac_reads
+            assert min(mac_reads) > ard_seen
+            assert device.mac == mac_for("ee.0")
+        finally:
+            device.close()
+    finally:
+        host.close()

@@ -21,7 +21,9 @@ from capsvc.nicdriver.control import Control
 from capsvc.nicdriver.errors import NicError
 from capsvc.nicdriver.pci import list_functions
 from capsvc.nicdriver.stream import StreamConfig
+from capsvc.transport.busypoll import BusyPoll
 from capsvc.transport.nic import (
+    MIN_BUSY_POLL,
     NicListener,
     NicSpec,
     NicStream,
@@ -184,6 +186,90 @@ async def test_idle_connection_does_not_burn_a_core(model_process: ModelProcess)
     # and the connection still works after sleeping
     await client.send_all(b"wake up")
     assert await server.receive_some() == b"wake up"
+    await client.aclose()
+    await server.aclose()
+    await listener.aclose()
+
+
+async def test_end_of_pass_sender_serves_capsvcs_flusher(model_process: ModelProcess) -> None:
+    # capsvc's Connection writes through stream.send_from_flusher() from trio's
+    # before_io_wait (capsvc.flusher): a non-blocking send that must get the frame onto the
+    # wire from there, without any task running afterwards.
+    server_address, client_address = addresses(model_process)
+    (listener,) = await listen_nic(server_address)
+    assert isinstance(listener, NicListener)
+    client, server = await open_pair(listener, client_address, StreamConfig(send_buffer=4096))
+    assert not hasattr(client, "socket")  # not TCP: the connection does no Nagle handling
+    assert client.send_from_flusher(b"from a task") == len(b"from a task")
+    assert await server.receive_some() == b"from a task"
+
+    sent: list[int] = []
+
+    class Flusher(trio.abc.Instrument):
+        def before_io_wait(self, timeout: float) -> None:
+            if not sent:
+                sent.append(client.send_from_flusher(b"from the hook"))
+
+    hook = Flusher()
+    trio.lowlevel.add_instrument(hook)
+    try:
+        with trio.fail_after(2):
+            assert await server.receive_some() == b"from the hook"
+    finally:
+        trio.lowlevel.remove_instrument(hook)
+    assert sent == [len(b"from the hook")]
+
+    # a full send buffer: what fits is taken, then nothing
+    with trio.fail_after(2):
+        while not client.channel.all_acked:  # the room counts unacknowledged bytes
+            await client.port.lot.park()  # the poll loop wakes us when the acks came
+    assert client.send_nowait(bytes(10_000)) == 4096
+    assert client.send_from_flusher(b"more") == 0
+    got = 0
+    while got < 4096:
+        got += len(await server.receive_some())
+    await client.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        client.send_from_flusher(b"after close")
+    await server.aclose()
+    await listener.aclose()
+
+
+async def test_busy_polling_receives_without_sleeping(model_process: ModelProcess) -> None:
+    # capsvc's Connection gives every stream with a busy_poll attribute the same adaptive
+    # policy as TCP's; a reader then polls the device instead of sleeping when replies
+    # come within the budget, and gets the same bytes
+    server_address, client_address = addresses(model_process)
+    (listener,) = await listen_nic(server_address)
+    assert isinstance(listener, NicListener)
+    client, server = await open_pair(listener, client_address)
+    assert client.busy_poll is None  # plain streams sleep
+    client.busy_poll = BusyPoll(100e-6)  # TCP's budget would time out before our replies
+    assert client.busy_poll.budget == MIN_BUSY_POLL
+
+    class Uncontended(BusyPoll):  # the policy's CPU-contention test is not ours to test
+        __slots__ = ()
+
+        def yield_cpu(self) -> bool:
+            return True
+
+    poll = client.busy_poll = Uncontended(0.05)
+
+    async def echo() -> None:
+        while data := await server.receive_some():
+            await server.send_all(data)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(echo)
+        for i in range(50):
+            message = b"ping %d" % i
+            await client.send_all(message)
+            got = b""
+            while len(got) < len(message):
+                got += await client.receive_some()
+            assert got == message
+        await client.send_eof()
+    assert poll.hits > 0
     await client.aclose()
     await server.aclose()
     await listener.aclose()

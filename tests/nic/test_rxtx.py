@@ -153,6 +153,26 @@ def test_oversize_frames_count_roc_and_filter_drops(pair: Pair) -> None:
     assert pair.mb.fault_counts()["rx_filtered"] == 1
 
 
+def test_unicast_filter_reads_ral_rah(pair: Pair) -> None:
+    # spec 2.3/2.4: the RX engine matches unicast against RAL(0)/RAH(0) (with Address
+    # Valid), not against the address the model was born with
+    bar = pair.b.bar
+    bar.clear_flags(regs.FCTRL, regs.FCTRL_UPE)
+    new_mac = b"\x02\xaa\xbb\xcc\xdd\xee"
+    bar.write32(regs.RAL0, int.from_bytes(new_mac[:4], "little"))
+    bar.write32(regs.RAH0, int.from_bytes(new_mac[4:], "little") | regs.RAH_AV)
+    to_new = new_mac + frame_for(pair, 1, 80)[6:]
+    to_old = frame_for(pair, 2, 80)
+    assert send(pair, [to_new, to_old]) == 2
+    pair.step(2)
+    assert receive(pair) == [to_new]
+    bar.write32(regs.RAH0, int.from_bytes(new_mac[4:], "little"))  # Address Valid off
+    assert send(pair, [to_new]) == 1
+    pair.step(2)
+    assert receive(pair) == []
+    assert pair.mb.fault_counts()["rx_filtered"] == 2
+
+
 def test_frames_spanning_buffers_are_dropped_by_the_driver(pair: Pair) -> None:
     """A 1 KiB buffer size makes the model split a 1500-byte frame over two descriptors;
     the driver (one buffer per frame) drops it and keeps going."""
@@ -206,3 +226,60 @@ def test_runts_count_ruc(pair: Pair) -> None:
     pair.step()
     assert receive(pair) == []
     assert pair.mb.counter(regs.RUC) == 1
+
+
+def test_lone_frames_take_the_scalar_paths_through_many_wraps(pair: Pair) -> None:
+    # Request/response traffic moves one frame at a time: TxQueue.tx_one and the lone-frame
+    # path of RxQueue.rx_batch. Three times around the 256-slot rings, content, the RX
+    # tail (the last re-armed slot, spec 1.6) and the pools' balance must all hold.
+    pool_a, pool_b = pair.a.pools[0], pair.b.pools[0]
+    txq, rxq = pair.a.tx_queues[0], pair.b.rx_queues[0]
+    free_a, free_b = pool_a.available, pool_b.available
+    for i in range(3 * 256 + 5):
+        frame = frame_for(pair, i, 60 + i % 700)
+        buf = pool_a.alloc()
+        assert txq.tx_one(buf, pool_a.write(buf, frame))
+        pair.step(2)
+        slot = rxq.rx_index
+        bufs, lens = rxq.rx_batch(64)
+        assert len(bufs) == 1
+        assert pool_b.read(bufs[0], lens[0]) == frame
+        assert pair.b.bar.read32(regs.RDT(0)) == slot
+        pool_b.free_batch(bufs)
+        assert rxq.rx_batch(64) == ([], [])
+    # TX buffers come back in batches of 32 (spec 1.7): at most a batch is still out
+    assert free_a - TX_CLEAN_BATCH <= pool_a.available + txq.in_flight <= free_a
+    assert pool_b.available == free_b
+    pool_a.check()
+    pool_b.check()
+    assert pair.b.read_stats().rx_packets == 3 * 256 + 5
+
+
+def test_tx_one_reports_a_full_ring(pair: Pair) -> None:
+    pool = pair.a.pools[0]
+    txq = pair.a.tx_queues[0]
+    frame = frame_for(pair, 0, 60)
+    taken = 0
+    for _ in range(txq.size + 10):
+        buf = pool.alloc()
+        if not txq.tx_one(buf, pool.write(buf, frame)):
+            pool.free(buf)
+            break
+        taken += 1
+    assert taken == txq.size - 1  # one slot always stays empty
+    pair.step(2)
+    assert len(receive(pair)) == taken
+
+
+def test_queue_enable_edges_are_seen_between_steps(pair: Pair) -> None:
+    # The model compares all RXDCTL/TXDCTL words at once and walks the queues only on a
+    # change: a queue switched off must stop, and switched on again must be re-latched.
+    bar = pair.b.bar
+    pair.step()  # the fixture's model thread may have stopped before it saw the enables
+    assert pair.mb.rxq[0] is not None
+    bar.clear_flags(regs.RXDCTL(0), regs.RXDCTL_ENABLE)
+    pair.step()
+    assert pair.mb.rxq[0] is None
+    bar.set_flags(regs.RXDCTL(0), regs.RXDCTL_ENABLE)
+    pair.step()
+    assert pair.mb.rxq[0] is not None

@@ -275,3 +275,38 @@ def test_keepalive_detects_a_vanished_peer() -> None:
     net.run(lambda: server.recv_error is not None, limit=30)
     assert "silent" in server.recv_error  # type: ignore[operator]
     assert net.now < 10
+
+
+def test_small_writes_go_straight_out_but_obey_the_window() -> None:
+    # Channel.send cuts a small write straight into a segment when nothing is queued and
+    # the window is open; otherwise it must queue, and the window must still hold.
+    config = StreamConfig(max_window=4)
+    net = Net(config=config)
+    client, server = establish(net)
+    net.flush()
+    for i in range(10):
+        assert client.send(bytes([i]) * 10, net.now) == 10
+    out = net.a.take_output()
+    assert len(out) == 4  # the window: 4 segments in flight, the rest queued
+    assert [segment.decode(f).payload for f in out] == [bytes([i]) * 10 for i in range(4)]
+    assert client.snd_buf == b"".join(bytes([i]) * 10 for i in range(4, 10))
+    for frame in out:
+        net.b.receive_frame(frame, net.now)
+    net.run(lambda: len(server.rcv_buf) == 100)
+    assert bytes(server.rcv_buf) == b"".join(bytes([i]) * 10 for i in range(10))
+    net.run(lambda: client.all_acked)
+    assert client.unacked_bytes == 0
+
+
+def test_poll_loop_timers_next_deadline_is_the_earliest() -> None:
+    net = Net()
+    client, _ = establish(net)
+    client.rto_deadline = 9.0
+    client.ack_deadline = 7.0
+    client.persist_deadline = 8.0
+    client.last_heard = 0.0
+    assert client.next_deadline() == min(7.0, client.config.keepalive)
+    client.last_heard = 100.0
+    assert client.next_deadline() == 7.0
+    client.ack_deadline = None
+    assert client.next_deadline() == 8.0
