@@ -191,12 +191,7 @@ def read_call_header(segments: Sequence[bytes | bytearray | memoryview]) -> Call
     params = _near_struct(segment, data + data_words + 1)
     if params is None:
         return None
-    params_data, params_data_words, params_pointers = params
-    if params_pointers >= 1:
-        header.content_word = params_data + params_data_words
-    if params_pointers >= 2:
-        cap_table_word = params_data + params_data_words + 1
-        header.has_caps = _U64.unpack_from(segment, cap_table_word * 8)[0] != 0
+    header.content_word, header.has_caps = _payload_pointers(segment, params)
     return header
 
 
@@ -248,10 +243,14 @@ def read_return_header(segments: Sequence[bytes | bytearray | memoryview]) -> Re
         results = _near_struct(segment, data + data_words)
         if results is None:
             return None
-        results_data, results_data_words, results_pointers = results
-        if results_pointers >= 1:
-            header.content_word = results_data + results_data_words
-        if results_pointers >= 2:
-            cap_table_word = results_data + results_data_words + 1
-            header.has_caps = _U64.unpack_from(segment, cap_table_word * 8)[0] != 0
+        header.content_word, header.has_caps = _payload_pointers(segment, results)
     return header
+
+
+def _payload_pointers(segment: Any, payload: tuple[int, int, int]) -> tuple[int, bool]:
+    """Of a Payload struct (first data word, data words, pointers): the word of its content
+    pointer (-1 if it has none) and whether its capTable is non-empty."""
+    data, data_words, pointers = payload
+    content_word = data + data_words if pointers >= 1 else -1
+    has_caps = pointers >= 2 and _U64.unpack_from(segment, (content_word + 1) * 8)[0] != 0
+    return content_word, has_caps
