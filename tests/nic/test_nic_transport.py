@@ -191,7 +191,7 @@ async def test_idle_connection_does_not_burn_a_core(model_process: ModelProcess)
     await listener.aclose()
 
 
-async def test_end_of_pass_sender_serves_capsvcs_flusher(model_process: ModelProcess) -> None:
+async def test_send_from_flusher_serves_the_end_of_pass_flush(model_process: ModelProcess) -> None:
     # capsvc's Connection writes through stream.send_from_flusher() from trio's
     # before_io_wait (capsvc.flusher): a non-blocking send that must get the frame onto the
     # wire from there, without any task running afterwards.
