@@ -38,7 +38,7 @@ from capsvc.flusher import current_flusher
 from capsvc.framing import FrameDecoder, FramingLimits
 from capsvc.rpc.hooks import Hook
 from capsvc.rpc.session import RpcSession
-from capsvc.runtime import delivery_flag
+from capsvc.runtime import calls_handed_off
 from capsvc.transport.busypoll import DEFAULT_BUDGET, BusyPoll
 
 log = logging.getLogger("capsvc")
@@ -81,7 +81,7 @@ class Connection:
         self.stream = stream
         self.limits = limits or FramingLimits()
         self.session = RpcSession(bootstrap, limits=self.limits, on_output=self._on_output)
-        self.session.driver = self
+        self.session.backpressure = self
         self.coalesce = coalesce
         self.max_buffered = max_buffered
         self.messages_per_pass = MESSAGES_PER_PASS
@@ -154,7 +154,6 @@ class Connection:
         session = self.session
         decoder = self._decoder
         receive_some = getattr(self.stream, "receive_some_fast", self.stream.receive_some)
-        flag = delivery_flag()
         since_yield = 0  # messages delivered since the reader last let other tasks run
         while True:
             if session.pending_bytes > self.max_buffered:
@@ -170,14 +169,10 @@ class Connection:
                 decoder.feed_eof()
             else:
                 decoder.feed(data)
-            handed_off = flag.handed_off
+            handed_off = calls_handed_off()
             try:
                 while (segments := decoder.next_message()) is not None:
-                    flag.delivering = True
-                    try:
-                        session.receive(segments)
-                    finally:
-                        flag.delivering = False
+                    session.receive(segments)
                     if session.closed is not None:
                         break
                     since_yield += 1
@@ -198,7 +193,7 @@ class Connection:
             if not data:
                 self.close_reason = Disconnected("peer closed the connection")
                 return
-            if flag.handed_off != handed_off:
+            if calls_handed_off() != handed_off:
                 # Calls went to worker tasks: let them run (and queue their replies) before
                 # reading more, so that the output bound above sees what they produce. A
                 # call answered inline needs no such pass: its Return is already queued.
@@ -298,6 +293,11 @@ class Connection:
 
     async def _wait_drained(self) -> None:
         await self._drained.wait()
+
+    @property
+    def over_limit(self) -> bool:
+        """True while the output buffer holds more than ``max_buffered`` bytes."""
+        return self.session.pending_bytes > self.max_buffered
 
     async def wait_writable(self) -> None:
         """Return once the output buffer is within ``max_buffered`` (or the connection ends)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -28,9 +28,9 @@ async def wait_result(result: CallResult, on_cancel: Callable[[], None] | None =
     If the call went out on a connection whose output buffer is over its bound, first wait
     until the writer has drained it (backpressure: DESIGN.md, "Buffered framing").
     """
-    driver = getattr(result.origin, "driver", None)
-    if driver is not None and driver.session.pending_bytes > driver.max_buffered:
-        await driver.wait_writable()
+    backpressure = result.backpressure
+    if backpressure is not None and backpressure.over_limit:
+        await backpressure.wait_writable()
     if result.done:
         await trio.lowlevel.checkpoint()
         return
@@ -67,31 +67,24 @@ class TrioExecutor:
         # The running call keeps an uncounted link to its result (see OutgoingCall), so a
         # caller that drops every reference cancels it.
         call.result.release()
-        pool = _pool()
+        # Only a call a session delivers straight from a received message may run inline:
+        # a local caller must not find the callee running inside its own call.
         if (
-            pool.delivering
+            call.from_peer
             and len(hook.pending) == 1
             and hook.server._runs_inline(call.interface_id, call.method_id)
         ):
             hook.pending.popleft()
             _run_inline(hook.server, call)
         else:
-            pool.run(hook)
+            _pool().run(hook)
 
 
-class DeliveryFlag(Protocol):
-    #: Set by a connection's reader while it delivers incoming messages: calls to plain
-    #: methods made meanwhile may run inline. Calls made by local code never do (a local
-    #: caller must not find the callee running inside its own call).
-    delivering: bool
-    #: Calls handed to worker tasks so far (a reader that handed some off yields, so that
-    #: they run and its output bound sees what they produce).
-    handed_off: int
-
-
-def delivery_flag() -> DeliveryFlag:
-    """The flag of the running trio loop (one per loop, shared by its connections)."""
-    return _pool()
+def calls_handed_off() -> int:
+    """How many calls this trio loop has handed to worker tasks so far (a connection's
+    reader that handed some off yields, so that they run and its output bound sees what
+    they produce)."""
+    return _pool().handed_off
 
 
 def _run_inline(server: Any, call: OutgoingCall) -> None:
@@ -130,8 +123,6 @@ class _WorkerPool:
     MAX_IDLE = 64
 
     def __init__(self) -> None:
-        #: True while a connection's reader delivers messages (see ``delivering``).
-        self.delivering = False
         self.handed_off = 0
         self.idle: list[trio.lowlevel.Task] = []
         self.assigned: dict[trio.lowlevel.Task, LocalServerHook] = {}

@@ -134,8 +134,8 @@ async def test_cancelling_the_caller_sends_finish_and_cancels_the_server() -> No
         gc.collect()
         await trio.sleep(0.1)
         # The server's answer is gone: the Finish arrived and the method was cancelled.
-        assert server.session.answers == {}
-        assert client.session.questions.keys() <= {0}
+        assert server.session.answers.entries == {}
+        assert client.session.questions.entries.keys() <= {0}
 
 
 def test_address_is_parsed() -> None:
@@ -196,7 +196,7 @@ async def test_output_stays_bounded_when_the_peer_stops_reading(tester: type[Tes
         await trio.sleep(1.0)
         # One receive_some (64 KiB) can hold at most two of these calls past the check.
         assert highest <= limit + 3 * 61_000, highest
-        assert len(server.session.answers) < 399  # it stopped reading calls
+        assert len(server.session.answers.entries) < 399  # it stopped reading calls
         nursery.cancel_scope.cancel()
     await raw.aclose()
     for listener in listeners:
@@ -221,9 +221,9 @@ async def test_nagle_on_a_paused_caller_still_sends_one_write_per_call() -> None
             del results  # its Finish is due now...
             await trio.sleep(0.005)  # ...but the caller pauses before the next call
         assert client.writes - before == rounds
-        assert len(server.session.answers) == 1  # the last newCounter: its Finish is held
+        assert len(server.session.answers.entries) == 1  # the last newCounter: its Finish is held
         await trio.sleep(HOLD_HOUSEKEEPING + 0.1)
-        assert len(server.session.answers) == 0  # the held Finish went out on its own
+        assert len(server.session.answers.entries) == 0  # the held Finish went out on its own
 
 
 async def test_with_nodelay_on_housekeeping_is_not_held() -> None:
@@ -232,4 +232,4 @@ async def test_with_nodelay_on_housekeeping_is_not_held() -> None:
         results = await tester.newCounter(start=1)
         del results
         await trio.sleep(0.05)
-        assert len(server.session.answers) == 0  # the Finish went out at once
+        assert len(server.session.answers.entries) == 0  # the Finish went out at once

@@ -98,6 +98,8 @@ class Executor(Protocol):
 
     ``start`` must begin the calls on one hook in the order it receives them
     (rpc-protocol.md §13.1 and §13.3); ``LocalServerHook.pending`` is the queue for that.
+    ``call.from_peer`` says the session is delivering the call straight from a received
+    message, so that a method that never blocks may run at once, inside that delivery.
     """
 
     def start(self, hook: LocalServerHook, call: OutgoingCall) -> None: ...
@@ -180,7 +182,7 @@ class OutgoingCall:
     the caller dropping its own references still cancels the call).
     """
 
-    __slots__ = ("interface_id", "method_id", "params", "result")
+    __slots__ = ("from_peer", "interface_id", "method_id", "params", "result")
 
     def __init__(
         self, interface_id: int, method_id: int, params: Payload, result: CallResult
@@ -189,6 +191,9 @@ class OutgoingCall:
         self.method_id = method_id
         self.params = params
         self.result = result
+        #: True only while a session hands the call, just received, to its target: a call
+        #: queued on the way (behind a promise, an embargo) is delivered later without it.
+        self.from_peer = False
 
 
 class RemoteQuestion(Protocol):
@@ -197,6 +202,22 @@ class RemoteQuestion(Protocol):
     def pipeline(self, path: Path) -> Hook: ...
 
     def drop_interest(self) -> None: ...
+
+
+class Backpressure(Protocol):
+    """The driver of the connection a call went out on, as the caller's runtime sees it:
+    whether its output is over its bound, and a way to wait until it is not (DESIGN.md,
+    "Buffered framing"). The engine only passes it along; it never waits itself."""
+
+    @property
+    def over_limit(self) -> bool: ...
+
+    async def wait_writable(self) -> None: ...
+
+
+class Canceled(RpcError):
+    """The call was canceled before it ended: its caller finished the question, or every
+    owner of its result let go (never seen by users: nobody is left to see it)."""
 
 
 class CallResult:
@@ -215,8 +236,8 @@ class CallResult:
         "_pending_pipelines",
         "_question",
         "_when_unwanted",
+        "backpressure",
         "done",
-        "origin",
         "refs",
     )
 
@@ -230,8 +251,8 @@ class CallResult:
         self._question: RemoteQuestion | None = None
         self._canceller: Callable[[], None] | None = None
         self._when_unwanted: Callable[[], None] | None = None
-        #: The session that sent the call, if it went to a peer (for driver backpressure).
-        self.origin: Any = None
+        #: The driver of the connection the call went out on, if it went to a peer.
+        self.backpressure: Backpressure | None = None
 
     # -- ownership --------------------------------------------------------------------
     def add_ref(self) -> CallResult:
@@ -281,6 +302,12 @@ class CallResult:
         self._canceller = canceller
 
     def cancel(self) -> None:
+        """Nobody wants the results: stop the work and settle as Canceled.
+
+        A remote question sends its Finish; a running local call is cancelled; a call that
+        has not started yet (queued on its object, behind a promise or an embargo) is
+        settled now, so that it never starts (rpc-protocol.md §4, callee step 4).
+        """
         if self.done:
             return
         question, self._question = self._question, None
@@ -290,6 +317,7 @@ class CallResult:
         canceller, self._canceller = self._canceller, None
         if canceller is not None:
             canceller()
+        self.set_error(Canceled("canceled"))
 
     # -- consumer side ----------------------------------------------------------------
     def add_done_callback(self, callback: Callable[[CallResult], None]) -> None:

@@ -131,8 +131,9 @@ class BuiltPayload(Payload):
     def content(self, schema: Any) -> Any:
         return self.payload_builder.content.as_struct(schema).as_reader()
 
-    def write(self, describe: Callable[[Any, Hook | None], None]) -> list[bytes | bytearray]:
-        """Serialise the message: capTable through ``describe``, then the capability words.
+    def write(self, describe: Callable[[Any, Path, Hook | None], None]) -> list[bytes | bytearray]:
+        """Serialise the message: capTable through ``describe(descriptor, path, hook)``, then
+        the capability words.
 
         Null capabilities get no capTable entry; their pointer simply stays null.
         """
@@ -142,8 +143,8 @@ class BuiltPayload(Payload):
             return list(self.message.to_segments())
         if order:
             table = self.payload_builder.init("capTable", len(order))
-            for index, (_, hook) in enumerate(order):
-                describe(table[index], hook)
+            for index, (path, hook) in enumerate(order):
+                describe(table[index], path, hook)
         segments: list[bytes | bytearray] = [bytearray(s) for s in self.message.to_segments()]
         start = pointers.follow(segments, pointers.ROOT, self.content_path)
         if start is None:
@@ -175,6 +176,7 @@ class ReceivedPayload(Payload):
         "_payload_reader",
         "content_path",
         "message",
+        "reflected",
         "segments",
     )
 
@@ -188,9 +190,12 @@ class ReceivedPayload(Payload):
         *,
         content_word: int = -1,
         limits: tuple[int, int] = _DEFAULT_LIMITS,
+        reflected: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__()
         self.segments = segments
+        #: Indices of ``caps`` the peer described as ours (receiverHosted/receiverAnswer).
+        self.reflected = reflected
         self.message = message
         self.content_path = content_path
         self._payload_reader = payload_reader
@@ -245,6 +250,28 @@ class ReceivedPayload(Payload):
                     nesting_limit=self._limits[1],
                 )
         return self.payload_reader.content.as_struct(schema)
+
+
+class SharedPayload(Payload):
+    """A second owner's view of another payload (takeFromOtherQuestion shares results)."""
+
+    __slots__ = ("shared_inner",)
+
+    def __init__(self, inner: Payload) -> None:
+        super().__init__()
+        self.shared_inner = inner
+        self.caps = [hook.add_ref() if hook is not None else None for hook in inner.caps]
+
+    def locate_cap(self, path: Path) -> int | Hook | None:
+        # Our caps mirror the inner payload's, index for index, with references of our own:
+        # the inner payload may be released before we are.
+        return self.shared_inner.locate_cap(path)
+
+    def content(self, schema: Any) -> Any:
+        return self.shared_inner.content(schema)
+
+    def union_choice(self, struct_path: Path, offset: int) -> int | None:
+        return self.shared_inner.union_choice(struct_path, offset)
 
 
 def reroot(segments: Segments, word: int) -> list[bytes | bytearray | memoryview] | None:

@@ -8,21 +8,28 @@ Theory of operation:
   redirect it (§8).
 - ``PipelineHook``: a capability inside the results of one of our unanswered questions.
   Calls go out at once as ``target.promisedAnswer`` (§6); the Return redirects it.
+- ``PinnedHook``: one of the two promise kinds above *as we described it* in a Return or a
+  Resolve we sent. The peer's later calls (and Disembargos) addressed to what we described
+  must reach exactly that promise of the peer's, even after it settles somewhere else: this is
+  the rule that defuses the Tribble 4-way race (rpc-protocol.md §8; C++ freezes its export and
+  answer tables the same way). So a pinned hook always sends along the wire, never follows
+  the promise's own resolution, and keeps the promise's import or question alive.
 
-The two promise kinds share ``RemotePromise``: once settled they forward to the new target,
-and if calls already went the long way round and the target is local, an embargo holds new
-calls until the Disembargo comes back (§9), so calls on one reference keep their order.
+The two promise kinds share ``RemotePromise``: once settled they forward to the new target.
+When calls already went the long way round, an embargo holds new calls until the Disembargo
+comes back (§9), so that calls on one reference keep their order. Whether one is needed is
+decided in ``settle`` from *how* the target was described (see there).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from capsvc.rpc.hooks import Hook, OutgoingCall, Path
+from capsvc.rpc.hooks import BrokenHook, Hook, OutgoingCall, Path
 
 if TYPE_CHECKING:
+    from capsvc.rpc.questions import Question
     from capsvc.rpc.session import RpcSession
-    from capsvc.rpc.tables import Question
 
 
 class RemoteHook(Hook):
@@ -34,9 +41,18 @@ class RemoteHook(Hook):
         super().__init__()
         self.session = session
 
-    def write_target(self, target: object) -> None:
+    def write_target(self, target: Any) -> None:
         """Fill an rpc.capnp MessageTarget builder naming this capability to the peer."""
         raise NotImplementedError
+
+    def write_descriptor(self, desc: Any) -> None:
+        """Fill a CapDescriptor naming this capability back to its host (rpc-protocol.md §5:
+        an import goes back as ``receiverHosted``, a pipelined one as ``receiverAnswer``)."""
+        raise NotImplementedError
+
+    def pinned(self) -> RemoteHook:
+        """A new reference to what a descriptor written now stands for, forever after."""
+        return self.add_ref()  # type: ignore[return-value]
 
 
 class ImportHook(RemoteHook):
@@ -51,11 +67,14 @@ class ImportHook(RemoteHook):
     def call(self, call: OutgoingCall) -> None:
         self.session.send_call(call, self)
 
-    def write_target(self, target: object) -> None:
-        target.importedCap = self.import_id  # type: ignore[attr-defined]
+    def write_target(self, target: Any) -> None:
+        target.importedCap = self.import_id
+
+    def write_descriptor(self, desc: Any) -> None:
+        desc.receiverHosted = self.import_id
 
     def _dispose(self) -> None:
-        self.session.drop_import(self)
+        self.session.imports.drop(self)
 
 
 class RemotePromise(RemoteHook):
@@ -68,6 +87,8 @@ class RemotePromise(RemoteHook):
         super().__init__(session)
         self._target: Hook | None = None
         self._embargo_queue: list[OutgoingCall] | None = None
+        #: Calls sent to the peer through this promise while it was unresolved (or, for a
+        #: promise another settled to, through that one: see ``settle``).
         self.calls_sent = 0
 
     def call(self, call: OutgoingCall) -> None:
@@ -86,17 +107,36 @@ class RemotePromise(RemoteHook):
     def settled(self) -> bool:
         return self._target is not None
 
-    def settle(self, target: Hook) -> bool:
+    @property
+    def embargoed(self) -> bool:
+        return self._embargo_queue is not None
+
+    def pinned(self) -> RemoteHook:
+        return PinnedHook(self)
+
+    def settle(self, target: Hook, *, reflected: bool) -> bool:
         """Point this promise at ``target`` (owned). Returns True if an embargo began.
 
-        rpc-protocol.md §9, step 1: embargo only if calls went out through the promise and the
-        new target is not a plain remote capability of this same session.
+        ``reflected`` says the peer described the target as one of *our* capabilities or
+        answers (``receiverHosted``, ``receiverAnswer``). rpc-protocol.md §9, step 1, as
+        C++ decides it (rpc.c++ ``PromiseClient::resolve``):
+        - a capability of the peer on this connection, described as the peer's: no embargo,
+          calls already follow the same path; if it is itself an unresolved promise, the
+          calls we sent count as its own, so that it embargoes if it later comes back to us;
+        - null or broken: no embargo, order does not matter for calls that fail;
+        - anything else (local, on another connection, or reflected by the peer even if it
+          leads back to the peer, the Tribble case C++ marks with RequireEmbargoWrapper):
+          embargo, if we sent calls through the promise.
         """
         self._target = target
-        if self.calls_sent and not self._stays_remote(target):
-            self._embargo_queue = []
-            return True
-        return False
+        if not reflected and isinstance(target, RemoteHook) and target.session is self.session:
+            if isinstance(target, RemotePromise) and not target.settled:
+                target.calls_sent += self.calls_sent
+            return False
+        if not self.calls_sent or isinstance(target.shortest(), BrokenHook):
+            return False
+        self._embargo_queue = []
+        return True
 
     def lift_embargo(self) -> None:
         """The Disembargo came back: deliver the held calls in order (§9, step 4)."""
@@ -104,14 +144,6 @@ class RemotePromise(RemoteHook):
         assert self._target is not None
         for call in queue:
             self._target.call(call)
-
-    def _stays_remote(self, target: Hook) -> bool:
-        from capsvc.rpc.hooks import BrokenHook
-
-        shortest = target.shortest()
-        if isinstance(shortest, BrokenHook):
-            return True
-        return isinstance(shortest, RemoteHook) and shortest.session is self.session
 
     def _dispose(self) -> None:
         if self._target is not None:
@@ -128,12 +160,15 @@ class ImportPromiseHook(RemotePromise):
         super().__init__(session)
         self.import_id = import_id
 
-    def write_target(self, target: object) -> None:
-        target.importedCap = self.import_id  # type: ignore[attr-defined]
+    def write_target(self, target: Any) -> None:
+        target.importedCap = self.import_id
+
+    def write_descriptor(self, desc: Any) -> None:
+        desc.receiverHosted = self.import_id
 
     def _dispose(self) -> None:
         super()._dispose()
-        self.session.drop_import(self)
+        self.session.imports.drop(self)
 
 
 class PipelineHook(RemotePromise):
@@ -146,10 +181,47 @@ class PipelineHook(RemotePromise):
         self.question = question
         self.path = path
 
-    def write_target(self, target: object) -> None:
-        answer = target.init("promisedAnswer")  # type: ignore[attr-defined]
-        self.question.write_promised_answer(answer, self.path)
+    def write_target(self, target: Any) -> None:
+        self.question.write_promised_answer(target.init("promisedAnswer"), self.path)
+
+    def write_descriptor(self, desc: Any) -> None:
+        self.question.write_promised_answer(desc.init("receiverAnswer"), self.path)
+
+    def settle(self, target: Hook, *, reflected: bool) -> bool:
+        embargo = super().settle(target, reflected=reflected)
+        self.question.pipeline_settled(self)
+        return embargo
 
     def _dispose(self) -> None:
         super()._dispose()
         self.question.drop_pipeline(self)
+
+
+class PinnedHook(RemoteHook):
+    """A remote promise frozen as it was described (see the module docstring)."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: RemotePromise) -> None:
+        super().__init__(inner.session)
+        self.inner: RemotePromise = inner.add_ref()  # type: ignore[assignment]
+        if isinstance(inner, PipelineHook):
+            inner.question.add_holder()  # the question must not be finished under us
+
+    def call(self, call: OutgoingCall) -> None:
+        self.session.send_call(call, self)
+
+    def write_target(self, target: Any) -> None:
+        self.inner.write_target(target)
+
+    def write_descriptor(self, desc: Any) -> None:
+        self.inner.write_descriptor(desc)
+
+    def pinned(self) -> RemoteHook:
+        return self.add_ref()  # type: ignore[return-value]
+
+    def _dispose(self) -> None:
+        inner = self.inner
+        if isinstance(inner, PipelineHook):
+            inner.question.drop_holder()
+        inner.release()

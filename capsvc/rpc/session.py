@@ -3,14 +3,14 @@
 Theory of operation:
 - Feed it whole messages with ``receive(segments)``; take what must be written with
   ``take_output()``. Every table change for a message happens synchronously inside
-  ``receive``, in arrival order (rpc-protocol.md §13.1), and every outgoing message is framed
-  into one ordered outbox (§13.2), so a driver that writes the outbox in one ``send_all``
-  keeps protocol order and coalesces writes for free.
-- The four tables of §3 live here: ``questions`` (our calls), ``answers`` (the peer's calls),
-  ``exports`` (our capabilities the peer holds) and ``imports`` (the peer's capabilities we
-  hold), plus the private embargo table of §9. Their entries are in capsvc.rpc.tables; the
-  handling of capability references (descriptors, releases, resolves, embargoes) is the
-  CapabilityTables half, in capsvc.rpc.captable.
+  ``receive``, in arrival order (rpc-protocol.md §13.1), and every outgoing message goes into
+  one ordered outbox (capsvc.rpc.outbox, §13.2), so a driver that writes the outbox in one
+  ``send_all`` keeps protocol order and coalesces writes for free.
+- The five tables of §3 are components, one concept each: ``questions`` (our calls,
+  capsvc.rpc.questions), ``answers`` (the peer's calls, capsvc.rpc.answers), ``exports``
+  and ``imports`` (capability references, capsvc.rpc.exports and capsvc.rpc.imports) and
+  ``embargoes`` (capsvc.rpc.embargoes). Question and answer lifecycles are the tables of
+  capsvc.rpc.lifecycle. This module routes messages to them and sends calls.
 - Local objects are reached through hooks (capsvc.rpc.hooks); remote ones through the hooks
   of capsvc.rpc.remote, which call back into ``send_call`` here.
 - A violation by the peer raises RemoteProtocolError inside the handlers; ``receive`` turns
@@ -33,39 +33,42 @@ from capsvc.errors import (
     RpcError,
     Unimplemented,
 )
-from capsvc.framing import FramingLimits, encode_message
+from capsvc.framing import FramingLimits
 from capsvc.rpc import copying, wire
-from capsvc.rpc.captable import CapabilityTables
+from capsvc.rpc.answers import AnswerTable
+from capsvc.rpc.embargoes import EmbargoTable
+from capsvc.rpc.exports import ExportTable
 from capsvc.rpc.hooks import (
+    Backpressure,
     BrokenHook,
     CallResult,
+    Canceled,
     Hook,
     OutgoingCall,
     null_hook,
 )
-from capsvc.rpc.ids import IdAllocator
+from capsvc.rpc.imports import ImportTable
+from capsvc.rpc.lifecycle import QuestionInput, QuestionState
+from capsvc.rpc.outbox import Outbox
 from capsvc.rpc.payload import (
     BuiltPayload,
     Payload,
     ReceivedPayload,
+    SharedPayload,
     new_call_payload,
     new_return_payload,
 )
-from capsvc.rpc.remote import ImportPromiseHook, RemoteHook, RemotePromise
-from capsvc.rpc.tables import (
-    Answer,
-    Canceled,
-    Export,
-    Import,
-    Question,
-    SharedPayload,
-    transform_path,
-)
+from capsvc.rpc.questions import Question, QuestionTable
+from capsvc.rpc.remote import PipelineHook, RemoteHook
 
 Segments = Sequence[bytes | bytearray | memoryview]
+QS, QI = QuestionState, QuestionInput
+
+#: rpc.c++ getMessageTarget's words for a promisedAnswer naming an answer that is gone.
+GONE_ANSWER = "Pipeline call on a request that returned no capabilities or was already closed."
 
 
-class RpcSession(CapabilityTables):
+class RpcSession:
     """The engine of one connection. See the module docstring."""
 
     def __init__(
@@ -78,75 +81,48 @@ class RpcSession(CapabilityTables):
         self.bootstrap_hook = bootstrap
         self.limits = limits or FramingLimits()
         self._reader_limits = (self.limits.traversal_limit_words, self.limits.nesting_limit)
-        self.on_output = on_output
-        self.questions: dict[int, Question] = {}
-        self.answers: dict[int, Answer] = {}
-        self.exports: dict[int, Export] = {}
-        self.imports: dict[int, Import] = {}
-        self.embargoes: dict[int, RemotePromise] = {}
-        self._question_ids = IdAllocator()
-        self._export_ids = IdAllocator()
-        self._embargo_ids = IdAllocator()
-        self._export_by_hook: dict[Hook, int] = {}
-        self._outbox: list[bytes] = []
-        self._pending_bytes = 0
-        self._urgent = False
-        #: The I/O driver running this session, if any (the trio Connection sets itself
-        #: here so that callers can find it for backpressure). The engine never uses it.
-        self.driver: object | None = None
+        self.outbox = Outbox(on_output)
+        self.questions = QuestionTable(self)
+        self.answers = AnswerTable(self)
+        self.exports = ExportTable(self)
+        self.imports = ImportTable(self)
+        self.embargoes = EmbargoTable(self)
+        #: The driver's view of its output bound, handed to the results of calls that go
+        #: out here so that their callers can wait for room (set by the I/O driver).
+        self.backpressure: Backpressure | None = None
         self.closed: RpcError | None = None
         self.abort_reason: str | None = None
 
     # ================================================================== output
     def take_output(self) -> list[bytes]:
         """Every framed message produced since the last call, in protocol order."""
-        out, self._outbox = self._outbox, []
-        self._pending_bytes = 0
-        self._urgent = False
-        return out
+        return self.outbox.take()
 
     @property
     def has_output(self) -> bool:
-        return bool(self._outbox)
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes framed and not yet taken by the writer (for backpressure)."""
-        return self._pending_bytes
-
-    def _send(self, segments: Segments, urgent: bool = True) -> None:
-        """Queue one message. ``urgent=False`` marks housekeeping (Finish, Release) that the
-        peer does not answer: a driver may hold it back to travel with the next message."""
-        frame = encode_message(segments)
-        self._outbox.append(frame)
-        self._pending_bytes += len(frame)
-        became_urgent = urgent and not self._urgent
-        if urgent:
-            self._urgent = True
-        if (len(self._outbox) == 1 or became_urgent) and self.on_output is not None:
-            self.on_output()
-
-    def _send_message(self, message: Any, urgent: bool = True) -> None:
-        self._send(message.to_segments(), urgent)
+        return self.outbox.has_output
 
     @property
     def has_urgent_output(self) -> bool:
         """True if the outbox holds anything but Finish and Release messages."""
-        return self._urgent
+        return self.outbox.has_urgent_output
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes framed and not yet taken by the writer (for backpressure)."""
+        return self.outbox.pending_bytes
 
     def tables_empty(self) -> bool:
         """True when all four tables and the embargo table are empty (tests check this)."""
-        return not (
-            self.questions or self.answers or self.exports or self.imports or self.embargoes
-        )
+        return not any(self.table_sizes().values())
 
     def table_sizes(self) -> dict[str, int]:
         return {
-            "questions": len(self.questions),
-            "answers": len(self.answers),
-            "exports": len(self.exports),
-            "imports": len(self.imports),
-            "embargoes": len(self.embargoes),
+            "questions": len(self.questions.entries),
+            "answers": len(self.answers.entries),
+            "exports": len(self.exports.entries),
+            "imports": len(self.imports.entries),
+            "embargoes": len(self.embargoes.entries),
         }
 
     # ================================================================== commands
@@ -155,43 +131,64 @@ class RpcSession(CapabilityTables):
         result = CallResult()
         if self.closed is not None:
             result.set_error(self.closed)
-            hook = result.pipeline(())
-            result.release()
-            return hook
-        question = self._new_question(result)
-        message = wire.Message.new_message()
-        message.init("bootstrap").questionId = question.id
-        self._send_message(message)
-        result.link_question(question)
+        else:
+            question = self.questions.new(result)
+            message = wire.Message.new_message()
+            message.init("bootstrap").questionId = question.id
+            self.outbox.send(message.to_segments())
+            result.link_question(question)
         hook = result.pipeline(())
         result.release()
         return hook
 
     def send_call(self, call: OutgoingCall, target: RemoteHook) -> None:
-        """Send ``call`` to ``target``, a remote hook of this session (rpc-protocol.md §4)."""
-        if self.closed is not None:
+        """Send ``call`` to ``target``, a remote hook of this session (rpc-protocol.md §4).
+
+        The Call's place in the outbox is reserved before its params are touched: a Release
+        or Finish caused by dropping the params (they may hold our last reference to an
+        import or a pipelined capability) follows the Call (rpc-protocol.md §13.10).
+        """
+        result = call.result
+        if self.closed is not None or result.done:
             call.params.release()
-            call.result.set_error(self.closed)
-            call.result.release()
+            if not result.done:
+                result.set_error(self.closed or Failed("call was canceled"))
+            result.release()
             return
+        place = self.outbox.reserve()
+        upstream = target.question if isinstance(target, PipelineHook) else None
+        question = self.questions.new(result, upstream)
+        try:
+            segments = self._build_call(call, question, target)
+        except Exception as error:  # never into whoever made or forwarded the call
+            self.outbox.give_up(place)
+            self.exports.release_all(question.param_exports)
+            self.questions.give_back(question)
+            result.set_error(Failed(f"the call could not be sent: {error}"))
+            result.release()
+            return
+        self.outbox.fill(place, segments)
+        result.backpressure = self.backpressure
+        result.link_question(question)
+        result.release()  # the question keeps an uncounted link (see OutgoingCall)
+
+    def _build_call(
+        self, call: OutgoingCall, question: Question, target: RemoteHook
+    ) -> list[bytes | bytearray]:
         params = call.params
         if not (isinstance(params, BuiltPayload) and params.content_path == wire.CALL_CONTENT_PATH):
             params = copying.copy_to_call(params, new_call_payload())
             call.params.release()
-        question = self._new_question(call.result)
         body = params.body if params.body is not None else params.message.call
         body.questionId = question.id
         body.interfaceId = call.interface_id
         body.methodId = call.method_id
         target.write_target(body.target)
-        segments = params.write(
-            lambda desc, hook: self._describe(desc, hook, question.param_exports)
-        )
+        describe = self.exports.describe
+        exports = question.param_exports
+        segments = params.write(lambda desc, _path, hook: describe(desc, hook, exports))
         params.release()
-        self._send(segments)
-        call.result.origin = self
-        call.result.link_question(question)
-        call.result.release()  # the question keeps an uncounted link (see OutgoingCall)
+        return segments
 
     # ================================================================== receive
     def receive(self, segments: Segments) -> None:
@@ -226,26 +223,35 @@ class RpcSession(CapabilityTables):
         )
         handler = self._HANDLERS.get(tag) if tag is not None else None
         if handler is None:
-            self._echo_unimplemented(message)
+            self.echo_unimplemented(message)
             return
         handler(self, message, segments)
 
-    def _echo_unimplemented(self, message: Any) -> None:
+    def echo_unimplemented(self, message: Any) -> None:
         """rpc-protocol.md §11: send what we do not understand back, verbatim."""
         reply = wire.Message.new_message()
         reply.unimplemented = message
-        self._send_message(reply)
+        self.outbox.send(reply.to_segments())
+
+    def message_target(self, target: Any) -> Hook:
+        """A new reference to the hook a MessageTarget names (rpc-protocol.md §13.11: an
+        unknown export is a violation, a gone answer a broken capability)."""
+        if target.which() == "importedCap":
+            return self.exports.target(target.importedCap)
+        promised = target.promisedAnswer
+        path = wire.transform_path(promised.transform)
+        return self.answers.pipelined(promised.questionId, path, GONE_ANSWER)
 
     # -------------------------------------------------------------- bootstrap
     def _on_bootstrap(self, message: Any, segments: Segments) -> None:
         body = message.bootstrap
         answer_id = body.questionId
-        if answer_id in self.answers:
+        if answer_id in self.answers.entries:
             raise RemoteProtocolError(f"bootstrap reuses question ID {answer_id} still in use")
         if body._has("deprecatedObjectId"):
             raise RemoteProtocolError("bootstrap with deprecatedObjectId is not supported")
         result = CallResult()
-        self._start_answer(answer_id, result, redirected=False)
+        self.answers.start(answer_id, result, redirected=False)
         if self.bootstrap_hook is None:
             result.set_error(Failed("this vat has no bootstrap capability"))
             return
@@ -265,23 +271,16 @@ class RpcSession(CapabilityTables):
         """A Call whose header came from the raw words. ``message``, the pycapnp reader, is
         needed only for a promisedAnswer target or a capTable; it is None otherwise."""
         answer_id = header.question_id
-        if answer_id in self.answers:
+        if answer_id in self.answers.entries:
             raise RemoteProtocolError(f"call reuses question ID {answer_id} still in use")
         if header.send_to == 2:
             raise RemoteProtocolError("sendResultsTo.thirdParty is Level 3; not supported")
         if header.target_is_import:
-            export = self.exports.get(header.imported_cap)
-            if export is None:
-                raise RemoteProtocolError(
-                    f"call to export ID {header.imported_cap}, which is not exported"
-                )
-            target = export.hook.add_ref()
+            target = self.exports.target(header.imported_cap)
         else:
-            target = self._message_target(message.call.target)
-        caps = (
-            [self._import_descriptor(d) for d in message.call.params.capTable]
-            if header.has_caps
-            else []
+            target = self.message_target(message.call.target)
+        caps, _ = (
+            self._receive_cap_table(message.call.params.capTable) if header.has_caps else ([], ())
         )
         params = ReceivedPayload(
             segments,
@@ -297,14 +296,14 @@ class RpcSession(CapabilityTables):
         """The same as ``_on_call``, reading every field through pycapnp."""
         body = message.call
         answer_id = body.questionId
-        if answer_id in self.answers:
+        if answer_id in self.answers.entries:
             raise RemoteProtocolError(f"call reuses question ID {answer_id} still in use")
         send_to = body.sendResultsTo.which()
         if send_to == "thirdParty":
             raise RemoteProtocolError("sendResultsTo.thirdParty is Level 3; not supported")
-        target = self._message_target(body.target)
+        target = self.message_target(body.target)
         params_reader = body.params
-        caps = [self._import_descriptor(d) for d in params_reader.capTable]
+        caps, _ = self._receive_cap_table(params_reader.capTable)
         params = ReceivedPayload(
             segments,
             message,
@@ -327,120 +326,39 @@ class RpcSession(CapabilityTables):
         params: ReceivedPayload,
     ) -> None:
         result = CallResult()
-        self._start_answer(answer_id, result, redirected=redirected)
-        target.call(OutgoingCall(header.interface_id, header.method_id, params, result.add_ref()))
+        self.answers.start(answer_id, result, redirected=redirected)
+        call = OutgoingCall(header.interface_id, header.method_id, params, result.add_ref())
+        call.from_peer = True  # only while it is handed over (see OutgoingCall)
+        target.call(call)
+        call.from_peer = False
         target.release()
 
-    def _message_target(self, target: Any) -> Hook:
-        """A new reference to the hook a MessageTarget names (unknown IDs are violations)."""
-        if target.which() == "importedCap":
-            export = self.exports.get(target.importedCap)
-            if export is None:
-                raise RemoteProtocolError(
-                    f"call to export ID {target.importedCap}, which is not exported"
-                )
-            return export.hook.add_ref()
-        promised = target.promisedAnswer
-        answer = self.answers.get(promised.questionId)
-        if answer is None:
-            raise RemoteProtocolError(
-                f"promisedAnswer names question {promised.questionId}, which is not current"
-            )
-        return answer.result.pipeline(transform_path(promised.transform))
+    def _receive_cap_table(self, cap_table: Any) -> tuple[list[Hook | None], tuple[int, ...]]:
+        """The hooks of a received cap table, and the indices the peer reflected to us."""
+        caps: list[Hook | None] = []
+        reflected: list[int] = []
+        for index, desc in enumerate(cap_table):
+            hook, was_reflected = self.imports.receive(desc)
+            caps.append(hook)
+            if was_reflected:
+                reflected.append(index)
+        return caps, tuple(reflected)
 
-    def _start_answer(self, answer_id: int, result: CallResult, *, redirected: bool) -> None:
-        answer = Answer(answer_id, result, redirected)
-        self.answers[answer_id] = answer
-        result.add_done_callback(lambda _: self._send_return(answer))
-
-    # -------------------------------------------------------------- return (sending)
-    def _send_return(self, answer: Answer) -> None:
-        if self.closed is not None or self.answers.get(answer.id) is not answer:
-            return
-        result = answer.result
-        answer.return_sent = True
-        if answer.finish_received:
-            self._send_simple_return(answer.id, "canceled")
-            self._forget_answer(answer)
-            return
-        if answer.redirected:
-            # rpc-protocol.md §6.2: a call sent with `yourself` is always answered with
-            # resultsSentElsewhere, even when it failed (C++ aborts otherwise); the caller
-            # learns the outcome through its takeFromOtherQuestion.
-            self._send_simple_return(answer.id, "resultsSentElsewhere")
-            return
-        error = result.error
-        if error is not None:
-            self._send_exception_return(answer.id, error)
-            return
-        payload = result.payload
-        if not (
-            isinstance(payload, BuiltPayload) and payload.content_path == wire.RETURN_CONTENT_PATH
-        ):
-            payload = copying.copy_to_return(payload, new_return_payload())
-            owned = True
-        else:
-            owned = False
-        body = payload.body if payload.body is not None else getattr(payload.message, "return")
-        body.answerId = answer.id
-        body.releaseParamCaps = False
-        no_caps = not any(hook is not None for hook in payload.caps)
-        if no_caps:
-            # rpc-protocol.md §4 callee step 3: cap-free results need no Finish (C++ does this).
-            body.noFinishNeeded = True
-        segments = payload.write(
-            lambda desc, hook: self._describe(desc, hook, answer.result_exports)
-        )
-        if owned:
-            payload.release()
-        self._send(segments)
-        if no_caps:
-            self._forget_answer(answer)
-
-    def _send_simple_return(self, answer_id: int, which: str) -> None:
-        message = wire.Message.new_message()
-        body = message.init("return")
-        body.answerId = answer_id
-        body.releaseParamCaps = False
-        setattr(body, which, None)
-        self._send_message(message)
-
-    def _send_exception_return(self, answer_id: int, error: RpcError) -> None:
-        message = wire.Message.new_message()
-        body = message.init("return")
-        body.answerId = answer_id
-        body.releaseParamCaps = False
-        wire.write_exception(body.init("exception"), error)
-        self._send_message(message)
-
-    def _forget_answer(self, answer: Answer) -> None:
-        if self.answers.get(answer.id) is answer:
-            del self.answers[answer.id]
-        answer.result.release()
-
-    # -------------------------------------------------------------- finish
+    # -------------------------------------------------------------- finish, release, resolve
     def _on_finish(self, message: Any, segments: Segments) -> None:
-        body = message.finish
-        answer = self.answers.get(body.questionId)
-        if answer is None:
-            return  # it may have crossed our noFinishNeeded return (rpc-protocol.md §13.8)
-        if answer.finish_received:
-            raise RemoteProtocolError(f"second finish for question {body.questionId}")
-        answer.finish_received = True
-        if body.releaseResultCaps:
-            exports, answer.result_exports = answer.result_exports, []
-            for export_id in exports:
-                self._release_export(export_id, 1)
-        if answer.return_sent:
-            self._forget_answer(answer)
-        elif answer.result.refs <= 1:
-            # Nothing but this answer wants the results: cancel the work (§4 callee step 4).
-            # If something else still does (a pipelined capability of this answer that the
-            # peer passed back to us as receiverAnswer), the call runs on; its Return will
-            # say 'canceled', since the caller finished.
-            answer.result.cancel()
+        self.answers.on_finish(message.finish)
 
-    # -------------------------------------------------------------- return (receiving)
+    def _on_release(self, message: Any, segments: Segments) -> None:
+        body = message.release
+        self.exports.release(body.id, body.referenceCount)
+
+    def _on_resolve(self, message: Any, segments: Segments) -> None:
+        self.imports.on_resolve(message.resolve)
+
+    def _on_disembargo(self, message: Any, segments: Segments) -> None:
+        self.embargoes.on_disembargo(message)
+
+    # -------------------------------------------------------------- return
     def _on_return(self, message: Any, segments: Segments) -> None:
         header = wire.read_return_header(segments)
         if header is not None and header.which == 0:
@@ -452,181 +370,133 @@ class RpcSession(CapabilityTables):
         self, header: wire.ReturnHeader, message: Any, segments: Segments
     ) -> None:
         """A Return carrying results, read from the raw words (the common case)."""
-        question = self.questions.get(header.answer_id)
-        if question is None or question.returned:
-            raise RemoteProtocolError(
-                f"return for question {header.answer_id}, which is not awaiting one"
-            )
-        question.returned = True
-        if header.release_param_caps and question.param_exports:
-            exports, question.param_exports = question.param_exports, []
-            for export_id in exports:
-                self._release_export(export_id, 1)
-        if question.finish_sent:
+        question = self.questions.awaiting(header.answer_id)
+        self._returned(question, header.release_param_caps, header.no_finish_needed)
+        if question.state is QS.FINISHED_EARLY:
             # We finished with releaseResultCaps=true: the callee releases them itself.
-            self._complete_question(question, None, Canceled("canceled"))
-        else:
-            results = getattr(message, "return").results if header.has_caps else None
-            caps = [self._import_descriptor(d) for d in results.capTable] if results else []
-            payload = ReceivedPayload(
-                segments,
-                message,
-                wire.RETURN_CONTENT_PATH,
-                caps,
-                results,
-                content_word=header.content_word,
-                limits=self._reader_limits,
-            )
-            self._complete_question(question, payload, None)
-        question.no_finish_needed = header.no_finish_needed
-        self._finish_returned(question)
+            self._settle(question, QI.RETURN, None, None)
+            return
+        payload = self._results_payload(message, segments, header)
+        self._settle(question, QI.RETURN, payload, None)
+
+    def _results_payload(
+        self, message: Any, segments: Segments, header: wire.ReturnHeader | None
+    ) -> ReceivedPayload:
+        results = None
+        if header is None or header.has_caps:
+            results = getattr(message, "return").results
+        caps, reflected = self._receive_cap_table(results.capTable) if results else ([], ())
+        return ReceivedPayload(
+            segments,
+            message,
+            wire.RETURN_CONTENT_PATH,
+            caps,
+            results,
+            content_word=header.content_word if header is not None else -1,
+            limits=self._reader_limits,
+            reflected=frozenset(reflected),
+        )
 
     def _on_return_slow(self, message: Any, segments: Segments) -> None:
         body = getattr(message, "return")
-        question = self.questions.get(body.answerId)
-        if question is None or question.returned:
-            raise RemoteProtocolError(
-                f"return for question {body.answerId}, which is not awaiting one"
-            )
-        question.returned = True
-        if body.releaseParamCaps:
-            exports, question.param_exports = question.param_exports, []
-            for export_id in exports:
-                self._release_export(export_id, 1)
+        question = self.questions.awaiting(body.answerId)
+        self._returned(question, body.releaseParamCaps, body.noFinishNeeded)
+        early = question.state is QS.FINISHED_EARLY
         which = body.which()
         if which == "results":
-            self._complete_with_results(question, message, body.results, segments)
+            payload = None if early else self._results_payload(message, segments, None)
+            self._settle(question, QI.RETURN, payload, None)
         elif which == "exception":
-            self._complete_question(question, None, wire.read_exception(body.exception))
+            self._settle(question, QI.RETURN, None, wire.read_exception(body.exception))
         elif which == "canceled":
-            if not question.finish_sent:
-                raise RemoteProtocolError(
-                    f"return 'canceled' for question {question.id} never finished"
-                )
-            self._complete_question(question, None, Canceled("canceled"))
-        elif which == "resultsSentElsewhere":
-            if not question.yourself:
-                raise RemoteProtocolError(
-                    "resultsSentElsewhere for a call not sent with 'yourself'"
-                )
-            self._complete_question(question, None, Failed("results were sent elsewhere"))
+            self._settle(question, QI.RETURN_CANCELED, None, None)
         elif which == "takeFromOtherQuestion":
             self._take_from_other_question(question, body.takeFromOtherQuestion)
+        elif which == "resultsSentElsewhere":
+            # We never send sendResultsTo.yourself, so no Return may say this (§4).
+            raise RemoteProtocolError("resultsSentElsewhere for a call not sent with 'yourself'")
         else:
             raise RemoteProtocolError(f"return variant {which!r} is not supported (Level 3)")
-        question.no_finish_needed = body.noFinishNeeded
-        self._finish_returned(question)
 
-    def _complete_with_results(
-        self, question: Question, message: Any, results: Any, segments: Segments
-    ) -> None:
-        if question.finish_sent:
-            # We finished with releaseResultCaps=true: the callee releases them itself.
-            self._complete_question(question, None, Canceled("canceled"))
-            return
-        caps = [self._import_descriptor(d) for d in results.capTable]
-        payload = ReceivedPayload(
-            segments, message, wire.RETURN_CONTENT_PATH, caps, results, limits=self._reader_limits
-        )
-        self._complete_question(question, payload, None)
+    def _returned(self, question: Question, release_param_caps: bool, no_finish: bool) -> None:
+        """What every Return does first: a second one is a violation; releaseParamCaps
+        (C++ sends false; honour true) and noFinishNeeded are taken in."""
+        if question.state not in (QS.AWAITING_RETURN, QS.FINISHED_EARLY):
+            raise RemoteProtocolError(
+                f"return for question {question.id}, which is not awaiting one"
+            )
+        if release_param_caps and question.param_exports:
+            exports, question.param_exports = question.param_exports, []
+            self.exports.release_all(exports)
+        question.no_finish_needed = no_finish
 
     def _take_from_other_question(self, question: Question, other_id: int) -> None:
         """rpc-protocol.md §6.2: the results are those of our answer ``other_id``."""
-        other = self.answers.get(other_id)
-        if other is None or not other.redirected:
-            raise RemoteProtocolError(
-                f"takeFromOtherQuestion names answer {other_id}, which was not sent to 'yourself'"
-            )
-        source = other.result.add_ref()
+        answer = self.answers.take(other_id)  # each answer is taken once
+        if question.state is QS.FINISHED_EARLY:
+            # Nobody wants the results any more: stop the work of the other call (its
+            # Return, resultsSentElsewhere, still goes out).
+            self.questions.advance(question, QI.RETURN_TAKE)
+            if answer.result.refs <= 1:
+                answer.result.cancel()
+            return
+        self.questions.advance(question, QI.RETURN_TAKE)
+        source = answer.result.add_ref()
 
         def forward(done: CallResult) -> None:
-            if done.error is not None:
-                self._complete_question(question, None, done.error)
-            else:
-                payload = done.payload
-                self._complete_question(question, SharedPayload(payload), None)
+            if question.state is QS.TAKING:
+                if done.error is not None:
+                    self._settle(question, QI.TAKE_SETTLED, None, done.error)
+                else:
+                    self._settle(question, QI.TAKE_SETTLED, SharedPayload(done.payload), None)
             source.release()
 
         source.add_done_callback(forward)
 
-    def _complete_question(
-        self, question: Question, payload: Payload | None, error: RpcError | None
+    def _settle(
+        self,
+        question: Question,
+        event: QuestionInput,
+        payload: Payload | None,
+        error: RpcError | None,
     ) -> None:
-        """Settle the question's pipelines (with embargoes) and then its result."""
-        question.settled = True
+        """Move the question by ``event``; settle its pipelines (with embargoes), then its
+        result.
+
+        While settling, the question holds itself: the Finish that dropping the last
+        pipeline may cause must follow every Disembargo the pipelines start (§13.4).
+        """
+        question.add_holder()
+        if self.questions.advance(question, event) is not QS.RETURNED:
+            # Finished early (or disconnected): nobody waits for these results.
+            result, question.result = question.result, None
+            if result is not None:
+                result.set_error(error or Canceled("canceled"))
+            if payload is not None:
+                payload.release()
+            return
         for path, hook in list(question.pipelines.items()):
             if error is not None:
                 target: Hook = BrokenHook(error)
+                reflected = False
             else:
                 assert payload is not None
+                found = payload.locate_cap(path)
                 target = payload.cap_at(path) or null_hook()
-            if hook.settle(target):
-                self._start_embargo(hook)
-        question.pipelines.clear()
+                reflected = isinstance(payload, ReceivedPayload) and found in payload.reflected
+            if hook.settle(target, reflected=reflected):
+                self.embargoes.start(hook)
         result, question.result = question.result, None
-        if payload is not None and (result is None or not question.wanted):
-            payload.release()
-            payload = None
-            error = error or Canceled("canceled")
         if result is not None:
             if error is not None:
                 result.set_error(error)
             else:
                 assert payload is not None
                 result.set_result(payload)
-        if question.returned:
-            self._finish_returned(question)
-
-    def _send_finish(self, question: Question, *, release_result_caps: bool) -> None:
-        question.finish_sent = True
-        message = wire.Message.new_message()
-        body = message.init("finish")
-        body.questionId = question.id
-        body.releaseResultCaps = release_result_caps
-        body.requireEarlyCancellationWorkaround = False  # rpc-protocol.md §13.5
-        self._send_message(message, urgent=False)
-
-    def _question_unwanted(self, question: Question) -> None:
-        if question.returned:
-            self._finish_returned(question)
-        else:
-            self._maybe_finish_early(question)
-
-    def _finish_returned(self, question: Question) -> None:
-        """Send the Finish of a returned question once nothing needs it any more.
-
-        That is when its results have settled (a takeFromOtherQuestion may still be pending),
-        every pipelined capability has been redirected (a Disembargo naming the question
-        must leave before the Finish: rpc-protocol.md §13.4), and the caller has dropped the
-        results (as C++ does when the response object dies), so that the Finish usually
-        travels with the caller's next call.
-        """
-        if not question.returned or not question.settled:
-            return
-        if question.wanted or question.pipelines:
-            return
-        if not question.finish_sent and not question.no_finish_needed and self.closed is None:
-            self._send_finish(question, release_result_caps=False)
-        self._free_question_if_done(question, no_finish_needed=question.no_finish_needed)
-
-    def _maybe_finish_early(self, question: Question) -> None:
-        """Nobody wants the question any more: finish it before its return (cancellation)."""
-        if question.returned or question.finish_sent or self.closed is not None:
-            return
-        if question.wanted or question.pipelines:
-            return
-        self._send_finish(question, release_result_caps=True)
-
-    def _free_question_if_done(self, question: Question, *, no_finish_needed: bool) -> None:
-        if question.returned and (question.finish_sent or no_finish_needed):
-            if self.questions.get(question.id) is question:
-                del self.questions[question.id]
-                self._question_ids.free(question.id)
-
-    def _new_question(self, result: CallResult | None) -> Question:
-        question = Question(self, self._question_ids.allocate(), result)
-        self.questions[question.id] = question
-        return question
+                payload = None
+        if payload is not None:
+            payload.release()
+        question.drop_holder()
 
     # -------------------------------------------------------------- abort, unimplemented
     def _on_abort(self, message: Any, segments: Segments) -> None:
@@ -640,20 +510,18 @@ class RpcSession(CapabilityTables):
         if which == "resolve":
             cap = inner.resolve
             if cap.which() == "cap" and cap.cap.which() in ("senderHosted", "senderPromise"):
-                self._release_export(getattr(cap.cap, cap.cap.which()), 1)
+                self.exports.release(getattr(cap.cap, cap.cap.which()), 1)
             return
         if which in ("bootstrap", "call"):
             question_id = (
                 inner.bootstrap.questionId if which == "bootstrap" else inner.call.questionId
             )
-            question = self.questions.get(question_id)
-            if question is not None and not question.returned:
-                question.returned = True
-                question.finish_sent = True  # nothing to finish: the peer never saw it
-                self._complete_question(
-                    question, None, Unimplemented(f"peer does not implement {which}")
-                )
-                self._free_question_if_done(question, no_finish_needed=True)
+            question = self.questions.entries.get(question_id)
+            if question is not None and question.state is QS.AWAITING_RETURN:
+                # The peer never saw the call: nothing to finish either.
+                question.no_finish_needed = True
+                failure = Unimplemented(f"peer does not implement {which}")
+                self._settle(question, QI.RETURN, None, failure)
             return
         raise RemoteProtocolError(f"peer did not understand our {which!r} message")
 
@@ -667,7 +535,7 @@ class RpcSession(CapabilityTables):
         body = message.init("abort")
         body.reason = reason
         body.type = int(ExceptionType.FAILED)
-        self._send_message(message)
+        self.outbox.send(message.to_segments())
         self.close(Disconnected(f"connection aborted: {reason}"))
 
     def close(self, error: RpcError) -> None:
@@ -675,27 +543,16 @@ class RpcSession(CapabilityTables):
         if self.closed is not None:
             return
         self.closed = error
-        questions, self.questions = self.questions, {}
-        for question in questions.values():
-            if not question.returned:
-                question.returned = True
-                self._complete_question(question, None, error)
-        imports, self.imports = self.imports, {}
-        for entry in imports.values():
-            if isinstance(entry.hook, ImportPromiseHook) and not entry.hook.settled:
-                entry.hook.settle(BrokenHook(error))
-        embargoes, self.embargoes = self.embargoes, {}
-        for hook in embargoes.values():
-            hook.lift_embargo()
-            hook.release()
-        exports, self.exports = self.exports, {}
-        self._export_by_hook.clear()
-        for export in exports.values():
-            export.hook.release()
-        answers, self.answers = self.answers, {}
-        for answer in answers.values():
-            answer.result.cancel()
-            answer.result.release()
+        for question in self.questions.disconnect_all():
+            result, question.result = question.result, None
+            for hook in list(question.pipelines.values()):
+                hook.settle(BrokenHook(error), reflected=False)
+            if result is not None:
+                result.set_error(error)
+        self.imports.close(error)
+        self.embargoes.close()
+        self.exports.close()
+        self.answers.close()
 
     _HANDLERS: dict[int, Callable[[RpcSession, Any, Segments], None]] = {}
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import capnp
 
-from capsvc.errors import ExceptionType, RpcError
+from capsvc.errors import ExceptionType, RemoteProtocolError, RpcError
 
 _PKG = os.path.dirname(capnp.__file__)
 rpc: Any = capnp.load(os.path.join(_PKG, "rpc.capnp"), imports=[os.path.dirname(_PKG)])
@@ -254,3 +254,15 @@ def _payload_pointers(segment: Any, payload: tuple[int, int, int]) -> tuple[int,
     content_word = data + data_words if pointers >= 1 else -1
     has_caps = pointers >= 2 and _U64.unpack_from(segment, (content_word + 1) * 8)[0] != 0
     return content_word, has_caps
+
+
+def transform_path(transform: Any) -> tuple[int, ...]:
+    """The pointer path of a PromisedAnswer's transform (rpc-protocol.md §6: skip noop)."""
+    path = []
+    for op in transform:
+        which = op.which()
+        if which == "getPointerField":
+            path.append(op.getPointerField)
+        elif which != "noop":
+            raise RemoteProtocolError(f"unknown PromisedAnswer op {which!r}")
+    return tuple(path)

@@ -15,9 +15,10 @@ from typing import Any
 
 import capnp
 
+from capsvc.errors import Failed, Unimplemented
 from capsvc.framing import FrameDecoder
 from capsvc.rpc import wire
-from capsvc.rpc.hooks import CallResult, Hook, LocalServerHook, OutgoingCall, Path
+from capsvc.rpc.hooks import CallResult, Hook, LocalServerHook, OutgoingCall, Path, PromiseHook
 from capsvc.rpc.payload import BuiltPayload, Payload, new_call_payload, new_return_payload
 from capsvc.rpc.session import RpcSession
 
@@ -66,14 +67,26 @@ class Counter:
 
 @dataclass
 class FakeTester:
-    """A local FakeTester implementing the few methods engine tests need."""
+    """A local FakeTester implementing the few methods engine tests need.
+
+    Beyond the schema's plain meaning, ``newCounter`` with a negative ``start`` returns an
+    unresolved promise (kept in ``promises`` until the test resolves it), and ``holdCaps``
+    keeps ``holder.cap`` in ``vault`` (so the test can resolve promises to capabilities
+    this side holds from the other).
+    """
 
     executor: ManualExecutor
     made: list[Counter] = field(default_factory=list)
+    promises: list[PromiseHook] = field(default_factory=list)
+    vault: list[Hook] = field(default_factory=list)
 
     def handle(self, call: OutgoingCall) -> None:
         name = testing.Tester.schema.method_names[call.method_id]
-        getattr(self, "do_" + name)(call)
+        method = getattr(self, "do_" + name, None)
+        if method is None:  # as capsvc.Server answers a method it does not define
+            call.result.set_error(Unimplemented(f"FakeTester does not implement {name}"))
+            return
+        method(call)
 
     def do_echo(self, call: OutgoingCall) -> None:
         msg = call.params.content(testing.Tester.schema.methods["echo"].param_type).msg
@@ -81,14 +94,53 @@ class FakeTester:
 
     def do_newCounter(self, call: OutgoingCall) -> None:
         params = call.params.content(testing.Tester.schema.methods["newCounter"].param_type)
-        counter = Counter(params.start)
-        self.made.append(counter)
         results = new_return_payload()
         results.payload_builder.content.as_struct(
             testing.Tester.schema.methods["newCounter"].result_type
         )
-        results.set_cap((0,), LocalServerHook(counter, self.executor))
+        if params.start < 0:
+            promise = PromiseHook()
+            self.promises.append(promise)
+            results.set_cap((0,), promise.add_ref())
+        else:
+            results.set_cap((0,), LocalServerHook(self.new_counter(params.start), self.executor))
         call.result.set_result(results)
+
+    def new_counter(self, start: int = 0) -> Counter:
+        counter = Counter(start)
+        self.made.append(counter)
+        return counter
+
+    def do_holdCaps(self, call: OutgoingCall) -> None:
+        cap = call.params.cap_at((0, 1))  # holder.cap
+        if cap is not None:
+            self.vault.append(cap)
+        results = new_return_payload()
+        results.payload_builder.content.as_struct(
+            testing.Tester.schema.methods["holdCaps"].result_type
+        )
+        call.result.set_result(results)
+
+    def do_callCounter(self, call: OutgoingCall) -> None:
+        """Call ``counter.increment(by)`` and answer with its value once it returns."""
+        by = call.params.content(testing.Tester.schema.methods["callCounter"].param_type).by
+        cap = call.params.cap_at((0,))
+        if cap is None:
+            call.result.set_error(Failed("callCounter: no counter"))
+            return
+        outer = call.result.add_ref()
+        inner = increment(cap, by)
+        cap.release()
+
+        def done(result: CallResult) -> None:
+            if result.error is not None:
+                outer.set_error(result.error)
+            else:
+                outer.set_result(results_with(value=value_of(result)))
+            outer.release()
+            result.release()
+
+        inner.add_done_callback(done)
 
     def do_reflect(self, call: OutgoingCall) -> None:
         results = new_return_payload()

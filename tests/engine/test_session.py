@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from capsvc.errors import Disconnected, Overloaded, Unimplemented
 from capsvc.rpc import wire
 from capsvc.rpc.hooks import LocalServerHook, PromiseHook
@@ -77,12 +75,33 @@ def test_exception_is_typed() -> None:
     assert pair.b.tables_empty()
 
 
-def test_unknown_method_on_remote_is_unimplemented_return() -> None:
+def test_unimplemented_travels_as_an_exception_return_of_that_type() -> None:
+    """rpc-protocol.md §4 callee step 2: an unknown method is an ordinary Return whose
+    exception has type unimplemented, not an ``unimplemented`` message; the caller gets
+    Unimplemented and the connection stays up."""
     pair = make_pair()
     tester = pair.a.bootstrap()
-    call(tester, TESTER_ID, 3)  # holdCaps: our engine FakeTester has no do_holdCaps
-    with pytest.raises(AttributeError):
-        pair.pump()
+    result = call(tester, TESTER_ID, 5)  # slow: FakeTester answers it Unimplemented
+    pair.deliver_one_way(pair.a)
+    pair.b_exec.run()
+    frames = pair.b.take_output()
+    returns = [wire.Message.from_segments(_only_message([frame])) for frame in frames]
+    exceptions = [
+        getattr(m, "return").exception
+        for m in returns
+        if m.which() == "return" and getattr(m, "return").which() == "exception"
+    ]
+    assert [e.type for e in exceptions] == ["unimplemented"]
+    for frame in frames:
+        pair.a.receive(_only_message([frame]))
+    assert isinstance(result.error, Unimplemented)
+    assert "slow" in result.error.reason
+    assert pair.a.closed is None
+    assert pair.b.closed is None
+    release_all(result, tester)
+    pair.pump()
+    assert pair.a.tables_empty(), pair.a.table_sizes()
+    assert pair.b.tables_empty(), pair.b.table_sizes()
 
 
 def test_capability_passing_both_ways_and_refcounts() -> None:
@@ -120,7 +139,7 @@ def test_embargo_keeps_call_order_when_promise_resolves_to_caller() -> None:
     kinds = pair.deliver_one_way(pair.b)
     assert "return" in kinds
     # The return resolved `back` to our own object: an embargo is now up.
-    assert len(pair.a.embargoes) == 1
+    assert len(pair.a.embargoes.entries) == 1
     assert len(pair.a_exec.pending) == 3  # the early calls, forwarded back by b
     late = [increment(back, n) for n in range(4, 7)]
     assert len(pair.a_exec.pending) == 3  # the late ones are held by the embargo
@@ -270,7 +289,7 @@ def test_results_with_no_caps_need_no_finish() -> None:
     release_all(result)
     pair.pump()
     assert pair.kinds("a->b").count("finish") == finishes_before
-    assert pair.a.questions.keys() <= {0}  # only the bootstrap question may remain
+    assert pair.a.questions.entries.keys() <= {0}  # only the bootstrap question may remain
     tester.release()
     pair.pump()
     assert pair.a.tables_empty()
@@ -280,7 +299,7 @@ def test_results_with_no_caps_need_no_finish() -> None:
 def test_results_payload_is_built_in_place() -> None:
     payload = new_return_payload()
     payload.payload_builder.content.as_struct(testing.Tester.schema.methods["echo"].result_type)
-    segments = payload.write(lambda desc, hook: None)
+    segments = payload.write(lambda desc, path, hook: None)
     assert wire.message_tag(segments) == wire.RETURN
 
 

@@ -43,7 +43,7 @@ def test_take_from_other_question() -> None:
     getattr(reply.message, "return").answerId = question.bootstrap.questionId
     reply.set_cap((), LocalServerHook(Counter(), executor))  # stands for the peer's export 5
 
-    def describe(desc: Any, hook: Any) -> None:
+    def describe(desc: Any, path: Any, hook: Any) -> None:
         desc.senderHosted = 5
 
     session.receive(reply.write(describe))
@@ -91,10 +91,7 @@ def test_take_from_other_question() -> None:
     [release] = sent(session)
     assert release.which() == "release"
     assert release.release.id == 5
-    assert session.questions == {}
-    assert session.answers == {}
-    assert session.imports == {}
-    assert session.exports == {}
+    assert session.tables_empty(), session.table_sizes()
 
 
 def test_take_from_a_question_not_sent_to_yourself_aborts() -> None:

@@ -170,7 +170,7 @@ class RecordingConnection(capsvc.Connection):
             self.sizes_at_close = self.session.table_sizes()
             self.exports_at_close = [
                 (export_id, export.refcount, type(export.hook).__name__)
-                for export_id, export in self.session.exports.items()
+                for export_id, export in self.session.exports.entries.items()
             ]
         super()._shutdown(reason)
 
@@ -286,7 +286,7 @@ async def hold_open_run(argv: list[str]) -> tuple[RecordingConnection, dict[str,
             "sizes": conn.session.table_sizes(),
             "exports": {
                 export_id: (export.refcount, type(export.hook).__name__)
-                for export_id, export in conn.session.exports.items()
+                for export_id, export in conn.session.exports.entries.items()
             },
         }
         await process.stdin.send_all(b"\n")

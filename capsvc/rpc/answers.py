@@ -1,0 +1,237 @@
+"""The answer table: the peer's calls to us, each with its lifecycle (rpc-protocol.md §4).
+
+Theory of operation:
+- An ``Answer`` is created when a Call or Bootstrap arrives and holds the call's
+  ``CallResult``. When the result settles, the Return goes out (``_results_ready``); its
+  ``state`` moves only through capsvc.rpc.lifecycle, and the effect of each move sits next to
+  it here: the Return, the release of result exports, forgetting the entry.
+- The Return is built in a place reserved in the outbox first (capsvc.rpc.outbox): whatever
+  building it releases (a copied payload's last reference to an import) follows it. If it
+  cannot be built (a capability where the payload has no pointer, a value pycapnp rejects),
+  the call fails with an exception Return instead; nothing escapes into the code that
+  settled the result (a trio task of the runtime).
+- After the Return, the answer's pipeline is frozen at what the Return described
+  (``frozen``): calls the peer pipelines on the answer, and Disembargos aimed at it, keep
+  reaching exactly that (the Tribble rule; C++ ``PostReturnRpcPipeline``).
+- Cap-free results need no Finish (noFinishNeeded): the entry goes at once, and a call that
+  still names it gets a broken capability (rpc-protocol.md §13.11). A Finish before the
+  Return cancels the call (if nothing else wants its results) and it answers 'canceled'.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from capsvc.errors import Failed, RemoteProtocolError, RpcError
+from capsvc.rpc import copying, wire
+from capsvc.rpc.hooks import BrokenHook, CallResult, Hook, Path
+from capsvc.rpc.lifecycle import AnswerInput, AnswerState, step_answer
+from capsvc.rpc.payload import BuiltPayload, new_return_payload
+
+if TYPE_CHECKING:
+    from capsvc.rpc.session import RpcSession
+
+log = logging.getLogger("capsvc")
+AS, AI = AnswerState, AnswerInput
+
+
+def _no_caps(desc: Any, path: Path, hook: Hook | None) -> None:
+    """The describer of cap-free results (never called: there is no cap table)."""
+
+
+class Answer:
+    """One of the peer's calls; see the module docstring."""
+
+    __slots__ = ("frozen", "id", "redirected", "result", "result_exports", "state")
+
+    def __init__(self, answer_id: int, result: CallResult, redirected: bool) -> None:
+        self.id = answer_id
+        self.state = AS.RUNNING
+        self.result = result  # owned
+        #: Sent with sendResultsTo.yourself: the results wait for a takeFromOtherQuestion.
+        self.redirected = redirected
+        #: Export IDs written into the results' cap table (released by releaseResultCaps).
+        self.result_exports: list[int] = []
+        #: After the Return: what it described, where that differs from the results' hooks.
+        self.frozen: dict[Path, Hook] | None = None
+
+
+class AnswerTable:
+    """The peer's calls to us by the peer's question ID."""
+
+    __slots__ = ("entries", "session")
+
+    def __init__(self, session: RpcSession) -> None:
+        self.session = session
+        self.entries: dict[int, Answer] = {}
+
+    # -------------------------------------------------------------- creating, pipelining
+    def start(self, answer_id: int, result: CallResult, *, redirected: bool) -> None:
+        """A call (or bootstrap) ``answer_id`` arrived; its results settle ``result``."""
+        answer = Answer(answer_id, result, redirected)
+        self.entries[answer_id] = answer
+        result.add_done_callback(lambda _: self._results_ready(answer))
+
+    def pipelined(self, answer_id: int, path: Path, unknown: str) -> Hook:
+        """A new reference to the capability at ``path`` of an answer's results (a call's
+        promisedAnswer target, a receiverAnswer descriptor, a Disembargo's target). A gone
+        answer gives a capability broken with ``unknown`` (rpc.c++ getMessageTarget)."""
+        answer = self.entries.get(answer_id)
+        if answer is None or answer.state is AS.CANCELING:
+            return BrokenHook(Failed(unknown))
+        frozen = answer.frozen
+        if frozen is not None:
+            hook = frozen.get(path)
+            if hook is not None:
+                return hook.add_ref()
+        return answer.result.pipeline(path)
+
+    def advance(self, answer: Answer, event: AnswerInput) -> AnswerState:
+        answer.state = step_answer(answer.state, event, answer.id)
+        if answer.state is AS.DONE:
+            self._forget(answer)
+        return answer.state
+
+    # -------------------------------------------------------------- from the peer
+    def on_finish(self, body: Any) -> None:
+        answer = self.entries.get(body.questionId)
+        if answer is None:
+            return  # it may have crossed our noFinishNeeded Return (rpc-protocol.md §13.8)
+        release = body.releaseResultCaps
+        exports, answer.result_exports = answer.result_exports, []
+        if self.advance(answer, AI.FINISH) is AS.CANCELING:
+            if answer.result.refs <= 1:
+                # Nothing but this answer wants the results: cancel the work (§4 callee
+                # step 4); a call not started yet never starts. If something else still
+                # does (a pipelined capability of this answer that the peer passed back
+                # to us as receiverAnswer), the call runs on and answers 'canceled'.
+                answer.result.cancel()
+        elif release:
+            self.session.exports.release_all(exports)
+
+    def take(self, answer_id: int) -> Answer:
+        """Our question's Return said takeFromOtherQuestion = ``answer_id`` (§6.2)."""
+        answer = self.entries.get(answer_id)
+        if answer is None or not answer.redirected:
+            raise RemoteProtocolError(
+                f"takeFromOtherQuestion names answer {answer_id}, which was not sent to 'yourself'"
+            )
+        self.advance(answer, AI.TAKE)
+        return answer
+
+    # -------------------------------------------------------------- the Return
+    def _results_ready(self, answer: Answer) -> None:
+        if self.session.closed is not None or self.entries.get(answer.id) is not answer:
+            return
+        if answer.state is AS.CANCELING:
+            self._send_simple_return(answer, "canceled")
+        elif answer.redirected:
+            # rpc-protocol.md §6.2: always resultsSentElsewhere, even when the call failed
+            # (C++ aborts otherwise); the caller learns the outcome through its take.
+            self._send_simple_return(answer, "resultsSentElsewhere")
+        elif answer.result.error is not None:
+            self._send_exception_return(answer, answer.result.error)
+        else:
+            self._send_results(answer)
+
+    def _send_results(self, answer: Answer) -> None:
+        outbox = self.session.outbox
+        place = outbox.reserve()
+        frozen: dict[Path, Hook] = {}
+        try:
+            segments, no_caps = self._build_results(answer, frozen)
+        except Exception as error:  # never into whoever settled the result
+            outbox.give_up(place)
+            self._undo_results(answer, frozen)
+            log.warning("could not send the results of call %d: %r", answer.id, error)
+            self._send_exception_return(answer, Failed(f"results could not be sent: {error}"))
+            return
+        outbox.fill(place, segments)
+        answer.frozen = frozen or None
+        # rpc-protocol.md §4 callee step 3: cap-free results need no Finish (C++ does this).
+        self.advance(answer, AI.RESULTS_NO_FINISH if no_caps else AI.RESULTS)
+
+    def _build_results(
+        self, answer: Answer, frozen: dict[Path, Hook]
+    ) -> tuple[list[bytes | bytearray], bool]:
+        payload = answer.result.payload
+        copied = not (
+            isinstance(payload, BuiltPayload) and payload.content_path == wire.RETURN_CONTENT_PATH
+        )
+        if copied:
+            payload = copying.copy_to_return(payload, new_return_payload())
+        assert isinstance(payload, BuiltPayload)
+        body = payload.body if payload.body is not None else getattr(payload.message, "return")
+        body.answerId = answer.id
+        body.releaseParamCaps = False
+        no_caps = not any(hook is not None for hook in payload.caps)
+        if no_caps:
+            body.noFinishNeeded = True
+        segments = payload.write(_no_caps if no_caps else self._describer(answer, frozen))
+        if copied:
+            payload.release()  # after the place was reserved: its drops follow the Return
+        return segments, no_caps
+
+    def _describer(
+        self, answer: Answer, frozen: dict[Path, Hook]
+    ) -> Callable[[Any, Path, Hook | None], None]:
+        describe = self.session.exports.describe_pinned
+        exports = answer.result_exports
+
+        def write(desc: Any, path: Path, hook: Hook | None) -> None:
+            described = describe(desc, hook, exports)
+            if described is None:
+                return
+            if described is hook:
+                described.release()
+            else:
+                frozen[path] = described
+
+        return write
+
+    def _undo_results(self, answer: Answer, frozen: dict[Path, Hook]) -> None:
+        """The Return was not sent: the exports its cap table counted were never seen."""
+        exports, answer.result_exports = answer.result_exports, []
+        self.session.exports.release_all(exports)
+        for hook in frozen.values():
+            hook.release()
+
+    def _send_simple_return(self, answer: Answer, which: str) -> None:
+        message = wire.Message.new_message()
+        body = message.init("return")
+        body.answerId = answer.id
+        body.releaseParamCaps = False
+        setattr(body, which, None)
+        self.session.outbox.send(message.to_segments())
+        self.advance(answer, AI.RESULTS)
+
+    def _send_exception_return(self, answer: Answer, error: RpcError) -> None:
+        message = wire.Message.new_message()
+        body = message.init("return")
+        body.answerId = answer.id
+        body.releaseParamCaps = False
+        wire.write_exception(body.init("exception"), error)
+        self.session.outbox.send(message.to_segments())
+        self.advance(answer, AI.RESULTS)
+
+    # -------------------------------------------------------------- the end
+    def _forget(self, answer: Answer) -> None:
+        if self.entries.get(answer.id) is answer:
+            del self.entries[answer.id]
+        frozen, answer.frozen = answer.frozen, None
+        for hook in (frozen or {}).values():
+            hook.release()
+        answer.result.release()
+
+    def close(self) -> None:
+        """The connection is gone: cancel what runs, drop everything (rpc-protocol.md §10)."""
+        answers, self.entries = self.entries, {}
+        for answer in answers.values():
+            answer.state = step_answer(answer.state, AI.DISCONNECT, answer.id)
+            frozen, answer.frozen = answer.frozen, None
+            for hook in (frozen or {}).values():
+                hook.release()
+            answer.result.cancel()
+            answer.result.release()

@@ -1,0 +1,179 @@
+"""The lifecycles of questions and answers, as data (h11's rule 1: every state and every
+transition lives in this file).
+
+Theory of operation: a question (one of our calls) and an answer (one of the peer's calls)
+each have exactly one state field. Every message received about them and every local event
+(the results are ready, nobody wants them any more, the connection is gone) is an *input*;
+``step(table, state, input)`` gives the next state, or raises if the input is illegal in that
+state. Inputs that come from the peer are checked against the same table, so a second Return,
+a Return 'canceled' for a question we never finished or a second take of one answer is a
+``RemoteProtocolError`` (the connection is aborted with its text); an illegal local input is
+an engine bug, a ``LocalProtocolError``. The side effects of each transition (sending the
+Finish or the Return, freeing the ID) are done by the owner of the entry
+(capsvc.rpc.questions, capsvc.rpc.answers), each next to the transition that causes it.
+
+Questions (rpc-protocol.md §4, caller side)::
+
+    AWAITING_RETURN --RETURN--> RETURNED --UNWANTED--> DONE        (Finish, unless not needed)
+    AWAITING_RETURN --RETURN_TAKE--> TAKING --TAKE_SETTLED--> RETURNED
+    AWAITING_RETURN --UNWANTED--> FINISHED_EARLY --RETURN*--> DONE (Finish releaseResultCaps)
+    any but DONE --DISCONNECT--> DISCONNECTED
+
+Answers (rpc-protocol.md §4, callee side, and §6.2 for answers to ``yourself`` calls)::
+
+    RUNNING --RESULTS--> RETURNED --FINISH--> DONE
+    RUNNING --RESULTS_NO_FINISH--> DONE                            (noFinishNeeded)
+    RUNNING --FINISH--> CANCELING --RESULTS--> DONE                (Return 'canceled')
+    RUNNING / RETURNED --TAKE--> RUNNING_TAKEN / RETURNED_TAKEN    (each answer taken once)
+    any but DONE --DISCONNECT--> DISCONNECTED
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NoReturn
+
+from capsvc.errors import LocalProtocolError, RemoteProtocolError
+
+
+class QuestionState(enum.Enum):
+    #: The Call (or Bootstrap) is sent; no Return yet.
+    AWAITING_RETURN = "awaiting return"
+    #: Nobody wanted the results before they came: we sent Finish(releaseResultCaps).
+    FINISHED_EARLY = "finished early"
+    #: The Return said takeFromOtherQuestion; the results come from one of our answers.
+    TAKING = "taking results from another question"
+    #: The results are here; the Finish waits until nothing uses the question any more.
+    RETURNED = "returned"
+    #: Return received and Finish sent (or not needed): the ID is free again.
+    DONE = "done"
+    #: The connection ended first; nothing more is sent or received for it.
+    DISCONNECTED = "disconnected"
+
+
+class QuestionInput(enum.Enum):
+    RETURN = "Return"  # results, exception (or resultsSentElsewhere: an error for us)
+    RETURN_CANCELED = "Return 'canceled'"
+    RETURN_TAKE = "Return 'takeFromOtherQuestion'"
+    TAKE_SETTLED = "the answer we take results from settled"  # local
+    UNWANTED = "nothing uses the question any more"  # local
+    DISCONNECT = "the connection is gone"  # local
+
+
+class AnswerState(enum.Enum):
+    #: The call runs (or waits to run, or was forwarded); no Return sent yet.
+    RUNNING = "running"
+    #: As RUNNING, and the peer has already claimed the results (takeFromOtherQuestion).
+    RUNNING_TAKEN = "running, results taken"
+    #: The peer sent Finish first: when the call ends we send Return 'canceled'.
+    CANCELING = "canceling"
+    #: The Return is sent; the answer's pipeline stays until the Finish.
+    RETURNED = "returned"
+    #: As RETURNED, and the peer has claimed the results.
+    RETURNED_TAKEN = "returned, results taken"
+    #: Return sent and Finish received (or not needed): the entry is gone.
+    DONE = "done"
+    #: The connection ended first; the call's outcome is dropped when it comes.
+    DISCONNECTED = "disconnected"
+
+
+class AnswerInput(enum.Enum):
+    RESULTS = "the call ended (Return sent)"  # local
+    RESULTS_NO_FINISH = "the call ended with cap-free results (noFinishNeeded)"  # local
+    FINISH = "Finish"
+    TAKE = "Return 'takeFromOtherQuestion' naming this answer"
+    DISCONNECT = "the connection is gone"  # local
+
+
+Q, QI = QuestionState, QuestionInput
+A, AI = AnswerState, AnswerInput
+
+QUESTION_TRANSITIONS: dict[QuestionState, dict[QuestionInput, QuestionState]] = {
+    Q.AWAITING_RETURN: {
+        QI.RETURN: Q.RETURNED,
+        QI.RETURN_TAKE: Q.TAKING,
+        QI.UNWANTED: Q.FINISHED_EARLY,
+        QI.DISCONNECT: Q.DISCONNECTED,
+    },
+    Q.FINISHED_EARLY: {
+        QI.RETURN: Q.DONE,
+        QI.RETURN_CANCELED: Q.DONE,
+        QI.RETURN_TAKE: Q.DONE,
+        QI.DISCONNECT: Q.DISCONNECTED,
+    },
+    Q.TAKING: {
+        QI.TAKE_SETTLED: Q.RETURNED,
+        QI.UNWANTED: Q.TAKING,  # the Finish waits until the results have settled
+        QI.DISCONNECT: Q.DISCONNECTED,
+    },
+    Q.RETURNED: {
+        QI.UNWANTED: Q.DONE,
+        QI.DISCONNECT: Q.DISCONNECTED,
+    },
+    Q.DONE: {},
+    Q.DISCONNECTED: {
+        QI.UNWANTED: Q.DISCONNECTED,
+        QI.TAKE_SETTLED: Q.DISCONNECTED,
+        QI.DISCONNECT: Q.DISCONNECTED,
+    },
+}
+
+ANSWER_TRANSITIONS: dict[AnswerState, dict[AnswerInput, AnswerState]] = {
+    A.RUNNING: {
+        AI.RESULTS: A.RETURNED,
+        AI.RESULTS_NO_FINISH: A.DONE,
+        AI.FINISH: A.CANCELING,
+        AI.TAKE: A.RUNNING_TAKEN,
+        AI.DISCONNECT: A.DISCONNECTED,
+    },
+    A.RUNNING_TAKEN: {
+        AI.RESULTS: A.RETURNED_TAKEN,
+        AI.FINISH: A.CANCELING,
+        AI.DISCONNECT: A.DISCONNECTED,
+    },
+    A.CANCELING: {
+        AI.RESULTS: A.DONE,
+        AI.DISCONNECT: A.DISCONNECTED,
+    },
+    A.RETURNED: {
+        AI.FINISH: A.DONE,
+        AI.TAKE: A.RETURNED_TAKEN,
+        AI.DISCONNECT: A.DISCONNECTED,
+    },
+    A.RETURNED_TAKEN: {
+        AI.FINISH: A.DONE,
+        AI.DISCONNECT: A.DISCONNECTED,
+    },
+    A.DONE: {},
+    A.DISCONNECTED: {
+        AI.RESULTS: A.DISCONNECTED,
+        AI.RESULTS_NO_FINISH: A.DISCONNECTED,
+        AI.DISCONNECT: A.DISCONNECTED,
+    },
+}
+
+#: Inputs that arrive in messages from the peer; any other input is a local event.
+REMOTE_INPUTS: frozenset[enum.Enum] = frozenset(
+    {QI.RETURN, QI.RETURN_CANCELED, QI.RETURN_TAKE, AI.FINISH, AI.TAKE}
+)
+
+
+def step_question(state: QuestionState, event: QuestionInput, question_id: int) -> QuestionState:
+    """The question's next state; raises if ``event`` is illegal in ``state``."""
+    following = QUESTION_TRANSITIONS[state].get(event)
+    if following is None:
+        _illegal(f"question {question_id}", state, event)
+    return following
+
+
+def step_answer(state: AnswerState, event: AnswerInput, answer_id: int) -> AnswerState:
+    """The answer's next state; raises if ``event`` is illegal in ``state``."""
+    following = ANSWER_TRANSITIONS[state].get(event)
+    if following is None:
+        _illegal(f"answer {answer_id}", state, event)
+    return following
+
+
+def _illegal(entry: str, state: enum.Enum, event: enum.Enum) -> NoReturn:
+    error = RemoteProtocolError if event in REMOTE_INPUTS else LocalProtocolError
+    raise error(f"{event.value} for {entry}, which is {state.value}")
