@@ -89,6 +89,7 @@ class Connection:
         self.writes = 0  # send_all calls so far (tests count them)
         self._decoder = FrameDecoder(self.limits)
         self._writer_task: trio.lowlevel.Task | None = None
+        self._running = False  # run() has started the writer (it may not have run yet)
         self._writer_parked = False
         self._writing = False
         self._drained = trio.Event()
@@ -119,6 +120,7 @@ class Connection:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer)
+                self._running = True
                 await self._reader()
                 nursery.cancel_scope.cancel()
         finally:
@@ -306,7 +308,9 @@ class Connection:
 
     async def _wait_output_written(self) -> None:
         """Wait until the writer has written everything the engine queued so far."""
-        while (self.session.has_output or self._writing) and self._writer_task is not None:
+        # (Not "until the writer task exists": the reader may abort in its very first pass,
+        # before the writer task has run, and that Abort must be written before we linger.)
+        while (self.session.has_output or self._writing) and self._running:
             if self.close_reason is not None and not self._writing and self._writer_parked:
                 break
             await self._drained.wait()
