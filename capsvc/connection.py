@@ -23,6 +23,10 @@ Theory of operation (DESIGN.md, "Buffered framing"):
   it would make the next Call wait for the peer's delayed ACK (Nagle).
 - ``coalesce=False`` writes each message with its own ``send_all``; it exists only so the
   benchmark can show the stall that coalescing prevents.
+- After we abort the peer (a protocol or framing violation), the reader writes the Abort,
+  half-closes the stream and reads and discards input until EOF or a bound, then closes
+  (``_linger_after_abort``): closing a TCP socket with unread input sends a reset, and a
+  reset can make the peer lose the Abort before it reads it.
 """
 
 from __future__ import annotations
@@ -49,6 +53,19 @@ MESSAGES_PER_PASS = 4
 #: How long a lone Finish or Release may wait for company when Nagle's algorithm is on
 #: (longer than Linux's 40 ms delayed-ACK timer, short enough to free remote state soon).
 HOLD_HOUSEKEEPING = 0.2
+#: After we abort a connection, how long we keep reading (and discarding) the peer's input
+#: before closing. Closing a TCP socket whose receive buffer holds unread bytes sends a
+#: reset instead of a FIN (RFC 1122 §4.2.2.13), and a reset can destroy the Abort we just
+#: sent before the peer reads it (RFC 2525 §2.17). The peer needs about a round trip to read
+#: the Abort and see our FIN; one that then closes ends the wait at once. 2 s is Apache
+#: httpd's lingering close (SECONDS_TO_LINGER) for the same problem: long enough for any
+#: live peer, short enough that a peer which never closes cannot hold a connection slot.
+ABORT_LINGER_SECONDS = 2.0
+#: ...and at most this many bytes: more than a receive buffer holds (Linux autotunes it up
+#: to tcp_rmem's maximum, 6 MiB by default), so input already queued when we aborted is
+#: drained whole, while a peer that floods us costs a bounded amount of reading.
+ABORT_LINGER_BYTES = 16 * 1024 * 1024
+_LINGER_READ = 65536  # bytes per discarding read (memory stays bounded: nothing is kept)
 
 
 def _nagle_is_on(stream: trio.abc.Stream) -> bool:
@@ -196,6 +213,8 @@ class Connection:
                 with trio.move_on_after(5):
                     await self._wait_output_written()
                 self.close_reason = session.closed
+                if session.abort_reason is not None:
+                    await self._linger_after_abort()
                 return
             if not data:
                 self.close_reason = Disconnected("peer closed the connection")
@@ -206,6 +225,34 @@ class Connection:
                 # call answered inline needs no such pass: its Return is already queued.
                 since_yield = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _linger_after_abort(self) -> None:
+        """We aborted the peer: let it read the Abort before we close (a lingering close).
+
+        Half-close our side (the peer reads the Abort, then EOF), then read and discard
+        input until the peer's EOF, ``ABORT_LINGER_BYTES`` or ``ABORT_LINGER_SECONDS``,
+        whichever comes first, so that the close that follows finds no unread input and
+        sends a FIN rather than a reset. Nothing is kept, so memory stays bounded; a stream
+        that cannot half-close is closed at once (the peer would see no EOF before the
+        close anyway), and so is one whose Abort is still unwritten after the writer's
+        bound (a peer that does not read has nothing to protect).
+        """
+        stream = self.stream
+        if not isinstance(stream, trio.abc.HalfCloseableStream):
+            return
+        if self._writing or self.session.has_output:
+            return
+        with trio.move_on_after(ABORT_LINGER_SECONDS):
+            try:
+                await stream.send_eof()
+                discarded = 0
+                while discarded < ABORT_LINGER_BYTES:
+                    data = await stream.receive_some(_LINGER_READ)
+                    if not data:
+                        return  # the peer closed: it has read all it wanted
+                    discarded += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return  # gone already (or closed under us by aclose): nothing to wait for
 
     # ------------------------------------------------------------------ writing
     def _on_output(self) -> None:
