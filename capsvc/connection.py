@@ -33,17 +33,24 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from capsvc.errors import Disconnected, FramingError, RpcError
-from capsvc.flusher import current_flusher
+from capsvc.flusher import EndOfPassFlusher, current_flusher
 from capsvc.framing import FrameDecoder, FramingLimits
 from capsvc.rpc.hooks import Hook
 from capsvc.rpc.session import RpcSession
 from capsvc.runtime import delivery_flag
 from capsvc.transport.busypoll import DEFAULT_BUDGET, BusyPoll
+from capsvc.transport.capabilities import (
+    BusyPollingStream,
+    FastPathStream,
+    FlusherSendStream,
+    SocketBackedStream,
+)
 
 log = logging.getLogger("capsvc")
 
@@ -70,8 +77,12 @@ _LINGER_READ = 65536  # bytes per discarding read (memory stays bounded: nothing
 
 def _nagle_is_on(stream: trio.abc.Stream) -> bool:
     """True for a TCP stream whose TCP_NODELAY is off."""
-    sock = getattr(stream, "socket", None)
-    if sock is None:
+    sock: socket.socket | trio.socket.SocketType
+    if isinstance(stream, SocketBackedStream):
+        sock = stream.socket
+    elif isinstance(stream, trio.SocketStream):  # trio's own, handed to open_connection
+        sock = stream.socket
+    else:
         return False
     try:
         if sock.family not in (socket.AF_INET, socket.AF_INET6):
@@ -79,6 +90,11 @@ def _nagle_is_on(stream: trio.abc.Stream) -> bool:
         return not sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     except OSError:
         return False
+
+
+def _leave_to_writer(data: bytes) -> int:
+    """The ``send_from_flusher`` of a stream without one: leave every byte to the writer."""
+    return 0
 
 
 class Connection:
@@ -112,13 +128,25 @@ class Connection:
         self._drained = trio.Event()
         self._closed = trio.Event()
         self.close_reason: RpcError | None = None
+        # What the stream offers beyond trio's Stream (capsvc.transport.capabilities) is
+        # detected here, once, and the methods the per-call path uses are bound now.
         # The end-of-pass fast path (capsvc.flusher) needs a stream that can send without
-        # blocking from trio's before_io_wait (``send_from_flusher``: FastSocketStream,
+        # blocking from trio's before_io_wait (a FlusherSendStream: FastSocketStream,
         # NicStream); other streams are written by the writer task, a pass later.
-        self._send_from_flusher: Any = getattr(stream, "send_from_flusher", None)
-        self._flusher = (
-            current_flusher() if coalesce and self._send_from_flusher is not None else None
-        )
+        self._send_from_flusher: Callable[[bytes], int] = _leave_to_writer
+        self._flusher: EndOfPassFlusher | None = None
+        if isinstance(stream, FlusherSendStream):
+            self._send_from_flusher = stream.send_from_flusher
+            self._flusher = current_flusher() if coalesce else None
+        # Reads and the writer task's sends skip trio's extra scheduler pass when they can.
+        self._receive_some: Callable[[int], Awaitable[bytes | bytearray]]
+        self._send_all: Callable[[bytes], Awaitable[None]]
+        if isinstance(stream, FastPathStream):
+            self._receive_some = stream.receive_some_fast
+            self._send_all = stream.send_all_fast
+        else:
+            self._receive_some = stream.receive_some
+            self._send_all = stream.send_all
         self._remainder = b""
         self._token = trio.lowlevel.current_trio_token()
         # With TCP_NODELAY off, a Finish or Release written alone makes the next Call wait
@@ -127,8 +155,8 @@ class Connection:
         self._hold_housekeeping = coalesce and _nagle_is_on(stream)
         self._urgent_output = trio.Event()
         # Poll briefly for the peer's next message instead of sleeping, while that pays
-        # (capsvc.transport.busypoll); only streams over a plain socket support it.
-        if busy_poll is not None and hasattr(stream, "busy_poll"):
+        # (capsvc.transport.busypoll), on streams that support it (BusyPollingStream).
+        if busy_poll is not None and isinstance(stream, BusyPollingStream):
             stream.busy_poll = BusyPoll(busy_poll)
 
     # ------------------------------------------------------------------ lifecycle
@@ -172,7 +200,7 @@ class Connection:
     async def _reader(self) -> None:
         session = self.session
         decoder = self._decoder
-        receive_some = getattr(self.stream, "receive_some_fast", self.stream.receive_some)
+        receive_some = self._receive_some
         flag = delivery_flag()
         since_yield = 0  # messages delivered since the reader last let other tasks run
         while True:
@@ -242,6 +270,8 @@ class Connection:
             return
         if self._writing or self.session.has_output:
             return
+        if isinstance(stream, BusyPollingStream):
+            stream.busy_poll = None  # input we discard is not worth spinning a CPU for
         with trio.move_on_after(ABORT_LINGER_SECONDS):
             try:
                 await stream.send_eof()
@@ -300,7 +330,7 @@ class Connection:
         self._writer_task = trio.lowlevel.current_task()
         session = self.session
         stream = self.stream
-        send_all = getattr(stream, "send_all_fast", stream.send_all)
+        send_all = self._send_all
         while True:
             if not session.has_output and not self._remainder:
                 self._writer_parked = True
