@@ -23,23 +23,34 @@ Theory of operation (DESIGN.md, "Buffered framing"):
   it would make the next Call wait for the peer's delayed ACK (Nagle).
 - ``coalesce=False`` writes each message with its own ``send_all``; it exists only so the
   benchmark can show the stall that coalescing prevents.
+- After we abort the peer (a protocol or framing violation), the reader writes the Abort,
+  half-closes the stream and reads and discards input until EOF or a bound, then closes
+  (``_linger_after_abort``): closing a TCP socket with unread input sends a reset, and a
+  reset can make the peer lose the Abort before it reads it.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from capsvc.errors import Disconnected, FramingError, RpcError
-from capsvc.flusher import current_flusher
+from capsvc.flusher import EndOfPassFlusher, current_flusher
 from capsvc.framing import FrameDecoder, FramingLimits
 from capsvc.rpc.hooks import Hook
 from capsvc.rpc.session import RpcSession
 from capsvc.runtime import calls_handed_off
 from capsvc.transport.busypoll import DEFAULT_BUDGET, BusyPoll
+from capsvc.transport.capabilities import (
+    BusyPollingStream,
+    FastPathStream,
+    FlusherSendStream,
+    SocketBackedStream,
+)
 
 log = logging.getLogger("capsvc")
 
@@ -49,12 +60,29 @@ MESSAGES_PER_PASS = 4
 #: How long a lone Finish or Release may wait for company when Nagle's algorithm is on
 #: (longer than Linux's 40 ms delayed-ACK timer, short enough to free remote state soon).
 HOLD_HOUSEKEEPING = 0.2
+#: After we abort a connection, how long we keep reading (and discarding) the peer's input
+#: before closing. Closing a TCP socket whose receive buffer holds unread bytes sends a
+#: reset instead of a FIN (RFC 1122 §4.2.2.13), and a reset can destroy the Abort we just
+#: sent before the peer reads it (RFC 2525 §2.17). The peer needs about a round trip to read
+#: the Abort and see our FIN; one that then closes ends the wait at once. 2 s is Apache
+#: httpd's lingering close (SECONDS_TO_LINGER) for the same problem: long enough for any
+#: live peer, short enough that a peer which never closes cannot hold a connection slot.
+ABORT_LINGER_SECONDS = 2.0
+#: ...and at most this many bytes: more than a receive buffer holds (Linux autotunes it up
+#: to tcp_rmem's maximum, 6 MiB by default), so input already queued when we aborted is
+#: drained whole, while a peer that floods us costs a bounded amount of reading.
+ABORT_LINGER_BYTES = 16 * 1024 * 1024
+_LINGER_READ = 65536  # bytes per discarding read (memory stays bounded: nothing is kept)
 
 
 def _nagle_is_on(stream: trio.abc.Stream) -> bool:
     """True for a TCP stream whose TCP_NODELAY is off."""
-    sock = getattr(stream, "socket", None)
-    if sock is None:
+    sock: socket.socket | trio.socket.SocketType
+    if isinstance(stream, SocketBackedStream):
+        sock = stream.socket
+    elif isinstance(stream, trio.SocketStream):  # trio's own, handed to open_connection
+        sock = stream.socket
+    else:
         return False
     try:
         if sock.family not in (socket.AF_INET, socket.AF_INET6):
@@ -62,6 +90,11 @@ def _nagle_is_on(stream: trio.abc.Stream) -> bool:
         return not sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     except OSError:
         return False
+
+
+def _leave_to_writer(data: bytes) -> int:
+    """The ``send_from_flusher`` of a stream without one: leave every byte to the writer."""
+    return 0
 
 
 class Connection:
@@ -89,18 +122,31 @@ class Connection:
         self.writes = 0  # send_all calls so far (tests count them)
         self._decoder = FrameDecoder(self.limits)
         self._writer_task: trio.lowlevel.Task | None = None
+        self._running = False  # run() has started the writer (it may not have run yet)
         self._writer_parked = False
         self._writing = False
         self._drained = trio.Event()
         self._closed = trio.Event()
         self.close_reason: RpcError | None = None
+        # What the stream offers beyond trio's Stream (capsvc.transport.capabilities) is
+        # detected here, once, and the methods the per-call path uses are bound now.
         # The end-of-pass fast path (capsvc.flusher) needs a stream that can send without
-        # blocking from trio's before_io_wait (``send_from_flusher``: FastSocketStream,
+        # blocking from trio's before_io_wait (a FlusherSendStream: FastSocketStream,
         # NicStream); other streams are written by the writer task, a pass later.
-        self._send_from_flusher: Any = getattr(stream, "send_from_flusher", None)
-        self._flusher = (
-            current_flusher() if coalesce and self._send_from_flusher is not None else None
-        )
+        self._send_from_flusher: Callable[[bytes], int] = _leave_to_writer
+        self._flusher: EndOfPassFlusher | None = None
+        if isinstance(stream, FlusherSendStream):
+            self._send_from_flusher = stream.send_from_flusher
+            self._flusher = current_flusher() if coalesce else None
+        # Reads and the writer task's sends skip trio's extra scheduler pass when they can.
+        self._receive_some: Callable[[int], Awaitable[bytes | bytearray]]
+        self._send_all: Callable[[bytes], Awaitable[None]]
+        if isinstance(stream, FastPathStream):
+            self._receive_some = stream.receive_some_fast
+            self._send_all = stream.send_all_fast
+        else:
+            self._receive_some = stream.receive_some
+            self._send_all = stream.send_all
         self._remainder = b""
         self._token = trio.lowlevel.current_trio_token()
         # With TCP_NODELAY off, a Finish or Release written alone makes the next Call wait
@@ -109,8 +155,8 @@ class Connection:
         self._hold_housekeeping = coalesce and _nagle_is_on(stream)
         self._urgent_output = trio.Event()
         # Poll briefly for the peer's next message instead of sleeping, while that pays
-        # (capsvc.transport.busypoll); only streams over a plain socket support it.
-        if busy_poll is not None and hasattr(stream, "busy_poll"):
+        # (capsvc.transport.busypoll), on streams that support it (BusyPollingStream).
+        if busy_poll is not None and isinstance(stream, BusyPollingStream):
             stream.busy_poll = BusyPoll(busy_poll)
 
     # ------------------------------------------------------------------ lifecycle
@@ -119,6 +165,7 @@ class Connection:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer)
+                self._running = True
                 await self._reader()
                 nursery.cancel_scope.cancel()
         finally:
@@ -153,7 +200,7 @@ class Connection:
     async def _reader(self) -> None:
         session = self.session
         decoder = self._decoder
-        receive_some = getattr(self.stream, "receive_some_fast", self.stream.receive_some)
+        receive_some = self._receive_some
         since_yield = 0  # messages delivered since the reader last let other tasks run
         while True:
             if session.pending_bytes > self.max_buffered:
@@ -189,6 +236,8 @@ class Connection:
                 with trio.move_on_after(5):
                     await self._wait_output_written()
                 self.close_reason = session.closed
+                if session.abort_reason is not None:
+                    await self._linger_after_abort()
                 return
             if not data:
                 self.close_reason = Disconnected("peer closed the connection")
@@ -199,6 +248,36 @@ class Connection:
                 # call answered inline needs no such pass: its Return is already queued.
                 since_yield = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _linger_after_abort(self) -> None:
+        """We aborted the peer: let it read the Abort before we close (a lingering close).
+
+        Half-close our side (the peer reads the Abort, then EOF), then read and discard
+        input until the peer's EOF, ``ABORT_LINGER_BYTES`` or ``ABORT_LINGER_SECONDS``,
+        whichever comes first, so that the close that follows finds no unread input and
+        sends a FIN rather than a reset. Nothing is kept, so memory stays bounded; a stream
+        that cannot half-close is closed at once (the peer would see no EOF before the
+        close anyway), and so is one whose Abort is still unwritten after the writer's
+        bound (a peer that does not read has nothing to protect).
+        """
+        stream = self.stream
+        if not isinstance(stream, trio.abc.HalfCloseableStream):
+            return
+        if self._writing or self.session.has_output:
+            return
+        if isinstance(stream, BusyPollingStream):
+            stream.busy_poll = None  # input we discard is not worth spinning a CPU for
+        with trio.move_on_after(ABORT_LINGER_SECONDS):
+            try:
+                await stream.send_eof()
+                discarded = 0
+                while discarded < ABORT_LINGER_BYTES:
+                    data = await stream.receive_some(_LINGER_READ)
+                    if not data:
+                        return  # the peer closed: it has read all it wanted
+                    discarded += len(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return  # gone already (or closed under us by aclose): nothing to wait for
 
     # ------------------------------------------------------------------ writing
     def _on_output(self) -> None:
@@ -246,7 +325,7 @@ class Connection:
         self._writer_task = trio.lowlevel.current_task()
         session = self.session
         stream = self.stream
-        send_all = getattr(stream, "send_all_fast", stream.send_all)
+        send_all = self._send_all
         while True:
             if not session.has_output and not self._remainder:
                 self._writer_parked = True
@@ -306,7 +385,9 @@ class Connection:
 
     async def _wait_output_written(self) -> None:
         """Wait until the writer has written everything the engine queued so far."""
-        while (self.session.has_output or self._writing) and self._writer_task is not None:
+        # (Not "until the writer task exists": the reader may abort in its very first pass,
+        # before the writer task has run, and that Abort must be written before we linger.)
+        while (self.session.has_output or self._writing) and self._running:
             if self.close_reason is not None and not self._writing and self._writer_parked:
                 break
             await self._drained.wait()

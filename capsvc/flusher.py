@@ -5,11 +5,15 @@ Theory of operation (DESIGN.md, "Buffered framing"): trio calls an instrument's
 before it polls for I/O. That is exactly the moment at which "everything produced in one
 pass" is known. ``EndOfPassFlusher`` keeps the set of connections that produced output
 during the pass and, at that moment, writes each one's whole batch with one non-blocking
-``send`` on its socket. Compared with waking a writer task, this saves a scheduler pass
-(an ``epoll_wait`` and a task switch) per batch on each side of every round trip.
+send, the stream's ``send_from_flusher``
+(:class:`~capsvc.transport.capabilities.FlusherSendStream`: a socket ``send`` for TCP and
+Unix, the frame path for ``nic:``). Compared with waking a writer task, this saves a
+scheduler pass (an ``epoll_wait`` and a task switch) per batch on each side of every round
+trip.
 
-What the flusher cannot finish (the socket buffer is full, or the stream has no plain
-socket) is left to the connection's writer task. The flusher never reschedules a task
+What the flusher cannot finish (the socket buffer is full) is left to the connection's
+writer task, and so is all output of a stream that is no ``FlusherSendStream`` (such a
+connection never registers with the flusher). The flusher never reschedules a task
 directly: at this point of the loop trio has already chosen how long to sleep, so it asks
 trio to run the wake-up "soon" through ``run_sync_soon``, which interrupts the sleep.
 """

@@ -15,6 +15,11 @@ maps an address URI (:mod:`capsvc.transport.address`) to the backend that serves
 Connected sockets are handed out as :class:`~capsvc.transport.fastsocket.FastSocketStream`
 (a trio stream that skips trio's extra scheduler pass per operation).
 
+A stream may offer more than trio's Stream; it declares each extra by inheriting one of
+the small ABCs of :mod:`capsvc.transport.capabilities` (``FlusherSendStream``,
+``FastPathStream``, ``BusyPollingStream``, ``SocketBackedStream``), whose docstrings are
+the contract, and the connection driver detects them once per connection.
+
 Backends: :mod:`~capsvc.transport.tcp`, :mod:`~capsvc.transport.unix`, and for unit tests
 :mod:`~capsvc.transport.memory`. TCP_NODELAY is on by default (rpc-protocol.md §1, send
 side); ``nodelay`` is ignored by transports that have no such option.
@@ -25,14 +30,24 @@ from __future__ import annotations
 import trio
 
 from capsvc.transport.address import Address, parse_address
+from capsvc.transport.capabilities import (
+    BusyPollingStream,
+    FastPathStream,
+    FlusherSendStream,
+    SocketBackedStream,
+)
 from capsvc.transport.fastsocket import FastListener, FastSocketStream
 from capsvc.transport.tcp import TcpListener, connect_tcp, listen_tcp
 from capsvc.transport.unix import UnixListener, connect_unix, listen_unix
 
 __all__ = [
     "Address",
+    "BusyPollingStream",
     "FastListener",
+    "FastPathStream",
     "FastSocketStream",
+    "FlusherSendStream",
+    "SocketBackedStream",
     "TcpListener",
     "UnixListener",
     "connect_tcp",

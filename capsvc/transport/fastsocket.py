@@ -6,13 +6,17 @@ such operations per side, and on our machines every extra scheduler pass is anot
 ``epoll_wait`` system call (~20 us of CPU each, pycapnp-notes.md §2-4).
 
 ``send_all`` and ``receive_some`` keep trio's rules exactly (they pass trio's stream
-conformance checks, tests/test_transport.py). ``send_all_fast`` and ``receive_some_fast``,
-which the RPC connection driver uses when a stream offers them, keep trio's *cancellation*
+conformance checks, tests/test_transport.py). ``send_all_fast`` and ``receive_some_fast``
+(:class:`~capsvc.transport.capabilities.FastPathStream`, which the RPC connection driver
+uses for every read and write when a stream implements it) keep trio's *cancellation*
 semantics (``checkpoint_if_cancelled`` first) but only park the task when the socket really
 would block. To stay fair to other tasks, a fast receiver that never blocks still yields
 once every ``_YIELD_EVERY`` calls.
 
 The stream owns a plain non-blocking stdlib socket, taken over from a connected trio socket.
+It implements every extra the driver knows (:mod:`capsvc.transport.capabilities`): the
+fast paths, ``send_from_flusher`` for the end-of-pass flusher, adaptive ``busy_poll`` and
+its ``socket`` (for TCP_NODELAY).
 """
 
 from __future__ import annotations
@@ -24,13 +28,25 @@ import trio
 
 from capsvc.transport import busypoll
 from capsvc.transport.busypoll import BusyPoll
+from capsvc.transport.capabilities import (
+    BusyPollingStream,
+    FastPathStream,
+    FlusherSendStream,
+    SocketBackedStream,
+)
 
 _YIELD_EVERY = 16
 _BUFFER_SIZE = 65536
 
 
 @final
-class FastSocketStream(trio.abc.HalfCloseableStream):
+class FastSocketStream(
+    trio.abc.HalfCloseableStream,
+    FastPathStream,
+    FlusherSendStream,
+    BusyPollingStream,
+    SocketBackedStream,
+):
     """A connected SOCK_STREAM socket as a trio stream (TCP or Unix)."""
 
     def __init__(self, sock: socket.socket) -> None:
@@ -84,9 +100,9 @@ class FastSocketStream(trio.abc.HalfCloseableStream):
             self._sending = False
 
     def send_from_flusher(self, data: bytes | bytearray | memoryview) -> int:
-        """Send what fits without blocking; 0 if nothing does. For capsvc's end-of-pass
-        flusher (it runs in trio's ``before_io_wait``, where nothing may block or
-        reschedule a task); the rest is left to the connection's writer task."""
+        """Send what fits without blocking; 0 if nothing does (FlusherSendStream: one
+        non-blocking ``send``, no task is rescheduled); the rest is left to the
+        connection's writer task."""
         if self._sending:
             raise trio.BusyResourceError("another task is already sending on this stream")
         if self._closed or self._eof_sent:

@@ -56,25 +56,30 @@ and a lone received frame is taken the same way.
 
 capsvc's :class:`~capsvc.connection.Connection` writes a connection's output at the end of
 each scheduler pass, from trio's ``before_io_wait``, through ``stream.send_from_flusher``
-(the end-of-pass flusher, :mod:`capsvc.flusher`), when the stream offers one; otherwise a
-writer task does it a pass later. :meth:`NicStream.send_from_flusher` is that non-blocking
-send, so RPC over ``nic:`` saves that pass on each side as TCP does. Code that runs in
+(the end-of-pass flusher, :mod:`capsvc.flusher`), when the stream is a
+:class:`~capsvc.transport.capabilities.FlusherSendStream`; otherwise a writer task does it
+a pass later. :meth:`NicStream.send_from_flusher` is that non-blocking send, so RPC over
+``nic:`` saves that pass on each side as TCP does. Code that runs in
 ``before_io_wait`` must not reschedule tasks (trio has already chosen how long to sleep):
 the transmit path never does, and wake-ups it needs go through ``run_sync_soon``. The
-Connection also gives each stream that has a ``busy_poll`` attribute its adaptive
-busy-polling policy (:mod:`capsvc.transport.busypoll`, the same as TCP's): a reader that
-finds no data then polls the device for a while (zero-timeout scheduler passes, each running
-one pass of the port's work from the reader's task, :meth:`NicPort.poll_now`) instead of
-sleeping until the poll loop wakes it, when replies have been coming within the budget (at
-least :data:`MIN_BUSY_POLL`, since a round trip over ``nic:`` takes longer than TCP's). A
-hit also saves the poll loop's hand-off: the reader gets its bytes in its own pass.
+Connection also gives each :class:`~capsvc.transport.capabilities.BusyPollingStream` its
+adaptive busy-polling policy (:mod:`capsvc.transport.busypoll`, the same as TCP's): a
+reader that finds no data then polls the device for a while (zero-timeout scheduler
+passes, each running one pass of the port's work from the reader's task,
+:meth:`NicPort.poll_now`) instead of sleeping until the poll loop wakes it, when replies
+have been coming within the budget (at least :data:`MIN_BUSY_POLL`, since a round trip
+over ``nic:`` takes longer than TCP's). A hit also saves the poll loop's hand-off: the
+reader gets its bytes in its own pass.
 
 :class:`NicStream` is a :class:`trio.abc.HalfCloseableStream` (it passes
-``trio.testing.check_half_closeable_stream``); ``send_all_fast``/``receive_some_fast`` are
-the variants capsvc's Connection prefers (they skip the extra scheduler pass when they do
-not block). Errors: a broken connection raises ``trio.BrokenResourceError`` with the
-protocol's reason; opening a device that is missing raises the driver's
-:class:`~capsvc.nicdriver.errors.NicError` (an ``OSError``) saying what is missing.
+``trio.testing.check_half_closeable_stream``) and a
+:class:`~capsvc.transport.capabilities.FastPathStream`: ``send_all_fast`` and
+``receive_some_fast`` are the variants capsvc's Connection uses (they skip the extra
+scheduler pass when they do not block). It has no OS socket (it is no
+``SocketBackedStream``), so the Connection does no Nagle handling for it. Errors: a broken
+connection raises ``trio.BrokenResourceError`` with the protocol's reason; opening a device
+that is missing raises the driver's :class:`~capsvc.nicdriver.errors.NicError` (an
+``OSError``) saying what is missing.
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ from capsvc.nicdriver.mux import StreamMux
 from capsvc.nicdriver.stream import BROADCAST, Channel, StreamConfig
 from capsvc.transport import busypoll
 from capsvc.transport.busypoll import BusyPoll
+from capsvc.transport.capabilities import BusyPollingStream, FastPathStream, FlusherSendStream
 
 __all__ = [
     "NicListener",
@@ -474,7 +480,7 @@ class NicPort:
 
 # ----------------------------------------------------------------------------- stream
 @final
-class NicStream(trio.abc.HalfCloseableStream):
+class NicStream(trio.abc.HalfCloseableStream, FastPathStream, FlusherSendStream, BusyPollingStream):
     """One reliable connection over a NIC port, as a trio stream."""
 
     def __init__(self, port: NicPort, channel: Channel) -> None:

@@ -22,6 +22,7 @@ from capsvc.nicdriver.errors import NicError
 from capsvc.nicdriver.pci import list_functions
 from capsvc.nicdriver.stream import StreamConfig
 from capsvc.transport.busypoll import BusyPoll
+from capsvc.transport.capabilities import SocketBackedStream
 from capsvc.transport.nic import (
     MIN_BUSY_POLL,
     NicListener,
@@ -199,7 +200,7 @@ async def test_send_from_flusher_serves_the_end_of_pass_flush(model_process: Mod
     (listener,) = await listen_nic(server_address)
     assert isinstance(listener, NicListener)
     client, server = await open_pair(listener, client_address, StreamConfig(send_buffer=4096))
-    assert not hasattr(client, "socket")  # not TCP: the connection does no Nagle handling
+    assert not isinstance(client, SocketBackedStream)  # not TCP: no Nagle handling
     assert client.send_from_flusher(b"from a task") == len(b"from a task")
     assert await server.receive_some() == b"from a task"
 
@@ -236,7 +237,7 @@ async def test_send_from_flusher_serves_the_end_of_pass_flush(model_process: Mod
 
 
 async def test_busy_polling_receives_without_sleeping(model_process: ModelProcess) -> None:
-    # capsvc's Connection gives every stream with a busy_poll attribute the same adaptive
+    # capsvc's Connection gives every BusyPollingStream the same adaptive
     # policy as TCP's; a reader then polls the device instead of sleeping when replies
     # come within the budget, and gets the same bytes
     server_address, client_address = addresses(model_process)
