@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import resource
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -73,12 +74,24 @@ async def test_missing_pci_device_is_reported() -> None:
         await connect_nic("nic:0000:7f:1f.7")
 
 
+def command_register(path: Path) -> int:
+    """The PCI Command register (config offset 0x04) of the function at ``path``."""
+    (command,) = struct.unpack_from("<H", (path / "config").read_bytes(), 4)
+    return int(command)
+
+
 async def test_the_sandbox_virtio_nic_is_refused() -> None:
     for function in list_functions("/sys"):
         if function.vendor == regs.VIRTIO_VENDOR and function.is_network:
+            # What a refusal must leave alone: every function's driver binding (an unbind
+            # would take this machine's network away) and this one's Command register (Bus
+            # Master / Memory Space; the Status word beside it may change on its own).
+            before = (list_functions("/sys"), command_register(function.path))
+            assert function.driver is not None, "the virtio NIC has no driver bound to begin with"
             with pytest.raises(NicError, match="not an Intel 82599"):
                 await connect_nic(f"nic:{function.address}")
-            assert list_functions("/sys") == list_functions("/sys")  # nothing changed
+            after = (list_functions("/sys"), command_register(function.path))
+            assert after == before
             return
     pytest.skip("no virtio device on this machine")
 
