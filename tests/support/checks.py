@@ -84,3 +84,13 @@ async def exercise(
         boot.close()
         del boot
         await assert_tables(conn)
+
+
+def peer_deadline(seconds: float = 20.0) -> trio.CancelScope:
+    """A hang guard around calls to a real peer process (``with peer_deadline(): ...``).
+
+    Real time, on purpose: the peer answers on its own schedule from another process, so
+    the guard must never sit on a clock that jumps while we wait for it (autojump_clock).
+    Generous: it only decides how long a hung test takes to fail.
+    """
+    return trio.fail_after(seconds)
