@@ -69,6 +69,10 @@ async def test_quick_replies_are_found_by_polling_and_an_idle_connection_sleeps(
             # so replies come within the budget and polling pays.
             assert poll.hits > poll.misses
             # Idle: after at most one budget of polling, the loop sleeps in epoll_wait.
+            # Real time, both sleeps: the budget is measured with time.perf_counter (what
+            # polling costs is CPU time), so a virtual clock would not end it. 10 ms is 25
+            # budgets; a loop still polling would make thousands of passes in the 50 ms
+            # counted, a sleeping one makes its own timer's wake-up and little else.
             await trio.sleep(0.01)
             counter = PassCounter()
             trio.lowlevel.add_instrument(counter)

@@ -52,6 +52,8 @@ class Tester(capsvc.Server, interface=testing.Tester):
         results.counter = Counter(params.start)  # type: ignore[attr-defined]
 
     async def slow(self, params: object, results: object) -> bool:
+        # A method that takes ms milliseconds of the server's clock (real time unless a test
+        # runs on autojump_clock); no test here depends on how long it really takes.
         await trio.sleep(params.ms / 1000)  # type: ignore[attr-defined]
         return True
 
