@@ -44,7 +44,7 @@ def rundir() -> Iterator[Path]:
             shutil.rmtree(path, ignore_errors=True)
             if not path.exists():
                 break
-            time.sleep(0.05)
+            time.sleep(0.05)  # real time: another process is deleting files; cleanup only
 
 
 @dataclass
@@ -117,7 +117,7 @@ class ModelProcess:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=10)
+                self.process.wait(timeout=10)  # real time: a process exiting; bounds a hang
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
