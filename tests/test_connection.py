@@ -237,7 +237,7 @@ async def test_output_stays_bounded_when_the_peer_stops_reading(tester: type[Tes
             nonlocal highest
             while True:
                 highest = max(highest, server.session.pending_bytes)
-                await trio.sleep(0.001)
+                await trio.sleep(0.001)  # a sampling interval (real time, as below)
 
         nursery.start_soon(sender)
         nursery.start_soon(watch)

@@ -79,7 +79,7 @@ def pair(rundir: Path) -> Iterator[Pair]:
         for name in ("p.0", "p.1"):
             device = open_port(rundir, name, rx_ring_size=256, tx_ring_size=256)
             devices.append(device)
-            device.reset_and_init(link_timeout=5)
+            device.reset_and_init(link_timeout=5)  # real time: the model thread raises it
         host.stop()
         yield Pair(host, devices[0], devices[1], rundir)
     finally:

@@ -125,7 +125,7 @@ def test_model_finds_the_drivers_huge_pages(rundir: Path) -> None:
         for name in ("h.0", "h.1"):
             device = open_port(rundir, name, rx_ring_size=64, tx_ring_size=64)
             devices.append(device)
-            device.reset_and_init(link_timeout=5)
+            device.reset_and_init(link_timeout=5)  # real time: the model thread raises it
         a, b = devices
         assert isinstance(a.dma, HugepageDma)
         pool = a.pools[0]

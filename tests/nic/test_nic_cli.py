@@ -93,7 +93,7 @@ def test_start_pair_in_the_foreground(rundir: Path) -> None:
         control.close()
     finally:
         process.terminate()
-        assert process.wait(timeout=10) == 0
+        assert process.wait(timeout=10) == 0  # real time: a process exiting; bounds a hang
         if process.stdout is not None:
             process.stdout.close()
     assert not (rundir / "fg.0").exists()

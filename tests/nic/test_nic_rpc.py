@@ -41,7 +41,7 @@ def start_server(host: ModelProcess, app: str) -> subprocess.Popen[str]:
 def stop(process: subprocess.Popen[str]) -> None:
     process.terminate()
     try:
-        process.wait(timeout=10)
+        process.wait(timeout=10)  # real time: a process exiting; bounds a hang
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
