@@ -10,7 +10,7 @@ import pytest
 import trio
 
 import capsvc
-from capsvc.transport.busypoll import PROBE_EVERY, BusyPoll
+from capsvc.transport.busypoll import DEFAULT_BUDGET, PROBE_EVERY, BusyPoll
 from capsvc.transport.fastsocket import FastSocketStream
 
 HERE = os.path.dirname(__file__)
@@ -54,14 +54,29 @@ class PassCounter(trio.abc.Instrument):
         self.passes += 1
 
 
+class Uncontended(BusyPoll):
+    """The policy without its CPU-contention test (test_polling_starts_on_a_probe_hit...
+    covers the policy; here a loaded machine must not decide the outcome)."""
+
+    __slots__ = ()
+
+    def yield_cpu(self) -> bool:
+        return True
+
+
 async def test_quick_replies_are_found_by_polling_and_an_idle_connection_sleeps() -> None:
     async with trio.open_nursery() as nursery:
         address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", Echo())
         async with capsvc.connect(address) as connection:
             stream = connection.stream
             assert isinstance(stream, FastSocketStream)
-            poll = stream.busy_poll
-            assert poll is not None
+            assert stream.busy_poll is not None  # connect() polls by default...
+            assert stream.busy_poll.budget == DEFAULT_BUDGET
+            # ...with a budget of real (perf_counter) time, 400 us: on a loaded machine a
+            # preemption outlasts it and the contention test stops polls, so the outcome
+            # would be the machine's. A 20 ms budget without that test keeps the checks
+            # about the stream: polls find quick replies, and an idle one ends.
+            poll = stream.busy_poll = Uncontended(0.02)
             client = connection.bootstrap(echo.Echo)
             for _ in range(300):
                 assert (await client.ping(msg="hi")).reply == "hi"
@@ -69,7 +84,11 @@ async def test_quick_replies_are_found_by_polling_and_an_idle_connection_sleeps(
             # so replies come within the budget and polling pays.
             assert poll.hits > poll.misses
             # Idle: after at most one budget of polling, the loop sleeps in epoll_wait.
-            await trio.sleep(0.01)
+            # Real time, both sleeps: the budget is perf_counter time, which a virtual
+            # clock would not advance. 100 ms is 5 budgets; a loop still polling would make
+            # thousands of passes in the 50 ms counted, a sleeping one its own timer's
+            # wake-up and little else.
+            await trio.sleep(0.1)
             counter = PassCounter()
             trio.lowlevel.add_instrument(counter)
             await trio.sleep(0.05)

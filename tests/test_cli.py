@@ -22,6 +22,7 @@ import pytest
 import trio
 
 import capsvc
+from tests.support.peers import pycapnp_server
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "tests" / "peers"
@@ -29,6 +30,9 @@ ENV = {
     **os.environ,
     "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
 }
+#: Real time, for every wait on a subprocess below (startup, exit, a whole command): they
+#: are other interpreters on a possibly loaded machine, and each wait ends when they do,
+#: so this only bounds a hang.
 TIMEOUT = 60.0
 LISTENING = re.compile(r"listening on (\S+)")
 
@@ -65,7 +69,7 @@ class Server:
             if ready:
                 chunk = os.read(fd, 65536)
                 if not chunk:
-                    self.process.wait(timeout=5)
+                    self.process.wait(timeout=TIMEOUT)
                     raise AssertionError(f"server exited early: {self.describe()}")
                 self.stdout += chunk
 
@@ -198,41 +202,15 @@ def test_serve_on_a_unix_socket(tmp_path: Path) -> None:
         assert server.stop()[0] == 0
 
 
-def test_call_against_the_reference_server(tmp_path: Path) -> None:
-    # capsvc's demo client against libcapnp's calculator (tests/peers/pycapnp_server.py).
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(PEERS / "pycapnp_server.py"),
-            "--listen",
-            "127.0.0.1:0",
-            "--bootstrap",
-            "calculator",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.startswith("LISTENING "), line
-        address = f"tcp:127.0.0.1:{line.split()[1]}"
-        tour = run("call", "--connect", address)
+def test_call_against_the_reference_server() -> None:
+    # capsvc's demo client against libcapnp's calculator (tests/peers/pycapnp_server.py),
+    # started and stopped by tests.support.peers (bounded wait for its LISTENING line).
+    with pycapnp_server("calculator") as peer:
+        tour = run("call", "--connect", peer.address)
         assert tour.returncode == 0, tour.stdout + tour.stderr
         assert "= 5478" in tour.stdout
         assert "pow called 1 time" in tour.stdout
-        assert run("call", "--connect", address, "2 + 3 * 4").stdout == "2 + 3 * 4 = 14\n"
-    finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait()
-        if process.stdout is not None:
-            process.stdout.close()
+        assert run("call", "--connect", peer.address, "2 + 3 * 4").stdout == "2 + 3 * 4 = 14\n"
 
 
 # ------------------------------------------------------------------------- apps

@@ -1,19 +1,32 @@
-"""The trio driver over real loopback TCP: buffered framing, disconnects, lifetimes."""
+"""The trio driver over real loopback TCP: buffered framing, disconnects, lifetimes.
+
+Timing: these tests wait for events (a server method beginning, tables emptying), never for
+a guessed duration. Their waits are real time because the bytes go through real sockets:
+on a jumping clock (autojump_clock) a guard would fire while the kernel still carries the
+data. What is about trio's clock alone (how long a lone Finish is held) is tested over
+in-memory streams on autojump_clock at the end, with exact virtual times.
+"""
 
 from __future__ import annotations
 
 import gc
 import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import capsvc
-from capsvc.connection import Connection
+from capsvc.connection import HOLD_HOUSEKEEPING, Connection
 from capsvc.transport import open_listeners, open_stream
 from capsvc.transport.address import parse_address
+from capsvc.transport.capabilities import SocketBackedStream
+from capsvc.transport.memory import memory_stream_pair
+from tests.support.checks import assert_tables, poll_until
 
 HERE = os.path.dirname(__file__)
 testing = capsvc.load_schema(os.path.join(HERE, "schemas", "testing.capnp"))
@@ -40,13 +53,34 @@ class Tester(capsvc.Server, interface=testing.Tester):
         results.counter = Counter(params.start)  # type: ignore[attr-defined]
 
     async def slow(self, params: object, results: object) -> bool:
+        # A method that takes ms milliseconds of the server's clock (real time unless a test
+        # runs on autojump_clock); no test here depends on how long it really takes.
         await trio.sleep(params.ms / 1000)  # type: ignore[attr-defined]
         return True
 
 
+class WatchedTester(Tester):
+    """Tester whose slow() never ends by itself and reports when it begins and is cancelled."""
+
+    def __init__(self) -> None:
+        self.began = trio.Event()
+        self.cancelled = trio.Event()
+
+    async def slow(self, params: object, results: object) -> bool:
+        self.began.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            self.cancelled.set()
+
+
+#: Real time (see the module docstring): bounds waits for loopback I/O; a hang needs it.
+IO_DEADLINE = 10
+
+
 @asynccontextmanager
 async def tcp_pair(
-    nodelay: bool = True, coalesce: bool = True
+    nodelay: bool = True, coalesce: bool = True, server_object: Tester | None = None
 ) -> AsyncIterator[tuple[Connection, Connection]]:
     """A client and a server Connection joined by real loopback TCP, both in this process."""
     listeners = await open_listeners("tcp:127.0.0.1:0", nodelay=nodelay)
@@ -54,7 +88,8 @@ async def tcp_pair(
     async with trio.open_nursery() as nursery:
         client_stream = await open_stream(f"tcp:127.0.0.1:{port}", nodelay=nodelay)
         server_stream = await listeners[0].accept()
-        server = Connection(server_stream, Tester()._new_hook(), coalesce=coalesce)
+        bootstrap = server_object if server_object is not None else Tester()
+        server = Connection(server_stream, bootstrap._new_hook(), coalesce=coalesce)
         client = Connection(client_stream, coalesce=coalesce)
         nursery.start_soon(server.run)
         nursery.start_soon(client.run)
@@ -99,14 +134,17 @@ async def test_without_coalescing_every_message_is_a_write() -> None:
 
 
 async def test_disconnect_fails_pending_calls_with_disconnected() -> None:
-    async with tcp_pair() as (client, server):
+    watched = WatchedTester()
+    async with tcp_pair(server_object=watched) as (client, server):
         tester = client.bootstrap(testing.Tester)
         await tester.echo(msg="hi")
-        pending = tester.slow(ms=10_000)
-        await trio.sleep(0.05)
-        await server.stream.aclose()  # the server side vanishes mid-call
-        with pytest.raises(capsvc.Disconnected):
-            await pending
+        pending = tester.slow(ms=0)
+        with trio.fail_after(IO_DEADLINE):
+            await watched.began.wait()  # the call runs on the server
+            await server.stream.aclose()  # the server side vanishes mid-call
+            with pytest.raises(capsvc.Disconnected):
+                await pending
+            await watched.cancelled.wait()  # and the server stopped working on it
 
 
 async def test_tables_empty_after_everything_is_dropped() -> None:
@@ -119,23 +157,35 @@ async def test_tables_empty_after_everything_is_dropped() -> None:
         results = await tester.echo(msg="x")
         del results, mine
         tester.close()
-        gc.collect()
-        await trio.sleep(0.1)
-        assert client.session.tables_empty(), client.session.table_sizes()
-        assert server.session.tables_empty(), server.session.table_sizes()
+        # Until the Releases and Finishes have crossed the socket (collecting garbage in
+        # between); fails with the sizes left after IO_DEADLINE.
+        await assert_tables(client, within=IO_DEADLINE)
+        await assert_tables(server, within=IO_DEADLINE)
 
 
 async def test_cancelling_the_caller_sends_finish_and_cancels_the_server() -> None:
-    async with tcp_pair() as (client, server):
+    watched = WatchedTester()
+    async with tcp_pair(server_object=watched) as (client, server):
         tester = client.bootstrap(testing.Tester)
         await tester.echo(msg="warm")
-        with trio.move_on_after(0.1):
-            await tester.slow(ms=60_000)
-        gc.collect()
-        await trio.sleep(0.1)
-        # The server's answer is gone: the Finish arrived and the method was cancelled.
-        assert server.session.answers.entries == {}
-        assert client.session.questions.entries.keys() <= {0}
+
+        async def caller() -> None:
+            await tester.slow(ms=0)
+
+        with trio.fail_after(IO_DEADLINE):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(caller)
+                await watched.began.wait()  # the call runs on the server...
+                assert len(server.session.answers.entries) == 1
+                nursery.cancel_scope.cancel()  # ...when its caller gives up
+            await watched.cancelled.wait()  # the Finish arrived and cancelled the method
+
+        def finished() -> bool:
+            gc.collect()
+            answers = server.session.answers.entries
+            return not answers and client.session.questions.entries.keys() <= {0}
+
+        await poll_until(finished, within=IO_DEADLINE)
 
 
 def test_address_is_parsed() -> None:
@@ -189,11 +239,15 @@ async def test_output_stays_bounded_when_the_peer_stops_reading(tester: type[Tes
             nonlocal highest
             while True:
                 highest = max(highest, server.session.pending_bytes)
-                await trio.sleep(0.001)
+                await trio.sleep(0.001)  # a sampling interval (real time, as below)
 
         nursery.start_soon(sender)
         nursery.start_soon(watch)
-        await trio.sleep(1.0)
+        # Real time: 24 MB through real kernel socket buffers. First until the output
+        # really reached the bound (before that the checks below would hold trivially),
+        # then a while longer, for an output that kept growing to show it.
+        await poll_until(lambda: highest > limit, within=30)
+        await trio.sleep(0.3)
         # One receive_some (64 KiB) can hold at most two of these calls past the check.
         assert highest <= limit + 3 * 61_000, highest
         assert len(server.session.answers.entries) < 399  # it stopped reading calls
@@ -207,29 +261,145 @@ async def test_nagle_on_a_paused_caller_still_sends_one_write_per_call() -> None
     """With TCP_NODELAY off, a Finish written alone would make the next Call wait for the
     peer's delayed ACK: it is held back and leaves with the next Call instead, or alone
     after at most HOLD_HOUSEKEEPING when no call follows."""
-    from capsvc.connection import HOLD_HOUSEKEEPING
-
     async with tcp_pair(nodelay=False) as (client, server):
         tester = client.bootstrap(testing.Tester)
         first = await tester.newCounter(start=1)
         del first
-        await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
+        assert client.session.has_output  # first's Finish is held, not written
         before = client.writes
         rounds = 10
         for start in range(rounds):
             results = await tester.newCounter(start=start)
             del results  # its Finish is due now...
-            await trio.sleep(0.005)  # ...but the caller pauses before the next call
+            # ...but the caller pauses before the next call. Real time: over real TCP
+            # with Nagle on, the kernel's delayed-ACK timer is part of what is tested, and
+            # a jumping clock would expire the hold while we wait for the socket. The
+            # pause is 1/40 of the hold: only a 0.2 s stall of this process could make a
+            # Finish leave alone.
+            await trio.sleep(0.005)
         assert client.writes - before == rounds
         assert len(server.session.answers.entries) == 1  # the last newCounter: its Finish is held
-        await trio.sleep(HOLD_HOUSEKEEPING + 0.1)
-        assert len(server.session.answers.entries) == 0  # the held Finish went out on its own
+        # The held Finish goes out on its own (when exactly: the autojump_clock test below).
+        await poll_until(lambda: len(server.session.answers.entries) == 0, within=IO_DEADLINE)
+        assert client.writes - before == rounds + 1
 
 
 async def test_with_nodelay_on_housekeeping_is_not_held() -> None:
     async with tcp_pair(nodelay=True) as (client, server):
         tester = client.bootstrap(testing.Tester)
         results = await tester.newCounter(start=1)
+        await trio.testing.wait_all_tasks_blocked()
+        before = client.writes
         del results
-        await trio.sleep(0.05)
-        assert len(server.session.answers.entries) == 0  # the Finish went out at once
+        await trio.testing.wait_all_tasks_blocked()
+        assert not client.session.has_output  # nothing held back...
+        assert client.writes == before + 1  # ...the Finish went out alone, at once
+        await poll_until(lambda: len(server.session.answers.entries) == 0, within=IO_DEADLINE)
+
+
+# -- the housekeeping hold on trio's clock alone ------------------------------------------
+
+
+class NagleMemoryStream(trio.abc.Stream, SocketBackedStream):
+    """An in-memory stream that Connection takes for TCP with TCP_NODELAY off (or on): it
+    declares a socket (SocketBackedStream) and Connection reads the option on it. Records
+    when each write starts."""
+
+    def __init__(self, inner: trio.abc.Stream, *, nodelay: bool) -> None:
+        self.inner = inner
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # never connected
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, int(nodelay))
+        self.writes: list[float] = []
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes.append(trio.current_time())
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        self.socket.close()
+        await self.inner.aclose()
+
+
+@asynccontextmanager
+async def memory_pair(*, nodelay: bool) -> AsyncIterator[tuple[Connection, Connection]]:
+    left, right = memory_stream_pair()
+    client = Connection(NagleMemoryStream(right, nodelay=nodelay))
+    server = Connection(left, Tester()._new_hook())
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.run)
+        nursery.start_soon(client.run)
+        try:
+            yield client, server
+        finally:
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def warm_tester(client: Connection, server: Connection) -> object:
+    """The bootstrap Tester after one call, once every Finish owed so far has left."""
+    tester = client.bootstrap(testing.Tester)
+    assert (await tester.echo(msg="warm")).reply == "warm"
+    await trio.sleep(2 * HOLD_HOUSEKEEPING)  # virtual: past any hold
+    assert server.session.answers.entries == {}
+    return tester
+
+
+def writes_of(connection: Connection) -> list[float]:
+    assert isinstance(connection.stream, NagleMemoryStream)
+    return connection.stream.writes
+
+
+async def test_a_lone_finish_is_held_for_exactly_hold_housekeeping(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with memory_pair(nodelay=False) as (client, server):
+        tester: Any = await warm_tester(client, server)
+        results = await tester.newCounter(start=1)  # results hold a cap: a Finish is owed
+        await trio.testing.wait_all_tasks_blocked()
+        writes = len(writes_of(client))
+        due = trio.current_time()
+        del results  # the Finish is due now, and no call follows
+        await trio.sleep(HOLD_HOUSEKEEPING - 0.001)
+        assert len(writes_of(client)) == writes  # still held
+        assert len(server.session.answers.entries) == 1
+        await trio.sleep(0.002)
+        assert writes_of(client)[writes:] == [due + HOLD_HOUSEKEEPING]  # then alone, on time
+        assert server.session.answers.entries == {}
+
+
+async def test_a_held_finish_leaves_with_the_next_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with memory_pair(nodelay=False) as (client, server):
+        tester: Any = await warm_tester(client, server)
+        results = await tester.newCounter(start=1)
+        del results
+        await trio.sleep(HOLD_HOUSEKEEPING / 2)  # the caller pauses, the Finish waits
+        writes = len(writes_of(client))
+        assert len(server.session.answers.entries) == 1
+        call_time = trio.current_time()
+        assert (await tester.echo(msg="next")).reply == "next"
+        assert writes_of(client)[writes:] == [call_time]  # Finish and Call: one write, at once
+        assert server.session.answers.entries == {}
+
+
+async def test_with_nodelay_a_lone_finish_leaves_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with memory_pair(nodelay=True) as (client, server):
+        tester: Any = await warm_tester(client, server)
+        results = await tester.newCounter(start=1)
+        await trio.testing.wait_all_tasks_blocked()
+        writes = len(writes_of(client))
+        due = trio.current_time()
+        del results
+        await trio.testing.wait_all_tasks_blocked()
+        assert writes_of(client)[writes:] == [due]
+        assert server.session.answers.entries == {}

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import capsvc
 from capsvc import demo
@@ -138,6 +139,7 @@ async def test_many_concurrent_evaluations(calc: capsvc.Client) -> None:
     async def one(n: int) -> None:
         results[n] = await value_of(calc, Call(add, (float(n), Call(add, (float(n), 1.0)))))
 
+    # Real time: the calc server listens on a real socket; this only bounds a hang.
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             for n in range(100):
@@ -210,6 +212,9 @@ async def test_call_arguments_are_evaluated_concurrently(calc: capsvc.Client) ->
 
     add = demo.get_operator(calc, "add")
     meet = Meet()
+    # Real time: over the real socket to the calc server, a guard against the hang that
+    # sequential evaluation would be (never on a jumping clock, which would fire it while
+    # the kernel still carries the calls).
     with trio.fail_after(10):
         assert await value_of(calc, Call(add, (Call(meet, (1.0,)), Call(meet, (2.0,))))) == 3.0
 
@@ -364,7 +369,9 @@ async def test_tables_empty_after_the_tour() -> None:
         assert await demo.evaluate_infix(calc, "2 ** 3 + 1") == 9.0
         calc.close()
         gc.collect()
-        await trio.sleep(0.1)
+        # In-memory streams: once every task is blocked, every Release and Finish has been
+        # delivered (no timer, no socket); no duration to guess.
+        await trio.testing.wait_all_tasks_blocked()
         empty = {"questions": 0, "answers": 0, "exports": 0, "imports": 0, "embargoes": 0}
         assert client.session.table_sizes() == empty
         assert server.session.table_sizes() == empty

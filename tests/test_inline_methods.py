@@ -51,6 +51,8 @@ class MixedTester(capsvc.Server, interface=testing.Tester):
 
     async def slow(self, params: Any, results: Any) -> bool:
         self._note(f"slow {params.ms} begins")
+        # Real time, and no test depends on how long: the echoes that arrive with it are
+        # delivered and begin in the same scheduler pass as this call, before any timer.
         await trio.sleep(params.ms / 1000)
         self._note(f"slow {params.ms} ends")
         return True
@@ -108,7 +110,9 @@ async def test_calls_begin_in_arrival_order_when_kinds_are_mixed() -> None:
     server = MixedTester()
     # The reader must not yield between the calls of one read (it would let the slow call
     # begin, and the echoes could then rightly run inline).
-    with trio.fail_after(10):  # a call taken out of order can leave the other one hanging
+    # A call taken out of order can leave the other one hanging. Real time: the guard waits
+    # on loopback TCP, where a jumping clock would fire it while the kernel carries bytes.
+    with trio.fail_after(10):
         await _slow_then_echoes(server)
     order = [what for what, _ in server.log]
     assert order[:4] == ["slow 20 begins", "echo 0", "echo 1", "echo 2"]

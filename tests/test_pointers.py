@@ -513,6 +513,85 @@ HOSTILE: list[tuple[str, list[bytearray], Location, tuple[int, ...]]] = [
 ]
 
 
+#: Why each hostile case is refused: exact texts, so a refusal for another reason fails.
+HOSTILE_REASONS = {
+    "no segments": "location (0, 0) is outside the message",
+    "empty segment": "location (0, 0) is outside the message",
+    "start outside": "location (0, 1) is outside the message",
+    "negative start segment": "location (-1, 0) is outside the message",
+    "struct past end": (
+        "path step 0: struct of 0 + 1 words at (0, 6) (pointer (0, 0)) is out of bounds"
+    ),
+    "struct before start": (
+        "path step 0: struct of 0 + 1 words at (0, -1) (pointer (0, 1)) is out of bounds"
+    ),
+    "struct overruns": (
+        "path step 0: struct of 1 + 2 words at (0, 1) (pointer (0, 0)) is out of bounds"
+    ),
+    "truncated segment": (
+        "path step 0: struct of 0 + 1 words at (0, 1) (pointer (0, 0)) is out of bounds"
+    ),
+    "far to unknown segment": "far pointer at (0, 0) names segment 7; the message has 1",
+    "far pad past end": "far pointer at (0, 0): landing pad (1, 9) is outside the segment",
+    "far loop": "far pointer at (0, 0) lands on another far pointer at (0, 0)",
+    "far to far": "far pointer at (0, 0) lands on another far pointer at (1, 0)",
+    "double-far pad past end": (
+        "double-far pointer at (0, 0): landing pad (1, 0) is outside the segment"
+    ),
+    "double-far pad not far": (
+        "double-far pointer at (0, 0): its landing pad starts with a struct pointer (0 data words, "
+        "1 pointers), not a far pointer"
+    ),
+    "double-far to unknown segment": (
+        "double-far landing pad at (1, 0) names segment 5; the message has 2"
+    ),
+    "double-far tag is a capability": (
+        "double-far landing pad at (1, 0): the tag is a capability pointer (index 1), not a struct "
+        "or list"
+    ),
+    "double-far content past end": (
+        "path step 0: struct of 2 + 1 words at (0, 0) (pointer (0, 0)) is out of bounds"
+    ),
+    "index out of range": (
+        "path step 0 (~2): index 2 out of range for the list at (0, 0) (2 elements)"
+    ),
+    "composite index out of range": (
+        "path step 0 (~1): index 1 out of range for the list at (0, 0) (1 elements)"
+    ),
+    "null list": "path step 0 (~0): index 0 out of range for the list at (0, 0) (0 elements)",
+    "list past end": "list at (0, 0) (3 elements) is out of bounds",
+    "list before start": "list at (0, 0) (1 elements) is out of bounds",
+    "composite past end": "composite list at (0, 0) (4 words) is out of bounds",
+    "composite tag not struct": (
+        "composite list at (0, 0): its tag is a list pointer (element size code 6)"
+    ),
+    "composite overrun": "composite list at (0, 0): 3 elements overrun 2 words",
+    "bit list": (
+        "path step 0 (~0): the list at (0, 0) is a bit list, not a list of structs or pointers"
+    ),
+    "void list as pointers": (
+        "path step 0 (~5): expected a list of pointers at (0, 0), found a list without pointers"
+    ),
+    "struct where list expected": (
+        "expected a list pointer at (0, 0), found a struct pointer (0 data words, 1 pointers)"
+    ),
+    "list where struct expected": (
+        "path step 0 (0): expected a struct pointer at (0, 0), found a list pointer (element size "
+        "code 6)"
+    ),
+    "capability where struct expected": (
+        "path step 0 (0): expected a struct pointer at (0, 0), found a capability pointer (index 0)"
+    ),
+    "capability where list expected": (
+        "expected a list pointer at (0, 0), found a capability pointer (index 0)"
+    ),
+    "other pointer where struct expected": (
+        "path step 0 (0): expected a struct pointer at (0, 0), found an unknown 'other' pointer "
+        "0x0000000000000007"
+    ),
+}
+
+
 @pytest.mark.parametrize(("label", "segs", "start", "path"), HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_follow_raises_pointer_error(
     label: str, segs: list[bytearray], start: Location, path: tuple[int, ...]
@@ -520,7 +599,7 @@ def test_hostile_follow_raises_pointer_error(
     with pytest.raises(PointerError) as info:
         follow(segs, start, path)
     assert isinstance(info.value, RemoteProtocolError)
-    assert str(info.value)
+    assert str(info.value) == HOSTILE_REASONS[label]
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import gc
 from typing import Any
 
 import trio
+import trio.testing
 
 import capsvc
 from tests.test_connection import Counter, testing
@@ -54,7 +55,9 @@ async def test_results_over_the_wire_show_their_capabilities() -> None:
         await check_holder((await tester.holdCaps()).holder)
         del tester
         gc.collect()
-        await trio.sleep(0.05)
+        # In-memory streams: once every task is blocked, every Release has been delivered
+        # (no timer, no socket); no duration to guess.
+        await trio.testing.wait_all_tasks_blocked()
         assert client.session.tables_empty(), client.session.table_sizes()
 
 

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    # Real time: a subprocess run to completion; the limit only bounds a hang.
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.run(
         [sys.executable, *args],

@@ -32,6 +32,7 @@ def _env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def smoke_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rpc-smoke") / "results"
+    # Real time: the whole suite in subprocesses (a few seconds; the limit bounds a hang).
     done = subprocess.run(
         [sys.executable, "-m", "bench.rpc", "smoke", "--out", str(out), "--quiet"],
         cwd=ROOT,
@@ -51,6 +52,8 @@ def test_every_smoke_scenario_has_timings_and_latencies(smoke_results: Path) -> 
         suite = pyperf.BenchmarkSuite.load(str(smoke_results / f"{pairing}.json.gz"))
         timing = suite.get_benchmark(f"echo-{load}")
         assert timing.get_nvalue() >= 1
+        # A measured real-time figure, so only a sanity bound: a loopback echo call takes
+        # well under a millisecond; a second per call means it is broken, not loaded.
         assert 0 < timing.mean() < 1.0  # seconds per call
         latency = suite.get_benchmark(f"echo-{load}-latency")
         assert latency.get_nvalue() >= 25  # one value per call
@@ -68,7 +71,7 @@ def test_pyperf_commands_read_the_results(smoke_results: Path) -> None:
             [sys.executable, "-m", "pyperf", *command],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=60,  # real time: a subprocess; bounds a hang
             check=False,
         )
         assert done.returncode == 0, done.stderr

@@ -4,6 +4,9 @@ Every test runs its calls inside ``exercise`` (tests/support/checks.py): once th
 dropped every Client, Promise and result, the connection's tables must hold nothing but the
 bootstrap import, and nothing at all once that is closed too (the engine must not leak).
 
+Every test runs under ``peer_deadline()``: a real-time hang guard (the peer is another
+process), never a jumping clock.
+
 pycapnp servers can only raise FAILED (tests/peers/README.md), so exception tests against them
 check for capsvc.Failed with the reason contained. The tail-call tests use a C++ peer
 (tests/support/pycapnp_tailcall_server.py) that forwards each call back to our own bootstrap
@@ -19,9 +22,10 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 import capsvc
-from tests.support.checks import assert_tables, exercise
+from tests.support.checks import assert_tables, exercise, peer_deadline
 from tests.support.peers import ROOT, PeerProcess
 from tests.support.tester import (
     FAIL_KINDS,
@@ -52,7 +56,7 @@ async def test_bootstrap_and_echo(pycapnp_tester: PeerProcess) -> None:
         big = "x" * 200_000  # several segments' worth on both sides
         assert (await tester.echo(msg=big)).reply == big
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -64,7 +68,7 @@ async def test_many_sequential_and_concurrent_calls(pycapnp_tester: PeerProcess)
         replies = [(await p).reply for p in promises]
         assert replies == [f"c{i}" for i in range(100)]
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -83,7 +87,7 @@ async def test_pipelining_new_counter(pycapnp_tester: PeerProcess) -> None:
         # The same capability, after the return.
         assert (await counter.increment(by=1)).value == 11
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -101,7 +105,7 @@ async def test_pipelining_on_bootstrap_before_it_returns(pycapnp_tester: PeerPro
             assert (await value).value == 42
             assert (await self_echo).reply == "via getSelf"
 
-        with trio.fail_after(20):
+        with peer_deadline():
             await body()
         await assert_tables(conn)
 
@@ -116,7 +120,7 @@ async def test_pipelined_capability_passed_back(pycapnp_tester: PeerProcess) -> 
         # And once it has resolved (receiverHosted).
         assert (await tester.callCounter(counter=theirs, by=1)).value == 14
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -133,7 +137,7 @@ async def test_callback(pycapnp_tester: PeerProcess) -> None:
         assert [(await p).ack for p in promises] == [v * 2 + 1 for v in range(5)]
         assert sorted(cb.seen) == [0, 1, 2, 3, 4, 20]
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -144,7 +148,7 @@ async def test_call_counter_calls_us(pycapnp_tester: PeerProcess) -> None:
         assert ours.value == 13
         assert ours.history == [("increment", 3)]
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -161,7 +165,7 @@ async def test_callback_raises(pycapnp_tester: PeerProcess) -> None:
         assert "grumpy callback says no" in info.value.reason
         assert (await tester.echo(msg="still here")).reply == "still here"
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -230,7 +234,7 @@ async def _hold_caps_round_trip(tester: Any) -> None:
 
 
 async def test_hold_caps_every_depth(pycapnp_tester: PeerProcess) -> None:
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, _hold_caps_round_trip)
 
 
@@ -256,7 +260,7 @@ async def test_hold_caps_theirs_resolved(pycapnp_tester: PeerProcess) -> None:
         for start, cap in zip((1, 2, 3, 4), theirs, strict=True):
             assert (await cap.get()).value == start + 10
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -280,7 +284,7 @@ async def test_hold_caps_same_cap_many_times(pycapnp_tester: PeerProcess) -> Non
             await cap.increment(by=1)
         assert ours.value == len(caps)
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -296,7 +300,7 @@ async def test_reflect_simple(pycapnp_tester: PeerProcess) -> None:
         assert (await back.get()).value == 105
         assert len(ours.history) == 2
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -313,7 +317,7 @@ async def test_reflect_pipelined_calls_keep_order(pycapnp_tester: PeerProcess) -
         # After the embargo: still in order, now straight to our object.
         assert (await cap.increment(by=1)).value == 21
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -337,7 +341,7 @@ async def test_reflect_calls_across_the_embargo(pycapnp_tester: PeerProcess) -> 
         assert values == list(range(1, 61))
         assert ours.increments == [1] * 60
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -361,7 +365,7 @@ async def test_reflect_of_a_reflection(pycapnp_tester: PeerProcess) -> None:
         assert sorted(values) == list(range(1, 26))
         assert ours.value == 25
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -375,7 +379,7 @@ async def test_reflect_their_promise(pycapnp_tester: PeerProcess) -> None:
         assert [(await p).value for p in promises] == list(range(1, 11))
         assert (await theirs.get()).value == 10
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -391,7 +395,7 @@ async def test_fail_is_failed_with_reason(pycapnp_tester: PeerProcess, kind: str
         assert reason in info.value.reason
         assert (await tester.echo(msg="after")).reply == "after"
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -403,12 +407,15 @@ async def test_unimplemented_interface(pycapnp_tester: PeerProcess) -> None:
         unknown.close()
         assert (await tester.echo(msg="still here")).reply == "still here"
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
 async def test_slow_and_cancelled_call(pycapnp_tester: PeerProcess) -> None:
     async def body(tester: Any) -> None:
+        # Real time, both: the C++ peer sleeps on its own clock. A lower bound cannot flake
+        # (a loaded machine only makes the call slower), and the cancel at 0.05 s comes
+        # long before the 0.3 s call could answer.
         start = trio.current_time()
         assert (await tester.slow(ms=50)).done is True
         assert trio.current_time() - start >= 0.045
@@ -417,7 +424,7 @@ async def test_slow_and_cancelled_call(pycapnp_tester: PeerProcess) -> None:
         assert scope.cancelled_caught
         assert (await tester.echo(msg="after cancel")).reply == "after cancel"
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -435,7 +442,7 @@ async def test_sum_mixed(pycapnp_tester: PeerProcess) -> None:
         assert (await tester.sum(counters=[])).total == 0
         assert ours.history == [("get",), ("get",)]
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -479,7 +486,7 @@ async def test_calculator_literal(pycapnp_calculator: PeerProcess) -> None:
         request.params.expression.literal = 123
         assert (await request.send().value.read()).value == 123.0
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_calculator, body, Calculator)
 
 
@@ -490,7 +497,7 @@ async def test_calculator_add(pycapnp_calculator: PeerProcess) -> None:
         set_call(request.params.expression, add, 12, 34)
         assert (await request.send().value.read()).value == 46.0
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_calculator, body, Calculator)
 
 
@@ -510,7 +517,7 @@ async def test_calculator_previous_result_pipelining(pycapnp_calculator: PeerPro
         assert (await r3).value == 27.0
         assert (await r5).value == 29.0
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_calculator, body, Calculator)
 
 
@@ -535,7 +542,7 @@ async def test_calculator_def_function(pycapnp_calculator: PeerProcess) -> None:
         set_call(request.params.expression, add, ("call", f, 12, 34), ("call", g, 21))
         assert (await request.send().value.read()).value == 1234.0 + 4244.0
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_calculator, body, Calculator)
 
 
@@ -548,7 +555,7 @@ async def test_calculator_client_function_callback(pycapnp_calculator: PeerProce
         assert (await request.send().value.read()).value == 19.0
         assert power.calls == 1
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_calculator, body, Calculator)
 
 
@@ -564,7 +571,10 @@ async def test_close_with_everything_outstanding(pycapnp_tester: PeerProcess) ->
         ours = CounterImpl(0)
         assert (await tester.callCounter(counter=ours, by=1)).value == 1
         pending = tester.slow(ms=2000)
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()  # the slow Call has been written
+        # Outstanding now: the slow question, the bootstrap and counter imports.
+        sizes = conn.session.table_sizes()
+        assert (sizes["questions"], sizes["imports"]) == (1, 2), sizes
         await conn.aclose()
         with pytest.raises(capsvc.Disconnected):
             await pending
@@ -590,7 +600,7 @@ async def test_drop_promises_before_return(pycapnp_tester: PeerProcess) -> None:
         held = tester.newCounter(start=3).counter
         assert (await held.increment(by=1)).value == 4
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -604,7 +614,7 @@ async def test_import_and_export_id_reuse(pycapnp_tester: PeerProcess) -> None:
             del counter, ours
             await trio.lowlevel.checkpoint()
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -618,10 +628,12 @@ async def test_same_export_resent_while_released(pycapnp_tester: PeerProcess) ->
             promises = [tester.callCounter(counter=ours, by=1) for _ in range(5)]
             values = sorted([(await p).value for p in promises])
             assert len(set(values)) == 5
+            # Real time: a pause for the C++ peer's Releases of the last round to come in
+            # while we send the next one (it shapes the race; no outcome depends on it).
             await trio.sleep(0.005)
         assert ours.value == 50
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -631,6 +643,8 @@ async def test_local_promise_passed_to_peer(pycapnp_tester: PeerProcess) -> None
 
     class SlowFactory(capsvc.Server, interface=Tester):
         async def newCounter(self, params: Any, results: Any) -> None:
+            # Still unresolved when serialized either way (this task has not run yet);
+            # the delay only makes the Resolve come well after the peer saw the promise.
             await trio.sleep(0.05)
             results.counter = CounterImpl(params.start)
 
@@ -646,7 +660,7 @@ async def test_local_promise_passed_to_peer(pycapnp_tester: PeerProcess) -> None
         values = [back.increment(by=1) for _ in range(5)]
         assert [(await v).value for v in values] == [301, 302, 303, 304, 305]
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -670,7 +684,7 @@ async def test_null_capabilities_round_trip(pycapnp_tester: PeerProcess) -> None
         with pytest.raises(capsvc.RpcError):
             await holder.cap.get()
 
-    with trio.fail_after(20):
+    with peer_deadline():
         await run(pycapnp_tester, body)
 
 
@@ -686,9 +700,11 @@ async def test_peer_dies_with_calls_outstanding() -> None:
             ours = CounterImpl(0)
             assert (await tester.callCounter(counter=ours, by=1)).value == 1
             pending = tester.slow(ms=5000)
-            await trio.sleep(0.05)
+            await trio.testing.wait_all_tasks_blocked()  # the slow Call has been written
+            sizes = conn.session.table_sizes()
+            assert (sizes["questions"], sizes["imports"]) == (1, 2), sizes
             await trio.to_thread.run_sync(stop_pid, peer.proc)
-            with trio.fail_after(5):
+            with peer_deadline(10):
                 with pytest.raises(capsvc.Disconnected):
                     await pending
                 with pytest.raises(capsvc.Disconnected):
@@ -719,11 +735,15 @@ async def _tail_call_scenario(peer: PeerProcess, body: Any) -> None:
 
         async def run_body() -> None:
             tester = conn.bootstrap(Tester)
-            with trio.fail_after(10):
+            with peer_deadline(10):
                 await body(tester, server)
+                # A barrier instead of a pause: a call C++ answers itself (no tail call, so
+                # no risk of the pycapnp crash) comes back only after C++ has handled all
+                # we sent before it; an Abort for any of that would have arrived first.
+                with pytest.raises((capsvc.Unimplemented, capsvc.Disconnected)):
+                    await tester.cast_as(Unknown).nothing()
 
         await run_body()
-        await trio.sleep(0.2)  # let C++ answer (or object to) what we sent last
         assert _peer_aborted(conn) is None, f"C++ aborted the connection: {_peer_aborted(conn)}"
         if conn.session.closed is None:
             # C++ still holds our bootstrap (it asked for it); ours of it is dropped.

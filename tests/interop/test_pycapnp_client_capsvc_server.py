@@ -30,7 +30,7 @@ import trio
 
 import capsvc
 import capsvc.api
-from tests.support.checks import EMPTY, poll_until
+from tests.support.checks import EMPTY, poll_until, wait_for_tables
 from tests.support.peers import PYTHON, ROOT, PeerProcess, peer_env, peer_script
 from tests.support.tester import CounterImpl, EchoImpl, TesterImpl
 
@@ -51,6 +51,8 @@ TESTER_CHECKS = [
 
 async def run_peer(args: list[str], *, limit: float = 40.0) -> subprocess.CompletedProcess[bytes]:
     """Run a tests/peers client to completion (killed if it outlives ``limit`` s)."""
+    # Real time: the client is another process (its own 30 s timeout comes first); this
+    # only bounds a hung one, on a clock that never jumps while we wait for it.
     with trio.fail_after(limit):
         return await trio.run_process(
             [PYTHON, *args],
@@ -187,6 +189,11 @@ class TrackingTester(TesterImpl):
         self.made.append(weakref.ref(counter))
         results.counter = counter
 
+    def alive(self) -> list[CounterImpl]:
+        """The Counters still alive after a garbage collection (tracebacks hold cycles)."""
+        gc.collect()
+        return [counter for ref in self.made if (counter := ref()) is not None]
+
 
 async def test_in_process_server_tables(
     monkeypatch: pytest.MonkeyPatch, nursery: trio.Nursery
@@ -204,20 +211,20 @@ async def test_in_process_server_tables(
     assert done.returncode == 0, describe(done)
     assert ok_lines(done) == TESTER_CHECKS, describe(done)
 
-    await poll_until(lambda: all(c.closed for c in RecordingConnection.instances))
-    connections = RecordingConnection.instances
-    assert len(connections) == 1
-    conn = connections[0]
-    # After the disconnect every table is empty.
+    await poll_until(
+        lambda: len(RecordingConnection.instances) == 1 and RecordingConnection.instances[0].closed
+    )
+    conn = RecordingConnection.instances[0]
+    # When the client went away it held nothing but the bootstrap: every question, answer
+    # and Counter of the checks had been finished and released over the wire. (After the
+    # close the tables are empty by construction; that no one refilled them is all the
+    # check after it says.)
+    assert conn.sizes_at_close == dict(EMPTY, exports=1), conn.exports_at_close
     assert conn.session.tables_empty(), conn.session.table_sizes()
     assert conn.session.abort_reason is None, conn.session.abort_reason
     # The server's objects made for the client are all gone once the connection is.
-    gc.collect()
-    await trio.sleep(0.05)
-    gc.collect()
     assert tester.made, "the checks made no Counter"
-    alive = [ref() for ref in tester.made if ref() is not None]
-    assert alive == [], f"{len(alive)} Counter objects outlived the connection"
+    await poll_until(lambda: not tester.alive())
     nursery.cancel_scope.cancel()
 
 
@@ -239,8 +246,8 @@ async def main(host, port):
             await tc.CHECKS[name](tester)
         print("ok", name, flush=True)
     gc.collect()
-    for _ in range(20):            # let the C++ side send its Releases/Finishes
-        await asyncio.sleep(0.01)
+    for _ in range(20):            # let the C++ side send its Releases/Finishes (real time:
+        await asyncio.sleep(0.01)  # libcapnp's own event loop; the server waits as well)
     print("CHECKS DONE", flush=True)
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, sys.stdin.readline)   # hold the connection open
@@ -250,11 +257,14 @@ asyncio.run(capnp.run(main(*sys.argv[2].rsplit(":", 1))))
 """
 
 
-async def hold_open_run(argv: list[str]) -> tuple[RecordingConnection, dict[str, Any], str]:
+async def hold_open_run(
+    argv: list[str], **expected: int
+) -> tuple[RecordingConnection, dict[str, Any], str]:
     """Run a pycapnp client that prints ``CHECKS DONE`` and then keeps its connection open
     until a line arrives on stdin. Returns the server connection, a snapshot of its tables
-    taken while the client was still connected, and the client's output. The client is
-    then told to exit; it must exit 0 and the connection must close."""
+    taken while the client was still connected (once they reached ``expected``, or after
+    10 s without), and the client's output. The client is then told to exit; it must exit 0
+    and the connection must close."""
     process = await trio.lowlevel.open_process(
         [PYTHON, *argv],
         stdin=subprocess.PIPE,
@@ -268,6 +278,7 @@ async def hold_open_run(argv: list[str]) -> tuple[RecordingConnection, dict[str,
     async def read_until(marker: bytes, limit: float) -> None:
         nonlocal output
         assert process.stdout is not None
+        # Real time: we wait for another process; ``limit`` only bounds a hung one.
         with trio.move_on_after(limit):
             while marker not in output:
                 chunk = await process.stdout.receive_some(4096)
@@ -279,9 +290,12 @@ async def hold_open_run(argv: list[str]) -> tuple[RecordingConnection, dict[str,
     try:
         assert process.stdin is not None
         await read_until(b"CHECKS DONE", 30)
-        await trio.sleep(0.05)
         assert len(RecordingConnection.instances) == 1
         conn = RecordingConnection.instances[0]
+        # The client's last Finishes and Releases left before it printed CHECKS DONE, but
+        # our reader may not have taken them in yet: wait (real time: they come from the
+        # client process through a real socket) until the tables settle where expected.
+        await wait_for_tables(conn, within=10, **expected)
         snapshot = {
             "sizes": conn.session.table_sizes(),
             "exports": {
@@ -291,16 +305,18 @@ async def hold_open_run(argv: list[str]) -> tuple[RecordingConnection, dict[str,
         }
         await process.stdin.send_all(b"\n")
         await read_until(b"BYE", 10)
+        # Real time, both: the client process exits and closes its socket on its own
+        # schedule; the limits only bound a hang.
         with trio.fail_after(10):
             status = await process.wait()
         assert status == 0, output.decode(errors="replace")
-        with trio.fail_after(5):
+        with trio.fail_after(10):
             await conn.wait_closed()
         assert conn.session.tables_empty()
     finally:
         if process.returncode is None:
             process.kill()  # by PID (trio.Process.kill)
-            with trio.move_on_after(5):
+            with trio.move_on_after(5):  # real time: reaping a killed process
                 await process.wait()
         for stream in (process.stdin, process.stdout, process.stderr):
             if stream is not None:
@@ -319,7 +335,7 @@ async def test_in_process_server_tables_while_connected(
     address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", TesterImpl())
     hostport = address.split(":", 1)[1]
     _, snapshot, output = await hold_open_run(
-        ["-c", HOLD_OPEN_CLIENT, peer_script("pycapnp_tester_client"), hostport]
+        ["-c", HOLD_OPEN_CLIENT, peer_script("pycapnp_tester_client"), hostport], exports=1
     )
     assert snapshot["sizes"] == dict(EMPTY, exports=1), (snapshot, output)
     nursery.cancel_scope.cancel()
@@ -360,7 +376,7 @@ async def test_extra_client_in_process_tables(
     argv = [EXTRA_CLIENT, hostport, "--hold"]
     for check in ("embargo", "cancel", "reentrant", "churn"):
         argv += ["--only", check]
-    _, snapshot, output = await hold_open_run(argv)
+    _, snapshot, output = await hold_open_run(argv, exports=1)
     assert snapshot["sizes"] == dict(EMPTY, exports=1), (snapshot, output)
     assert tester.slow_started == 1
     assert tester.slow_cancelled == 1, "the server did not cancel slow() on the Finish"
@@ -378,8 +394,10 @@ async def main(host, port):
     assert (await tester.echo(msg="hi")).reply == "hi"
     counter = (await tester.newCounter(start=1)).counter
     assert (await counter.increment(by=1)).value == 2
-    pending = tester.slow(ms=5000)
-    await asyncio.sleep(0.2)
+    pending = tester.slow(ms=60_000)
+    print("CALLING", flush=True)
+    # the test answers once slow() runs on the server
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     print("VANISHING", flush=True)
     os._exit(0)   # no Finish, no Release: the socket just closes
 
@@ -398,8 +416,34 @@ async def test_in_process_server_client_vanishes_mid_call(
     address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", tester)
     hostport = address.split(":", 1)[1]
     schema = os.path.join(ROOT, "tests", "schemas", "testing.capnp")
-    done = await run_peer(["-c", VANISHING_CLIENT, schema, hostport])
-    assert b"VANISHING" in done.stdout, describe(done)
+    process = await trio.lowlevel.open_process(
+        [PYTHON, "-c", VANISHING_CLIENT, schema, hostport],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env=peer_env(),
+    )
+    try:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        # Real time (poll_until): the client is another process. Once its slow() call runs
+        # here, tell it to vanish, so the disconnect always comes with a call running.
+        await poll_until(lambda: tester.slow_started == 1, within=30)
+        await process.stdin.send_all(b"\n")
+        with trio.fail_after(10):  # real time: the client process exits on its own schedule
+            assert await process.wait() == 0
+        said = b""
+        while chunk := await process.stdout.receive_some(4096):
+            said += chunk
+        assert said == b"CALLING\nVANISHING\n", said
+    finally:
+        if process.returncode is None:
+            process.kill()  # by PID (trio.Process.kill)
+            with trio.move_on_after(5):  # real time: reaping a killed process
+                await process.wait()
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                await stream.aclose()
     await poll_until(
         lambda: bool(RecordingConnection.instances) and RecordingConnection.instances[0].closed
     )
@@ -414,10 +458,7 @@ async def test_in_process_server_client_vanishes_mid_call(
     assert conn.session.tables_empty()
     assert tester.slow_started == 1
     assert tester.slow_cancelled == 1
-    gc.collect()
-    await trio.sleep(0.05)
-    gc.collect()
-    assert [ref() for ref in tester.made if ref() is not None] == []
+    await poll_until(lambda: not tester.alive())
     # The server still serves.
     done = await run_peer([peer_script("pycapnp_tester_client"), hostport, "--only", "echo"])
     assert done.returncode == 0, describe(done)

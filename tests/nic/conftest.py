@@ -44,7 +44,7 @@ def rundir() -> Iterator[Path]:
             shutil.rmtree(path, ignore_errors=True)
             if not path.exists():
                 break
-            time.sleep(0.05)
+            time.sleep(0.05)  # real time: another process is deleting files; cleanup only
 
 
 @dataclass
@@ -79,7 +79,7 @@ def pair(rundir: Path) -> Iterator[Pair]:
         for name in ("p.0", "p.1"):
             device = open_port(rundir, name, rx_ring_size=256, tx_ring_size=256)
             devices.append(device)
-            device.reset_and_init(link_timeout=5)
+            device.reset_and_init(link_timeout=5)  # real time: the model thread raises it
         host.stop()
         yield Pair(host, devices[0], devices[1], rundir)
     finally:
@@ -117,7 +117,7 @@ class ModelProcess:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=10)
+                self.process.wait(timeout=10)  # real time: a process exiting; bounds a hang
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

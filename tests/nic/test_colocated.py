@@ -8,7 +8,9 @@ from pathlib import Path
 from capsvc.nicdriver.colocated import DgramWire
 
 
-def receive_within(wire: DgramWire, seconds: float = 1.0) -> list[bytes]:
+def receive_within(wire: DgramWire, seconds: float = 5.0) -> list[bytes]:
+    """Poll ``wire`` until frames arrive. Real time: they come through a real datagram
+    socket; it returns at once when they are there, so the limit only bounds a loss."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         frames = wire.receive()

@@ -103,7 +103,7 @@ def test_hugepage_dma_translates_through_pagemap() -> None:
     dma = HugepageDma()
     try:
         region = dma.allocate(3 * HUGE_PAGE // 2)
-        assert len(region.page_phys) == 1 or len(region.page_phys) == 2
+        assert len(region.page_phys) == 2  # 1.5 pages' worth takes two whole huge pages
         for phys in region.page_phys:
             assert phys % HUGE_PAGE == 0
             assert phys > 0
@@ -125,7 +125,7 @@ def test_model_finds_the_drivers_huge_pages(rundir: Path) -> None:
         for name in ("h.0", "h.1"):
             device = open_port(rundir, name, rx_ring_size=64, tx_ring_size=64)
             devices.append(device)
-            device.reset_and_init(link_timeout=5)
+            device.reset_and_init(link_timeout=5)  # real time: the model thread raises it
         a, b = devices
         assert isinstance(a.dma, HugepageDma)
         pool = a.pools[0]
@@ -134,7 +134,9 @@ def test_model_finds_the_drivers_huge_pages(rundir: Path) -> None:
         lens = [pool.write(buf, f) for buf, f in zip(bufs, frames, strict=True)]
         assert a.tx_batch(0, bufs, lens) == 5
         got: list[bytes] = []
-        deadline = time.monotonic() + 5
+        # Real time: the model runs in its own thread (host.start_thread) and moves the
+        # frames whenever the OS schedules it; the deadline only bounds a hang.
+        deadline = time.monotonic() + 10
         while len(got) < 5 and time.monotonic() < deadline:
             rx, rx_lens = b.rx_batch(0, 8)
             got += [b.pools[0].read(x, n) for x, n in zip(rx, rx_lens, strict=True)]

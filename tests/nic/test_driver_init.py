@@ -1,4 +1,10 @@
-"""Driver init against the software 82599 (spec nicdriver.md 1.4, 2.3)."""
+"""Driver init against the software 82599 (spec nicdriver.md 1.4, 2.3).
+
+Timing: the driver's waits (``link_timeout``, ``wait_for_link``, ``wait_clear``) are real
+time against a model stepped by a thread (``start_thread``) that the OS schedules; they
+return as soon as the register changes, so their generous limits only bound a hang. The
+one short limit (``test_no_model_running_says_so``) is meant to run out.
+"""
 
 from __future__ import annotations
 
@@ -108,6 +114,7 @@ def test_no_model_running_says_so(rundir: Path) -> None:
     device = open_port(rundir, "dead.0")
     try:
         device.bar.write32(regs.CTRL, regs.CTRL_RST)
+        # Real time, and meant to run out: nobody serves this port.
         with pytest.raises(DriverTimeout, match="no model process serves"):
             device.bar.wait_clear(regs.CTRL, regs.CTRL_RST_MASK, "CTRL.RST", timeout=0.05)
     finally:
@@ -116,7 +123,9 @@ def test_no_model_running_says_so(rundir: Path) -> None:
 
 def test_link_waits_for_the_model(rundir: Path) -> None:
     host = start_pair("slow", rundir=rundir, spin=0)
-    host.models[0].link_delay = 0.2
+    # Real time: the model raises the link 0.5 s after AN_RESTART, so the link is still down
+    # when init returns unless this process stalls for half a second right then.
+    host.models[0].link_delay = 0.5
     host.start_thread()
     try:
         device = open_port(rundir, "slow.0")

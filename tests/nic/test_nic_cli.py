@@ -44,6 +44,7 @@ def test_status_faults_and_stop_of_a_model_pair(
     host = ModelProcess("c", rundir)
     try:
         status, out, _ = run(capsys, "list", "--rundir", str(rundir))
+        assert status == 0
         assert "nic:model:c.0" in out
         assert "nic:model:c.1" in out
         status, out, _ = run(capsys, "status", "model:c.0", "--rundir", str(rundir))
@@ -61,6 +62,7 @@ def test_status_faults_and_stop_of_a_model_pair(
         assert "within 0..1" in err
         status, out, _ = run(capsys, "stop", "c", "--rundir", str(rundir))
         assert status == 0
+        # Real time: the model host is another process; 10 s only bounds a hang.
         assert host.process.wait(timeout=10) == 0
         assert not (rundir / "c.0").exists()
     finally:
@@ -91,7 +93,7 @@ def test_start_pair_in_the_foreground(rundir: Path) -> None:
         control.close()
     finally:
         process.terminate()
-        assert process.wait(timeout=10) == 0
+        assert process.wait(timeout=10) == 0  # real time: a process exiting; bounds a hang
         if process.stdout is not None:
             process.stdout.close()
     assert not (rundir / "fg.0").exists()

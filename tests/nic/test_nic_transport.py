@@ -2,12 +2,19 @@
 
 The model pair runs in its own process (``model_process`` fixture); both ends of every
 stream live in the test process, each on its own port of the pair.
+
+Timing: every wait here is real time. Frames cross a real model process (or, co-located,
+a real datagram socket) on the OS's schedule, and the stream's own timers (connect,
+retransmission, keepalive) run against it; a jumping clock would expire them while the
+model is still moving frames. The guards are generous; they only bound a hang.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import resource
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -56,11 +63,19 @@ def test_address_grammar(text: str, spec: NicSpec) -> None:
 
 
 @pytest.mark.parametrize(
-    "text",
-    ["nic:", "nic:eth0", "nic:model:", "nic:model:a/b", "nic:model:x,peer=zz", "nic:model:x,mtu=9"],
+    ("text", "message"),
+    [
+        ("nic:", "malformed nic: address: expected nic:model:NAME or nic:PCI_ADDRESS"),
+        ("nic:eth0", "malformed nic: address 'eth0': expected model:NAME or a PCI address"),
+        ("nic:model:", "bad model port name '': use letters"),
+        ("nic:model:a/b", "bad model port name 'a/b': use letters"),
+        ("nic:model:x,peer=zz", "peer=zz is not a MAC address"),
+        ("nic:model:x,mtu=9", "unknown nic: option 'mtu=9'"),
+    ],
 )
-def test_bad_addresses(text: str) -> None:
-    with pytest.raises(ValueError, match=r"nic|MAC|model port name"):
+def test_bad_addresses(text: str, message: str) -> None:
+    # "nic" alone (the old pattern allowed it) is in almost any text: match each reason.
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
         parse_nic_spec(text)
 
 
@@ -74,12 +89,24 @@ async def test_missing_pci_device_is_reported() -> None:
         await connect_nic("nic:0000:7f:1f.7")
 
 
+def command_register(path: Path) -> int:
+    """The PCI Command register (config offset 0x04) of the function at ``path``."""
+    (command,) = struct.unpack_from("<H", (path / "config").read_bytes(), 4)
+    return int(command)
+
+
 async def test_the_sandbox_virtio_nic_is_refused() -> None:
     for function in list_functions("/sys"):
         if function.vendor == regs.VIRTIO_VENDOR and function.is_network:
+            # What a refusal must leave alone: every function's driver binding (an unbind
+            # would take this machine's network away) and this one's Command register (Bus
+            # Master / Memory Space; the Status word beside it may change on its own).
+            before = (list_functions("/sys"), command_register(function.path))
+            assert function.driver is not None, "the virtio NIC has no driver bound to begin with"
             with pytest.raises(NicError, match="not an Intel 82599"):
                 await connect_nic(f"nic:{function.address}")
-            assert list_functions("/sys") == list_functions("/sys")  # nothing changed
+            after = (list_functions("/sys"), command_register(function.path))
+            assert after == before
             return
     pytest.skip("no virtio device on this machine")
 
@@ -130,6 +157,7 @@ async def test_half_closeable_stream_conformance(model_process: ModelProcess) ->
 
 async def test_connect_without_a_peer_driver_times_out(model_process: ModelProcess) -> None:
     _, client_address = addresses(model_process)
+    # Real time: nobody listens, so this always waits out the 0.3 s (a lower bound only).
     with pytest.raises(TimeoutError, match=r"no listener answered within 0\.3 s"):
         await connect_nic(client_address, config=StreamConfig(connect_timeout=0.3))
 
@@ -177,13 +205,18 @@ async def test_idle_connection_does_not_burn_a_core(model_process: ModelProcess)
     (listener,) = await listen_nic(server_address)
     assert isinstance(listener, NicListener)
     client, server = await open_pair(listener, client_address)
+    # Real time, necessarily: this measures CPU time used per wall-clock second. First let
+    # the connection settle into idle (any busy polling ends within its budget), then
+    # measure one second. A spinning poll loop uses most of a core (well over 0.5 s even
+    # when sharing a loaded 2-core machine); an idle one a few ms. 0.3 leaves room for a
+    # loaded machine's noise and still fails a spinning loop.
     await trio.sleep(0.1)
     before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.monotonic()
     await trio.sleep(1.0)
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    assert cpu < 0.15 * (time.monotonic() - start), f"idle poll loops used {cpu:.3f} s of CPU"
+    assert cpu < 0.3 * (time.monotonic() - start), f"idle poll loops used {cpu:.3f} s of CPU"
     # and the connection still works after sleeping
     await client.send_all(b"wake up")
     assert await server.receive_some() == b"wake up"
@@ -214,14 +247,14 @@ async def test_send_from_flusher_serves_the_end_of_pass_flush(model_process: Mod
     hook = Flusher()
     trio.lowlevel.add_instrument(hook)
     try:
-        with trio.fail_after(2):
+        with trio.fail_after(10):  # real time (module docstring): the frame crosses the model
             assert await server.receive_some() == b"from the hook"
     finally:
         trio.lowlevel.remove_instrument(hook)
     assert sent == [len(b"from the hook")]
 
     # a full send buffer: what fits is taken, then nothing
-    with trio.fail_after(2):
+    with trio.fail_after(10):  # real time: the acks come back through the model process
         while not client.channel.all_acked:  # the room counts unacknowledged bytes
             await client.port.lot.park()  # the poll loop wakes us when the acks came
     assert client.send_nowait(bytes(10_000)) == 4096
@@ -254,6 +287,8 @@ async def test_busy_polling_receives_without_sleeping(model_process: ModelProces
         def yield_cpu(self) -> bool:
             return True
 
+    # A 50 ms budget of real (perf_counter) time: replies through the model process come
+    # well within it, so polls find them (hits); a virtual clock would not apply here.
     poll = client.busy_poll = Uncontended(0.05)
 
     async def echo() -> None:
@@ -276,6 +311,14 @@ async def test_busy_polling_receives_without_sleeping(model_process: ModelProces
     await listener.aclose()
 
 
+#: The stream's two ways of noticing a dead peer (capsvc.nicdriver.stream): which fires
+#: first depends on whether data was in flight when the model died.
+DEAD_PEER = (
+    r"^(the peer stopped acknowledging \(6 retransmissions\)"
+    r"|the peer is silent \(no answer for [0-9.]+ s\))$"
+)
+
+
 async def test_a_dead_model_breaks_the_stream(rundir: Path) -> None:
     host = ModelProcess("d", rundir)
     try:
@@ -290,7 +333,9 @@ async def test_a_dead_model_breaks_the_stream(rundir: Path) -> None:
             while True:
                 await client.send_all(b"x" * 1000)
 
-        with trio.fail_after(15), pytest.raises(trio.BrokenResourceError, match=r"silent|ackno"):
+        # Real time: the stream's retransmission and keepalive timers must run out against
+        # a model that is really gone (6 retries, keepalive 0.5 s: a few seconds).
+        with trio.fail_after(30), pytest.raises(trio.BrokenResourceError, match=DEAD_PEER):
             await send_forever()
         await client.aclose()
         await server.aclose()
@@ -327,7 +372,7 @@ async def test_model_injected_faults_lose_and_double_nothing(
                 got += chunk
             assert got == expected
 
-        with trio.fail_after(60):
+        with trio.fail_after(60):  # real time: retransmissions through the real model
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(pump, client, data)
                 nursery.start_soon(drain, server, data)
@@ -360,14 +405,14 @@ async def test_concurrent_opens_share_one_device(model_process: ModelProcess) ->
     async def accept() -> None:
         servers.append(await listener.accept())
 
-    with trio.fail_after(10):
+    with trio.fail_after(10):  # real time (module docstring): handshakes through the model
         async with trio.open_nursery() as nursery:
             for _ in range(3):
                 nursery.start_soon(connect)
                 nursery.start_soon(accept)
     assert len({client.port for client in clients}) == 1  # one device, opened once
     by_conn = {server.channel.conn: server for server in servers}
-    with trio.fail_after(10):
+    with trio.fail_after(10):  # real time, as above
         for client in clients:
             await client.send_all(b"hello")
             assert await by_conn[client.channel.conn].receive_some() == b"hello"

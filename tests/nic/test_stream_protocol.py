@@ -241,10 +241,22 @@ def test_closed_reader_breaks_the_senders_sends() -> None:
     client, server = establish(net)
     server.close(net.now)
     net.run(lambda: client.send_error is not None)
-    assert "reads no more" in client.send_error  # type: ignore[operator]
-    assert client.send(b"more", net.now) == 0 or client.send_error is not None
+    assert client.send_error == "the peer closed the stream (it reads no more)"
+    # Whatever send() now accepts must never reach the wire (NicStream raises instead).
+    leaving: list[bytes] = []
+    take_output = net.a.take_output
+
+    def recording_take_output() -> list[bytes]:
+        frames = take_output()
+        leaving.extend(frames)
+        return frames
+
+    net.a.take_output = recording_take_output  # type: ignore[method-assign]
+    client.send(b"more", net.now)
     # but the client still reads what the server sent before closing, then EOF
     net.run(lambda: client.eof)
+    payloads = [decoded.payload for frame in leaving if (decoded := segment.decode(frame))]
+    assert payloads == [b""] * len(payloads), payloads
 
 
 def test_data_sent_before_close_is_delivered() -> None:

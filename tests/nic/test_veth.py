@@ -31,6 +31,7 @@ from capsvc.transport.nic import connect_nic
 from tests.apps.echo_app import ECHO
 from tests.nic.conftest import ROOT, env
 from tests.nic.test_nic_rpc import stop
+from tests.support.checks import poll_until
 
 
 def ip(*args: str) -> subprocess.CompletedProcess[str]:
@@ -109,6 +110,18 @@ class VethRig:
         self.processes = []
 
 
+def captured_segments(pcap: Path) -> list[segment.Segment | None]:
+    """Our 0x88B5 frames in the capture so far, decoded (None: failed its CRC)."""
+    frames = read_pcap(pcap)
+    return [segment.decode(f) for f in frames if f[12:14] == segment.ETHERTYPE_BYTES]
+
+
+def sent_by(segments: list[segment.Segment | None], mac: bytes) -> bytes:
+    """The payload bytes ``mac`` sent, reassembled by sequence number (duplicates once)."""
+    sent = {s.seq: s.payload for s in segments if s is not None and s.src == mac and s.payload}
+    return b"".join(sent[k] for k in sorted(sent))
+
+
 @pytest.fixture
 def veth_rig(netns: str, rundir: Path, tmp_path: Path) -> Iterator[VethRig]:
     rig = VethRig(netns, rundir, tmp_path / "m1.pcap")
@@ -128,24 +141,26 @@ async def test_frames_on_a_veth_wire_are_real_and_decodable(
         echo: Any = conn.bootstrap(ECHO.Echo)
         assert (await echo.ping(msg=message)).reply == message
         assert (await echo.pingData(data=blob)).data == blob
-    await trio.sleep(0.2)  # let the capture see the last frames
+    # Let the capture take in what is checked below before it is stopped (frames still
+    # queued in its socket would be lost). Real time: the capture is another process,
+    # reading on its own schedule; the limit only bounds a capture that misses frames.
+    client_mac = mac_for("v.1")
+    await poll_until(
+        lambda: blob in sent_by(captured_segments(veth_rig.pcap), client_mac), within=10
+    )
     await trio.to_thread.run_sync(veth_rig.stop)
 
-    frames = read_pcap(veth_rig.pcap)
-    ours = [f for f in frames if f[12:14] == segment.ETHERTYPE_BYTES]
-    assert ours, f"no 0x88B5 frames among {len(frames)} captured"
-    decoded = [segment.decode(f) for f in ours]
+    decoded = captured_segments(veth_rig.pcap)
+    assert decoded, f"no 0x88B5 frames among {len(read_pcap(veth_rig.pcap))} captured"
     assert all(s is not None for s in decoded), "a captured segment failed its CRC"
     segments = [s for s in decoded if s is not None]
-    server_mac, client_mac = mac_for("v.0"), mac_for("v.1")
+    server_mac = mac_for("v.0")
     assert {s.src for s in segments} == {server_mac, client_mac}
     syn = segments[0]
     assert syn.flags == segment.SYN
     assert syn.dst == b"\xff" * 6  # the client's SYN is a broadcast
     assert syn.src == client_mac
-    # the payload bytes the client sent, reassembled by sequence number (duplicates once)
-    sent = {s.seq: s.payload for s in segments if s.src == client_mac and s.payload}
-    stream_bytes = b"".join(sent[k] for k in sorted(sent))
+    stream_bytes = sent_by(segments, client_mac)
     assert message.encode() in stream_bytes
     assert blob in stream_bytes
     if shutil.which("tcpdump"):

@@ -1,4 +1,10 @@
-"""Leak checks on capsvc connections: tables must empty once user code drops everything."""
+"""Leak checks on capsvc connections: tables must empty once user code drops everything.
+
+The waits here are on trio's clock, meant to be real time: they serve tests whose peer is
+another process or a real socket (a C++ peer's Releases, a subprocess client), where a
+jumping clock would time out while the peer is still working. Each wait ends as soon as
+its condition holds, so the limits are generous: they only decide how long a failure takes.
+"""
 
 from __future__ import annotations
 
@@ -17,19 +23,19 @@ EMPTY = {"questions": 0, "answers": 0, "exports": 0, "imports": 0, "embargoes": 
 async def settle(seconds: float = 0.05) -> None:
     """Collect garbage (cycles through tracebacks keep Clients alive) and let trio run."""
     gc.collect()
-    await trio.sleep(seconds)
+    await trio.sleep(seconds)  # real time: a poll interval while a real peer catches up
     gc.collect()
     await trio.lowlevel.checkpoint()
 
 
 async def wait_for_tables(
-    conn: capsvc.Connection, *, within: float = 2.0, **expected: int
+    conn: capsvc.Connection, *, within: float = 10.0, **expected: int
 ) -> dict[str, int]:
     """Wait (up to ``within`` s) until the session's table sizes equal ``expected``
     (default: all zero), collecting garbage in between; returns the last sizes seen."""
     want = dict(EMPTY, **expected)
     sizes = conn.session.table_sizes()
-    with trio.move_on_after(within):
+    with trio.move_on_after(within):  # real time (see the module docstring)
         while True:
             await settle()
             sizes = conn.session.table_sizes()
@@ -38,7 +44,7 @@ async def wait_for_tables(
     return sizes
 
 
-async def assert_tables(conn: capsvc.Connection, *, within: float = 2.0, **expected: int) -> None:
+async def assert_tables(conn: capsvc.Connection, *, within: float = 10.0, **expected: int) -> None:
     want = dict(EMPTY, **expected)
     sizes = await wait_for_tables(conn, within=within, **expected)
     assert sizes == want, f"connection tables leak: {sizes}, expected {want}{_details(conn)}"
@@ -56,7 +62,7 @@ def _details(conn: capsvc.Connection) -> str:
 
 async def poll_until(predicate: Callable[[], bool], *, within: float = 5.0) -> None:
     """Wait until ``predicate()`` is true (checked every 10 ms); fail after ``within`` s."""
-    with trio.fail_after(within):
+    with trio.fail_after(within):  # real time (see the module docstring)
         for _ in iter(int, 1):
             if predicate():
                 return
@@ -78,3 +84,13 @@ async def exercise(
         boot.close()
         del boot
         await assert_tables(conn)
+
+
+def peer_deadline(seconds: float = 20.0) -> trio.CancelScope:
+    """A hang guard around calls to a real peer process (``with peer_deadline(): ...``).
+
+    Real time, on purpose: the peer answers on its own schedule from another process, so
+    the guard must never sit on a clock that jumps while we wait for it (autojump_clock).
+    Generous: it only decides how long a hung test takes to fail.
+    """
+    return trio.fail_after(seconds)

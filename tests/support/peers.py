@@ -100,6 +100,8 @@ def stop_pid(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> int:
 
 def _read_listening(proc: subprocess.Popen[bytes], timeout: float) -> int:
     assert proc.stdout is not None
+    # Real time: a starting interpreter (and libcapnp) on a loaded machine; returns as soon
+    # as the line comes, so the limit only bounds a peer that never gets ready.
     deadline = time.monotonic() + timeout
     buffer = b""
     with selectors.DefaultSelector() as selector:

@@ -107,6 +107,10 @@ async def check_embargo(tester):
 
 
 async def check_cancel(tester):
+    # Real time throughout (asyncio here, trio in the server process): the server's
+    # slow(3000) answers 3 s after t0, so an echo that waited behind the cancelled call
+    # would come back only then; the bounds below (2.7 s for the echo, 2.5 s in all) stay
+    # below that and far above a normal run (~0.2 s) on a loaded machine.
     t0 = time.perf_counter()
     try:
         await asyncio.wait_for(tester.slow(ms=3000), 0.2)
@@ -114,10 +118,10 @@ async def check_cancel(tester):
         pass
     else:
         raise CheckFailed("cancel: slow(3000) returned within 0.2 s")
-    reply = (await asyncio.wait_for(tester.echo(msg="after cancel"), 2.0)).reply
+    reply = (await asyncio.wait_for(tester.echo(msg="after cancel"), 2.5)).reply
     expect("cancel", "echo after cancel", reply, "after cancel")
     elapsed = time.perf_counter() - t0
-    if elapsed > 1.5:
+    if elapsed > 2.5:
         raise CheckFailed(f"cancel: took {elapsed:.2f} s")
 
 
@@ -174,8 +178,8 @@ async def main(host, port, names, hold):
         return 1
     if hold:
         gc.collect()
-        for _ in range(20):  # let the C++ side send its Releases and Finishes
-            await asyncio.sleep(0.01)
+        for _ in range(20):  # let the C++ side send its Releases and Finishes (real time:
+            await asyncio.sleep(0.01)  # libcapnp's loop; the server side waits for them too)
         print("CHECKS DONE", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         print("BYE", flush=True)

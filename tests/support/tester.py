@@ -142,6 +142,8 @@ class TesterImpl(capsvc.Server, interface=Tester):
     async def slow(self, params: Any, results: Any) -> None:
         self.slow_started += 1
         try:
+            # On the server's trio clock: real time when a test drives it from another
+            # process; tests rely only on it lasting while they cancel or disconnect.
             await trio.sleep(params.ms / 1000)
         except trio.Cancelled:
             self.slow_cancelled += 1
