@@ -81,7 +81,7 @@ class AnswerInput(enum.Enum):
     RESULTS = "the call ended (Return sent)"  # local
     RESULTS_NO_FINISH = "the call ended with cap-free results (noFinishNeeded)"  # local
     FINISH = "Finish"
-    TAKE = "Return 'takeFromOtherQuestion' naming this answer"
+    TAKE = "takeFromOtherQuestion"  # a Return of ours naming this answer
     DISCONNECT = "the connection is gone"  # local
 
 

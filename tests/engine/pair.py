@@ -222,6 +222,7 @@ class SessionPair:
         self.a = RpcSession(a_hook)
         self.b = RpcSession(b_hook)
         self.log: list[tuple[str, str]] = []  # (direction, message type)
+        self.in_flight: dict[int, list[bytes]] = {}  # taken from an outbox, not delivered
 
     def pump(self, *, run_executors: bool = True) -> None:
         """Deliver messages both ways (and run local calls) until nothing moves."""
@@ -231,16 +232,22 @@ class SessionPair:
             if not moved and not ran:
                 return
 
-    def deliver_one_way(self, source: RpcSession) -> list[str]:
-        """Deliver only what ``source`` has queued now; returns the message types."""
+    def deliver_one_way(self, source: RpcSession, count: int | None = None) -> list[str]:
+        """Deliver what ``source`` has queued now (only the first ``count`` messages, if
+        given: the rest stay in flight, in order); returns the message types."""
         target = self.b if source is self.a else self.a
         direction = "a->b" if source is self.a else "b->a"
         before = len(self.log)
-        self._deliver(source, target, direction)
+        self._deliver(source, target, direction, count)
         return [kind for _, kind in self.log[before:]]
 
-    def _deliver(self, source: RpcSession, target: RpcSession, direction: str) -> int:
-        frames = source.take_output()
+    def _deliver(
+        self, source: RpcSession, target: RpcSession, direction: str, count: int | None = None
+    ) -> int:
+        in_flight = self.in_flight.setdefault(id(source), [])
+        in_flight.extend(source.take_output())
+        todo = len(in_flight) if count is None else min(count, len(in_flight))
+        frames, in_flight[:todo] = in_flight[:todo], []
         for frame in frames:
             decoder = FrameDecoder()
             decoder.feed(frame)
