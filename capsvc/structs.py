@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from capsvc.rpc.hooks import Hook, Path
+from capsvc.rpc.hooks import Hook, NullHook, Path
 from capsvc.rpc.payload import BuiltPayload, Payload
 from capsvc.schema import CapField, FieldKind, StructInfo, struct_info
 
@@ -57,7 +57,8 @@ def _hook_of(value: Any) -> Hook | None:
     if value is None:
         return None
     if isinstance(value, Client):
-        return value._hook.add_ref()
+        hook = value._hook
+        return None if isinstance(hook, NullHook) else hook.add_ref()
     if isinstance(value, Server):
         return value._new_hook()
     raise TypeError(f"expected a capability (Client or Server), got {type(value).__name__}")

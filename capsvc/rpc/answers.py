@@ -102,11 +102,11 @@ class AnswerTable:
         release = body.releaseResultCaps
         exports, answer.result_exports = answer.result_exports, []
         if self.advance(answer, AI.FINISH) is AS.CANCELING:
-            if answer.result.refs <= 1:
-                # Nothing but this answer wants the results: cancel the work (§4 callee
-                # step 4); a call not started yet never starts. If something else still
-                # does (a pipelined capability of this answer that the peer passed back
-                # to us as receiverAnswer), the call runs on and answers 'canceled'.
+            if not answer.result.pipelined:
+                # Nothing is pipelined on the results: cancel the work (§4 callee step 4);
+                # a call not started yet never starts. If something is (a call, or a
+                # capability of this answer the peer passed back to us as receiverAnswer),
+                # the call runs on and answers 'canceled' (rpc.capnp, Finish).
                 answer.result.cancel()
         elif release:
             self.session.exports.release_all(exports)

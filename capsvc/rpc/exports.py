@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from capsvc.errors import Failed, RemoteProtocolError
 from capsvc.rpc import wire
-from capsvc.rpc.hooks import BrokenHook, Hook, PromiseHook
+from capsvc.rpc.hooks import BrokenHook, Hook, NullHook, PromiseHook
 from capsvc.rpc.ids import IdAllocator
 from capsvc.rpc.remote import RemoteHook
 
@@ -68,6 +68,9 @@ class ExportTable:
             desc.none = None
             return None
         hook = hook.shortest()
+        if isinstance(hook, NullHook):
+            desc.none = None
+            return hook.add_ref()
         if isinstance(hook, RemoteHook) and hook.session is self.session:
             hook.write_descriptor(desc)
             return hook.pinned() if pin else hook.add_ref()
@@ -119,7 +122,7 @@ class ExportTable:
         body = message.init("resolve")
         body.promiseId = export_id
         final = target.shortest()
-        if isinstance(final, BrokenHook):
+        if isinstance(final, BrokenHook) and not isinstance(final, NullHook):
             wire.write_exception(body.init("exception"), final.error)
             described: Hook = final.add_ref()
         else:

@@ -88,9 +88,16 @@ class BrokenHook(Hook):
         call.result.release()
 
 
-def null_hook() -> BrokenHook:
-    """What a call on a null capability reaches (C++: 'Called null capability.')."""
-    return BrokenHook(Failed("called a null capability"))
+class NullHook(BrokenHook):
+    """A null capability: calls fail (C++: 'Called null capability.'), and written into a
+    message it is a null pointer again, not a broken capability (rpc-protocol.md §5)."""
+
+    __slots__ = ()
+
+
+def null_hook() -> NullHook:
+    """What a null capability pointer reads as."""
+    return NullHook(Failed("called a null capability"))
 
 
 class Executor(Protocol):
@@ -300,6 +307,12 @@ class CallResult:
     def set_canceller(self, canceller: Callable[[], None] | None) -> None:
         """How to stop the work if every owner loses interest before it finishes."""
         self._canceller = canceller
+
+    @property
+    def pipelined(self) -> bool:
+        """True while calls or capabilities are pipelined on these results (rpc.capnp,
+        Finish: the callee keeps running a call whose results something pipelined on)."""
+        return bool(self._pending_pipelines)
 
     def cancel(self) -> None:
         """Nobody wants the results: stop the work and settle as Canceled.

@@ -437,7 +437,7 @@ class RpcSession:
             # Nobody wants the results any more: stop the work of the other call (its
             # Return, resultsSentElsewhere, still goes out).
             self.questions.advance(question, QI.RETURN_TAKE)
-            if answer.result.refs <= 1:
+            if not answer.result.pipelined:
                 answer.result.cancel()
             return
         self.questions.advance(question, QI.RETURN_TAKE)
