@@ -91,6 +91,69 @@ async def test_pipelining_new_counter(pycapnp_tester: PeerProcess) -> None:
         await run(pycapnp_tester, body)
 
 
+# The lifecycle review's bugs 1-3 against C++ as the callee (tests/engine/test_regressions.py
+# has them message by message).
+
+
+async def test_a_call_pipelined_on_a_null_field_fails_and_the_connection_stays(
+    pycapnp_tester: PeerProcess,
+) -> None:
+    """holdCaps of a holder without capabilities: cap-free results (noFinishNeeded). Our
+    call pipelined on holder.cap reaches C++ before the Return (it then resolves to null)
+    or after C++ forgot the answer (a broken capability, rpc-protocol.md §13.11): either
+    way it fails, and the connection stays."""
+
+    async def body(tester: Any) -> None:
+        request = tester.holdCaps_request()
+        request.params.init("holder").name = "no capabilities"
+        field = request.send().holder.cap
+        with pytest.raises(capsvc.Failed) as info:
+            await field.increment(by=1)
+        reason = info.value.reason
+        assert "Called null capability" in reason or "returned no capabilities" in reason
+        assert (await tester.echo(msg="still here")).reply == "still here"
+
+    with peer_deadline():
+        await run(pycapnp_tester, body)
+
+
+async def test_an_import_passed_as_the_last_reference_reaches_cpp(
+    pycapnp_tester: PeerProcess,
+) -> None:
+    """C++ gets the Call (naming the import receiverHosted) before our Release of it."""
+
+    async def body(tester: Any) -> None:
+        counter = (await tester.newCounter(start=5)).counter
+        request = tester.callCounter_request()
+        request.counter = counter
+        request.by = 2
+        del counter
+        assert (await request.send()).value == 7
+
+    with peer_deadline():
+        await run(pycapnp_tester, body)
+
+
+async def test_a_pipelined_capability_of_a_dropped_promise_reaches_cpp(
+    pycapnp_tester: PeerProcess,
+) -> None:
+    """C++ gets the Call (naming the capability receiverAnswer) before our Finish of the
+    question whose answer holds it."""
+
+    async def body(tester: Any) -> None:
+        promise = tester.newCounter(start=1)
+        counter = promise.counter
+        del promise
+        request = tester.callCounter_request()
+        request.counter = counter
+        request.by = 2
+        del counter
+        assert (await request.send()).value == 3
+
+    with peer_deadline():
+        await run(pycapnp_tester, body)
+
+
 async def test_pipelining_on_bootstrap_before_it_returns(pycapnp_tester: PeerProcess) -> None:
     async with capsvc.connect(pycapnp_tester.address) as conn:
 

@@ -46,6 +46,9 @@ TESTER_CHECKS = [
     "slow",
     "getself",
     "unimplemented",
+    "nullpipeline",
+    "lastref",
+    "lastrefpipe",
 ]
 
 

@@ -26,6 +26,13 @@ Drives a Tester bootstrap (tests/schemas/testing.capnp) served by someone else
   slow           slow(ms=50) returns true after >= 50 ms
   getself        getSelf().self.echo(...) (pipelined)
   unimplemented  calling Unknown.nothing on the Tester gives UNIMPLEMENTED
+  nullpipeline   reflect() with no cap returns cap-free results; a call
+                 pipelined on its null field before the Return arrives fails
+                 (broken capability) and the connection stays usable
+  lastref        callCounter(counter=c, by=2) where the params hold our only
+                 reference to c, an import of a server Counter         -> 7
+  lastrefpipe    the same with c a pipelined capability of newCounter whose
+                 promise we dropped before sending                     -> 3
 
 For ``fail`` the exception type must match the kind, unless --fail-any-type is
 given (pycapnp's own Python servers can only raise FAILED, so the self-check
@@ -276,6 +283,45 @@ async def check_unimplemented(tester):
     )
 
 
+async def check_nullpipeline(tester):
+    field = tester.reflect().cap  # pipelined on results that will carry no capability
+    try:
+        await field.increment(by=1)
+    except capnp.KjException as exc:
+        info(f"nullpipeline type={exc.type} description={exc.description!r}")
+        expect("nullpipeline", "exception type", exc.type, "FAILED")
+    else:
+        raise CheckFailed("nullpipeline: a call on a null capability returned normally")
+    expect(
+        "nullpipeline",
+        "echo afterwards",
+        (await tester.echo(msg="still here")).reply,
+        "still here",
+    )
+
+
+async def check_lastref(tester):
+    counter = (await tester.newCounter(start=5)).counter
+    request = tester.callCounter_request()
+    request.counter = counter
+    request.by = 2
+    del counter  # the request holds our only reference to the import
+    value = (await request.send()).value
+    expect("lastref", "value", value, 7)
+
+
+async def check_lastrefpipe(tester):
+    promise = tester.newCounter(start=1)
+    counter = promise.counter
+    del promise  # only the pipelined capability wants the question now
+    request = tester.callCounter_request()
+    request.counter = counter
+    request.by = 2
+    del counter  # ...and now only the request
+    value = (await request.send()).value
+    expect("lastrefpipe", "value", value, 3)
+
+
 CHECKS = {
     "echo": check_echo,
     "pipelining": check_pipelining,
@@ -288,6 +334,9 @@ CHECKS = {
     "slow": check_slow,
     "getself": check_getself,
     "unimplemented": check_unimplemented,
+    "nullpipeline": check_nullpipeline,
+    "lastref": check_lastref,
+    "lastrefpipe": check_lastrefpipe,
 }
 
 
