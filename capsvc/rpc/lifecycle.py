@@ -177,3 +177,35 @@ def step_answer(state: AnswerState, event: AnswerInput, answer_id: int) -> Answe
 def _illegal(entry: str, state: enum.Enum, event: enum.Enum) -> NoReturn:
     error = RemoteProtocolError if event in REMOTE_INPUTS else LocalProtocolError
     raise error(f"{event.value} for {entry}, which is {state.value}")
+
+
+def diagram(
+    title: str, table: dict[QuestionState, dict[QuestionInput, QuestionState]]
+    | dict[AnswerState, dict[AnswerInput, AnswerState]], initial: enum.Enum
+) -> str:
+    """A Mermaid state diagram of ``table`` (docs/lifecycles.md is made of these)."""
+    lines = [f"### {title}", "", "```mermaid", "stateDiagram-v2", f"    [*] --> {initial.name}"]
+    for state, moves in table.items():
+        for event, following in moves.items():
+            if following is not state:
+                lines.append(f"    {state.name} --> {following.name}: {event.name}")
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def diagrams() -> str:
+    """docs/lifecycles.md: both lifecycles, drawn from the tables above."""
+    return "\n".join(
+        [
+            "# Question and answer lifecycles",
+            "",
+            "Drawn from the transition tables of `capsvc/rpc/lifecycle.py` by `./dev docs`",
+            "(tests/engine/test_lifecycle.py checks that this file matches them).",
+            "Self-loops (inputs a state absorbs) are left out; every input not drawn from a",
+            "state is illegal there: a `RemoteProtocolError` (the connection is aborted) when",
+            "the peer sent it, a `LocalProtocolError` when it is a local event.",
+            "",
+            diagram("Questions (our calls)", QUESTION_TRANSITIONS, Q.AWAITING_RETURN),
+            diagram("Answers (the peer's calls)", ANSWER_TRANSITIONS, A.RUNNING),
+        ]
+    )
