@@ -43,7 +43,7 @@ from capsvc.flusher import EndOfPassFlusher, current_flusher
 from capsvc.framing import FrameDecoder, FramingLimits
 from capsvc.rpc.hooks import Hook
 from capsvc.rpc.session import RpcSession
-from capsvc.runtime import calls_handed_off
+from capsvc.runtime import handoff_count
 from capsvc.transport.busypoll import DEFAULT_BUDGET, BusyPoll
 from capsvc.transport.capabilities import (
     BusyPollingStream,
@@ -115,6 +115,8 @@ class Connection:
         self.limits = limits or FramingLimits()
         self.session = RpcSession(bootstrap, limits=self.limits, on_output=self._on_output)
         self.session.backpressure = self
+        #: The engine's outbox: what the writer takes, and the measure of backpressure.
+        self.outbox = self.session.outbox
         self.coalesce = coalesce
         self.max_buffered = max_buffered
         self.messages_per_pass = MESSAGES_PER_PASS
@@ -200,10 +202,12 @@ class Connection:
     async def _reader(self) -> None:
         session = self.session
         decoder = self._decoder
+        outbox = self.outbox
         receive_some = self._receive_some
+        handoffs = handoff_count()
         since_yield = 0  # messages delivered since the reader last let other tasks run
         while True:
-            if session.pending_bytes > self.max_buffered:
+            if outbox.pending_bytes > self.max_buffered:
                 await self._wait_drained()
             try:
                 # The fast receive parks only when nothing is waiting: a Call answered
@@ -216,7 +220,7 @@ class Connection:
                 decoder.feed_eof()
             else:
                 decoder.feed(data)
-            handed_off = calls_handed_off()
+            handed_off = handoffs.handed_off
             try:
                 while (segments := decoder.next_message()) is not None:
                     session.receive(segments)
@@ -242,7 +246,7 @@ class Connection:
             if not data:
                 self.close_reason = Disconnected("peer closed the connection")
                 return
-            if calls_handed_off() != handed_off:
+            if handoffs.handed_off != handed_off:
                 # Calls went to worker tasks: let them run (and queue their replies) before
                 # reading more, so that the output bound above sees what they produce. A
                 # call answered inline needs no such pass: its Return is already queued.
@@ -263,7 +267,7 @@ class Connection:
         stream = self.stream
         if not isinstance(stream, trio.abc.HalfCloseableStream):
             return
-        if self._writing or self.session.has_output:
+        if self._writing or self.outbox.pending_bytes:
             return
         if isinstance(stream, BusyPollingStream):
             stream.busy_poll = None  # input we discard is not worth spinning a CPU for
@@ -283,7 +287,7 @@ class Connection:
     def _on_output(self) -> None:
         """The engine's outbox just became non-empty (or got its first urgent message)."""
         if self._hold_housekeeping:
-            if not self.session.has_urgent_output:
+            if not self.outbox.urgent:
                 self._wake_writer()  # it holds the housekeeping back, then writes it
                 return
             self._urgent_output.set()
@@ -299,11 +303,12 @@ class Connection:
 
     def flush_at_end_of_pass(self) -> None:
         """Called by the flusher once per pass: one non-blocking send of the whole batch."""
-        if self._writing or self._closed.is_set() or not self.session.has_output:
+        outbox = self.outbox
+        if self._writing or self._closed.is_set() or not outbox.pending_bytes:
             return
-        if self._hold_housekeeping and not self.session.has_urgent_output:
+        if self._hold_housekeeping and not outbox.urgent:
             return
-        batch = self.session.take_output()
+        batch = outbox.take()
         data = b"".join(batch) if len(batch) > 1 else batch[0]
         self.writes += 1
         try:
@@ -323,18 +328,18 @@ class Connection:
 
     async def _writer(self) -> None:
         self._writer_task = trio.lowlevel.current_task()
-        session = self.session
+        outbox = self.outbox
         stream = self.stream
         send_all = self._send_all
         while True:
-            if not session.has_output and not self._remainder:
+            if not outbox.pending_bytes and not self._remainder:
                 self._writer_parked = True
                 await trio.lowlevel.wait_task_rescheduled(self._abort_park)
             if (
                 self._hold_housekeeping
                 and not self._remainder
-                and not session.has_urgent_output
-                and session.has_output
+                and not outbox.urgent
+                and outbox.pending_bytes
             ):
                 self._urgent_output = trio.Event()
                 with trio.move_on_after(HOLD_HOUSEKEEPING):
@@ -342,7 +347,7 @@ class Connection:
             # We were woken by the first message of a scheduler pass; by the time we run
             # (the next pass) every task of that pass has added its messages: one write.
             remainder, self._remainder = self._remainder, b""
-            batch = [remainder] if remainder else session.take_output()
+            batch = [remainder] if remainder else outbox.take()
             if not batch:
                 continue
             self._writing = True
@@ -376,18 +381,18 @@ class Connection:
     @property
     def over_limit(self) -> bool:
         """True while the output buffer holds more than ``max_buffered`` bytes."""
-        return self.session.pending_bytes > self.max_buffered
+        return self.outbox.pending_bytes > self.max_buffered
 
     async def wait_writable(self) -> None:
         """Return once the output buffer is within ``max_buffered`` (or the connection ends)."""
-        while self.session.pending_bytes > self.max_buffered and not self._closed.is_set():
+        while self.outbox.pending_bytes > self.max_buffered and not self._closed.is_set():
             await self._drained.wait()
 
     async def _wait_output_written(self) -> None:
         """Wait until the writer has written everything the engine queued so far."""
         # (Not "until the writer task exists": the reader may abort in its very first pass,
         # before the writer task has run, and that Abort must be written before we linger.)
-        while (self.session.has_output or self._writing) and self._running:
+        while (self.outbox.pending_bytes or self._writing) and self._running:
             if self.close_reason is not None and not self._writing and self._writer_parked:
                 break
             await self._drained.wait()

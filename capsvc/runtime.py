@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -80,11 +80,18 @@ class TrioExecutor:
             _pool().run(hook)
 
 
-def calls_handed_off() -> int:
-    """How many calls this trio loop has handed to worker tasks so far (a connection's
-    reader that handed some off yields, so that they run and its output bound sees what
-    they produce)."""
-    return _pool().handed_off
+class HandoffCount(Protocol):
+    #: How many calls the trio loop has handed to worker tasks so far: a connection's
+    #: reader that handed some off yields, so that they run and its output bound sees
+    #: what they produce.
+    @property
+    def handed_off(self) -> int: ...
+
+
+def handoff_count() -> HandoffCount:
+    """The running trio loop's count of calls handed to worker tasks (read it often;
+    fetch it once: it lives in a RunVar)."""
+    return _pool()
 
 
 def _run_inline(server: Any, call: OutgoingCall) -> None:

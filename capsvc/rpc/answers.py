@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from capsvc.errors import Failed, RemoteProtocolError, RpcError
 from capsvc.rpc import copying, wire
 from capsvc.rpc.hooks import BrokenHook, CallResult, Hook, Path
-from capsvc.rpc.lifecycle import AnswerInput, AnswerState, step_answer
+from capsvc.rpc.lifecycle import ANSWER_TRANSITIONS, AnswerInput, AnswerState, step_answer
 from capsvc.rpc.payload import BuiltPayload, new_return_payload
 
 if TYPE_CHECKING:
@@ -89,10 +89,12 @@ class AnswerTable:
         return answer.result.pipeline(path)
 
     def advance(self, answer: Answer, event: AnswerInput) -> AnswerState:
-        answer.state = step_answer(answer.state, event, answer.id)
-        if answer.state is AS.DONE:
+        before = answer.state
+        after = ANSWER_TRANSITIONS[before].get(event) or step_answer(before, event, answer.id)
+        answer.state = after
+        if after is AS.DONE:
             self._forget(answer)
-        return answer.state
+        return after
 
     # -------------------------------------------------------------- from the peer
     def on_finish(self, body: Any) -> None:

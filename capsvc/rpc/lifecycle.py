@@ -37,6 +37,8 @@ from capsvc.errors import LocalProtocolError, RemoteProtocolError
 
 
 class QuestionState(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash runs Python code
+
     #: The Call (or Bootstrap) is sent; no Return yet.
     AWAITING_RETURN = "awaiting return"
     #: Nobody wanted the results before they came: we sent Finish(releaseResultCaps).
@@ -52,6 +54,8 @@ class QuestionState(enum.Enum):
 
 
 class QuestionInput(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash runs Python code
+
     RETURN = "Return"  # results, exception (or resultsSentElsewhere: an error for us)
     RETURN_CANCELED = "Return 'canceled'"
     RETURN_TAKE = "Return 'takeFromOtherQuestion'"
@@ -61,6 +65,8 @@ class QuestionInput(enum.Enum):
 
 
 class AnswerState(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash runs Python code
+
     #: The call runs (or waits to run, or was forwarded); no Return sent yet.
     RUNNING = "running"
     #: As RUNNING, and the peer has already claimed the results (takeFromOtherQuestion).
@@ -78,6 +84,8 @@ class AnswerState(enum.Enum):
 
 
 class AnswerInput(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash runs Python code
+
     RESULTS = "the call ended (Return sent)"  # local
     RESULTS_NO_FINISH = "the call ended with cap-free results (noFinishNeeded)"  # local
     FINISH = "Finish"
@@ -180,8 +188,10 @@ def _illegal(entry: str, state: enum.Enum, event: enum.Enum) -> NoReturn:
 
 
 def diagram(
-    title: str, table: dict[QuestionState, dict[QuestionInput, QuestionState]]
-    | dict[AnswerState, dict[AnswerInput, AnswerState]], initial: enum.Enum
+    title: str,
+    table: dict[QuestionState, dict[QuestionInput, QuestionState]]
+    | dict[AnswerState, dict[AnswerInput, AnswerState]],
+    initial: enum.Enum,
 ) -> str:
     """A Mermaid state diagram of ``table`` (docs/lifecycles.md is made of these)."""
     lines = [f"### {title}", "", "```mermaid", "stateDiagram-v2", f"    [*] --> {initial.name}"]

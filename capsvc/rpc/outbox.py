@@ -30,25 +30,31 @@ _HOLE = b""
 
 
 class Outbox:
-    """Framed messages waiting for the driver; see the module docstring."""
+    """Framed messages waiting for the driver; see the module docstring.
 
-    __slots__ = ("_frames", "_holes", "_open", "_pending_bytes", "_urgent", "on_output")
+    ``pending_bytes`` (bytes framed and not yet taken: the driver's backpressure measure)
+    and ``urgent`` (anything but housekeeping is queued) are plain attributes, read by the
+    driver on every pass.
+    """
+
+    __slots__ = ("_frames", "_holes", "_open", "on_output", "pending_bytes", "urgent")
 
     def __init__(self, on_output: Callable[[], None] | None = None) -> None:
         #: Called when the outbox gets its first message, or its first urgent one: the
         #: driver's cue to schedule a write. Never called for a reservation alone.
         self.on_output = on_output
         self._frames: list[bytes] = []
-        self._pending_bytes = 0
-        self._urgent = False
+        self.pending_bytes = 0
+        self.urgent = False
         self._open = 0  # reserved places not yet filled
         self._holes = 0  # given-up places (skipped by ``take``)
 
     # -------------------------------------------------------------- producing
     def send(self, segments: Segments, *, urgent: bool = True) -> None:
         """Queue one message at the end."""
-        self._frames.append(b"")
-        self._place(len(self._frames) - 1, segments, urgent)
+        frame = encode_message(segments)
+        self._frames.append(frame)
+        self._count(len(frame), urgent)
 
     def reserve(self) -> int:
         """Keep the next place for a message about to be built; returns the place."""
@@ -58,23 +64,23 @@ class Outbox:
 
     def fill(self, place: int, segments: Segments, *, urgent: bool = True) -> None:
         """Put the built message into the place ``reserve`` returned."""
+        frame = encode_message(segments)
+        self._frames[place] = frame
         self._open -= 1
-        self._place(place, segments, urgent)
+        self._count(len(frame), urgent)
 
     def give_up(self, place: int) -> None:
         """The message for ``place`` will not be sent after all (its building failed)."""
         self._open -= 1
         self._holes += 1
 
-    def _place(self, place: int, segments: Segments, urgent: bool) -> None:
-        frame = encode_message(segments)
-        first = self._pending_bytes == 0
-        self._frames[place] = frame
-        self._pending_bytes += len(frame)
-        became_urgent = urgent and not self._urgent
-        if urgent:
-            self._urgent = True
-        if (first or became_urgent) and self.on_output is not None:
+    def _count(self, size: int, urgent: bool) -> None:
+        first = self.pending_bytes == 0
+        self.pending_bytes += size
+        if urgent and not self.urgent:
+            self.urgent = True
+            first = True
+        if first and self.on_output is not None:
             self.on_output()
 
     # -------------------------------------------------------------- consuming
@@ -86,20 +92,10 @@ class Outbox:
         if self._holes:
             frames = [frame for frame in frames if frame]
             self._holes = 0
-        self._pending_bytes = 0
-        self._urgent = False
+        self.pending_bytes = 0
+        self.urgent = False
         return frames
 
     @property
     def has_output(self) -> bool:
-        return self._pending_bytes > 0
-
-    @property
-    def has_urgent_output(self) -> bool:
-        """True if the outbox holds anything but housekeeping (Finish and Release)."""
-        return self._urgent
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes framed and not yet taken by the driver (for backpressure)."""
-        return self._pending_bytes
+        return self.pending_bytes > 0

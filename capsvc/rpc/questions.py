@@ -25,7 +25,12 @@ from capsvc.errors import RemoteProtocolError
 from capsvc.rpc import wire
 from capsvc.rpc.hooks import CallResult, Hook, Path
 from capsvc.rpc.ids import IdAllocator
-from capsvc.rpc.lifecycle import QuestionInput, QuestionState, step_question
+from capsvc.rpc.lifecycle import (
+    QUESTION_TRANSITIONS,
+    QuestionInput,
+    QuestionState,
+    step_question,
+)
 from capsvc.rpc.remote import PipelineHook
 
 if TYPE_CHECKING:
@@ -149,7 +154,8 @@ class QuestionTable:
     def advance(self, question: Question, event: QuestionInput) -> QuestionState:
         """Move ``question`` by ``event`` and do what the move implies."""
         before = question.state
-        after = question.state = step_question(before, event, question.id)
+        after = QUESTION_TRANSITIONS[before].get(event) or step_question(before, event, question.id)
+        question.state = after
         upstream = question.upstream
         if upstream is not None and after not in (QS.AWAITING_RETURN, QS.FINISHED_EARLY):
             question.upstream = None

@@ -105,7 +105,7 @@ class RpcSession:
     @property
     def has_urgent_output(self) -> bool:
         """True if the outbox holds anything but Finish and Release messages."""
-        return self.outbox.has_urgent_output
+        return self.outbox.urgent
 
     @property
     def pending_bytes(self) -> int:
@@ -276,7 +276,12 @@ class RpcSession:
         if header.send_to == 2:
             raise RemoteProtocolError("sendResultsTo.thirdParty is Level 3; not supported")
         if header.target_is_import:
-            target = self.exports.target(header.imported_cap)
+            export = self.exports.entries.get(header.imported_cap)
+            target = (
+                export.hook.add_ref()
+                if export is not None
+                else self.exports.target(header.imported_cap)  # raises: not exported
+            )
         else:
             target = self.message_target(message.call.target)
         caps, _ = (
@@ -463,10 +468,12 @@ class RpcSession:
         """Move the question by ``event``; settle its pipelines (with embargoes), then its
         result.
 
-        While settling, the question holds itself: the Finish that dropping the last
-        pipeline may cause must follow every Disembargo the pipelines start (§13.4).
+        While settling pipelines, the question holds itself: the Finish that dropping the
+        last pipeline may cause must follow every Disembargo the pipelines start (§13.4).
         """
-        question.add_holder()
+        guard = bool(question.pipelines)
+        if guard:
+            question.add_holder()
         if self.questions.advance(question, event) is not QS.RETURNED:
             # Finished early (or disconnected): nobody waits for these results.
             result, question.result = question.result, None
@@ -496,7 +503,10 @@ class RpcSession:
                 payload = None
         if payload is not None:
             payload.release()
-        question.drop_holder()
+        if guard:
+            question.drop_holder()
+        elif not question.holders and question.state is QS.RETURNED:
+            self.questions.advance(question, QI.UNWANTED)  # (settling the result may have)
 
     # -------------------------------------------------------------- abort, unimplemented
     def _on_abort(self, message: Any, segments: Segments) -> None:

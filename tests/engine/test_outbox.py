@@ -58,9 +58,9 @@ def test_the_driver_is_told_of_the_first_message_and_the_first_urgent_one() -> N
     outbox.send(message(1), urgent=False)  # a Release: the first message
     outbox.send(message(2), urgent=False)
     assert len(calls) == 1
-    assert not outbox.has_urgent_output
+    assert not outbox.urgent
     outbox.fill(place, message(0))  # the Call: the first urgent one
     assert len(calls) == 2
-    assert outbox.has_urgent_output
+    assert outbox.urgent
     assert words(outbox.take()) == [0, 1, 2]
     assert not outbox.has_output
