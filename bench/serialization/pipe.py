@@ -127,10 +127,15 @@ class PipeSession:
         receive = trio.lowlevel.FdStream(os.dup(self._from_server))
         async with send, receive:
             start = time.perf_counter()
-            if depth is None:
-                await self._ping_pong(batch, send, receive)
-            else:
-                await self._pipelined(batch, send, receive, depth)
+            try:
+                if depth is None:
+                    await self._ping_pong(batch, send, receive)
+                else:
+                    await self._pipelined(batch, send, receive, depth)
+            except trio.BrokenResourceError as error:
+                # A server that died before we wrote breaks the pipe (EPIPE); one that died
+                # after gives EOF on our read: the same news either way.
+                raise self._gone() from error
             return time.perf_counter() - start
 
     async def _ping_pong(
