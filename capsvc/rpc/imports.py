@@ -117,8 +117,7 @@ class ImportTable:
         if hook.settled:
             new_target.release()
             raise RemoteProtocolError(f"second resolve for promise {body.promiseId}")
-        if hook.settle(new_target, reflected=reflected):
-            self.session.embargoes.start(hook)
+        hook.settle(new_target, reflected=reflected)
 
     def close(self, error: RpcError) -> None:
         """The connection is gone: every imported promise is broken for good (§10)."""

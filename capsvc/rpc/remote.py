@@ -16,16 +16,17 @@ Theory of operation:
   the promise's own resolution, and keeps the promise's import or question alive.
 
 The two promise kinds share ``RemotePromise``: once settled they forward to the new target.
-When calls already went the long way round, an embargo holds new calls until the Disembargo
-comes back (§9), so that calls on one reference keep their order. Whether one is needed is
-decided in ``settle`` from *how* the target was described (see there).
+When calls already went the long way round, an embargo (a local promise in the target's
+place) holds new calls until the Disembargo comes back (§9), so that calls on one reference
+keep their order. Whether one is needed is decided in ``settle`` from *how* the target was
+described (see there).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from capsvc.rpc.hooks import BrokenHook, Hook, OutgoingCall, Path
+from capsvc.rpc.hooks import BrokenHook, Hook, OutgoingCall, Path, PromiseHook
 
 if TYPE_CHECKING:
     from capsvc.rpc.questions import Question
@@ -80,13 +81,12 @@ class ImportHook(RemoteHook):
 class RemotePromise(RemoteHook):
     """Shared settle/embargo logic for the two remote promise kinds."""
 
-    __slots__ = ("_embargo_queue", "_target", "calls_sent")
+    __slots__ = ("_target", "calls_sent")
     is_promise = True
 
     def __init__(self, session: RpcSession) -> None:
         super().__init__(session)
         self._target: Hook | None = None
-        self._embargo_queue: list[OutgoingCall] | None = None
         #: Calls sent to the peer through this promise while it was unresolved (or, for a
         #: promise another settled to, through that one: see ``settle``).
         self.calls_sent = 0
@@ -95,8 +95,6 @@ class RemotePromise(RemoteHook):
         if self._target is None:
             self.calls_sent += 1
             self.session.send_call(call, self)
-        elif self._embargo_queue is not None:
-            self._embargo_queue.append(call)
         else:
             self._target.call(call)
 
@@ -107,15 +105,11 @@ class RemotePromise(RemoteHook):
     def settled(self) -> bool:
         return self._target is not None
 
-    @property
-    def embargoed(self) -> bool:
-        return self._embargo_queue is not None
-
     def pinned(self) -> RemoteHook:
         return PinnedHook(self)
 
-    def settle(self, target: Hook, *, reflected: bool) -> bool:
-        """Point this promise at ``target`` (owned). Returns True if an embargo began.
+    def settle(self, target: Hook, *, reflected: bool) -> None:
+        """Point this promise at ``target`` (owned), behind an embargo if need be.
 
         ``reflected`` says the peer described the target as one of *our* capabilities or
         answers (``receiverHosted``, ``receiverAnswer``). rpc-protocol.md §9, step 1, as
@@ -126,24 +120,23 @@ class RemotePromise(RemoteHook):
         - null or broken: no embargo, order does not matter for calls that fail;
         - anything else (local, on another connection, or reflected by the peer even if it
           leads back to the peer, the Tribble case C++ marks with RequireEmbargoWrapper):
-          embargo, if we sent calls through the promise.
+          an embargo, if we sent calls through the promise.
+
+        An embargo is, as in C++, a local promise standing in for the target until the
+        Disembargo comes back (capsvc.rpc.embargoes): new calls queue in it, and to anything
+        that looks through this promise (a descriptor we write, an export we repoint) it is
+        an unresolved local promise, so that every later call waits in the same queue.
         """
-        self._target = target
         if not reflected and isinstance(target, RemoteHook) and target.session is self.session:
             if isinstance(target, RemotePromise) and not target.settled:
                 target.calls_sent += self.calls_sent
-            return False
-        if not self.calls_sent or isinstance(target.shortest(), BrokenHook):
-            return False
-        self._embargo_queue = []
-        return True
-
-    def lift_embargo(self) -> None:
-        """The Disembargo came back: deliver the held calls in order (§9, step 4)."""
-        queue, self._embargo_queue = self._embargo_queue or [], None
-        assert self._target is not None
-        for call in queue:
-            self._target.call(call)
+            self._target = target
+        elif not self.calls_sent or isinstance(target.shortest(), BrokenHook):
+            self._target = target
+        else:
+            embargo = PromiseHook()
+            self._target = embargo
+            self.session.embargoes.start(self, embargo, target)
 
     def _dispose(self) -> None:
         if self._target is not None:
@@ -187,10 +180,9 @@ class PipelineHook(RemotePromise):
     def write_descriptor(self, desc: Any) -> None:
         self.question.write_promised_answer(desc.init("receiverAnswer"), self.path)
 
-    def settle(self, target: Hook, *, reflected: bool) -> bool:
-        embargo = super().settle(target, reflected=reflected)
+    def settle(self, target: Hook, *, reflected: bool) -> None:
+        super().settle(target, reflected=reflected)
         self.question.pipeline_settled(self)
-        return embargo
 
     def _dispose(self) -> None:
         super()._dispose()

@@ -491,8 +491,7 @@ class RpcSession:
                 found = payload.locate_cap(path)
                 target = payload.cap_at(path) or null_hook()
                 reflected = isinstance(payload, ReceivedPayload) and found in payload.reflected
-            if hook.settle(target, reflected=reflected):
-                self.embargoes.start(hook)
+            hook.settle(target, reflected=reflected)
         result, question.result = question.result, None
         if result is not None:
             if error is not None:

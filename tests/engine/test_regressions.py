@@ -175,6 +175,26 @@ def test_bug4_embargo_when_the_peer_reflects_a_promise_that_resolved_back_to_it(
     assert_quiet_and_empty(pair)
 
 
+def test_calls_through_an_export_repointed_at_an_embargoed_promise_keep_their_order() -> None:
+    """Found by the random sequences: our promise A is reflected back to us and a call
+    (1) comes through it; A then resolves to our pipelined capability P, which is under an
+    embargo, so call 1 waits in P's embargo. A's export is repointed to what the Resolve
+    described; a later call (3) through the export must wait in the same queue, not go
+    round the embargo to P's target (C++ makes the embargo a local promise: so do we)."""
+    from tests.engine.test_random_sequences import run_world
+
+    run_world(
+        [
+            ("reflect_promise", 0, 0),
+            ("increment", 0, 0),
+            ("reflect_promise", 0, 0),
+            ("increment", 0, 0),
+            ("increment", 1, 3),
+            ("resolve_caller_promise", 21, 0),
+        ]
+    )
+
+
 def test_a_resolve_for_a_broken_capability_follows_the_call_that_exports_it() -> None:
     """rpc-protocol.md §5: a broken capability is sent as a promise resolved at once; the
     Resolve must follow the message that introduces the promise (found by this review: it
