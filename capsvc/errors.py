@@ -89,6 +89,11 @@ class LocalProtocolError(ProtocolError):
     """Our own code misused the engine (a bug in the caller, not in the peer)."""
 
 
+class DecodeError(RemoteProtocolError):
+    """A message's content is malformed (a bad or out-of-bounds pointer, a wrong kind of
+    object) or exceeds a read limit (traversal, nesting): what a generated reader raises."""
+
+
 class FramingError(RemoteProtocolError):
     """The byte stream is not valid Cap'n Proto framing, or exceeds a configured limit."""
 

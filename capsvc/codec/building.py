@@ -1,0 +1,504 @@
+"""Building Cap'n Proto messages word by word: the runtime of generated builders.
+
+Theory of operation (the encoding: capnproto.org/encoding.html; specs/codegen.md §2):
+- A ``MessageBuilder`` is one growing segment (a ``bytearray``): word 0 is the root pointer,
+  and every object is allocated, zeroed, at the end. Objects never move, so a builder keeps
+  offsets, never views; pointers always point forward (to what was allocated after them).
+- A ``StructBuilder`` is a view of one struct: the byte offset of its data section and the
+  word offset of its pointer section. Generated subclasses write each field at an offset
+  computed at generation time, values XOR their defaults, so an untouched field reads as
+  its default. Bool fields set one bit; a union member also writes its discriminant.
+- Text, Data, structs and lists set into a pointer slot are allocated then and the slot
+  is pointed at them; setting a slot again leaves the old object unreachable (as
+  libcapnp's builders do; the message just carries the dead bytes).
+- Lists are views: ``PrimitiveListBuilder``, ``BoolListBuilder``, ``TextListBuilder``,
+  ``DataListBuilder``, ``StructListBuilder`` (composite: a tag word, then the elements),
+  ``ListListBuilder``. Values of the wrong type raise ``TypeError`` and values out of range
+  ``ValueError``, each naming the field and the schema type it expects.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from capsvc.errors import DecodeError
+from capsvc.framing import encode_message
+
+if TYPE_CHECKING:
+    from capsvc.codec.reading import MessageReader
+
+B = TypeVar("B", bound="StructBuilder")
+
+_set_u64 = struct.Struct("<Q").pack_into
+_get_u64: Callable[[Any, int], tuple[int]] = struct.Struct("<Q").unpack_from
+
+#: (struct format letter, Cap'n Proto name) of each number type, for the messages of errors.
+_RANGES = {
+    "b": (-(1 << 7), (1 << 7) - 1),
+    "B": (0, (1 << 8) - 1),
+    "h": (-(1 << 15), (1 << 15) - 1),
+    "H": (0, (1 << 16) - 1),
+    "i": (-(1 << 31), (1 << 31) - 1),
+    "I": (0, (1 << 32) - 1),
+    "q": (-(1 << 63), (1 << 63) - 1),
+    "Q": (0, (1 << 64) - 1),
+}
+
+
+def bad_value(value: object, field: str, schema_type: str, fmt: str) -> Exception:
+    """The error for a value ``struct`` refused: TypeError, or ValueError when out of range."""
+    if fmt in "fd":
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return ValueError(f"{field}: {value!r} does not fit a {schema_type}")
+        return TypeError(f"{field}: expected a number ({schema_type}), got {type(value).__name__}")
+    if isinstance(value, int):
+        low, high = _RANGES[fmt]
+        return ValueError(f"{field}: {value} is out of range for {schema_type} ({low}..{high})")
+    return TypeError(f"{field}: expected an int ({schema_type}), got {type(value).__name__}")
+
+
+def bad_type(value: object, field: str, expected: str) -> TypeError:
+    return TypeError(f"{field}: expected {expected}, got {type(value).__name__}")
+
+
+class MessageBuilder:
+    """One message being built: a single segment that grows at the end."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self) -> None:
+        self.buf = bytearray(8)  # the root pointer
+
+    def alloc(self, words: int) -> int:
+        """Allocate ``words`` zeroed words; returns the first one's index."""
+        buf = self.buf
+        start = len(buf) >> 3
+        buf += bytes(words << 3)
+        return start
+
+    def segments(self) -> list[bytearray]:
+        return [self.buf]
+
+
+def write_struct_pointer(
+    buf: bytearray, at: int, target: int, data_words: int, pointers: int
+) -> None:
+    offset = target - at - 1
+    _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | (data_words << 32) | (pointers << 48))
+
+
+def write_list_pointer(buf: bytearray, at: int, target: int, code: int, count: int) -> None:
+    offset = target - at - 1
+    _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | 1 | ((count << 3 | code) << 32))
+
+
+class StructBuilder:
+    """A struct being built. Generated subclasses add one property per field."""
+
+    __slots__ = ("_b", "_data", "_ptr")
+
+    _DATA_WORDS: ClassVar[int] = 0
+    _POINTERS: ClassVar[int] = 0
+
+    _b: MessageBuilder
+    _data: int
+    _ptr: int
+
+    @classmethod
+    def _at(cls: type[B], builder: MessageBuilder, start: int) -> B:
+        view = cls.__new__(cls)
+        view._b = builder
+        view._data = start << 3
+        view._ptr = start + cls._DATA_WORDS
+        return view
+
+    @classmethod
+    def _view(cls: type[B], parent: StructBuilder) -> B:
+        """A group: the same sections as the struct it is part of."""
+        view = cls.__new__(cls)
+        view._b = parent._b
+        view._data = parent._data
+        view._ptr = parent._ptr
+        return view
+
+    @classmethod
+    def new_message(cls: type[B]) -> B:
+        """A new message whose root is this struct, all fields at their defaults."""
+        builder = MessageBuilder()
+        start = builder.alloc(cls._DATA_WORDS + cls._POINTERS)
+        write_struct_pointer(builder.buf, 0, start, cls._DATA_WORDS, cls._POINTERS)
+        return cls._at(builder, start)
+
+    def to_segments(self) -> list[bytearray]:
+        """The message's segments (one), as a reader or the framing takes them."""
+        return self._b.segments()
+
+    def to_bytes(self) -> bytes:
+        """The whole message in the standard stream framing (rpc-protocol.md §1)."""
+        return encode_message(self._b.segments())
+
+    def _pointer_is_null(self, slot: int) -> bool:
+        return _get_u64(self._b.buf, (self._ptr + slot) << 3)[0] == 0
+
+
+def init_struct(parent: StructBuilder | ListBuilder, at: int, cls: type[B]) -> B:
+    """Allocate a ``cls`` struct and point the pointer word ``at`` at it."""
+    builder = parent._b
+    start = builder.alloc(cls._DATA_WORDS + cls._POINTERS)
+    write_struct_pointer(builder.buf, at, start, cls._DATA_WORDS, cls._POINTERS)
+    return cls._at(builder, start)
+
+
+def struct_field(
+    parent: StructBuilder, slot: int, cls: type[B], default: Sequence[bytes] | None = None
+) -> B:
+    """The struct in pointer ``slot``; a null slot gets a new one (a copy of the field's
+    default value, if the schema gives one: as libcapnp's builders do)."""
+    at = parent._ptr + slot
+    buf = parent._b.buf
+    (word,) = _get_u64(buf, at << 3)
+    if word == 0:
+        if default is None:
+            return init_struct(parent, at, cls)
+        copy_default(default, parent._b, at)
+        (word,) = _get_u64(buf, at << 3)
+    offset = (((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2
+    return cls._at(parent._b, at + 1 + offset)
+
+
+def set_text(builder: MessageBuilder, at: int, value: str, field: str) -> None:
+    if not isinstance(value, str):
+        raise bad_type(value, field, "str (Text)")
+    encoded = value.encode("utf-8")
+    size = len(encoded) + 1  # the NUL
+    start = builder.alloc((size + 7) >> 3)
+    buf = builder.buf
+    buf[start << 3 : (start << 3) + size - 1] = encoded
+    write_list_pointer(buf, at, start, 2, size)
+
+
+def set_data(
+    builder: MessageBuilder, at: int, value: bytes | bytearray | memoryview, field: str
+) -> None:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise bad_type(value, field, "bytes (Data)")
+    size = len(value)
+    start = builder.alloc((size + 7) >> 3)
+    buf = builder.buf
+    buf[start << 3 : (start << 3) + size] = value
+    write_list_pointer(buf, at, start, 2, size)
+
+
+def set_null(builder: MessageBuilder, at: int) -> None:
+    _set_u64(builder.buf, at << 3, 0)
+
+
+def set_capability(builder: MessageBuilder, at: int, index: int) -> None:
+    """A capability pointer: cap-table ``index`` (rpc-protocol.md §5)."""
+    _set_u64(builder.buf, at << 3, 3 | (index << 32))
+
+
+# ---------------------------------------------------------------------- lists
+class ListBuilder:
+    """A list being built: ``len()``, and element access by index."""
+
+    __slots__ = ("_b", "_count", "_start", "field")
+
+    def __init__(self, builder: MessageBuilder, start: int, count: int, field: str) -> None:
+        self._b = builder
+        self._start = start  # first element, in words
+        self._count = count
+        self.field = field
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _index(self, index: int) -> int:
+        count = self._count
+        if index < 0:
+            index += count
+        if not 0 <= index < count:
+            raise IndexError(f"{self.field}: index {index} out of range for a list of {count}")
+        return index
+
+
+T = TypeVar("T")
+
+
+class PrimitiveListBuilder(ListBuilder, Generic[T]):
+    __slots__ = ("_fmt", "_packer", "_type")
+
+    def __init__(
+        self,
+        builder: MessageBuilder,
+        start: int,
+        count: int,
+        field: str,
+        fmt: str,
+        schema_type: str,
+    ) -> None:
+        super().__init__(builder, start, count, field)
+        self._fmt = fmt
+        self._packer = struct.Struct("<" + fmt)
+        self._type = schema_type
+
+    def __setitem__(self, index: int, value: T) -> None:
+        offset = (self._start << 3) + self._index(index) * self._packer.size
+        try:
+            self._packer.pack_into(self._b.buf, offset, value)
+        except struct.error:
+            raise bad_value(value, f"{self.field}[{index}]", self._type, self._fmt) from None
+
+    def __getitem__(self, index: int) -> T:
+        offset = (self._start << 3) + self._index(index) * self._packer.size
+        return self._packer.unpack_from(self._b.buf, offset)[0]  # type: ignore[no-any-return]
+
+    def set_all(self, values: Sequence[T]) -> None:
+        """Every element at once (one ``pack_into``): ``len(values)`` must be ``len(self)``."""
+        if len(values) != self._count:
+            raise ValueError(f"{self.field}: {len(values)} values for a list of {self._count}")
+        try:
+            struct.pack_into(f"<{self._count}{self._fmt}", self._b.buf, self._start << 3, *values)
+        except struct.error:
+            for index, value in enumerate(values):
+                self[index] = value
+            raise
+
+
+class BoolListBuilder(ListBuilder):
+    __slots__ = ()
+
+    def __setitem__(self, index: int, value: bool) -> None:
+        if value is not True and value is not False:
+            raise bad_type(value, f"{self.field}[{index}]", "bool (Bool)")
+        bit = self._index(index)
+        offset = (self._start << 3) + (bit >> 3)
+        mask = 1 << (bit & 7)
+        buf = self._b.buf
+        buf[offset] = buf[offset] | mask if value else buf[offset] & ~mask
+
+    def __getitem__(self, index: int) -> bool:
+        bit = self._index(index)
+        return bool(self._b.buf[(self._start << 3) + (bit >> 3)] >> (bit & 7) & 1)
+
+
+class TextListBuilder(ListBuilder):
+    __slots__ = ()
+
+    def __setitem__(self, index: int, value: str) -> None:
+        at = self._start + self._index(index)
+        set_text(self._b, at, value, f"{self.field}[{index}]")
+
+
+class DataListBuilder(ListBuilder):
+    __slots__ = ()
+
+    def __setitem__(self, index: int, value: bytes) -> None:
+        at = self._start + self._index(index)
+        set_data(self._b, at, value, f"{self.field}[{index}]")
+
+
+class StructListBuilder(ListBuilder, Generic[B]):
+    """A composite list: ``lst[i]`` is the builder of element i (already allocated)."""
+
+    __slots__ = ("_cls",)
+
+    def __init__(
+        self, builder: MessageBuilder, start: int, count: int, field: str, cls: type[B]
+    ) -> None:
+        super().__init__(builder, start, count, field)
+        self._cls = cls
+
+    def __getitem__(self, index: int) -> B:
+        cls = self._cls
+        return cls._at(
+            self._b, self._start + self._index(index) * (cls._DATA_WORDS + cls._POINTERS)
+        )
+
+    def __iter__(self) -> Any:
+        cls = self._cls
+        size = cls._DATA_WORDS + cls._POINTERS
+        for index in range(self._count):
+            yield cls._at(self._b, self._start + index * size)
+
+
+class ListListBuilder(ListBuilder):
+    """A list of lists: ``init(i, ...)`` allocates element i with the function the
+    generator chose for the inner type."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(
+        self, builder: MessageBuilder, start: int, count: int, field: str, inner: Any
+    ) -> None:
+        super().__init__(builder, start, count, field)
+        self._inner = inner
+
+    def init(self, index: int, count: int) -> Any:
+        at = self._start + self._index(index)
+        return self._inner(self._b, at, count, f"{self.field}[{index}]")
+
+
+def init_primitive_list(
+    builder: MessageBuilder, at: int, count: int, field: str, fmt: str, code: int, schema_type: str
+) -> PrimitiveListBuilder[Any]:
+    _check_count(count, field)
+    size = struct.calcsize("<" + fmt)
+    start = builder.alloc((count * size + 7) >> 3)
+    write_list_pointer(builder.buf, at, start, code, count)
+    return PrimitiveListBuilder(builder, start, count, field, fmt, schema_type)
+
+
+def set_primitive_list(
+    builder: MessageBuilder,
+    at: int,
+    values: Iterable[Any],
+    field: str,
+    fmt: str,
+    code: int,
+    schema_type: str,
+) -> None:
+    items = values if isinstance(values, list | tuple) else list(values)
+    target = init_primitive_list(builder, at, len(items), field, fmt, code, schema_type)
+    target.set_all(items)
+
+
+def init_bool_list(builder: MessageBuilder, at: int, count: int, field: str) -> BoolListBuilder:
+    _check_count(count, field)
+    start = builder.alloc((count + 63) >> 6)
+    write_list_pointer(builder.buf, at, start, 1, count)
+    return BoolListBuilder(builder, start, count, field)
+
+
+def init_void_list(builder: MessageBuilder, at: int, count: int, field: str) -> ListBuilder:
+    _check_count(count, field)
+    write_list_pointer(builder.buf, at, builder.alloc(0), 0, count)
+    return ListBuilder(builder, 0, count, field)
+
+
+def _init_pointer_list(builder: MessageBuilder, at: int, count: int, field: str) -> int:
+    _check_count(count, field)
+    start = builder.alloc(count)
+    write_list_pointer(builder.buf, at, start, 6, count)
+    return start
+
+
+def init_text_list(builder: MessageBuilder, at: int, count: int, field: str) -> TextListBuilder:
+    return TextListBuilder(builder, _init_pointer_list(builder, at, count, field), count, field)
+
+
+def init_data_list(builder: MessageBuilder, at: int, count: int, field: str) -> DataListBuilder:
+    return DataListBuilder(builder, _init_pointer_list(builder, at, count, field), count, field)
+
+
+def init_list_list(
+    builder: MessageBuilder, at: int, count: int, field: str, inner: Any
+) -> ListListBuilder:
+    return ListListBuilder(
+        builder, _init_pointer_list(builder, at, count, field), count, field, inner
+    )
+
+
+def init_struct_list(
+    builder: MessageBuilder, at: int, count: int, field: str, cls: type[B]
+) -> StructListBuilder[B]:
+    _check_count(count, field)
+    size = cls._DATA_WORDS + cls._POINTERS
+    start = builder.alloc(1 + count * size)
+    buf = builder.buf
+    _set_u64(buf, start << 3, (count << 2) | (cls._DATA_WORDS << 32) | (cls._POINTERS << 48))
+    write_list_pointer(buf, at, start, 7, count * size)
+    return StructListBuilder(builder, start + 1, count, field, cls)
+
+
+def _check_count(count: int, field: str) -> None:
+    if not isinstance(count, int):
+        raise bad_type(count, field, "an int (the list's length)")
+    if not 0 <= count < (1 << 29):
+        raise ValueError(f"{field}: a list of {count} elements cannot be encoded (0..2**29-1)")
+
+
+# ---------------------------------------------------------------------- copying
+def copy_default(default: Sequence[bytes], builder: MessageBuilder, at: int) -> None:
+    """Copy a generated default value (see capsvc.codec.reading.default_location) to ``at``."""
+    from capsvc.codec.reading import default_location
+
+    msg, si, w = default_location(default)
+    copy_pointer(msg, si, w, builder, at, 64)
+
+
+def copy_pointer(
+    src: MessageReader, si: int, w: int, builder: MessageBuilder, at: int, depth: int
+) -> None:
+    """Deep-copy the object the pointer at (``si``, ``w``) of ``src`` leads to into
+    ``builder``, pointed at by word ``at`` (a capability pointer is copied as it is).
+    Work is bounded by ``src``'s traversal budget and by ``depth``."""
+    from capsvc.codec.reading import _resolve
+
+    found = _resolve(src, si, w)
+    if found is None:
+        _set_u64(builder.buf, at << 3, 0)
+        return
+    si, position, word = found
+    if depth <= 0:
+        raise DecodeError("message exceeds the nesting limit")
+    kind = word & 3
+    if kind == 3:
+        _set_u64(builder.buf, at << 3, word)
+        return
+    start = position + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
+    segment = src.segments[si]
+    if kind == 0:
+        data_words = (word >> 32) & 0xFFFF
+        pointers = word >> 48
+        if start < 0 or start + data_words + pointers > src.sizes[si]:
+            raise DecodeError("struct pointer out of bounds")
+        src.charge(data_words + pointers)
+        target = _copy_words(builder, segment, start, data_words + pointers)
+        write_struct_pointer(builder.buf, at, target, data_words, pointers)
+        for index in range(pointers):
+            first = start + data_words + index
+            copy_pointer(src, si, first, builder, target + data_words + index, depth - 1)
+        return
+    code = (word >> 32) & 7
+    count = word >> 35
+    if code != 7:
+        bits = (0, 1, 8, 16, 32, 64, 64)[code]
+        words = (count * bits + 63) >> 6
+        if start < 0 or start + words > src.sizes[si]:
+            raise DecodeError("list out of bounds")
+        src.charge(words if bits else count)
+        target = _copy_words(builder, segment, start, words)
+        write_list_pointer(builder.buf, at, target, code, count)
+        if code == 6:
+            for index in range(count):
+                copy_pointer(src, si, start + index, builder, target + index, depth - 1)
+        return
+    if start < 0 or start + 1 + count > src.sizes[si]:
+        raise DecodeError("composite list out of bounds")
+    (tag,) = _get_u64(segment, start << 3)
+    elements = (tag & 0xFFFFFFFF) >> 2
+    data_words = (tag >> 32) & 0xFFFF
+    pointers = tag >> 48
+    size = data_words + pointers
+    if tag & 3 or elements * size > count:
+        raise DecodeError("composite list's tag does not fit it")
+    src.charge(elements * size if size else elements)
+    target = _copy_words(builder, segment, start, 1 + elements * size)
+    write_list_pointer(builder.buf, at, target, 7, elements * size)
+    for element in range(elements):
+        base = start + 1 + element * size + data_words
+        copy_base = target + 1 + element * size + data_words
+        for index in range(pointers):
+            copy_pointer(src, si, base + index, builder, copy_base + index, depth - 1)
+
+
+def _copy_words(
+    builder: MessageBuilder, segment: bytes | bytearray | memoryview, start: int, words: int
+) -> int:
+    """Allocate ``words`` and copy them from ``segment``; their pointers are redone after."""
+    target = builder.alloc(words)
+    builder.buf[target << 3 : (target + words) << 3] = segment[start << 3 : (start + words) << 3]
+    return target

@@ -1,0 +1,750 @@
+"""Reading Cap'n Proto messages word by word: the runtime of generated readers.
+
+Theory of operation (the encoding: capnproto.org/encoding.html; specs/codegen.md §2):
+- A ``MessageReader`` holds the segments and what the reader may still spend: a traversal
+  budget in words and a nesting limit, as libcapnp has (8 Mi words, 64 levels). Every
+  struct or list a pointer leads to is charged its size (at least one word, and one word
+  per element of a list of zero-sized elements) before anything in it is read, so a
+  hostile message (pointer loops, one object pointed at many times, huge counts) costs
+  work bounded by the budget, and running out raises ``DecodeError``, never an
+  ``IndexError``, a hang or unbounded work.
+- A ``StructReader`` is a view of one struct: its segment, the byte range of its data
+  section and the word range of its pointer section. Generated subclasses read each field
+  at an offset computed at generation time; a field beyond the sections the writer
+  produced (an older writer) reads as its default, and a larger struct (a newer writer)
+  is read the same way: schema evolution in both directions.
+- Pointers are resolved in one place (``_resolve``): near pointers, far pointers and
+  double-far pointers, every segment index, landing pad and object bounds-checked first.
+- Lists are views too (``ListReader`` and its kinds). A list may be encoded in any of the
+  forms the spec lets a reader accept for its element type: a List(Int32) may arrive as a
+  list of structs whose first field is the Int32, a list of structs as a list of words or
+  of pointers, and so on (``_open_list``).
+- Null pointers read as the field's default; the default of a struct or list field (a
+  whole subtree) is a small message the generator embedded, read the same way.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar, Final, Generic, TypeVar
+
+from capsvc.errors import DecodeError
+
+Segments = Sequence[bytes | bytearray | memoryview]
+
+#: libcapnp's defaults (ReaderOptions): words a reader may touch, levels it may descend.
+DEFAULT_TRAVERSAL_LIMIT: Final = 8 * 1024 * 1024
+DEFAULT_NESTING_LIMIT: Final = 64
+
+_u64: Callable[[Any, int], tuple[int]] = struct.Struct("<Q").unpack_from
+
+#: Bits per element for the list element size codes 0..6 (7, composite, stands apart).
+_ELEMENT_BITS: Final = (0, 1, 8, 16, 32, 64, 64)
+_POINTER_SIZE: Final = 6
+_COMPOSITE: Final = 7
+
+R = TypeVar("R", bound="StructReader")
+T = TypeVar("T")
+
+
+class MessageReader:
+    """The segments of one message and what reading them may still cost."""
+
+    __slots__ = ("budget", "nesting_limit", "segments", "sizes")
+
+    def __init__(
+        self,
+        segments: Segments,
+        *,
+        traversal_limit_words: int = DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = DEFAULT_NESTING_LIMIT,
+    ) -> None:
+        self.segments = segments
+        #: Whole words in each segment (a trailing partial word does not count).
+        self.sizes = [len(segment) >> 3 for segment in segments]
+        self.budget = traversal_limit_words
+        self.nesting_limit = nesting_limit
+
+    def charge(self, words: int) -> None:
+        budget = self.budget - (words if words > 0 else 1)
+        if budget < 0:
+            raise DecodeError(
+                "message exceeds the traversal limit (a pointer loop, or an object read too"
+                " many times)"
+            )
+        self.budget = budget
+
+
+def _resolve(msg: MessageReader, si: int, w: int) -> tuple[int, int, int] | None:
+    """Where the pointer word at word ``w`` of segment ``si`` leads.
+
+    Returns None for a null pointer, else (segment, position, word): the object starts at
+    word ``position + 1 + offset`` of ``segment``, offset and kind coming from ``word``, a
+    near pointer (far pointers are followed here).
+    """
+    (word,) = _u64(msg.segments[si], w << 3)
+    if word == 0:
+        return None
+    if word & 3 != 2:
+        return si, w, word
+    target = word >> 32
+    pad = (word >> 3) & 0x1FFFFFFF
+    if target >= len(msg.sizes):
+        raise DecodeError(f"far pointer to segment {target}, which does not exist")
+    double = word & 4
+    if pad + (2 if double else 1) > msg.sizes[target]:
+        raise DecodeError(f"far pointer's landing pad is outside segment {target}")
+    segment = msg.segments[target]
+    (landing,) = _u64(segment, pad << 3)
+    if not double:
+        if landing & 3 == 2:
+            raise DecodeError("far pointer lands on another far pointer")
+        return target, pad, landing
+    if landing & 7 != 2:
+        raise DecodeError("double-far pointer's landing pad is not a single far pointer")
+    (tag,) = _u64(segment, (pad + 1) << 3)
+    if tag & 3 == 2 or tag & 0xFFFFFFFC:
+        raise DecodeError("double-far pointer's tag word is not an offset-0 pointer")
+    content = landing >> 32
+    if content >= len(msg.sizes):
+        raise DecodeError(f"far pointer to segment {content}, which does not exist")
+    # The content starts at the landing pad's target: position + 1 + 0 must be that word.
+    return content, ((landing >> 3) & 0x1FFFFFFF) - 1, tag
+
+
+def _offset(word: int) -> int:
+    """The signed 30-bit word offset of a struct or list pointer."""
+    return (((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2
+
+
+# ---------------------------------------------------------------------- structs
+class StructReader:
+    """A struct in a received message. Generated subclasses add one property per field.
+
+    ``_seg`` and ``_data`` locate the data section; it is always at least as long as this
+    schema's (a struct from an older writer, with a shorter data section, is read from a
+    zero-padded copy: its missing fields read as their defaults), so generated accessors
+    read their field at a fixed offset with no bounds check. ``_ptr``/``_pend`` are the
+    pointer section's words in segment ``_si``; a slot past ``_pend`` reads as null.
+    """
+
+    __slots__ = ("_data", "_depth", "_msg", "_pend", "_ptr", "_seg", "_si")
+
+    #: The schema's section sizes (data words, pointers): what a builder allocates.
+    _DATA_WORDS: ClassVar[int] = 0
+    _POINTERS: ClassVar[int] = 0
+
+    _msg: MessageReader
+    _si: int
+    _seg: bytes | bytearray | memoryview
+    _data: int
+    _ptr: int
+    _pend: int
+    _depth: int
+
+    @classmethod
+    def _at(
+        cls: type[R],
+        msg: MessageReader,
+        si: int,
+        start: int,
+        data_words: int,
+        pointers: int,
+        depth: int,
+    ) -> R:
+        reader = cls.__new__(cls)
+        reader._msg = msg
+        reader._si = si
+        if data_words >= cls._DATA_WORDS:
+            reader._seg = msg.segments[si]
+            reader._data = start << 3
+        else:
+            segment = msg.segments[si]
+            reader._seg = bytes(segment[start << 3 : (start + data_words) << 3]) + bytes(
+                (cls._DATA_WORDS - data_words) << 3
+            )
+            reader._data = 0
+        reader._ptr = start + data_words
+        reader._pend = start + data_words + pointers
+        reader._depth = depth
+        return reader
+
+    @classmethod
+    def _padded(cls: type[R], msg: MessageReader, si: int, data: bytes, depth: int) -> R:
+        """A struct whose data section is ``data`` (a sub-word list element) and which
+        has no pointers."""
+        reader = cls.__new__(cls)
+        reader._msg = msg
+        reader._si = si
+        reader._seg = data + bytes(max(0, (cls._DATA_WORDS << 3) - len(data)))
+        reader._data = 0
+        reader._ptr = 0
+        reader._pend = 0
+        reader._depth = depth
+        return reader
+
+    @classmethod
+    def _empty(cls: type[R], msg: MessageReader, depth: int = 0) -> R:
+        """The struct a null pointer stands for: every field at its default."""
+        return cls._at(msg, 0, 0, 0, 0, depth) if msg.segments else cls._nothing()
+
+    @classmethod
+    def _nothing(cls: type[R]) -> R:
+        return cls._at(_NO_MESSAGE, 0, 0, 0, 0, 0)
+
+    @classmethod
+    def read(
+        cls: type[R],
+        segments: Segments,
+        *,
+        traversal_limit_words: int = DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = DEFAULT_NESTING_LIMIT,
+    ) -> R:
+        """The message's root struct, read as this type."""
+        if not segments or len(segments[0]) < 8:
+            raise DecodeError("message has no root pointer")
+        msg = MessageReader(
+            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+        )
+        return read_struct(msg, 0, 0, cls, nesting_limit, None)
+
+    @classmethod
+    def _view(cls: type[R], parent: StructReader) -> R:
+        """A group: the same sections as the struct it is part of."""
+        reader = cls.__new__(cls)
+        reader._msg = parent._msg
+        reader._si = parent._si
+        reader._seg = parent._seg
+        reader._data = parent._data
+        reader._ptr = parent._ptr
+        reader._pend = parent._pend
+        reader._depth = parent._depth
+        return reader
+
+    @classmethod
+    def _of_builder(cls: type[R], builder: Any) -> R:
+        """A reader of a struct being built (its message as it is now)."""
+        msg = MessageReader([bytes(builder._b.buf)])
+        start = builder._data >> 3
+        return cls._at(msg, 0, start, cls._DATA_WORDS, cls._POINTERS, DEFAULT_NESTING_LIMIT)
+
+    def _has(self, slot: int) -> bool:
+        """True if pointer ``slot`` is present and not null."""
+        w = self._ptr + slot
+        return w < self._pend and _u64(self._seg, w << 3)[0] != 0
+
+    def _pointer(self, slot: int) -> int:
+        """The word index of pointer ``slot``, or -1 when the writer had no such slot."""
+        w = self._ptr + slot
+        return w if w < self._pend else -1
+
+    def _fields_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__qualname__} {self._fields_repr()}>"
+
+
+_NO_MESSAGE = MessageReader([bytes(8)])
+
+
+def default_location(default: Segments) -> tuple[MessageReader, int, int]:
+    """Where a generated default value is: pointer 0 of its message's root struct."""
+    msg = MessageReader(default)
+    found = _resolve(msg, 0, 0)
+    assert found is not None, "a default is a struct with a pointer"
+    si, position, word = found
+    return msg, si, position + 1 + _offset(word) + ((word >> 32) & 0xFFFF)
+
+
+def read_struct(
+    msg: MessageReader, si: int, w: int, cls: type[R], depth: int, default: Segments | None
+) -> R:
+    """The struct the pointer at (``si``, ``w``) leads to (``w`` < 0: an absent slot)."""
+    found = _resolve(msg, si, w) if w >= 0 else None
+    if found is None:
+        if default is not None:
+            dmsg, dsi, dw = default_location(default)
+            return read_struct(dmsg, dsi, dw, cls, DEFAULT_NESTING_LIMIT, None)
+        return cls._empty(msg, depth)
+    si, position, word = found
+    if word & 3 != 0:
+        raise DecodeError(f"expected a struct pointer, found {_kind_name(word)}")
+    if depth <= 0:
+        raise DecodeError("message exceeds the nesting limit")
+    data_words = (word >> 32) & 0xFFFF
+    pointers = word >> 48
+    start = position + 1 + _offset(word)
+    if start < 0 or start + data_words + pointers > msg.sizes[si]:
+        raise DecodeError("struct pointer out of bounds")
+    msg.charge(data_words + pointers)
+    return cls._at(msg, si, start, data_words, pointers, depth - 1)
+
+
+def _kind_name(word: int) -> str:
+    return ("a struct pointer", "a list pointer", "a far pointer", "a capability")[word & 3]
+
+
+# ---------------------------------------------------------------------- text and data
+def _byte_list(
+    msg: MessageReader, si: int, w: int, what: str
+) -> tuple[bytes | bytearray | memoryview, int, int] | None:
+    """(segment, first byte, length) of the byte list the pointer at (si, w) leads to."""
+    found = _resolve(msg, si, w) if w >= 0 else None
+    if found is None:
+        return None
+    si, position, word = found
+    if word & 3 != 1:
+        raise DecodeError(f"expected {what} (a list pointer), found {_kind_name(word)}")
+    if (word >> 32) & 7 != 2:
+        raise DecodeError(
+            f"expected {what}: a list of bytes, found element size {(word >> 32) & 7}"
+        )
+    count = word >> 35
+    start = position + 1 + _offset(word)
+    words = (count + 7) >> 3
+    if start < 0 or start + words > msg.sizes[si]:
+        raise DecodeError(f"{what} out of bounds")
+    msg.charge(words)
+    return msg.segments[si], start << 3, count
+
+
+def read_text(msg: MessageReader, si: int, w: int, default: str) -> str:
+    found = _byte_list(msg, si, w, "Text")
+    if found is None:
+        return default
+    segment, start, count = found
+    if count == 0 or segment[start + count - 1] != 0:
+        raise DecodeError("Text is not NUL-terminated")
+    try:
+        return str(segment[start : start + count - 1], "utf-8")
+    except UnicodeDecodeError as error:
+        raise DecodeError(f"Text is not valid UTF-8: {error.reason}") from None
+
+
+def read_data(msg: MessageReader, si: int, w: int, default: bytes) -> bytes:
+    found = _byte_list(msg, si, w, "Data")
+    if found is None:
+        return default
+    segment, start, count = found
+    return bytes(segment[start : start + count])
+
+
+# ---------------------------------------------------------------------- lists
+class _ListShape:
+    """Where a list's elements are: what ``_open_list`` found behind a list pointer.
+
+    ``code`` is the element size code (0 void .. 6 pointer, 7 composite); every element is
+    ``step_bits`` apart, and (struct-shaped) holds ``data_words`` data words (0 or 1 for a
+    primitive list: a sub-word element is its whole data section) then ``pointers``.
+    """
+
+    __slots__ = ("code", "count", "data_words", "pointers", "si", "start", "step_bits")
+
+    def __init__(
+        self,
+        si: int,
+        start: int,
+        count: int,
+        code: int,
+        step_bits: int,
+        data_words: int,
+        pointers: int,
+    ) -> None:
+        self.si = si
+        self.start = start  # first element, in words
+        self.count = count
+        self.code = code
+        self.step_bits = step_bits
+        self.data_words = data_words
+        self.pointers = pointers
+
+
+def _open_list(msg: MessageReader, si: int, w: int, depth: int) -> _ListShape | None:
+    found = _resolve(msg, si, w) if w >= 0 else None
+    if found is None:
+        return None
+    si, position, word = found
+    if word & 3 != 1:
+        raise DecodeError(f"expected a list pointer, found {_kind_name(word)}")
+    if depth <= 0:
+        raise DecodeError("message exceeds the nesting limit")
+    code = (word >> 32) & 7
+    count = word >> 35
+    start = position + 1 + _offset(word)
+    if code != _COMPOSITE:
+        bits = _ELEMENT_BITS[code]
+        words = (count * bits + 63) >> 6
+        if start < 0 or start + words > msg.sizes[si]:
+            raise DecodeError("list out of bounds")
+        msg.charge(words if bits else count)
+        pointer = code == _POINTER_SIZE
+        return _ListShape(
+            si, start, count, code, bits, int(not pointer and bits >= 64), int(pointer)
+        )
+    # Composite: ``count`` is the words of the elements; a tag word comes first.
+    if start < 0 or start + 1 + count > msg.sizes[si]:
+        raise DecodeError("composite list out of bounds")
+    (tag,) = _u64(msg.segments[si], start << 3)
+    if tag & 3 != 0:
+        raise DecodeError("composite list's tag is not struct-shaped")
+    elements = (tag & 0xFFFFFFFF) >> 2
+    data_words = (tag >> 32) & 0xFFFF
+    pointers = tag >> 48
+    size = data_words + pointers
+    if elements * size > count:
+        raise DecodeError("composite list's elements overrun it")
+    msg.charge(elements * size if size else elements)
+    return _ListShape(si, start + 1, elements, code, size << 6, data_words, pointers)
+
+
+class ListReader(Generic[T]):
+    """A list in a received message: ``len()``, indexing, iteration. Kinds subclass it."""
+
+    __slots__ = ("_count", "_depth", "_msg", "_seg", "_shape")
+
+    def __init__(self, msg: MessageReader, shape: _ListShape | None, depth: int) -> None:
+        self._msg = msg
+        self._shape = shape
+        self._count = shape.count if shape is not None else 0
+        self._seg = msg.segments[shape.si] if shape is not None else b""
+        self._depth = depth
+        if shape is not None:
+            self._check(shape)
+
+    def _check(self, shape: _ListShape) -> None:
+        """Refuse encodings that cannot stand for this element type."""
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _index(self, index: int) -> int:
+        count = self._count
+        if index < 0:
+            index += count
+        if not 0 <= index < count:
+            raise IndexError("list index out of range")
+        return index
+
+    def __getitem__(self, index: int) -> T:
+        return self._get(self._index(index))
+
+    def _get(self, index: int) -> T:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[T]:
+        get = self._get
+        for index in range(self._count):
+            yield get(index)
+
+    def __repr__(self) -> str:
+        return f"[{', '.join(repr(item) for item in self)}]"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ListReader | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class PrimitiveList(ListReader[T]):
+    """A list of numbers (``fmt``: a struct format letter) or of enums (``wrap``)."""
+
+    __slots__ = ("_bits", "_unpack", "_wrap")
+
+    def __init__(
+        self,
+        msg: MessageReader,
+        shape: _ListShape | None,
+        depth: int,
+        fmt: str,
+        wrap: Callable[[Any], T] | None = None,
+    ) -> None:
+        packer = struct.Struct("<" + fmt)
+        self._unpack = packer.unpack_from
+        self._bits = packer.size * 8
+        self._wrap = wrap
+        super().__init__(msg, shape, depth)
+
+    def _check(self, shape: _ListShape) -> None:
+        # Exactly this width, or structs (a list upgraded to structs: the first data word
+        # holds the element, rpc encoding spec "Lists of structs"), as libcapnp accepts.
+        if shape.code == _POINTER_SIZE or (
+            shape.code != _COMPOSITE and shape.step_bits != self._bits and shape.count
+        ):
+            raise DecodeError(
+                f"expected a list of {self._bits}-bit numbers, found element size code {shape.code}"
+            )
+
+    def _get(self, index: int) -> T:
+        shape = self._shape
+        assert shape is not None
+        if shape.code == _COMPOSITE and shape.data_words == 0:
+            value: Any = 0  # structs without data (schema evolution): the default
+        else:
+            offset = (shape.start << 3) + ((index * shape.step_bits) >> 3)
+            (value,) = self._unpack(self._seg, offset)
+        return self._wrap(value) if self._wrap is not None else value
+
+
+class BoolList(ListReader[bool]):
+    __slots__ = ()
+
+    def _check(self, shape: _ListShape) -> None:
+        if shape.code != 1 and shape.count:  # a List(Bool) cannot be upgraded (spec)
+            raise DecodeError(f"expected a list of Bool, found element size code {shape.code}")
+
+    def _get(self, index: int) -> bool:
+        shape = self._shape
+        assert shape is not None
+        bit = index * shape.step_bits
+        return bool(self._seg[(shape.start << 3) + (bit >> 3)] >> (bit & 7) & 1)
+
+
+class VoidList(ListReader[None]):
+    __slots__ = ()
+
+    def _get(self, index: int) -> None:
+        return None
+
+
+class _PointerElements(ListReader[T]):
+    """Lists whose elements are pointers (Text, Data, lists, structs as pointer lists)."""
+
+    __slots__ = ()
+
+    def _check(self, shape: _ListShape) -> None:
+        # Pointers, or structs whose first pointer is the element (an upgraded list).
+        if shape.pointers == 0 and shape.count:
+            raise DecodeError(f"expected a list of pointers, found element size code {shape.code}")
+
+    def _element_pointer(self, index: int) -> int:
+        shape = self._shape
+        assert shape is not None
+        return shape.start + ((index * shape.step_bits) >> 6) + shape.data_words
+
+
+class TextList(_PointerElements[str]):
+    __slots__ = ()
+
+    def _get(self, index: int) -> str:
+        shape = self._shape
+        assert shape is not None
+        return read_text(self._msg, shape.si, self._element_pointer(index), "")
+
+
+class DataList(_PointerElements[bytes]):
+    __slots__ = ()
+
+    def _get(self, index: int) -> bytes:
+        shape = self._shape
+        assert shape is not None
+        return read_data(self._msg, shape.si, self._element_pointer(index), b"")
+
+
+class ListList(_PointerElements["ListReader[Any]"]):
+    """A list of lists; ``inner`` makes the reader of each element."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(
+        self,
+        msg: MessageReader,
+        shape: _ListShape | None,
+        depth: int,
+        inner: Callable[[MessageReader, int, int, int], ListReader[Any]],
+    ) -> None:
+        self._inner = inner
+        super().__init__(msg, shape, depth)
+
+    def _get(self, index: int) -> ListReader[Any]:
+        shape = self._shape
+        assert shape is not None
+        return self._inner(self._msg, shape.si, self._element_pointer(index), self._depth)
+
+
+class StructList(ListReader[R]):
+    """A list of structs (composite; or, from an older writer, words or pointers)."""
+
+    __slots__ = ("_cls",)
+
+    def __init__(
+        self, msg: MessageReader, shape: _ListShape | None, depth: int, cls: type[R]
+    ) -> None:
+        self._cls = cls
+        super().__init__(msg, shape, depth)
+
+    def _check(self, shape: _ListShape) -> None:
+        if shape.code == 1 and shape.count:
+            raise DecodeError("expected a list of structs, found a list of Bool")
+
+    def _get(self, index: int) -> R:
+        shape = self._shape
+        assert shape is not None
+        words = shape.step_bits >> 6
+        start = shape.start + index * words
+        if shape.step_bits < 64:  # sub-word data elements (an upgraded primitive list)
+            first = (shape.start << 3) + ((index * shape.step_bits) >> 3)
+            data = bytes(self._seg[first : first + (shape.step_bits >> 3)])
+            return self._cls._padded(self._msg, shape.si, data, self._depth)
+        return self._cls._at(
+            self._msg, shape.si, start, shape.data_words, shape.pointers, self._depth
+        )
+
+
+class AnyPointer:
+    """An AnyPointer field: read it as the type you know it to be."""
+
+    __slots__ = ("_depth", "_msg", "_si", "_w")
+
+    def __init__(self, msg: MessageReader, si: int, w: int, depth: int) -> None:
+        self._msg = msg
+        self._si = si
+        self._w = w
+        self._depth = depth
+
+    @property
+    def is_null(self) -> bool:
+        return self._w < 0 or _resolve(self._msg, self._si, self._w) is None
+
+    def as_struct(self, cls: type[R]) -> R:
+        return read_struct(self._msg, self._si, self._w, cls, self._depth, None)
+
+    def as_text(self) -> str:
+        return read_text(self._msg, self._si, self._w, "")
+
+    def as_data(self) -> bytes:
+        return read_data(self._msg, self._si, self._w, b"")
+
+    def as_list(
+        self, make: Callable[[MessageReader, int, int, int], ListReader[T]]
+    ) -> ListReader[T]:
+        return make(self._msg, self._si, self._w, self._depth)
+
+    def capability_index(self) -> int | None:
+        """The cap-table index if this pointer is a capability, None if it is null."""
+        return read_capability(self._msg, self._si, self._w)
+
+    def __repr__(self) -> str:
+        return "<AnyPointer null>" if self.is_null else "<AnyPointer>"
+
+
+def read_capability(msg: MessageReader, si: int, w: int) -> int | None:
+    """The cap-table index of the capability pointer at (si, w); None for a null one."""
+    if w < 0:
+        return None
+    (word,) = _u64(msg.segments[si], w << 3)
+    if word == 0:
+        return None
+    if word & 0xFFFFFFFF != 3:
+        raise DecodeError(f"expected a capability, found {_kind_name(word)}")
+    return int(word >> 32)
+
+
+# ---------------------------------------------------------------------- list makers
+def primitive_list(
+    fmt: str, wrap: Callable[[Any], Any] | None = None
+) -> Callable[[MessageReader, int, int, int], PrimitiveList[Any]]:
+    def make(msg: MessageReader, si: int, w: int, depth: int) -> PrimitiveList[Any]:
+        return PrimitiveList(msg, _open_list(msg, si, w, depth), depth - 1, fmt, wrap)
+
+    return make
+
+
+def simple_list(
+    kind: type[ListReader[Any]],
+) -> Callable[[MessageReader, int, int, int], ListReader[Any]]:
+    def make(msg: MessageReader, si: int, w: int, depth: int) -> ListReader[Any]:
+        return kind(msg, _open_list(msg, si, w, depth), depth - 1)
+
+    return make
+
+
+def struct_list(cls: type[R]) -> Callable[[MessageReader, int, int, int], StructList[R]]:
+    def make(msg: MessageReader, si: int, w: int, depth: int) -> StructList[R]:
+        return StructList(msg, _open_list(msg, si, w, depth), depth - 1, cls)
+
+    return make
+
+
+def list_list(
+    inner: Callable[[MessageReader, int, int, int], ListReader[Any]],
+) -> Callable[[MessageReader, int, int, int], ListList]:
+    def make(msg: MessageReader, si: int, w: int, depth: int) -> ListList:
+        return ListList(msg, _open_list(msg, si, w, depth), depth - 1, inner)
+
+    return make
+
+
+class CapabilityList(_PointerElements["int | None"]):
+    """A List of an interface type: each element's cap-table index (None: null)."""
+
+    __slots__ = ()
+
+    def _get(self, index: int) -> int | None:
+        shape = self._shape
+        assert shape is not None
+        return read_capability(self._msg, shape.si, self._element_pointer(index))
+
+
+class AnyPointerList(_PointerElements[AnyPointer]):
+    __slots__ = ()
+
+    def _get(self, index: int) -> AnyPointer:
+        shape = self._shape
+        assert shape is not None
+        return AnyPointer(self._msg, shape.si, self._element_pointer(index), self._depth)
+
+
+def is_null(msg: MessageReader, si: int, w: int) -> bool:
+    return w < 0 or _u64(msg.segments[si], w << 3)[0] == 0
+
+
+def list_or_default(
+    make: Callable[[MessageReader, int, int, int], ListReader[T]],
+    msg: MessageReader,
+    si: int,
+    w: int,
+    depth: int,
+    default: Segments,
+) -> ListReader[T]:
+    """The list at (si, w), or the field's default list when that pointer is null."""
+    if not is_null(msg, si, w):
+        return make(msg, si, w, depth)
+    dmsg, dsi, dw = default_location(default)
+    return make(dmsg, dsi, dw, DEFAULT_NESTING_LIMIT)
+
+
+def default_struct(cls: type[R], default: Segments) -> R:
+    """A struct constant."""
+    msg, si, w = default_location(default)
+    return read_struct(msg, si, w, cls, DEFAULT_NESTING_LIMIT, None)
+
+
+def default_list(
+    make: Callable[[MessageReader, int, int, int], ListReader[T]], default: Segments
+) -> ListReader[T]:
+    """A list constant."""
+    msg, si, w = default_location(default)
+    return make(msg, si, w, DEFAULT_NESTING_LIMIT)
+
+
+def default_any(default: Segments) -> AnyPointer:
+    msg, si, w = default_location(default)
+    return AnyPointer(msg, si, w, DEFAULT_NESTING_LIMIT)
+
+
+def unframe(data: bytes | bytearray | memoryview) -> list[memoryview]:
+    """The segments of one message in the standard stream framing (rpc-protocol.md §1)."""
+    from capsvc.framing import FrameDecoder
+
+    decoder = FrameDecoder()
+    decoder.feed(bytes(data))
+    segments = decoder.next_message()
+    if segments is None:
+        raise DecodeError("incomplete message: the framing promises more bytes")
+    if decoder.next_message() is not None:
+        raise DecodeError("more than one message")
+    return segments

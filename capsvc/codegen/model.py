@@ -1,0 +1,152 @@
+"""The schema model the generator renders: plain frozen data, nothing of pycapnp.
+
+Theory of operation: ``capsvc.codegen.nodes`` turns schema.capnp ``Node``s (from pycapnp or
+from a compiler plugin's ``CodeGeneratorRequest``) into these; ``capsvc.codegen.render``
+turns them into source text. Both ends are pure, so the model is what golden-file tests
+pin down. IDs are the schema's 64-bit IDs; ``scope`` is the dotted path of a node inside its
+file (``Car``, ``Car.Engine``, ``Tester.echo$Params``), ``file_id`` the file it belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Type kinds with fixed width: (struct format letter, bits, list element size code).
+NUMBERS: dict[str, tuple[str, int, int]] = {
+    "int8": ("b", 8, 2),
+    "int16": ("h", 16, 3),
+    "int32": ("i", 32, 4),
+    "int64": ("q", 64, 5),
+    "uint8": ("B", 8, 2),
+    "uint16": ("H", 16, 3),
+    "uint32": ("I", 32, 4),
+    "uint64": ("Q", 64, 5),
+    "float32": ("f", 32, 4),
+    "float64": ("d", 64, 5),
+}
+#: The schema's own spelling of each kind, for messages and docstrings.
+SCHEMA_NAMES = {
+    "void": "Void",
+    "bool": "Bool",
+    "int8": "Int8",
+    "int16": "Int16",
+    "int32": "Int32",
+    "int64": "Int64",
+    "uint8": "UInt8",
+    "uint16": "UInt16",
+    "uint32": "UInt32",
+    "uint64": "UInt64",
+    "float32": "Float32",
+    "float64": "Float64",
+    "text": "Text",
+    "data": "Data",
+}
+POINTER_KINDS = frozenset({"text", "data", "list", "struct", "interface", "anyPointer"})
+
+
+@dataclass(frozen=True)
+class Type:
+    """A field's type. ``element`` for lists; ``target`` (an ID) for enum/struct/interface;
+    ``any`` for AnyPointer: "pointer", "struct", "list", "capability" or "parameter"."""
+
+    kind: str
+    element: Type | None = None
+    target: int = 0
+    any: str = ""
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.kind in POINTER_KINDS
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    code_order: int
+    #: The union discriminant value, or None for a field outside the struct's union.
+    discriminant: int | None
+    #: For a slot: offset (in units of the type's size; a pointer index for pointers).
+    offset: int = 0
+    type: Type | None = None
+    #: A number, bool, str or bytes default; for struct/list/AnyPointer defaults, the
+    #: encoded subtree (segments of a message whose root's pointer 0 is the value).
+    default: object = None
+    #: For a group: the group's struct ID.
+    group: int | None = None
+
+
+@dataclass(frozen=True)
+class Struct:
+    id: int
+    scope: str
+    data_words: int
+    pointers: int
+    is_group: bool
+    discriminant_count: int
+    discriminant_offset: int  # in 16-bit units
+    fields: tuple[Field, ...]
+
+
+@dataclass(frozen=True)
+class Enum:
+    id: int
+    scope: str
+    enumerants: tuple[str, ...]  # by code (Cap'n Proto enums are dense from 0)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    ordinal: int
+    params: int  # struct ID
+    results: int
+
+
+@dataclass(frozen=True)
+class Interface:
+    id: int
+    scope: str
+    methods: tuple[Method, ...]
+    superclasses: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Const:
+    id: int
+    scope: str
+    type: Type
+    value: object  # as Field.default
+
+
+Node = Struct | Enum | Interface | Const
+
+
+@dataclass(frozen=True)
+class File:
+    """One schema file: every node in it, and the files its types come from."""
+
+    id: int
+    filename: str  # as the schema names it (its path as given, or its import name)
+    nodes: tuple[Node, ...]
+    #: The other files whose types this one uses: file ID -> their module's name.
+    imports: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def module(self) -> str:
+        return module_name(self.filename)
+
+
+def module_name(filename: str) -> str:
+    """The Python module a schema file becomes: ``carsales.capnp`` -> ``carsales_capnp``."""
+    base = filename.replace("\\", "/").rsplit("/", 1)[-1]
+    name = "".join(ch if ch.isalnum() else "_" for ch in base)
+    return name if not name[0].isdigit() else "_" + name
+
+
+@dataclass(frozen=True)
+class Schema:
+    """Everything the generator sees: the files to generate, and where each node lives."""
+
+    files: tuple[File, ...]
+    #: node ID -> (file ID, scope): for references across files.
+    where: dict[int, tuple[int, str]]

@@ -1,0 +1,176 @@
+"""From schema.capnp ``Node``s to the generator's model (capsvc.codegen.model).
+
+Theory of operation: whether the nodes come from a compiler plugin's
+``CodeGeneratorRequest`` (``capnp compile -ocapsvc``) or from pycapnp parsing the schema
+(``capsvc gen``, which runs the parse in a subprocess: a bad schema aborts the process,
+pycapnp-notes.md §1.1), they are schema.capnp ``Node`` readers, and ``build_schema`` reads
+them the same way. Node facts (specs/codegen.md §1): a node's scope is the part of its
+``displayName`` after the file name; a struct or list default value is an AnyPointer,
+which we copy into a small message of our own (rpc.capnp's ``Payload``, whose ``content``
+is an AnyPointer) so that generated code can read it with the same reader as any message.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import capnp
+
+from capsvc.codegen.model import Const, Enum, Field, File, Interface, Method, Schema, Struct, Type
+
+_PKG = os.path.dirname(capnp.__file__)
+schema_capnp: Any = capnp.load(os.path.join(_PKG, "schema.capnp"), imports=[os.path.dirname(_PKG)])
+
+_NO_DISCRIMINANT = 0xFFFF
+
+
+def build_schema(nodes: Iterable[Any], requested: Iterable[tuple[int, str]]) -> Schema:
+    """The model of the ``requested`` files (file ID, file name) given every node."""
+    by_id = {node.id: node for node in nodes}
+    files_by_name = {node.displayName: node.id for node in by_id.values() if node.which() == "file"}
+    where: dict[int, tuple[int, str]] = {}
+    for node in by_id.values():
+        if node.which() == "file":
+            continue
+        file_name, _, scope = node.displayName.partition(":")
+        file_id = files_by_name.get(file_name, 0)
+        where[node.id] = (file_id, scope)
+    requested = list(requested)
+    names = {file_id: filename for file_id, filename in requested}
+    for file_id in files_by_name.values():
+        names.setdefault(file_id, by_id[file_id].displayName)
+    files = []
+    for file_id, filename in requested:
+        members = sorted(
+            (node for node in by_id.values() if where.get(node.id, (None,))[0] == file_id),
+            key=lambda node: (where[node.id][1].count("."), where[node.id][1], node.id),
+        )
+        models = [_node(node, where[node.id][1]) for node in members]
+        used = {
+            where[target][0]
+            for model in models
+            for target in _references(model)
+            if target in where and where[target][0] != file_id
+        }
+        imports = {other: _module_of(names.get(other, "")) for other in used}
+        files.append(File(file_id, filename, tuple(m for m in models if m is not None), imports))
+    return Schema(tuple(files), where)
+
+
+def _module_of(filename: str) -> str:
+    from capsvc.codegen.model import module_name
+
+    return module_name(filename) if filename else "_unknown"
+
+
+def _node(node: Any, scope: str) -> Struct | Enum | Interface | Const | None:
+    which = node.which()
+    if which == "struct":
+        body = node.struct
+        return Struct(
+            node.id,
+            scope,
+            body.dataWordCount,
+            body.pointerCount,
+            body.isGroup,
+            body.discriminantCount,
+            body.discriminantOffset,
+            tuple(_field(field) for field in body.fields),
+        )
+    if which == "enum":
+        return Enum(node.id, scope, tuple(e.name for e in node.enum.enumerants))
+    if which == "interface":
+        body = node.interface
+        return Interface(
+            node.id,
+            scope,
+            tuple(
+                Method(m.name, ordinal, m.paramStructType, m.resultStructType)
+                for ordinal, m in enumerate(body.methods)
+            ),
+            tuple(s.id for s in body.superclasses),
+        )
+    if which == "const":
+        kind = _type(node.const.type)
+        return Const(node.id, scope, kind, _value(node.const.value, kind, explicit=True))
+    return None  # annotations: nothing to generate
+
+
+def _field(field: Any) -> Field:
+    discriminant = field.discriminantValue
+    union = None if discriminant == _NO_DISCRIMINANT else discriminant
+    if field.which() == "group":
+        return Field(field.name, field.codeOrder, union, group=field.group.typeId)
+    slot = field.slot
+    kind = _type(slot.type)
+    default = _value(slot.defaultValue, kind, explicit=slot.hadExplicitDefault)
+    return Field(field.name, field.codeOrder, union, slot.offset, kind, default)
+
+
+def _type(proto: Any) -> Type:
+    which = proto.which()
+    if which == "list":
+        return Type("list", element=_type(proto.list.elementType))
+    if which in ("enum", "struct", "interface"):
+        return Type(which, target=getattr(proto, which).typeId)
+    if which == "anyPointer":
+        any_pointer = proto.anyPointer
+        kind = any_pointer.which()
+        if kind == "unconstrained":
+            sub = any_pointer.unconstrained.which()
+            return Type("anyPointer", any={"anyKind": "pointer"}.get(sub, sub))
+        return Type("anyPointer", any="parameter")
+    return Type(which)
+
+
+def _value(value: Any, kind: Type, *, explicit: bool) -> object:
+    """A default (or constant) value, as the model holds it (see Field.default)."""
+    which = value.which()
+    if kind.kind in ("struct", "list", "anyPointer"):
+        if not explicit:
+            return None
+        return _encoded(getattr(value, which))
+    if kind.kind == "interface" or which == "void":
+        return None
+    if which == "data":
+        return bytes(value.data)
+    if which == "enum":
+        return int(value.enum)
+    return getattr(value, which)
+
+
+def _encoded(pointer: Any) -> tuple[bytes, ...] | None:
+    """The AnyPointer value as segments of a message whose root struct's pointer 0 holds it."""
+    from capsvc.rpc.wire import rpc
+
+    holder = rpc.Payload.new_message()
+    holder.content = pointer
+    if not holder._has("content"):
+        return None
+    return tuple(bytes(segment) for segment in holder.to_segments())
+
+
+def _references(model: Struct | Enum | Interface | Const | None) -> set[int]:
+    """The node IDs ``model`` refers to (for imports across files)."""
+    targets: set[int] = set()
+
+    def add(kind: Type | None) -> None:
+        while kind is not None:
+            if kind.target:
+                targets.add(kind.target)
+            kind = kind.element
+
+    if isinstance(model, Struct):
+        for field in model.fields:
+            add(field.type)
+            if field.group is not None:
+                targets.add(field.group)
+    elif isinstance(model, Interface):
+        for method in model.methods:
+            targets.update((method.params, method.results))
+        targets.update(model.superclasses)
+    elif isinstance(model, Const):
+        add(model.type)
+    return targets

@@ -1,0 +1,897 @@
+"""The generator's core: one schema file's model in, one Python module's source out.
+
+Theory of operation (grpclib's split: a pure ``render`` and a thin CLI):
+- ``render(file, schema)`` is a pure function; the same model gives the same bytes.
+- Every struct becomes a class holding a ``Reader`` and a ``Builder`` (``Car.Reader``,
+  ``Car.Builder``), with ``new_message()`` and ``read()``; nested types are nested
+  classes (``Car.Engine``), groups are classes named after their field, capitalised
+  (``Holder.Extra``), method params and results are ``Iface.MethodParams`` and
+  ``Iface.MethodResults``; enums are ``enum.IntEnum``s; constants are class or module
+  attributes. Interfaces are classes holding their params/results structs (the typed
+  client and server classes come with the RPC layer's use of generated code).
+- Accessors read and write at offsets computed here: one ``unpack_from``/``pack_into``
+  per data field, values XOR their defaults (so a zeroed struct reads as defaults).
+- Names: a schema name that is a Python keyword or collides with what the generator
+  defines in the same namespace (``Reader``, ``Builder``, ``read``, ``new_message``,
+  ``which``, ``to_dict``, ``as_reader``, ``to_bytes``, ``to_segments``, names starting
+  ``init_``) gets a trailing underscore: ``return`` -> ``return_``.
+"""
+
+from __future__ import annotations
+
+import keyword
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from capsvc.codegen.model import (
+    NUMBERS,
+    SCHEMA_NAMES,
+    Const,
+    Enum,
+    Field,
+    File,
+    Interface,
+    Node,
+    Schema,
+    Struct,
+    Type,
+)
+
+#: Names the generator itself defines in a type's namespace or on readers and builders.
+RESERVED = frozenset(
+    {
+        "Reader",
+        "Builder",
+        "read",
+        "new_message",
+        "from_bytes",
+        "which",
+        "to_dict",
+        "as_reader",
+        "to_bytes",
+        "to_segments",
+    }
+)
+_NO_DEFAULT_TEXT = ""
+
+
+def python_name(name: str) -> str:
+    """A schema name as a Python identifier (see the module docstring's rule)."""
+    if keyword.iskeyword(name) or name in RESERVED or name.startswith("init_"):
+        return name + "_"
+    return name
+
+
+class _Out:
+    """Lines with indentation (grpclib's Buffer)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.level = 0
+
+    def add(self, line: str = "") -> None:
+        self.lines.append(("    " * self.level + line) if line else "")
+
+    @contextmanager
+    def indent(self) -> Iterator[None]:
+        self.level += 1
+        try:
+            yield
+        finally:
+            self.level -= 1
+
+
+class _Names:
+    """Python paths of every node: local ones, and imported ones through their module."""
+
+    def __init__(self, file: File, schema: Schema) -> None:
+        self.file = file
+        self.schema = schema
+        groups = {n.scope for n in file.nodes if isinstance(n, Struct) and n.is_group}
+        self.local: dict[int, str] = {}
+        for node in file.nodes:
+            self.local[node.id] = _path(node.scope, groups)
+        self.groups = groups
+
+    def schema_node(self, node_id: int) -> Node | None:
+        for file in self.schema.files:
+            for node in file.nodes:
+                if node.id == node_id:
+                    return node
+        return None
+
+    def of(self, node_id: int) -> str:
+        local = self.local.get(node_id)
+        if local is not None:
+            return local
+        file_id, scope = self.schema.where.get(node_id, (0, ""))
+        module = self.file.imports.get(file_id, "_unknown")
+        return f"{module}.{_path(scope, set())}"
+
+
+def _path(scope: str, groups: set[str]) -> str:
+    parts = scope.split(".")
+    out = []
+    for index, part in enumerate(parts):
+        prefix = ".".join(parts[: index + 1])
+        if "$" in part:
+            method, _, kind = part.partition("$")
+            part = method[:1].upper() + method[1:] + kind
+        elif prefix in groups:
+            part = part[:1].upper() + part[1:]
+        out.append(python_name(part))
+    return ".".join(out)
+
+
+def render(file: File, schema: Schema, *, relative_imports: bool = False) -> str:
+    """The source of the module for ``file``. Modules of imported schema files are
+    imported absolutely (``import other_capnp``: the output directory is on ``sys.path``)
+    or, with ``relative_imports``, from the same package (``from . import other_capnp``)."""
+    names = _Names(file, schema)
+    out = _Out()
+    _header(out, file, relative_imports)
+    children: dict[str, list[Node]] = {}
+    for node in file.nodes:
+        parent = node.scope.rpartition(".")[0]
+        children.setdefault(parent, []).append(node)
+    for node in children.get("", []):
+        _node(out, node, children, names)
+    _lists(out, file, names)
+    _module_tail(out, file, names)
+    return "\n".join(out.lines).rstrip("\n") + "\n"
+
+
+def _header(out: _Out, file: File, relative: bool) -> None:
+    source = file.filename.replace("\\", "/").rsplit("/", 1)[-1]
+    out.add(f'"""Generated by capsvc gen from {source} (file ID {file.id:#018x}).')
+    out.add("")
+    out.add("Do not edit: change the schema and run ``capsvc gen`` again.")
+    out.add('"""')
+    out.add("")
+    out.add("# ruff: noqa")
+    out.add("# fmt: off")
+    out.add("from __future__ import annotations")
+    out.add("")
+    out.add("import enum")
+    out.add("import struct")
+    out.add("from typing import Any, ClassVar, Literal")
+    out.add("")
+    out.add("from capsvc.codec import building as _b")
+    out.add("from capsvc.codec import reading as _r")
+    out.add("from capsvc.codec.fields import (")
+    with out.indent():
+        for width in ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f32", "f64"):
+            out.add(f"get_{width}, set_{width},")
+        out.add("f32_bits, f32_from_bits, f64_bits, f64_from_bits,")
+    out.add(")")
+    for module in sorted(set(file.imports.values())):
+        out.add(f"from . import {module}" if relative else f"import {module}")
+    out.add("")
+
+
+def _node(out: _Out, node: Node, children: dict[str, list[Node]], names: _Names) -> None:
+    out.add("")
+    if isinstance(node, Struct):
+        _struct(out, node, children, names)
+    elif isinstance(node, Enum):
+        _enum(out, node, names)
+    elif isinstance(node, Interface):
+        _interface(out, node, children, names)
+    elif isinstance(node, Const):
+        _const(out, node, names)
+
+
+def _nested(out: _Out, node: Node, children: dict[str, list[Node]], names: _Names) -> None:
+    for child in children.get(node.scope, []):
+        _node(out, child, children, names)
+
+
+# ---------------------------------------------------------------------- enums, consts
+def _enum(out: _Out, node: Enum, names: _Names) -> None:
+    path = names.local[node.id]
+    name = path.rpartition(".")[2]
+    out.add(f"class {name}(enum.IntEnum):")
+    with out.indent():
+        out.add(f'"""enum {node.scope} ({node.id:#018x}). Codes unknown to this schema (from a')
+        out.add('newer writer) read as pseudo-members named by their number."""')
+        out.add("")
+        for code, enumerant in enumerate(node.enumerants):
+            out.add(f"{python_name(enumerant)} = {code}")
+        out.add("")
+        out.add("@classmethod")
+        out.add(f"def _missing_(cls, value: object) -> {path} | None:")
+        with out.indent():
+            out.add("if not isinstance(value, int) or not 0 <= value < 65536:")
+            out.add("    return None")
+            out.add("member = int.__new__(cls, value)")
+            out.add("member._name_ = str(value)")
+            out.add("member._value_ = value")
+            out.add("return member")
+
+
+def _const(out: _Out, node: Const, names: _Names) -> None:
+    path = names.local[node.id]
+    name = path.rpartition(".")[2]
+    kind = node.type
+    value_type = _value_type(kind, names)
+    annotation = f"ClassVar[{value_type}]" if "." in path else value_type
+    if kind.kind in ("struct", "list", "anyPointer"):
+        # Set at the end of the module, once the classes it reads with exist.
+        out.add(f"{name}: {annotation}")
+        return
+    out.add(f"{name}: {annotation} = {_literal(node.value, kind, names)}")
+
+
+# ---------------------------------------------------------------------- interfaces
+def _interface(out: _Out, node: Interface, children: dict[str, list[Node]], names: _Names) -> None:
+    name = names.local[node.id].rpartition(".")[2]
+    out.add(f"class {name}:")
+    with out.indent():
+        out.add(
+            f'"""interface {node.scope} ({node.id:#018x}): its methods\' params and results."""'
+        )
+        out.add("")
+        out.add(f"_ID: ClassVar[int] = {node.id:#x}")
+        out.add("#: Method name -> (ordinal, params struct, results struct).")
+        out.add("METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]")
+        _nested(out, node, children, names)
+
+
+def _interface_tables(out: _Out, file: File, names: _Names) -> None:
+    for node in file.nodes:
+        if isinstance(node, Interface):
+            entries = ", ".join(
+                f'"{m.name}": ({m.ordinal}, {names.of(m.params)}, {names.of(m.results)})'
+                for m in node.methods
+            )
+            out.add(f"{names.local[node.id]}.METHODS = {{{entries}}}")
+
+
+# ---------------------------------------------------------------------- structs
+def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Names) -> None:
+    path = names.local[node.id]
+    name = path.rpartition(".")[2]
+    kind = "group" if node.is_group else "struct"
+    out.add(f"class {name}:")
+    with out.indent():
+        out.add(f'"""{kind} {node.scope} ({node.id:#018x})."""')
+        out.add("")
+        out.add(f"_ID: ClassVar[int] = {node.id:#x}")
+        _nested(out, node, children, names)
+        out.add("")
+        _reader(out, node, path, names)
+        out.add("")
+        _builder(out, node, path, names)
+        if not node.is_group:
+            out.add("")
+            out.add("@staticmethod")
+            out.add(f"def new_message() -> {path}.Builder:")
+            out.add(f'    """A new message whose root is a {node.scope}."""')
+            out.add(f"    return {path}.Builder.new_message()")
+            out.add("")
+            out.add("@staticmethod")
+            out.add("def read(")
+            out.add("    segments: _r.Segments,")
+            out.add("    *,")
+            out.add("    traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,")
+            out.add("    nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,")
+            out.add(f") -> {path}.Reader:")
+            out.add(f'    """The root {node.scope} of a message (its segments)."""')
+            out.add(f"    return {path}.Reader.read(")
+            out.add(
+                "        segments, traversal_limit_words=traversal_limit_words,"
+                " nesting_limit=nesting_limit"
+            )
+            out.add("    )")
+            out.add("")
+            out.add("@staticmethod")
+            out.add(f"def from_bytes(data: bytes | bytearray | memoryview) -> {path}.Reader:")
+            out.add('    """The root of a message in the standard stream framing."""')
+            out.add(f"    return {path}.Reader.read(_r.unframe(data))")
+
+
+def _union_names(node: Struct) -> list[tuple[int, str]]:
+    return sorted((f.discriminant, f.name) for f in node.fields if f.discriminant is not None)
+
+
+def _reader(out: _Out, node: Struct, path: str, names: _Names) -> None:
+    out.add("class Reader(_r.StructReader):")
+    with out.indent():
+        out.add("__slots__ = ()")
+        out.add(f"_DATA_WORDS: ClassVar[int] = {node.data_words}")
+        out.add(f"_POINTERS: ClassVar[int] = {node.pointers}")
+        for field in sorted(node.fields, key=lambda f: f.code_order):
+            out.add("")
+            _reader_field(out, node, field, path, names)
+        if node.discriminant_count:
+            out.add("")
+            _which(out, node, "_seg", check_bounds=True)
+        out.add("")
+        _to_dict(out, node, names)
+
+
+def _which(out: _Out, node: Struct, buffer: str, *, check_bounds: bool) -> None:
+    members = _union_names(node)
+    literal = ", ".join(f'"{name}"' for _, name in members)
+    table = ", ".join(f'"{name}"' for _, name in members)
+    out.add(f"def which(self) -> Literal[{literal}] | None:")
+    with out.indent():
+        out.add('"""The union member that is set (None: one this schema does not know)."""')
+        offset = node.discriminant_offset * 2
+        out.add(f"d = get_u16(self.{buffer}, self._data + {offset})[0]")
+        out.add(f"names: tuple[Any, ...] = ({table},)")
+        out.add("return names[d] if d < len(names) else None")
+
+
+def _reader_field(out: _Out, node: Struct, field: Field, path: str, names: _Names) -> None:
+    name = python_name(field.name)
+    if field.group is not None:
+        group = names.of(field.group)
+        out.add("@property")
+        out.add(f"def {name}(self) -> {group}.Reader:")
+        out.add(f"    return {group}.Reader._view(self)")
+        return
+    kind = field.type
+    assert kind is not None
+    out.add("@property")
+    out.add(f"def {name}(self) -> {_reader_type(kind, names)}:")
+    with out.indent():
+        for line in _read_expression(node, field, path, names):
+            out.add(line)
+
+
+def _read_expression(node: Struct, field: Field, path: str, names: _Names) -> list[str]:
+    kind = field.type
+    assert kind is not None
+    k = kind.kind
+    if k == "void":
+        return ["return None"]
+    if k == "bool":
+        byte, bit = divmod(field.offset, 8)
+        default = 1 if field.default else 0
+        if default:
+            return [f"return not self._seg[self._data + {byte}] >> {bit} & 1"]
+        return [f"return self._seg[self._data + {byte}] >> {bit} & 1 == 1"]
+    if k in NUMBERS or k == "enum":
+        _, bits, _ = NUMBERS.get(k, ("H", 16, 3))
+        offset = field.offset * bits // 8
+        value = _xor_read(k, _width(k), field.default or 0, offset)
+        if k == "enum":
+            value = _enum_of(names.of(kind.target), value, len(_enumerants(kind, names)))
+        return [f"return {value}"]
+    pointer = f"w = self._ptr + {field.offset}"
+    where = "self._msg, self._si, w if w < self._pend else -1"
+    if k == "text":
+        text = field.default if isinstance(field.default, str) else _NO_DEFAULT_TEXT
+        return [pointer, f"return _r.read_text({where}, {text!r})"]
+    if k == "data":
+        data = field.default if isinstance(field.default, bytes) else b""
+        return [pointer, f"return _r.read_data({where}, {data!r})"]
+    if k == "struct":
+        target = names.of(kind.target)
+        encoded = _default_name(path, field) if field.default is not None else "None"
+        return [pointer, f"return _r.read_struct({where}, {target}.Reader, self._depth, {encoded})"]
+    if k == "list":
+        maker = _list_name(path, field)
+        if field.default is not None:
+            return [
+                pointer,
+                f"return _r.list_or_default({maker}, {where}, self._depth,"
+                f" {_default_name(path, field)})",
+            ]
+        return [pointer, f"return {maker}({where}, self._depth)"]
+    if k == "interface":
+        return [pointer, f"return _r.read_capability({where})"]
+    return [pointer, f"return _r.AnyPointer({where}, self._depth)"]
+
+
+def _width(kind: str) -> str:
+    if kind == "enum":
+        return "u16"
+    fmt = NUMBERS[kind][0]
+    return {"b": "i8", "h": "i16", "i": "i32", "q": "i64", "B": "u8", "H": "u16", "I": "u32",
+            "Q": "u64", "f": "f32", "d": "f64"}[fmt]  # fmt: skip
+
+
+def _xor_read(kind: str, width: str, default: object, offset: int, buf: str = "self._seg") -> str:
+    """The expression reading a number field (stored XOR its default)."""
+    at = f"self._data + {offset}" if offset else "self._data"
+    if kind == "float32" and default:
+        return f"f32_from_bits(get_u32({buf}, {at})[0] ^ {_float_bits(default, 32):#x})"
+    if kind == "float64" and default:
+        return f"f64_from_bits(get_u64({buf}, {at})[0] ^ {_float_bits(default, 64):#x})"
+    raw = f"{buf}[{at}]" if width == "u8" else f"get_{width}({buf}, {at})[0]"
+    if default and kind not in ("float32", "float64"):
+        return f"{raw} ^ {int(default)}"  # type: ignore[call-overload]
+    return raw
+
+
+def _enum_of(enum: str, value: str, count: int) -> str:
+    """An enum member from its code: a tuple index for the known codes (an IntEnum call
+    costs several times the read)."""
+    table = f"_E_{enum.replace('.', '_')}"
+    return f"({table}[v] if (v := {value}) < {count} else {enum}(v))"
+
+
+def _enumerants(kind: Type, names: _Names) -> tuple[str, ...]:
+    node = names.schema_node(kind.target)
+    return node.enumerants if isinstance(node, Enum) else ()
+
+
+def _float_bits(value: object, bits: int) -> int:
+    import struct
+
+    if bits == 32:
+        return int(struct.unpack("<I", struct.pack("<f", value))[0])
+    return int(struct.unpack("<Q", struct.pack("<d", value))[0])
+
+
+def _number(value: object, kind: str) -> object:
+    if kind in ("float32", "float64"):
+        number = float(value)  # type: ignore[arg-type]
+        if math.isnan(number) or math.isinf(number):
+            return number
+        return number
+    return int(value)  # type: ignore[call-overload]
+
+
+def _reader_type(kind: Type, names: _Names) -> str:
+    k = kind.kind
+    if k == "void":
+        return "None"
+    if k == "bool":
+        return "bool"
+    if k in ("float32", "float64"):
+        return "float"
+    if k in NUMBERS:
+        return "int"
+    if k == "enum":
+        return names.of(kind.target)
+    if k == "text":
+        return "str"
+    if k == "data":
+        return "bytes"
+    if k == "struct":
+        return f"{names.of(kind.target)}.Reader"
+    if k == "list":
+        assert kind.element is not None
+        return f"_r.ListReader[{_reader_type(kind.element, names)}]"
+    if k == "interface":
+        return "int | None"
+    return "_r.AnyPointer"
+
+
+def _value_type(kind: Type, names: _Names) -> str:
+    return _reader_type(kind, names)
+
+
+def _literal(value: object, kind: Type, names: _Names) -> str:
+    k = kind.kind
+    if k == "enum":
+        return f"{names.of(kind.target)}({int(value or 0)})"  # type: ignore[call-overload]
+    if k == "bool":
+        return repr(bool(value))
+    if k in NUMBERS:
+        return repr(_number(value or 0, k))
+    if k == "void":
+        return "None"
+    return repr(value)
+
+
+def _to_dict(out: _Out, node: Struct, names: _Names) -> None:
+    out.add("def to_dict(self) -> dict[str, Any]:")
+    with out.indent():
+        out.add('"""Every field set, as pycapnp\'s ``to_dict`` gives them (null pointers left out,')
+        out.add('only the union member that is set, enums by name)."""')
+        out.add("out: dict[str, Any] = {}")
+        ordered = sorted(node.fields, key=lambda f: f.code_order)
+        for field in ordered:
+            if field.discriminant is not None:
+                continue
+            _dict_entry(out, field, names)
+        union = [f for f in ordered if f.discriminant is not None]
+        if union:
+            out.add("which = self.which()")
+            for field in union:
+                out.add(f'if which == "{field.name}":')
+                with out.indent():
+                    _dict_entry(out, field, names)
+        out.add("return out")
+
+
+def _dict_entry(out: _Out, field: Field, names: _Names) -> None:
+    attribute = f"self.{python_name(field.name)}"
+    key = repr(field.name)
+    if field.group is not None:
+        out.add(f"out[{key}] = {attribute}.to_dict()")
+        return
+    kind = field.type
+    assert kind is not None
+    if kind.kind in ("interface", "anyPointer"):
+        return
+    value = _dict_value(kind, attribute)
+    if kind.is_pointer:
+        out.add(f"if self._has({field.offset}):")
+        out.add(f"    out[{key}] = {value}")
+    else:
+        out.add(f"out[{key}] = {value}")
+
+
+def _dict_value(kind: Type, expression: str) -> str:
+    k = kind.kind
+    if k == "struct":
+        return f"{expression}.to_dict()"
+    if k == "enum":
+        return f"{expression}.name"
+    if k == "list":
+        assert kind.element is not None
+        inner = _dict_value(kind.element, "item")
+        return f"[{inner} for item in {expression}]" if inner != "item" else f"list({expression})"
+    return expression
+
+
+# ---------------------------------------------------------------------- builders
+def _builder(out: _Out, node: Struct, path: str, names: _Names) -> None:
+    out.add("class Builder(_b.StructBuilder):")
+    with out.indent():
+        out.add("__slots__ = ()")
+        out.add(f"_DATA_WORDS: ClassVar[int] = {node.data_words}")
+        out.add(f"_POINTERS: ClassVar[int] = {node.pointers}")
+        for field in sorted(node.fields, key=lambda f: f.code_order):
+            _builder_field(out, node, field, path, names)
+        if node.discriminant_count:
+            out.add("")
+            _which(out, node, "_b.buf", check_bounds=False)
+        out.add("")
+        out.add(f"def as_reader(self) -> {path}.Reader:")
+        out.add('    """A reader of this struct as built so far."""')
+        out.add(f"    return {path}.Reader._of_builder(self)")
+
+
+def _select(node: Struct, field: Field) -> list[str]:
+    """The line that selects ``field``'s union member (none outside a union)."""
+    if field.discriminant is None:
+        return []
+    return [
+        f"set_u16(self._b.buf, self._data + {node.discriminant_offset * 2}, {field.discriminant})"
+    ]
+
+
+def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Names) -> None:
+    name = python_name(field.name)
+    label = f"{node.scope}.{field.name}"
+    if field.group is not None:
+        group = names.of(field.group)
+        out.add("")
+        out.add("@property")
+        out.add(f"def {name}(self) -> {group}.Builder:")
+        with out.indent():
+            for line in _select(node, field):
+                out.add(line)
+            out.add(f"return {group}.Builder._view(self)")
+        return
+    kind = field.type
+    assert kind is not None
+    k = kind.kind
+    select = _select(node, field)
+    if k == "void":
+        if select:
+            out.add("")
+            out.add(f"def set_{field.name}(self) -> None:")
+            out.add(f'    """Select the Void member {field.name}."""')
+            with out.indent():
+                for line in select:
+                    out.add(line)
+        return
+    if k == "bool":
+        byte, bit = divmod(field.offset, 8)
+        default = 1 if field.default else 0
+        out.add("")
+        out.add("@property")
+        out.add(f"def {name}(self) -> bool:")
+        out.add(f"    return bool(self._b.buf[self._data + {byte}] >> {bit} & 1 ^ {default})")
+        out.add(f"@{name}.setter")
+        out.add(f"def {name}(self, value: bool) -> None:")
+        with out.indent():
+            out.add("if value is not True and value is not False:")
+            out.add(f'    raise _b.bad_type(value, "{label}", "bool (Bool)")')
+            out.add("buf = self._b.buf")
+            out.add(f"p = self._data + {byte}")
+            set_bit = "value" if not default else "not value"
+            out.add(f"buf[p] = buf[p] | {1 << bit} if {set_bit} else buf[p] & {0xFF ^ (1 << bit)}")
+            for line in select:
+                out.add(line)
+        return
+    if k in NUMBERS or k == "enum":
+        _number_accessor(out, node, field, label, names)
+        return
+    pointer = f"self._ptr + {field.offset}"
+    if k in ("text", "data"):
+        python_type = "str" if k == "text" else "bytes | bytearray | memoryview"
+        out.add("")
+        out.add(f"def set_{field.name}(self, value: {python_type}) -> None:")
+        with out.indent():
+            for line in select:
+                out.add(line)
+            out.add(f'_b.set_{k}(self._b, {pointer}, value, "{label}")')
+        return
+    if k == "struct":
+        target = names.of(kind.target)
+        out.add("")
+        out.add("@property")
+        out.add(f"def {name}(self) -> {target}.Builder:")
+        out.add(f'    """The {field.name} struct (allocated on first use)."""')
+        with out.indent():
+            for line in select:
+                out.add(line)
+            copy = f", {_default_name(path, field)}" if field.default is not None else ""
+            out.add(f"return _b.struct_field(self, {field.offset}, {target}.Builder{copy})")
+        out.add("")
+        out.add(f"def init_{field.name}(self) -> {target}.Builder:")
+        out.add(f'    """A new, empty {field.name} struct."""')
+        with out.indent():
+            for line in select:
+                out.add(line)
+            out.add(f"return _b.init_struct(self, {pointer}, {target}.Builder)")
+        return
+    if k == "list":
+        assert kind.element is not None
+        out.add("")
+        out.add(
+            f"def init_{field.name}(self, count: int) -> {_list_builder_type(kind.element, names)}:"
+        )
+        out.add(f'    """A new list of ``count`` elements in {field.name}."""')
+        with out.indent():
+            for line in select:
+                out.add(line)
+            out.add(f"return {_init_list(kind.element, pointer, 'count', label, names)}")
+        settable = _list_setter(kind.element)
+        if settable:
+            out.add("")
+            out.add(f"def set_{field.name}(self, values: {settable}) -> None:")
+            out.add(f'    """{field.name} from a sequence of values."""')
+            with out.indent():
+                for line in select:
+                    out.add(line)
+                out.add("items = list(values)")
+                out.add(f"target = {_init_list(kind.element, pointer, 'len(items)', label, names)}")
+                if kind.element.kind in NUMBERS:
+                    out.add("target.set_all(items)")
+                else:
+                    out.add("for index, item in enumerate(items):")
+                    out.add("    target[index] = item")
+        return
+    if k == "interface":
+        out.add("")
+        out.add(f"def set_{field.name}(self, index: int | None) -> None:")
+        out.add('    """The capability at ``index`` of the cap table (None: a null capability)."""')
+        with out.indent():
+            for line in select:
+                out.add(line)
+            out.add("if index is None:")
+            out.add(f"    _b.set_null(self._b, {pointer})")
+            out.add("else:")
+            out.add(f"    _b.set_capability(self._b, {pointer}, index)")
+        return
+    out.add("")
+    out.add(f"def init_{field.name}_as(self, cls: type[_b.B]) -> _b.B:")
+    out.add(f'    """Put a new struct of builder class ``cls`` in the AnyPointer {field.name}."""')
+    with out.indent():
+        for line in select:
+            out.add(line)
+        out.add(f"return _b.init_struct(self, {pointer}, cls)")
+
+
+def _number_accessor(out: _Out, node: Struct, field: Field, label: str, names: _Names) -> None:
+    kind = field.type
+    assert kind is not None
+    k = kind.kind
+    name = python_name(field.name)
+    fmt, bits, _ = NUMBERS.get(k, ("H", 16, 3))
+    width = _width(k)
+    offset = field.offset * bits // 8
+    default = field.default or 0
+    schema_type = names.of(kind.target) if k == "enum" else SCHEMA_NAMES[k]
+    python_type = _reader_type(kind, names)
+    read = _xor_read(k, width, default, offset, "self._b.buf")
+    if k == "enum":
+        read = f"{names.of(kind.target)}({read})"
+    out.add("")
+    out.add("@property")
+    out.add(f"def {name}(self) -> {python_type}:")
+    out.add(f"    return {read}")
+    out.add(f"@{name}.setter")
+    setter_type = "int" if k == "enum" else python_type
+    out.add(f"def {name}(self, value: {setter_type}) -> None:")
+    with out.indent():
+        out.add("try:")
+        with out.indent():
+            if k in ("float32", "float64") and default:
+                size = 32 if k == "float32" else 64
+                out.add(
+                    f"set_u{size}(self._b.buf, self._data + {offset},"
+                    f" f{size}_bits(value) ^ {_float_bits(default, size):#x})"
+                )
+            elif default and k not in ("float32", "float64"):
+                out.add(f"set_{width}(self._b.buf, self._data + {offset}, value ^ {int(default)})")  # type: ignore[call-overload]
+            else:
+                out.add(f"set_{width}(self._b.buf, self._data + {offset}, value)")
+        out.add("except (struct.error, TypeError):")
+        out.add(f'    raise _b.bad_value(value, "{label}", "{schema_type}", "{fmt}") from None')
+        for line in _select(node, field):
+            out.add(line)
+
+
+def _list_builder_type(element: Type, names: _Names) -> str:
+    k = element.kind
+    if k == "bool":
+        return "_b.BoolListBuilder"
+    if k in NUMBERS or k == "enum":
+        return f"_b.PrimitiveListBuilder[{_reader_type(element, names)}]"
+    if k == "text":
+        return "_b.TextListBuilder"
+    if k == "data":
+        return "_b.DataListBuilder"
+    if k == "struct":
+        return f"_b.StructListBuilder[{names.of(element.target)}.Builder]"
+    if k == "list":
+        return "_b.ListListBuilder"
+    return "_b.ListBuilder"
+
+
+def _init_list(element: Type, at: str, count: str, label: str, names: _Names) -> str:
+    k = element.kind
+    if k == "bool":
+        return f'_b.init_bool_list(self._b, {at}, {count}, "{label}")'
+    if k in NUMBERS or k == "enum":
+        fmt, _, code = NUMBERS.get(k, ("H", 16, 3))
+        schema_type = names.of(element.target) if k == "enum" else SCHEMA_NAMES[k]
+        arguments = f'"{label}", "{fmt}", {code}, "{schema_type}"'
+        return f"_b.init_primitive_list(self._b, {at}, {count}, {arguments})"
+    if k == "text":
+        return f'_b.init_text_list(self._b, {at}, {count}, "{label}")'
+    if k == "data":
+        return f'_b.init_data_list(self._b, {at}, {count}, "{label}")'
+    if k == "struct":
+        builder = f"{names.of(element.target)}.Builder"
+        return f'_b.init_struct_list(self._b, {at}, {count}, "{label}", {builder})'
+    if k == "list":
+        assert element.element is not None
+        inner = _inner_init(element.element, names)
+        return f'_b.init_list_list(self._b, {at}, {count}, "{label}", {inner})'
+    if k == "void":
+        return f'_b.init_void_list(self._b, {at}, {count}, "{label}")'
+    return f'_b.init_text_list(self._b, {at}, {count}, "{label}")'
+
+
+def _inner_init(element: Type, names: _Names) -> str:
+    """A function (builder, at, count, label) -> list builder for a list's element lists."""
+    body = _init_list(element, "at", "count", "{label}", names).replace("self._b", "builder")
+    body = body.replace('"{label}"', "label")
+    return f"lambda builder, at, count, label: {body}"
+
+
+def _list_setter(element: Type) -> str:
+    k = element.kind
+    if k in NUMBERS:
+        return (
+            "list[float] | tuple[float, ...]"
+            if k.startswith("float")
+            else "list[int] | tuple[int, ...]"
+        )
+    if k == "enum":
+        return "list[int] | tuple[int, ...]"
+    if k == "bool":
+        return "list[bool] | tuple[bool, ...]"
+    if k == "text":
+        return "list[str] | tuple[str, ...]"
+    if k == "data":
+        return "list[bytes] | tuple[bytes, ...]"
+    return ""
+
+
+# ---------------------------------------------------------------------- module tail
+def _list_name(path: str, field: Field) -> str:
+    return f"_L_{path.replace('.', '_')}_{field.name}"
+
+
+def _default_name(path: str, field: Field) -> str:
+    return f"_D_{path.replace('.', '_')}_{field.name}"
+
+
+def _maker(element: Type, names: _Names) -> str:
+    k = element.kind
+    if k == "void":
+        return "_r.simple_list(_r.VoidList)"
+    if k == "bool":
+        return "_r.simple_list(_r.BoolList)"
+    if k in NUMBERS:
+        return f'_r.primitive_list("{NUMBERS[k][0]}")'
+    if k == "enum":
+        return f'_r.primitive_list("H", {names.of(element.target)})'
+    if k == "text":
+        return "_r.simple_list(_r.TextList)"
+    if k == "data":
+        return "_r.simple_list(_r.DataList)"
+    if k == "struct":
+        return f"_r.struct_list({names.of(element.target)}.Reader)"
+    if k == "list":
+        assert element.element is not None
+        return f"_r.list_list({_maker(element.element, names)})"
+    if k == "interface":
+        return "_r.simple_list(_r.CapabilityList)"
+    return "_r.simple_list(_r.AnyPointerList)"
+
+
+def _lists(out: _Out, file: File, names: _Names) -> None:
+    lines = []
+    for node in file.nodes:
+        if isinstance(node, Enum):
+            path = names.local[node.id]
+            lines.append(f"_E_{path.replace('.', '_')} = tuple({path})")
+    for enum_id in sorted(_foreign_enums(file, names)):
+        path = names.of(enum_id)
+        lines.append(f"_E_{path.replace('.', '_')} = tuple({path})")
+    for node in file.nodes:
+        if not isinstance(node, Struct):
+            continue
+        path = names.local[node.id]
+        for field in node.fields:
+            if field.type is not None and field.type.kind == "list":
+                assert field.type.element is not None
+                lines.append(f"{_list_name(path, field)} = {_maker(field.type.element, names)}")
+            if (
+                field.type is not None
+                and field.type.is_pointer
+                and field.default is not None
+                and field.type.kind not in ("text", "data")
+            ):
+                segments = ", ".join(f"bytes.fromhex({s.hex()!r})" for s in field.default)  # type: ignore[attr-defined]
+                lines.append(f"{_default_name(path, field)} = [{segments}]")
+    if lines:
+        out.add("")
+        out.add("")
+        out.add("# Readers of list fields, and the encoded defaults of struct and list fields.")
+        for line in lines:
+            out.add(line)
+
+
+def _foreign_enums(file: File, names: _Names) -> set[int]:
+    """Enums of other files that this file's fields use (they need a table here too)."""
+    found = set()
+    for node in file.nodes:
+        if not isinstance(node, Struct):
+            continue
+        for field in node.fields:
+            kind = field.type
+            while kind is not None:
+                if kind.kind == "enum" and kind.target not in names.local:
+                    found.add(kind.target)
+                kind = kind.element
+    return found
+
+
+def _module_tail(out: _Out, file: File, names: _Names) -> None:
+    tail = _Out()
+    _interface_tables(tail, file, names)
+    for node in file.nodes:
+        if isinstance(node, Const) and node.type.kind in ("struct", "list", "anyPointer"):
+            if node.value is None:
+                continue
+            segments = ", ".join(f"bytes.fromhex({s.hex()!r})" for s in node.value)  # type: ignore[attr-defined]
+            target = names.local[node.id]
+            if node.type.kind == "struct":
+                reader = f"{names.of(node.type.target)}.Reader"
+                tail.add(f"{target} = _r.default_struct({reader}, [{segments}])")
+            elif node.type.kind == "list":
+                assert node.type.element is not None
+                tail.add(
+                    f"{target} = _r.default_list({_maker(node.type.element, names)}, [{segments}])"
+                )
+            else:
+                tail.add(f"{target} = _r.default_any([{segments}])")
+    if tail.lines:
+        out.add("")
+        out.add("")
+        out.lines.extend(tail.lines)

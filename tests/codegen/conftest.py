@@ -1,0 +1,43 @@
+"""Generated modules for the test schemas, made once per session into a temporary
+directory (the checked-in ones for the project's own schemas are tested apart)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import capnp
+import pytest
+
+from capsvc.codegen import schema_of_paths, sources, write
+from capsvc.codegen.model import Schema
+
+SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "schemas")
+
+
+@dataclass
+class Generated:
+    schema: Schema
+    directory: str
+    kitchen: ModuleType  # the generated module
+    other: ModuleType
+    reference: Any  # pycapnp's module for the same schema
+
+
+@pytest.fixture(scope="session")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
+    directory = str(tmp_path_factory.mktemp("generated"))
+    schema = schema_of_paths([os.path.join(SCHEMAS, "kitchen.capnp")])
+    write(sources(schema), directory)
+    sys.path.insert(0, directory)
+    try:
+        kitchen = importlib.import_module("kitchen_capnp")
+        other = importlib.import_module("kitchen_other_capnp")
+    finally:
+        sys.path.remove(directory)
+    reference = capnp.load(os.path.join(SCHEMAS, "kitchen.capnp"), imports=[SCHEMAS])
+    return Generated(schema, directory, kitchen, other, reference)

@@ -1,0 +1,203 @@
+"""The generator itself: golden files, determinism, the CLI (``--check``), the compiler
+plugin under the real ``capnp compile``, mypy --strict over generated code, and the errors
+a user gets for a wrong value."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capsvc.codegen import sources
+from tests.codegen.conftest import SCHEMAS, Generated
+
+HERE = Path(__file__).parent
+GOLDEN = HERE / "golden"
+ROOT = HERE.parent.parent
+VENV_BIN = Path(sys.executable).parent
+KITCHEN = os.path.join(SCHEMAS, "kitchen.capnp")
+#: Real time: each command is another process (the generator's parse, capnp, mypy).
+TIMEOUT = 300
+
+
+def test_output_matches_the_golden_files(generated: Generated) -> None:
+    """The renderer's output for every type kind, pinned (regenerate with
+    ``./dev capsvc gen tests/schemas/kitchen.capnp -o tests/codegen/golden``)."""
+    for name, text in sources(generated.schema).items():
+        assert (GOLDEN / name).read_text(encoding="utf-8") == text, f"{name} changed"
+
+
+def test_output_is_deterministic(generated: Generated) -> None:
+    assert sources(generated.schema) == sources(generated.schema)
+
+
+def capsvc(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(VENV_BIN / "capsvc"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def test_gen_writes_the_modules_and_check_finds_stale_ones(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = capsvc("gen", KITCHEN, "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["kitchen_capnp.py", "kitchen_other_capnp.py"]
+    assert (out / "kitchen_capnp.py").read_text() == (GOLDEN / "kitchen_capnp.py").read_text()
+    fresh = capsvc("gen", KITCHEN, "-o", str(out), "--check")
+    assert fresh.returncode == 0, fresh.stderr
+    (out / "kitchen_other_capnp.py").write_text("# edited by hand\n")
+    stale = capsvc("gen", KITCHEN, "-o", str(out), "--check")
+    assert stale.returncode == 1
+    assert f"stale: {out / 'kitchen_other_capnp.py'}" in stale.stderr + stale.stdout
+    assert (out / "kitchen_other_capnp.py").read_text() == "# edited by hand\n"  # untouched
+
+
+def test_a_bad_schema_is_a_clear_error_not_a_crash(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.capnp"
+    bad.write_text("@0xd0d0d0d0d0d0d0d1;\nstruct S { x @0 :NoSuchType; }\n")
+    done = capsvc("gen", str(bad), "-o", str(tmp_path / "out"))
+    assert done.returncode == 1
+    assert "cannot parse" in done.stderr
+    assert "NoSuchType" in done.stderr
+    assert "stack:" not in done.stderr
+
+
+def test_capnp_compile_with_the_plugin_gives_the_same_modules(tmp_path: Path) -> None:
+    """``capnp compile -ocapsvc:DIR`` (Debian's capnproto, installed by ./dev) runs
+    capnpc-capsvc with a CodeGeneratorRequest: same bytes as ``capsvc gen``."""
+    capnp_tool = shutil.which("capnp")
+    assert capnp_tool is not None, "the capnp tool is missing (./dev installs capnproto)"
+    done = subprocess.run(
+        [
+            capnp_tool,
+            "compile",
+            f"-I{SCHEMAS}",
+            f"-o{VENV_BIN / 'capnpc-capsvc'}:{tmp_path}",
+            KITCHEN,
+            os.path.join(SCHEMAS, "kitchen_other.capnp"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for name in ("kitchen_capnp.py", "kitchen_other_capnp.py"):
+        assert (tmp_path / name).read_text() == (GOLDEN / name).read_text(), name
+
+
+TYPED_USER = '''
+import kitchen_capnp as k
+
+def total(lot: k.Lists.Reader) -> int:
+    return sum(lot.i32s) + len(lot.texts[0]) + lot.structs[0].i64
+
+def build() -> k.Shapes.Builder:
+    shape = k.Shapes.new_message()
+    shape.set_name("box")
+    shape.square.side = 2.5
+    shape.style.color = k.Color.blue
+    return shape
+
+def which(shape: k.Shapes.Reader) -> str:
+    member = shape.which()
+    if member is None:
+        return "unknown"
+    return member
+'''
+TYPE_ERROR = """
+import kitchen_capnp as k
+
+def wrong(numbers: k.Numbers.Builder) -> None:
+    numbers.u16 = "seven"
+"""
+
+
+def mypy(tmp_path: Path, *files: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent", *files],
+        cwd=tmp_path,
+        env={**os.environ, "MYPYPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+
+
+def test_generated_code_and_its_users_pass_mypy_strict(tmp_path: Path) -> None:
+    for name in ("kitchen_capnp.py", "kitchen_other_capnp.py"):
+        shutil.copy(GOLDEN / name, tmp_path / name)
+    (tmp_path / "typed_user.py").write_text(TYPED_USER)
+    done = mypy(tmp_path, "kitchen_capnp.py", "kitchen_other_capnp.py", "typed_user.py")
+    assert done.returncode == 0, done.stdout
+    (tmp_path / "type_error.py").write_text(TYPE_ERROR)
+    wrong = mypy(tmp_path, "type_error.py")
+    assert wrong.returncode == 1
+    assert 'Incompatible types in assignment (expression has type "str"' in wrong.stdout
+
+
+def test_wrong_values_name_the_field_and_the_schema_type(generated: Generated) -> None:
+    kitchen = generated.kitchen
+    numbers = kitchen.Numbers.new_message()
+    with pytest.raises(TypeError, match=r"^Numbers\.u16: expected an int \(UInt16\), got str$"):
+        numbers.u16 = "seven"
+    with pytest.raises(ValueError, match=r"^Numbers\.u8: 300 is out of range for UInt8 \(0\.\.255\)$"):
+        numbers.u8 = 300
+    with pytest.raises(ValueError, match=r"^Numbers\.i8: -129 is out of range for Int8"):
+        numbers.i8 = -129
+    with pytest.raises(TypeError, match=r"^Numbers\.b: expected bool \(Bool\), got int$"):
+        numbers.b = 1
+    with pytest.raises(TypeError, match=r"^Numbers\.f32: expected a number \(Float32\), got str$"):
+        numbers.f32 = "x"
+    lists = kitchen.Lists.new_message()
+    with pytest.raises(TypeError, match=r"^Lists\.texts\[1\]: expected str \(Text\), got int$"):
+        lists.set_texts(["a", 2])
+    with pytest.raises(ValueError, match=r"^Lists\.u8s\[0\]: 256 is out of range for UInt8"):
+        lists.init_u8s(1)[0] = 256
+    with pytest.raises(TypeError, match=r"^Shapes\.name: expected str \(Text\), got bytes$"):
+        kitchen.Shapes.new_message().set_name(b"box")
+    assert numbers.as_reader().to_dict()["u16"] == 0  # nothing half-written
+
+
+def test_defaults_and_constants(generated: Generated) -> None:
+    kitchen = generated.kitchen
+    empty = kitchen.Defaults.new_message().as_reader()
+    assert (empty.b, empty.i8, empty.u64, empty.f32, empty.f64) == (
+        True, -7, 18000000000000000000, 1.5, -2.25
+    )  # fmt: skip
+    assert empty.color is kitchen.Color.blue
+    assert (empty.text, empty.data) == ("hello", b"\x01\x02\xfe")
+    assert (empty.numbers.i32, empty.numbers.color, empty.numbers.b) == (
+        42, kitchen.Color.green, True
+    )  # fmt: skip
+    assert list(empty.list) == [1, -2, 3]
+    assert list(empty.texts) == ["a", "bc"]
+    built = kitchen.Defaults.new_message()
+    built.numbers.u8 = 9  # a builder's struct field starts as a copy of its default
+    assert built.as_reader().numbers.to_dict()["i32"] == 42
+    assert kitchen.answer == 42
+    assert kitchen.greeting == "hi there"
+    assert kitchen.origin.i16 == -5
+    assert list(kitchen.primes) == [2, 3, 5, 7]
+    assert kitchen.pi == 3.14159
+
+
+def test_names_that_collide_get_a_trailing_underscore(generated: Generated) -> None:
+    kitchen = generated.kitchen
+    message = kitchen.Keywords.new_message()
+    message.return_ = 5
+    message.which_ = 7
+    message.set_class("c")
+    reader = message.as_reader()
+    assert (reader.return_, reader.which_, reader.class_) == (5, 7, "c")
+    assert kitchen.Tree.Reader_.Reader._DATA_WORDS == 1  # the nested struct named Reader

@@ -1,0 +1,128 @@
+@0xe1a6c5a0f1f2b3c4;
+# Every type kind the generator handles (capsvc gen): the golden file and the round-trip
+# tests of generated codecs against pycapnp use this schema.
+
+using Other = import "kitchen_other.capnp";
+
+enum Color {
+  red @0;
+  green @1;
+  blue @2;
+}
+
+struct Numbers {
+  b @0 :Bool;
+  i8 @1 :Int8;
+  i16 @2 :Int16;
+  i32 @3 :Int32;
+  i64 @4 :Int64;
+  u8 @5 :UInt8;
+  u16 @6 :UInt16;
+  u32 @7 :UInt32;
+  u64 @8 :UInt64;
+  f32 @9 :Float32;
+  f64 @10 :Float64;
+  color @11 :Color;
+  b2 @12 :Bool;
+  v @13 :Void;
+}
+
+struct Defaults {
+  # Stored XOR their defaults: a zeroed struct reads as these.
+  b @0 :Bool = true;
+  i8 @1 :Int8 = -7;
+  i16 @2 :Int16 = 1234;
+  i32 @3 :Int32 = -100000;
+  i64 @4 :Int64 = 1234567890123;
+  u8 @5 :UInt8 = 200;
+  u16 @6 :UInt16 = 65000;
+  u32 @7 :UInt32 = 4000000000;
+  u64 @8 :UInt64 = 18000000000000000000;
+  f32 @9 :Float32 = 1.5;
+  f64 @10 :Float64 = -2.25;
+  color @11 :Color = blue;
+  text @12 :Text = "hello";
+  data @13 :Data = 0x"0102fe";
+  numbers @14 :Numbers = (i32 = 42, color = green, b = true);
+  list @15 :List(Int16) = [1, -2, 3];
+  texts @16 :List(Text) = ["a", "bc"];
+}
+
+struct Lists {
+  voids @0 :List(Void);
+  bools @1 :List(Bool);
+  i8s @2 :List(Int8);
+  i16s @3 :List(Int16);
+  i32s @4 :List(Int32);
+  i64s @5 :List(Int64);
+  u8s @6 :List(UInt8);
+  u16s @7 :List(UInt16);
+  u32s @8 :List(UInt32);
+  u64s @9 :List(UInt64);
+  f32s @10 :List(Float32);
+  f64s @11 :List(Float64);
+  texts @12 :List(Text);
+  datas @13 :List(Data);
+  structs @14 :List(Numbers);
+  colors @15 :List(Color);
+  nested @16 :List(List(Int32));
+  nestedTexts @17 :List(List(Text));
+  deep @18 :List(List(List(UInt8)));
+}
+
+struct Shapes {
+  name @0 :Text;
+  union {
+    circle @1 :Float64;
+    square :group {
+      side @2 :Float32;
+      label @3 :Text;
+    }
+    nothing @4 :Void;
+    points @5 :List(Int32);
+  }
+  style :group {
+    color @6 :Color;
+    fill :union {
+      solid @7 :Void;
+      pattern @8 :Text;
+      gradient :group {
+        from @9 :Color;
+        to @10 :Color;
+      }
+    }
+  }
+}
+
+struct Tree {
+  value @0 :Int32;
+  children @1 :List(Tree);
+  left @2 :Tree;
+  other @3 :Other.Thing;
+  anything @4 :AnyPointer;
+
+  struct Reader {
+    # A nested type named like a generated class: renamed Reader_.
+    x @0 :UInt8;
+  }
+}
+
+struct Keywords {
+  return @0 :Int32;
+  class @1 :Text;
+  from @2 :Bool;
+  which @3 :UInt8;
+  async @4 :Int16;
+}
+
+interface Shop {
+  buy @0 (item :Text, count :UInt32) -> (total :Float64, receipt :Numbers);
+  list @1 () -> (items :List(Text));
+  peek @2 (tree :Tree) -> ();
+}
+
+const answer :Int32 = 42;
+const greeting :Text = "hi there";
+const origin :Numbers = (i16 = -5, color = red);
+const primes :List(UInt16) = [2, 3, 5, 7];
+const pi :Float64 = 3.14159;
