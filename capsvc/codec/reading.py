@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar, Final, Generic, TypeVar
+from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
 from capsvc.errors import DecodeError
 
@@ -46,12 +46,14 @@ _COMPOSITE: Final = 7
 
 R = TypeVar("R", bound="StructReader")
 T = TypeVar("T")
+C = TypeVar("C", covariant=True)
+E = TypeVar("E")
 
 
 class MessageReader:
     """The segments of one message and what reading them may still cost."""
 
-    __slots__ = ("budget", "nesting_limit", "segments", "sizes")
+    __slots__ = ("budget", "caps", "keep", "nesting_limit", "segments", "sizes")
 
     def __init__(
         self,
@@ -59,8 +61,16 @@ class MessageReader:
         *,
         traversal_limit_words: int = DEFAULT_TRAVERSAL_LIMIT,
         nesting_limit: int = DEFAULT_NESTING_LIMIT,
+        caps: Sequence[Any] = (),
+        keep: object = None,
     ) -> None:
         self.segments = segments
+        #: The capabilities capability pointers index (an RPC payload's cap table, as
+        #: hooks): what an interface field reads as (``read_client``).
+        self.caps = caps
+        #: Whatever must stay alive while readers of this message do (the call result
+        #: that owns the payload, for an RPC message).
+        self.keep = keep
         #: Whole words in each segment (a trailing partial word does not count).
         self.sizes = [len(segment) >> 3 for segment in segments]
         self.budget = traversal_limit_words
@@ -232,7 +242,8 @@ class StructReader:
     def _has(self, slot: int) -> bool:
         """True if pointer ``slot`` is present and not null."""
         w = self._ptr + slot
-        return w < self._pend and _u64(self._seg, w << 3)[0] != 0
+        # The segment itself: ``_seg`` may be a padded copy of the data section only.
+        return w < self._pend and _u64(self._msg.segments[self._si], w << 3)[0] != 0
 
     def _pointer(self, slot: int) -> int:
         """The word index of pointer ``slot``, or -1 when the writer had no such slot."""
@@ -678,15 +689,42 @@ def list_list(
     return make
 
 
-class CapabilityList(_PointerElements["int | None"]):
-    """A List of an interface type: each element's cap-table index (None: null)."""
+class ClientFactory(Protocol[C]):
+    """A generated interface's Client class, as readers make clients of it."""
 
-    __slots__ = ()
+    @classmethod
+    def _from_table(cls, caps: Sequence[Any], index: int | None) -> C: ...
 
-    def _get(self, index: int) -> int | None:
+
+def read_client(msg: MessageReader, si: int, w: int, cls: ClientFactory[C]) -> C:
+    """An interface field: a client of the capability its pointer names in the message's
+    cap table (a null pointer, or one the table has no entry for, gives a client whose
+    calls fail, as libcapnp's null and broken capabilities do)."""
+    return cls._from_table(msg.caps, read_capability(msg, si, w))
+
+
+class ClientList(_PointerElements[E]):
+    """A List of an interface type: a client per element."""
+
+    __slots__ = ("_cls",)
+
+    def __init__(
+        self, msg: MessageReader, shape: _ListShape | None, depth: int, cls: ClientFactory[E]
+    ) -> None:
+        self._cls = cls
+        super().__init__(msg, shape, depth)
+
+    def _get(self, index: int) -> E:
         shape = self._shape
         assert shape is not None
-        return read_capability(self._msg, shape.si, self._element_pointer(index))
+        return read_client(self._msg, shape.si, self._element_pointer(index), self._cls)
+
+
+def client_list(cls: ClientFactory[E]) -> Callable[[MessageReader, int, int, int], ClientList[E]]:
+    def make(msg: MessageReader, si: int, w: int, depth: int) -> ClientList[E]:
+        return ClientList(msg, _open_list(msg, si, w, depth), depth - 1, cls)
+
+    return make
 
 
 class AnyPointerList(_PointerElements[AnyPointer]):
@@ -747,4 +785,6 @@ def unframe(data: bytes | bytearray | memoryview) -> list[memoryview]:
         raise DecodeError("incomplete message: the framing promises more bytes")
     if decoder.next_message() is not None:
         raise DecodeError("more than one message")
+    if decoder.buffered:  # the start of another message, or junk
+        raise DecodeError(f"junk after the message ({decoder.buffered} bytes)")
     return segments

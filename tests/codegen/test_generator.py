@@ -95,7 +95,7 @@ def test_capnp_compile_with_the_plugin_gives_the_same_modules(tmp_path: Path) ->
         assert (tmp_path / name).read_text() == (GOLDEN / name).read_text(), name
 
 
-TYPED_USER = '''
+TYPED_USER = """
 import kitchen_capnp as k
 
 def total(lot: k.Lists.Reader) -> int:
@@ -103,7 +103,7 @@ def total(lot: k.Lists.Reader) -> int:
 
 def build() -> k.Shapes.Builder:
     shape = k.Shapes.new_message()
-    shape.set_name("box")
+    shape.name = "box"
     shape.square.side = 2.5
     shape.style.color = k.Color.blue
     return shape
@@ -113,7 +113,7 @@ def which(shape: k.Shapes.Reader) -> str:
     if member is None:
         return "unknown"
     return member
-'''
+"""
 TYPE_ERROR = """
 import kitchen_capnp as k
 
@@ -151,7 +151,9 @@ def test_wrong_values_name_the_field_and_the_schema_type(generated: Generated) -
     numbers = kitchen.Numbers.new_message()
     with pytest.raises(TypeError, match=r"^Numbers\.u16: expected an int \(UInt16\), got str$"):
         numbers.u16 = "seven"
-    with pytest.raises(ValueError, match=r"^Numbers\.u8: 300 is out of range for UInt8 \(0\.\.255\)$"):
+    with pytest.raises(
+        ValueError, match=r"^Numbers\.u8: 300 is out of range for UInt8 \(0\.\.255\)$"
+    ):
         numbers.u8 = 300
     with pytest.raises(ValueError, match=r"^Numbers\.i8: -129 is out of range for Int8"):
         numbers.i8 = -129
@@ -165,7 +167,7 @@ def test_wrong_values_name_the_field_and_the_schema_type(generated: Generated) -
     with pytest.raises(ValueError, match=r"^Lists\.u8s\[0\]: 256 is out of range for UInt8"):
         lists.init_u8s(1)[0] = 256
     with pytest.raises(TypeError, match=r"^Shapes\.name: expected str \(Text\), got bytes$"):
-        kitchen.Shapes.new_message().set_name(b"box")
+        kitchen.Shapes.new_message().name = b"box"  # type: ignore[assignment]
     assert numbers.as_reader().to_dict()["u16"] == 0  # nothing half-written
 
 
@@ -197,7 +199,7 @@ def test_names_that_collide_get_a_trailing_underscore(generated: Generated) -> N
     message = kitchen.Keywords.new_message()
     message.return_ = 5
     message.which_ = 7
-    message.set_class("c")
+    message.class_ = "c"
     reader = message.as_reader()
     assert (reader.return_, reader.which_, reader.class_) == (5, 7, "c")
     assert kitchen.Tree.Reader_.Reader._DATA_WORDS == 1  # the nested struct named Reader
