@@ -399,7 +399,13 @@ class Connection:
 
     # ------------------------------------------------------------------ API
     def bootstrap(self, interface: Any) -> Any:
-        """The peer's bootstrap capability typed as ``interface`` (usable at once)."""
+        """The peer's bootstrap capability typed as ``interface`` (usable at once): a
+        generated interface (``capsvc gen``) gives its typed ``Client``, a schema loaded
+        with ``capsvc.load_schema`` a dynamic ``capsvc.Client``."""
         from capsvc.client import Client
+        from capsvc.typed import Client as TypedClient
 
+        typed = getattr(interface, "Client", None)
+        if isinstance(typed, type) and issubclass(typed, TypedClient):
+            return typed(self.session.bootstrap())
         return Client(self.session.bootstrap(), interface)

@@ -17,7 +17,7 @@ import trio
 
 from capsvc.errors import Failed, RpcError, Unimplemented
 from capsvc.rpc.hooks import CallResult, LocalServerHook, OutgoingCall
-from capsvc.rpc.payload import BuiltPayload
+from capsvc.rpc.payload import Payload
 
 log = logging.getLogger("capsvc")
 
@@ -105,7 +105,7 @@ def _run_inline(server: Any, call: OutgoingCall) -> None:
         _fail(result, server, call, error)
         call.params.release()
         return
-    if isinstance(outcome, BuiltPayload):
+    if isinstance(outcome, Payload):
         result.set_result(outcome)
         call.params.release()
     else:  # an awaitable after all: finish it in a task of its own
@@ -183,7 +183,7 @@ async def _run_next_call(hook: LocalServerHook) -> None:
     await _run_call(server, call, server._dispatch(call.interface_id, call.method_id, call.params))
 
 
-async def _run_call(server: Any, call: OutgoingCall, work: Awaitable[BuiltPayload]) -> None:
+async def _run_call(server: Any, call: OutgoingCall, work: Awaitable[Payload]) -> None:
     """Await ``work`` (the method's results) with a cancel scope the caller's Finish can
     trigger (rpc-protocol.md §4, callee step 4), and settle the call's result."""
     result = call.result

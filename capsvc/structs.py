@@ -61,6 +61,11 @@ def _hook_of(value: Any) -> Hook | None:
         return None if isinstance(hook, NullHook) else hook.add_ref()
     if isinstance(value, Server):
         return value._new_hook()
+    make_hook = getattr(value, "_capsvc_hook", None)  # a typed (generated) client or server
+    if make_hook is not None:
+        hook = make_hook()
+        assert isinstance(hook, Hook)
+        return hook
     raise TypeError(f"expected a capability (Client or Server), got {type(value).__name__}")
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from capsvc.errors import DecodeError
 from capsvc.framing import encode_message
@@ -66,10 +66,13 @@ def bad_type(value: object, field: str, expected: str) -> TypeError:
 class MessageBuilder:
     """One message being built: a single segment that grows at the end."""
 
-    __slots__ = ("buf",)
+    __slots__ = ("buf", "caps")
 
     def __init__(self) -> None:
         self.buf = bytearray(8)  # the root pointer
+        #: The capabilities the message's capability pointers index, as engine hooks in
+        #: cap-table order (an RPC payload's cap table is written from it).
+        self.caps: list[Any] = []
 
     def alloc(self, words: int) -> int:
         """Allocate ``words`` zeroed words; returns the first one's index."""
@@ -191,6 +194,39 @@ def set_data(
     write_list_pointer(buf, at, start, 2, size)
 
 
+def get_text(builder: MessageBuilder, at: int, default: str) -> str:
+    """Read back the Text at pointer word ``at`` of the message being built."""
+    from capsvc.codec.reading import MessageReader, read_text
+
+    return read_text(MessageReader([builder.buf]), 0, at, default)
+
+
+def get_data(builder: MessageBuilder, at: int, default: bytes) -> bytes:
+    from capsvc.codec.reading import MessageReader, read_data
+
+    return read_data(MessageReader([builder.buf]), 0, at, default)
+
+
+class Capability(Protocol):
+    """What can go into an interface field: a client, or a server object. Each gives a
+    new reference to its engine hook."""
+
+    def _capsvc_hook(self) -> Any: ...
+
+
+def set_client(builder: MessageBuilder, at: int, value: Capability | None, field: str) -> None:
+    """Put a capability in the message: its hook is appended to the message's cap table and
+    the pointer word ``at`` names that entry."""
+    if value is None:
+        _set_u64(builder.buf, at << 3, 0)
+        return
+    make_hook = getattr(value, "_capsvc_hook", None)
+    if make_hook is None:
+        raise bad_type(value, field, "a capability (a client or a server object)")
+    builder.caps.append(make_hook())
+    set_capability(builder, at, len(builder.caps) - 1)
+
+
 def set_null(builder: MessageBuilder, at: int) -> None:
     _set_u64(builder.buf, at << 3, 0)
 
@@ -300,6 +336,16 @@ class DataListBuilder(ListBuilder):
         set_data(self._b, at, value, f"{self.field}[{index}]")
 
 
+class CapabilityListBuilder(ListBuilder):
+    """A List of an interface type: assign a client or server object per element."""
+
+    __slots__ = ()
+
+    def __setitem__(self, index: int, value: Capability | None) -> None:
+        at = self._start + self._index(index)
+        set_client(self._b, at, value, f"{self.field}[{index}]")
+
+
 class StructListBuilder(ListBuilder, Generic[B]):
     """A composite list: ``lst[i]`` is the builder of element i (already allocated)."""
 
@@ -385,12 +431,24 @@ def _init_pointer_list(builder: MessageBuilder, at: int, count: int, field: str)
     return start
 
 
+def init_pointer_list(builder: MessageBuilder, at: int, count: int, field: str) -> ListBuilder:
+    """A list of pointers left null (a List(AnyPointer))."""
+    return ListBuilder(builder, _init_pointer_list(builder, at, count, field), count, field)
+
+
 def init_text_list(builder: MessageBuilder, at: int, count: int, field: str) -> TextListBuilder:
     return TextListBuilder(builder, _init_pointer_list(builder, at, count, field), count, field)
 
 
 def init_data_list(builder: MessageBuilder, at: int, count: int, field: str) -> DataListBuilder:
     return DataListBuilder(builder, _init_pointer_list(builder, at, count, field), count, field)
+
+
+def init_capability_list(
+    builder: MessageBuilder, at: int, count: int, field: str
+) -> CapabilityListBuilder:
+    start = _init_pointer_list(builder, at, count, field)
+    return CapabilityListBuilder(builder, start, count, field)
 
 
 def init_list_list(
@@ -446,7 +504,14 @@ def copy_pointer(
         raise DecodeError("message exceeds the nesting limit")
     kind = word & 3
     if kind == 3:
-        _set_u64(builder.buf, at << 3, word)
+        caps = src.caps
+        index = word >> 32
+        if word & 0xFFFFFFFF == 3 and caps and index < len(caps) and caps[index] is not None:
+            # A capability of the source message: one more reference, in our cap table.
+            builder.caps.append(caps[index].add_ref())
+            set_capability(builder, at, len(builder.caps) - 1)
+        else:
+            _set_u64(builder.buf, at << 3, word)
         return
     start = position + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
     segment = src.segments[si]
@@ -502,3 +567,46 @@ def _copy_words(
     target = builder.alloc(words)
     builder.buf[target << 3 : (target + words) << 3] = segment[start << 3 : (start + words) << 3]
     return target
+
+
+class _ReaderView(Protocol):
+    """What ``copy_struct`` needs of a generated struct reader."""
+
+    _msg: MessageReader
+    _si: int
+    _seg: bytes | bytearray | memoryview
+    _data: int
+    _ptr: int
+    _pend: int
+    _depth: int
+
+
+def copy_struct(parent: StructBuilder, slot: int, value: Any) -> None:
+    """Set pointer ``slot`` of ``parent`` to a deep copy of ``value``, a generated reader of
+    the field's struct type (capabilities in it join this message's cap table)."""
+    from capsvc.codec.reading import StructReader
+
+    if not isinstance(value, StructReader):
+        raise bad_type(value, f"{type(parent).__qualname__}[{slot}]", "a struct reader")
+    source: _ReaderView = value
+    if source._seg is source._msg.segments[source._si]:
+        data_words = source._ptr - (source._data >> 3)  # as the writer sized it
+    else:  # read from a zero-padded copy (an older writer's shorter struct)
+        data_words = type(value)._DATA_WORDS
+    pointers = source._pend - source._ptr
+    builder = parent._b
+    target = builder.alloc(data_words + pointers)
+    buf = builder.buf
+    buf[target << 3 : (target + data_words) << 3] = source._seg[
+        source._data : source._data + (data_words << 3)
+    ]
+    write_struct_pointer(buf, parent._ptr + slot, target, data_words, pointers)
+    for index in range(pointers):
+        copy_pointer(
+            source._msg,
+            source._si,
+            source._ptr + index,
+            builder,
+            target + data_words + index,
+            source._depth,
+        )

@@ -28,7 +28,7 @@ from capsvc.errors import Failed, RemoteProtocolError, RpcError
 from capsvc.rpc import copying, wire
 from capsvc.rpc.hooks import BrokenHook, CallResult, Hook, Path
 from capsvc.rpc.lifecycle import ANSWER_TRANSITIONS, AnswerInput, AnswerState, step_answer
-from capsvc.rpc.payload import BuiltPayload, new_return_payload
+from capsvc.rpc.payload import WritablePayload, new_return_payload
 
 if TYPE_CHECKING:
     from capsvc.rpc.session import RpcSession
@@ -37,7 +37,7 @@ log = logging.getLogger("capsvc")
 AS, AI = AnswerState, AnswerInput
 
 
-def _no_caps(desc: Any, path: Path, hook: Hook | None) -> None:
+def _no_caps(desc: Any, index: int, hook: Hook) -> None:
     """The describer of cap-free results (never called: there is no cap table)."""
 
 
@@ -54,8 +54,9 @@ class Answer:
         self.redirected = redirected
         #: Export IDs written into the results' cap table (released by releaseResultCaps).
         self.result_exports: list[int] = []
-        #: After the Return: what it described, where that differs from the results' hooks.
-        self.frozen: dict[Path, Hook] | None = None
+        #: After the Return: what it described, where that differs from the results' hooks
+        #: (keyed by the id of the results' hook: the results hold it while this does).
+        self.frozen: dict[int, Hook] | None = None
 
 
 class AnswerTable:
@@ -83,9 +84,12 @@ class AnswerTable:
             return BrokenHook(Failed(unknown))
         frozen = answer.frozen
         if frozen is not None:
-            hook = frozen.get(path)
-            if hook is not None:
-                return hook.add_ref()
+            returned = answer.result.payload.cap_at(path)
+            if returned is not None:
+                described = frozen.get(id(returned))
+                returned.release()
+                if described is not None:
+                    return described.add_ref()
         return answer.result.pipeline(path)
 
     def advance(self, answer: Answer, event: AnswerInput) -> AnswerState:
@@ -141,7 +145,7 @@ class AnswerTable:
     def _send_results(self, answer: Answer) -> None:
         outbox = self.session.outbox
         place = outbox.reserve()
-        frozen: dict[Path, Hook] = {}
+        frozen: dict[int, Hook] = {}
         try:
             segments, no_caps = self._build_results(answer, frozen)
         except Exception as error:  # never into whoever settled the result
@@ -156,16 +160,17 @@ class AnswerTable:
         self.advance(answer, AI.RESULTS_NO_FINISH if no_caps else AI.RESULTS)
 
     def _build_results(
-        self, answer: Answer, frozen: dict[Path, Hook]
+        self, answer: Answer, frozen: dict[int, Hook]
     ) -> tuple[list[bytes | bytearray], bool]:
         payload = answer.result.payload
         copied = not (
-            isinstance(payload, BuiltPayload) and payload.content_path == wire.RETURN_CONTENT_PATH
+            isinstance(payload, WritablePayload)
+            and payload.content_path == wire.RETURN_CONTENT_PATH
         )
         if copied:
             payload = copying.copy_to_return(payload, new_return_payload())
-        assert isinstance(payload, BuiltPayload)
-        body = payload.body if payload.body is not None else getattr(payload.message, "return")
+        assert isinstance(payload, WritablePayload)
+        body = payload.header()
         body.answerId = answer.id
         body.releaseParamCaps = False
         no_caps = not any(hook is not None for hook in payload.caps)
@@ -177,23 +182,23 @@ class AnswerTable:
         return segments, no_caps
 
     def _describer(
-        self, answer: Answer, frozen: dict[Path, Hook]
-    ) -> Callable[[Any, Path, Hook | None], None]:
+        self, answer: Answer, frozen: dict[int, Hook]
+    ) -> Callable[[Any, int, Hook], None]:
         describe = self.session.exports.describe_pinned
         exports = answer.result_exports
 
-        def write(desc: Any, path: Path, hook: Hook | None) -> None:
+        def write(desc: Any, index: int, hook: Hook) -> None:
             described = describe(desc, hook, exports)
             if described is None:
                 return
             if described is hook:
                 described.release()
             else:
-                frozen[path] = described
+                frozen[id(hook)] = described
 
         return write
 
-    def _undo_results(self, answer: Answer, frozen: dict[Path, Hook]) -> None:
+    def _undo_results(self, answer: Answer, frozen: dict[int, Hook]) -> None:
         """The Return was not sent: the exports its cap table counted were never seen."""
         exports, answer.result_exports = answer.result_exports, []
         self.session.exports.release_all(exports)

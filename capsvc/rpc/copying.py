@@ -10,10 +10,12 @@ the same hooks at the same paths in the new payload.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from capsvc.errors import Failed
 from capsvc.rpc import pointers, wire
 from capsvc.rpc.hooks import BrokenHook, Hook
-from capsvc.rpc.payload import BuiltPayload, Payload, ReceivedPayload
+from capsvc.rpc.payload import BuiltPayload, CodecPayload, Payload, ReceivedPayload
 
 _ZERO_WORD = bytes(8)
 
@@ -41,16 +43,18 @@ def _copy(source: Payload, target: BuiltPayload) -> None:
             hook = source.caps[index]
             target.set_cap(path, hook.add_ref() if hook is not None else None)
         return
-    if not isinstance(source, ReceivedPayload):
+    if not isinstance(source, ReceivedPayload | CodecPayload):
         raise TypeError(f"cannot copy {type(source).__name__}")
-    if not source.caps:
+    if isinstance(source, ReceivedPayload) and not source.caps:
         if source.payload_reader._has("content"):
             target.payload_builder.content = source.payload_reader.content
         return
-    segments = [bytearray(s) for s in source.segments]
-    start = pointers.follow(segments, pointers.ROOT, source.content_path)
+    # As raw segments (received, or built by generated codecs: the same rpc.capnp layout):
+    # zero the capability words, let pycapnp copy the rest, put the hooks back by path.
+    view, start, caps = source.codec_view()
     if start is None:
         return
+    segments = [bytearray(s) for s in view]
     found = pointers.scan_caps(segments, start)
     for _, (segment, word), _ in found:
         segments[segment][word * 8 : word * 8 + 8] = _ZERO_WORD
@@ -63,11 +67,11 @@ def _copy(source: Payload, target: BuiltPayload) -> None:
     if reader._has("content"):
         target.payload_builder.content = reader.content
     for path, _, index in found:
-        target.set_cap(path, _hook_at(source, index))
+        target.set_cap(path, _hook_at(caps, index))
 
 
-def _hook_at(source: ReceivedPayload, index: int) -> Hook | None:
-    if index >= len(source.caps):
+def _hook_at(caps: Sequence[Hook | None], index: int) -> Hook | None:
+    if index >= len(caps):
         return BrokenHook(Failed(f"capability index {index} is outside the capTable"))
-    hook = source.caps[index]
+    hook = caps[index]
     return hook.add_ref() if hook is not None else None

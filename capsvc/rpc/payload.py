@@ -21,16 +21,25 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import capnp.lib.capnp as capnp_lib
 
+from capsvc.codec.building import MessageBuilder, StructBuilder, init_struct
+from capsvc.codec.reading import (
+    DEFAULT_NESTING_LIMIT,
+    MessageReader,
+    StructReader,
+    read_struct,
+)
 from capsvc.errors import Failed, LocalProtocolError, RemoteProtocolError
 from capsvc.framing import DEFAULT_LIMITS
 from capsvc.rpc import pointers, wire
 from capsvc.rpc.hooks import BrokenHook, Hook, Path
 
 Segments = Sequence[bytes | bytearray | memoryview]
+R = TypeVar("R", bound=StructReader)
+B = TypeVar("B", bound=StructBuilder)
 
 _WORD = struct.Struct("<Q")
 _DEFAULT_LIMITS = (DEFAULT_LIMITS.traversal_limit_words, DEFAULT_LIMITS.nesting_limit)
@@ -68,6 +77,20 @@ class Payload:
         """A union member selected beside the content (see BuiltPayload), if any."""
         return None
 
+    def codec_view(self) -> tuple[Segments, pointers.Location | None, Sequence[Hook | None]]:
+        """For generated readers: the segments (capability pointers in place), where the
+        content pointer is (None: no content), and the hooks its capability pointers index."""
+        raise NotImplementedError
+
+    def read_as(self, cls: type[R], keep: object = None) -> R:
+        """The content, read by a generated reader class (``capsvc gen``); ``keep`` stays
+        referenced while readers of it live (the call result that owns this payload)."""
+        segments, location, caps = self.codec_view()
+        msg = MessageReader(segments, caps=caps, keep=keep)
+        if location is None:
+            return cls._empty(msg, DEFAULT_NESTING_LIMIT)
+        return read_struct(msg, location[0], location[1], cls, DEFAULT_NESTING_LIMIT, None)
+
     def release(self) -> None:
         if self.released:
             return
@@ -78,8 +101,24 @@ class Payload:
                 hook.release()
 
 
-class BuiltPayload(Payload):
-    """Content built inside ``message`` (a Call or Return builder) at ``payload_builder``."""
+class WritablePayload(Payload):
+    """Content being built inside an outgoing Call or Return message: what the engine
+    writes out (``header`` gives the Call or Return builder; ``write`` the segments, with
+    the cap table filled through ``describe(descriptor, cap index, hook)``)."""
+
+    __slots__ = ()
+
+    content_path: Path
+
+    def header(self) -> Any:
+        raise NotImplementedError
+
+    def write(self, describe: Callable[[Any, int, Hook], None]) -> list[bytes | bytearray]:
+        raise NotImplementedError
+
+
+class BuiltPayload(WritablePayload):
+    """Content built by pycapnp inside ``message`` (a Call or Return) at ``payload_builder``."""
 
     __slots__ = ("body", "cap_paths", "content_path", "message", "payload_builder", "unions")
 
@@ -131,9 +170,25 @@ class BuiltPayload(Payload):
     def content(self, schema: Any) -> Any:
         return self.payload_builder.content.as_struct(schema).as_reader()
 
-    def write(self, describe: Callable[[Any, Path, Hook | None], None]) -> list[bytes | bytearray]:
-        """Serialise the message: capTable through ``describe(descriptor, path, hook)``, then
-        the capability words.
+    def header(self) -> Any:
+        if self.body is not None:
+            return self.body
+        message = self.message
+        return (
+            message.call if self.content_path == wire.CALL_CONTENT_PATH else message.init("return")
+        )
+
+    def codec_view(self) -> tuple[Segments, pointers.Location | None, Sequence[Hook | None]]:
+        # A local call from pycapnp-built params to a generated reader: patch the capability
+        # words in (as ``write`` does), number them as their cap table would.
+        pairs = zip(self.cap_paths, self.caps, strict=True)
+        hooks = [hook for _, hook in pairs if hook is not None]
+        segments = self.write(_no_descriptor)
+        return segments, pointers.follow(segments, pointers.ROOT, self.content_path), hooks
+
+    def write(self, describe: Callable[[Any, int, Hook], None]) -> list[bytes | bytearray]:
+        """Serialise the message: capTable through ``describe(descriptor, index, hook)``
+        (``index``: the hook's place in ``caps``), then the capability words.
 
         Null capabilities get no capTable entry; their pointer simply stays null.
         """
@@ -144,7 +199,7 @@ class BuiltPayload(Payload):
         if order:
             table = self.payload_builder.init("capTable", len(order))
             for index, (path, hook) in enumerate(order):
-                describe(table[index], path, hook)
+                describe(table[index], self.cap_paths[path], hook)
         segments: list[bytes | bytearray] = [bytearray(s) for s in self.message.to_segments()]
         start = pointers.follow(segments, pointers.ROOT, self.content_path)
         if start is None:
@@ -240,6 +295,12 @@ class ReceivedPayload(Payload):
             self._payload_reader = reader
         return reader
 
+    def codec_view(self) -> tuple[Segments, pointers.Location | None, Sequence[Hook | None]]:
+        if self._content_word >= 0:
+            return self.segments, (0, self._content_word), self.caps
+        location = pointers.follow(self.segments, pointers.ROOT, self.content_path)
+        return self.segments, location, self.caps
+
     def content(self, schema: Any) -> Any:
         if self._content_word >= 0:
             rerooted = reroot(self.segments, self._content_word)
@@ -272,6 +333,10 @@ class SharedPayload(Payload):
 
     def union_choice(self, struct_path: Path, offset: int) -> int | None:
         return self.shared_inner.union_choice(struct_path, offset)
+
+    def codec_view(self) -> tuple[Segments, pointers.Location | None, Sequence[Hook | None]]:
+        segments, location, _ = self.shared_inner.codec_view()
+        return segments, location, self.caps
 
 
 def reroot(segments: Segments, word: int) -> list[bytes | bytearray | memoryview] | None:
@@ -333,3 +398,97 @@ def new_return_payload() -> BuiltPayload:
     message = wire.Message.new_message()
     body = message.init("return")
     return BuiltPayload(message, body.init("results"), wire.RETURN_CONTENT_PATH, body)
+
+
+def _no_descriptor(desc: Any, index: int, hook: Hook) -> None:
+    """A ``describe`` that leaves the cap table's descriptors unset."""
+
+
+class CodecPayload(WritablePayload):
+    """Content built by generated code (``capsvc gen``) inside a Call or Return message that
+    generated rpc.capnp codecs build (capsvc.rpc.rpc_capnp): no pycapnp object per call.
+
+    Capabilities are set into the content by generated builders, which append each hook to
+    the message's cap list and write its index: ``caps`` *is* that list, so the cap table is
+    written in the same order (``write``).
+    """
+
+    __slots__ = ("body", "builder", "content_path", "content_word", "payload_builder")
+
+    def __init__(
+        self,
+        builder: MessageBuilder,
+        body: Any,
+        payload_builder: Any,
+        content_path: Path,
+        content_word: int,
+    ) -> None:
+        super().__init__()
+        self.builder = builder
+        self.body = body
+        self.payload_builder = payload_builder
+        self.content_path = content_path
+        self.content_word = content_word  # the content pointer, a word of the one segment
+        self.caps = builder.caps
+
+    def header(self) -> Any:
+        return self.body
+
+    def write(self, describe: Callable[[Any, int, Hook], None]) -> list[bytes | bytearray]:
+        caps = self.caps
+        if caps:
+            table = self.payload_builder.init_capTable(len(caps))
+            for index, hook in enumerate(caps):
+                if hook is not None:
+                    describe(table[index], index, hook)
+        return list(self.builder.segments())
+
+    def codec_view(self) -> tuple[Segments, pointers.Location | None, Sequence[Hook | None]]:
+        return [self.builder.buf], (0, self.content_word), self.caps
+
+    def locate_cap(self, path: Path) -> int | Hook | None:
+        segments = [self.builder.buf]
+        try:
+            location = (
+                pointers.follow(segments, (0, self.content_word), path)
+                if path
+                else (
+                    0,
+                    self.content_word,
+                )
+            )
+            if location is None:
+                return None
+            return pointers.read_cap_index(segments, location)
+        except RemoteProtocolError as error:
+            return BrokenHook(Failed(f"bad capability pointer: {error}"))
+
+    def content(self, schema: Any) -> Any:
+        """A pycapnp reader of the content (a dynamic-API callee of a generated caller)."""
+        rerooted = reroot([bytes(self.builder.buf)], self.content_word)
+        assert rerooted is not None
+        return struct_module(schema).from_segments(rerooted)
+
+
+def new_codec_call(content: type[B]) -> tuple[CodecPayload, B]:
+    """An empty Call built by generated codecs, and the builder of its params (``content``)."""
+    from capsvc.rpc import rpc_capnp
+
+    message = rpc_capnp.Message.new_message()
+    body = message.init_call()
+    holder = body.params
+    params = init_struct(holder, holder._ptr, content)
+    payload = CodecPayload(message._b, body, holder, wire.CALL_CONTENT_PATH, holder._ptr)
+    return payload, params
+
+
+def new_codec_return(content: type[B]) -> tuple[CodecPayload, B]:
+    """An empty Return built by generated codecs, and the builder of its results."""
+    from capsvc.rpc import rpc_capnp
+
+    message = rpc_capnp.Message.new_message()
+    body = message.init_return()
+    holder = body.results
+    results = init_struct(holder, holder._ptr, content)
+    payload = CodecPayload(message._b, body, holder, wire.RETURN_CONTENT_PATH, holder._ptr)
+    return payload, results

@@ -51,10 +51,10 @@ from capsvc.rpc.imports import ImportTable
 from capsvc.rpc.lifecycle import QuestionInput, QuestionState
 from capsvc.rpc.outbox import Outbox
 from capsvc.rpc.payload import (
-    BuiltPayload,
     Payload,
     ReceivedPayload,
     SharedPayload,
+    WritablePayload,
     new_call_payload,
     new_return_payload,
 )
@@ -176,17 +176,19 @@ class RpcSession:
         self, call: OutgoingCall, question: Question, target: RemoteHook
     ) -> list[bytes | bytearray]:
         params = call.params
-        if not (isinstance(params, BuiltPayload) and params.content_path == wire.CALL_CONTENT_PATH):
+        if not (
+            isinstance(params, WritablePayload) and params.content_path == wire.CALL_CONTENT_PATH
+        ):
             params = copying.copy_to_call(params, new_call_payload())
             call.params.release()
-        body = params.body if params.body is not None else params.message.call
+        body = params.header()
         body.questionId = question.id
         body.interfaceId = call.interface_id
         body.methodId = call.method_id
         target.write_target(body.target)
         describe = self.exports.describe
         exports = question.param_exports
-        segments = params.write(lambda desc, _path, hook: describe(desc, hook, exports))
+        segments = params.write(lambda desc, _index, hook: describe(desc, hook, exports))
         params.release()
         return segments
 

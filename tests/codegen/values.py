@@ -112,11 +112,9 @@ def fill(schema: Schema, builder: Any, struct: Struct, data: dict[str, Any]) -> 
         k = field.type.kind
         if k == "void":
             if field.discriminant is not None:
-                getattr(builder, f"set_{field.name}")()
+                setattr(builder, name, None)
         elif k == "enum":
             setattr(builder, name, _code(schema, field.type, value))
-        elif k in ("text", "data"):
-            getattr(builder, f"set_{field.name}")(value)
         elif k == "struct":
             fill(schema, getattr(builder, name), node(schema, field.type.target), value)
         elif k == "list":

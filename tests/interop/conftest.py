@@ -68,6 +68,17 @@ def capsvc_tester(_capsvc_tester: PeerProcess) -> Iterator[PeerProcess]:
     yield from _checked(_capsvc_tester)
 
 
+@pytest.fixture(scope="session")
+def _capsvc_typed_tester() -> Iterator[PeerProcess]:
+    yield from _session_peer(capsvc_server, "typed-tester")
+
+
+@pytest.fixture
+def capsvc_typed_tester(_capsvc_typed_tester: PeerProcess) -> Iterator[PeerProcess]:
+    """capsvc serving the Tester written on generated bases, in a subprocess."""
+    yield from _checked(_capsvc_typed_tester)
+
+
 @pytest.fixture
 def capsvc_echo(_capsvc_echo: PeerProcess) -> Iterator[PeerProcess]:
     """capsvc serving EchoImpl in a subprocess."""

@@ -182,5 +182,9 @@ class EchoImpl(capsvc.Server, interface=Echo):
 BOOTSTRAPS = {"tester": TesterImpl, "echo": EchoImpl}
 
 
-def make_bootstrap(kind: str) -> capsvc.Server:
+def make_bootstrap(kind: str) -> Any:
+    if kind == "typed-tester":  # the same Tester on generated bases (capsvc gen)
+        from tests.support.typed_tester import TypedTester
+
+        return TypedTester()
     return BOOTSTRAPS[kind]()

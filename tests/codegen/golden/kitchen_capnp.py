@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Any, ClassVar, Literal
+from collections.abc import Awaitable, Sequence
+from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
+from capsvc import typed as _t
 from capsvc.codec.fields import (
     get_i8, set_i8,
     get_i16, set_i16,
@@ -131,7 +134,7 @@ class Defaults:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name)."""
+            only the union member that is set, enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['b'] = self.b
             out['i8'] = self.i8
@@ -283,16 +286,28 @@ class Defaults:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Defaults.color", "Color", "H") from None
 
-        def set_text(self, value: str) -> None:
+        @property
+        def text(self) -> str:
+            return _b.get_text(self._b, self._ptr + 0, 'hello')
+        @text.setter
+        def text(self, value: str) -> None:
             _b.set_text(self._b, self._ptr + 0, value, "Defaults.text")
 
-        def set_data(self, value: bytes | bytearray | memoryview) -> None:
+        @property
+        def data(self) -> bytes:
+            return _b.get_data(self._b, self._ptr + 1, b'\x01\x02\xfe')
+        @data.setter
+        def data(self, value: bytes | bytearray | memoryview) -> None:
             _b.set_data(self._b, self._ptr + 1, value, "Defaults.data")
 
         @property
         def numbers(self) -> Numbers.Builder:
             """The numbers struct (allocated on first use)."""
             return _b.struct_field(self, 2, Numbers.Builder, _D_Defaults_numbers)
+        @numbers.setter
+        def numbers(self, value: Numbers.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 2, value)
 
         def init_numbers(self) -> Numbers.Builder:
             """A new, empty numbers struct."""
@@ -319,9 +334,29 @@ class Defaults:
             for index, item in enumerate(items):
                 target[index] = item
 
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
         def as_reader(self) -> Defaults.Reader:
             """A reader of this struct as built so far."""
             return Defaults.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Defaults (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def numbers(self) -> Numbers.Pipeline:
+            return self._struct(2, Numbers.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Defaults results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
 
     @staticmethod
     def new_message() -> Defaults.Builder:
@@ -378,7 +413,7 @@ class Keywords:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name)."""
+            only the union member that is set, enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['return'] = self.return_
             if self._has(0):
@@ -403,7 +438,11 @@ class Keywords:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Keywords.return", "Int32", "i") from None
 
-        def set_class(self, value: str) -> None:
+        @property
+        def class_(self) -> str:
+            return _b.get_text(self._b, self._ptr + 0, '')
+        @class_.setter
+        def class_(self, value: str) -> None:
             _b.set_text(self._b, self._ptr + 0, value, "Keywords.class")
 
         @property
@@ -437,9 +476,25 @@ class Keywords:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Keywords.async", "Int16", "h") from None
 
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
         def as_reader(self) -> Keywords.Reader:
             """A reader of this struct as built so far."""
             return Keywords.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Keywords (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Keywords results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
 
     @staticmethod
     def new_message() -> Keywords.Builder:
@@ -570,7 +625,7 @@ class Lists:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name)."""
+            only the union member that is set, enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['voids'] = list(self.voids)
@@ -781,9 +836,25 @@ class Lists:
             """A new list of ``count`` elements in deep."""
             return _b.init_list_list(self._b, self._ptr + 18, count, "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8")))
 
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
         def as_reader(self) -> Lists.Reader:
             """A reader of this struct as built so far."""
             return Lists.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Lists (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Lists results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
 
     @staticmethod
     def new_message() -> Lists.Builder:
@@ -875,7 +946,7 @@ class Numbers:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name)."""
+            only the union member that is set, enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['b'] = self.b
             out['i8'] = self.i8
@@ -1030,9 +1101,25 @@ class Numbers:
             p = self._data + 0
             buf[p] = buf[p] | 2 if value else buf[p] & 253
 
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
         def as_reader(self) -> Numbers.Reader:
             """A reader of this struct as built so far."""
             return Numbers.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Numbers (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Numbers results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
 
     @staticmethod
     def new_message() -> Numbers.Builder:
@@ -1082,7 +1169,7 @@ class Shapes:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name)."""
+                only the union member that is set, enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['side'] = self.side
                 if self._has(1):
@@ -1104,12 +1191,25 @@ class Shapes:
                 except (struct.error, TypeError):
                     raise _b.bad_value(value, "Shapes.square.side", "Float32", "f") from None
 
-            def set_label(self, value: str) -> None:
+            @property
+            def label(self) -> str:
+                return _b.get_text(self._b, self._ptr + 1, '')
+            @label.setter
+            def label(self, value: str) -> None:
                 _b.set_text(self._b, self._ptr + 1, value, "Shapes.square.label")
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
 
             def as_reader(self) -> Shapes.Square.Reader:
                 """A reader of this struct as built so far."""
                 return Shapes.Square.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Shapes.square (rpc-protocol.md §6)."""
+
+            __slots__ = ()
 
     class Style:
         """group Shapes.style (0xa75a65ef6b23c5fe)."""
@@ -1141,7 +1241,7 @@ class Shapes:
 
                     def to_dict(self) -> dict[str, Any]:
                         """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                        only the union member that is set, enums by name)."""
+                        only the union member that is set, enums by name; no capabilities)."""
                         out: dict[str, Any] = {}
                         out['from'] = self.from_.name
                         out['to'] = self.to.name
@@ -1172,9 +1272,18 @@ class Shapes:
                         except (struct.error, TypeError):
                             raise _b.bad_value(value, "Shapes.style.fill.gradient.to", "Color", "H") from None
 
+                    def init(self, name: str, *args: int) -> Any:
+                        """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                        return getattr(self, "init_" + name)(*args)
+
                     def as_reader(self) -> Shapes.Style.Fill.Gradient.Reader:
                         """A reader of this struct as built so far."""
                         return Shapes.Style.Fill.Gradient.Reader._of_builder(self)
+
+                class Pipeline(_p.StructPipeline):
+                    """The pipelined fields of a future Shapes.style.fill.gradient (rpc-protocol.md §6)."""
+
+                    __slots__ = ()
 
             class Reader(_r.StructReader):
                 __slots__ = ()
@@ -1202,7 +1311,7 @@ class Shapes:
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, enums by name)."""
+                    only the union member that is set, enums by name; no capabilities)."""
                     out: dict[str, Any] = {}
                     which = self.which()
                     if which == "solid":
@@ -1219,11 +1328,19 @@ class Shapes:
                 _DATA_WORDS: ClassVar[int] = 3
                 _POINTERS: ClassVar[int] = 3
 
-                def set_solid(self) -> None:
-                    """Select the Void member solid."""
+                @property
+                def solid(self) -> None:
+                    return None
+                @solid.setter
+                def solid(self, value: None) -> None:
+                    """Select the Void member solid (assign None)."""
                     set_u16(self._b.buf, self._data + 12, 0)
 
-                def set_pattern(self, value: str) -> None:
+                @property
+                def pattern(self) -> str:
+                    return _b.get_text(self._b, self._ptr + 2, '')
+                @pattern.setter
+                def pattern(self, value: str) -> None:
                     set_u16(self._b.buf, self._data + 12, 1)
                     _b.set_text(self._b, self._ptr + 2, value, "Shapes.style.fill.pattern")
 
@@ -1238,9 +1355,22 @@ class Shapes:
                     names: tuple[Any, ...] = ("solid", "pattern", "gradient",)
                     return names[d] if d < len(names) else None
 
+                def init(self, name: str, *args: int) -> Any:
+                    """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                    return getattr(self, "init_" + name)(*args)
+
                 def as_reader(self) -> Shapes.Style.Fill.Reader:
                     """A reader of this struct as built so far."""
                     return Shapes.Style.Fill.Reader._of_builder(self)
+
+            class Pipeline(_p.StructPipeline):
+                """The pipelined fields of a future Shapes.style.fill (rpc-protocol.md §6)."""
+
+                __slots__ = ()
+
+                @property
+                def gradient(self) -> Shapes.Style.Fill.Gradient.Pipeline:
+                    return self._group(Shapes.Style.Fill.Gradient.Pipeline)
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1257,7 +1387,7 @@ class Shapes:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name)."""
+                only the union member that is set, enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['color'] = self.color.name
                 out['fill'] = self.fill.to_dict()
@@ -1282,9 +1412,22 @@ class Shapes:
             def fill(self) -> Shapes.Style.Fill.Builder:
                 return Shapes.Style.Fill.Builder._view(self)
 
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
             def as_reader(self) -> Shapes.Style.Reader:
                 """A reader of this struct as built so far."""
                 return Shapes.Style.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Shapes.style (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+            @property
+            def fill(self) -> Shapes.Style.Fill.Pipeline:
+                return self._group(Shapes.Style.Fill.Pipeline)
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1325,7 +1468,7 @@ class Shapes:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name)."""
+            only the union member that is set, enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['name'] = self.name
@@ -1347,7 +1490,11 @@ class Shapes:
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 3
 
-        def set_name(self, value: str) -> None:
+        @property
+        def name(self) -> str:
+            return _b.get_text(self._b, self._ptr + 0, '')
+        @name.setter
+        def name(self, value: str) -> None:
             _b.set_text(self._b, self._ptr + 0, value, "Shapes.name")
 
         @property
@@ -1366,8 +1513,12 @@ class Shapes:
             set_u16(self._b.buf, self._data + 8, 1)
             return Shapes.Square.Builder._view(self)
 
-        def set_nothing(self) -> None:
-            """Select the Void member nothing."""
+        @property
+        def nothing(self) -> None:
+            return None
+        @nothing.setter
+        def nothing(self, value: None) -> None:
+            """Select the Void member nothing (assign None)."""
             set_u16(self._b.buf, self._data + 8, 2)
 
         def init_points(self, count: int) -> _b.PrimitiveListBuilder[int]:
@@ -1392,9 +1543,33 @@ class Shapes:
             names: tuple[Any, ...] = ("circle", "square", "nothing", "points",)
             return names[d] if d < len(names) else None
 
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
         def as_reader(self) -> Shapes.Reader:
             """A reader of this struct as built so far."""
             return Shapes.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Shapes (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def square(self) -> Shapes.Square.Pipeline:
+            return self._group(Shapes.Square.Pipeline)
+
+        @property
+        def style(self) -> Shapes.Style.Pipeline:
+            return self._group(Shapes.Style.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Shapes results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
 
     @staticmethod
     def new_message() -> Shapes.Builder:
@@ -1446,7 +1621,7 @@ class Shop:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name)."""
+                only the union member that is set, enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['item'] = self.item
@@ -1458,7 +1633,11 @@ class Shop:
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            def set_item(self, value: str) -> None:
+            @property
+            def item(self) -> str:
+                return _b.get_text(self._b, self._ptr + 0, '')
+            @item.setter
+            def item(self, value: str) -> None:
                 _b.set_text(self._b, self._ptr + 0, value, "Shop.buy$Params.item")
 
             @property
@@ -1471,9 +1650,25 @@ class Shop:
                 except (struct.error, TypeError):
                     raise _b.bad_value(value, "Shop.buy$Params.count", "UInt32", "I") from None
 
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
             def as_reader(self) -> Shop.BuyParams.Reader:
                 """A reader of this struct as built so far."""
                 return Shop.BuyParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Shop.buy$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Shop.buy$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
 
         @staticmethod
         def new_message() -> Shop.BuyParams.Builder:
@@ -1518,7 +1713,7 @@ class Shop:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name)."""
+                only the union member that is set, enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['total'] = self.total
                 if self._has(0):
@@ -1544,14 +1739,38 @@ class Shop:
             def receipt(self) -> Numbers.Builder:
                 """The receipt struct (allocated on first use)."""
                 return _b.struct_field(self, 0, Numbers.Builder)
+            @receipt.setter
+            def receipt(self, value: Numbers.Reader) -> None:
+                """A deep copy of ``value`` (capabilities included)."""
+                _b.copy_struct(self, 0, value)
 
             def init_receipt(self) -> Numbers.Builder:
                 """A new, empty receipt struct."""
                 return _b.init_struct(self, self._ptr + 0, Numbers.Builder)
 
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
             def as_reader(self) -> Shop.BuyResults.Reader:
                 """A reader of this struct as built so far."""
                 return Shop.BuyResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Shop.buy$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+            @property
+            def receipt(self) -> Numbers.Pipeline:
+                return self._struct(0, Numbers.Pipeline)
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Shop.buy$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
 
         @staticmethod
         def new_message() -> Shop.BuyResults.Builder:
@@ -1587,7 +1806,7 @@ class Shop:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name)."""
+                only the union member that is set, enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -1596,9 +1815,25 @@ class Shop:
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
 
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
             def as_reader(self) -> Shop.ListParams.Reader:
                 """A reader of this struct as built so far."""
                 return Shop.ListParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Shop.list$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Shop.list$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
 
         @staticmethod
         def new_message() -> Shop.ListParams.Builder:
@@ -1639,7 +1874,7 @@ class Shop:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name)."""
+                only the union member that is set, enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['items'] = list(self.items)
@@ -1661,9 +1896,25 @@ class Shop:
                 for index, item in enumerate(items):
                     target[index] = item
 
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
             def as_reader(self) -> Shop.ListResults.Reader:
                 """A reader of this struct as built so far."""
                 return Shop.ListResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Shop.list$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Shop.list$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
 
         @staticmethod
         def new_message() -> Shop.ListResults.Builder:
@@ -1704,7 +1955,7 @@ class Shop:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name)."""
+                only the union member that is set, enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['tree'] = self.tree.to_dict()
@@ -1719,14 +1970,38 @@ class Shop:
             def tree(self) -> Tree.Builder:
                 """The tree struct (allocated on first use)."""
                 return _b.struct_field(self, 0, Tree.Builder)
+            @tree.setter
+            def tree(self, value: Tree.Reader) -> None:
+                """A deep copy of ``value`` (capabilities included)."""
+                _b.copy_struct(self, 0, value)
 
             def init_tree(self) -> Tree.Builder:
                 """A new, empty tree struct."""
                 return _b.init_struct(self, self._ptr + 0, Tree.Builder)
 
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
             def as_reader(self) -> Shop.PeekParams.Reader:
                 """A reader of this struct as built so far."""
                 return Shop.PeekParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Shop.peek$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+            @property
+            def tree(self) -> Tree.Pipeline:
+                return self._struct(0, Tree.Pipeline)
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Shop.peek$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
 
         @staticmethod
         def new_message() -> Shop.PeekParams.Builder:
@@ -1762,7 +2037,7 @@ class Shop:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name)."""
+                only the union member that is set, enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -1771,9 +2046,25 @@ class Shop:
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
 
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
             def as_reader(self) -> Shop.PeekResults.Reader:
                 """A reader of this struct as built so far."""
                 return Shop.PeekResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Shop.peek$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Shop.peek$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
 
         @staticmethod
         def new_message() -> Shop.PeekResults.Builder:
@@ -1797,6 +2088,81 @@ class Shop:
             """The root of a message in the standard stream framing."""
             return Shop.PeekResults.Reader.read(_r.unframe(data))
 
+    class Client(_t.Client):
+        """A capability typed as Shop: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0xf2d5bf22d7bcc8c3
+        _INTERFACE_NAME: ClassVar[str] = "Shop"
+
+        def buy(self, *, item: str = '', count: int = 0, **_unknown: Never) -> Shop.BuyResults.Promise:
+            """Call Shop.buy; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``buy_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Shop.buy", _unknown, ("item", "count"))
+            _request = self.buy_request()
+            _params = _request.params
+            if item != '':
+                _params.item = item
+            _params.count = count
+            return _request.send()
+
+        def buy_request(self) -> _t.Request[Shop.BuyParams.Builder, Shop.BuyResults.Promise]:
+            """A Shop.buy call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Shop._ID, 0, Shop.BuyParams.Builder, Shop.BuyResults.Promise)
+
+        def list(self, **_unknown: Never) -> Shop.ListResults.Promise:
+            """Call Shop.list; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``list_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Shop.list", _unknown, ())
+            _request = self.list_request()
+            return _request.send()
+
+        def list_request(self) -> _t.Request[Shop.ListParams.Builder, Shop.ListResults.Promise]:
+            """A Shop.list call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Shop._ID, 1, Shop.ListParams.Builder, Shop.ListResults.Promise)
+
+        def peek(self, *, tree: Tree.Reader | None = None, **_unknown: Never) -> Shop.PeekResults.Promise:
+            """Call Shop.peek; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``peek_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Shop.peek", _unknown, ("tree",))
+            _request = self.peek_request()
+            _params = _request.params
+            if tree is not None:
+                _b.copy_struct(_params, 0, tree)
+            return _request.send()
+
+        def peek_request(self) -> _t.Request[Shop.PeekParams.Builder, Shop.PeekResults.Promise]:
+            """A Shop.peek call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Shop._ID, 2, Shop.PeekParams.Builder, Shop.PeekResults.Promise)
+
+    class Server(_t.Server):
+        """Base of objects implementing Shop: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        @_t.unimplemented
+        def buy(self, params: Shop.BuyParams.Reader, results: Shop.BuyResults.Builder) -> Awaitable[None] | None:
+            """Shop.buy: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+        @_t.unimplemented
+        def list(self, params: Shop.ListParams.Reader, results: Shop.ListResults.Builder) -> Awaitable[None] | None:
+            """Shop.list: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+        @_t.unimplemented
+        def peek(self, params: Shop.PeekParams.Reader, results: Shop.PeekResults.Builder) -> Awaitable[None] | None:
+            """Shop.peek: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
 class Tree:
     """struct Tree (0xa9b625afcebbac59)."""
 
@@ -1818,7 +2184,7 @@ class Tree:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name)."""
+                only the union member that is set, enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['x'] = self.x
                 return out
@@ -1838,9 +2204,25 @@ class Tree:
                 except (struct.error, TypeError):
                     raise _b.bad_value(value, "Tree.Reader.x", "UInt8", "B") from None
 
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
             def as_reader(self) -> Tree.Reader_.Reader:
                 """A reader of this struct as built so far."""
                 return Tree.Reader_.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Tree.Reader (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Tree.Reader results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
 
         @staticmethod
         def new_message() -> Tree.Reader_.Builder:
@@ -1895,7 +2277,7 @@ class Tree:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name)."""
+            only the union member that is set, enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['value'] = self.value
             if self._has(0):
@@ -1929,6 +2311,10 @@ class Tree:
         def left(self) -> Tree.Builder:
             """The left struct (allocated on first use)."""
             return _b.struct_field(self, 1, Tree.Builder)
+        @left.setter
+        def left(self, value: Tree.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 1, value)
 
         def init_left(self) -> Tree.Builder:
             """A new, empty left struct."""
@@ -1938,6 +2324,10 @@ class Tree:
         def other(self) -> kitchen_other_capnp.Thing.Builder:
             """The other struct (allocated on first use)."""
             return _b.struct_field(self, 2, kitchen_other_capnp.Thing.Builder)
+        @other.setter
+        def other(self, value: kitchen_other_capnp.Thing.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 2, value)
 
         def init_other(self) -> kitchen_other_capnp.Thing.Builder:
             """A new, empty other struct."""
@@ -1947,9 +2337,33 @@ class Tree:
             """Put a new struct of builder class ``cls`` in the AnyPointer anything."""
             return _b.init_struct(self, self._ptr + 3, cls)
 
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
         def as_reader(self) -> Tree.Reader:
             """A reader of this struct as built so far."""
             return Tree.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Tree (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def left(self) -> Tree.Pipeline:
+            return self._struct(1, Tree.Pipeline)
+
+        @property
+        def other(self) -> kitchen_other_capnp.Thing.Pipeline:
+            return self._struct(2, kitchen_other_capnp.Thing.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Tree results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
 
     @staticmethod
     def new_message() -> Tree.Builder:
@@ -2016,5 +2430,6 @@ _L_Shop_ListResults_items = _r.simple_list(_r.TextList)
 
 
 Shop.METHODS = {"buy": (0, Shop.BuyParams, Shop.BuyResults), "list": (1, Shop.ListParams, Shop.ListResults), "peek": (2, Shop.PeekParams, Shop.PeekResults)}
+Shop.Server._METHODS = {(Shop._ID, 0): ("buy", Shop.BuyParams, Shop.BuyResults), (Shop._ID, 1): ("list", Shop.ListParams, Shop.ListResults), (Shop._ID, 2): ("peek", Shop.PeekParams, Shop.PeekResults)}
 origin = _r.default_struct(Numbers.Reader, [bytes.fromhex('0000000000000200040000000600000000000000000000000000fbff0000000000000000000000000000000000000000000000000000000000000000000000000000000000000000')])
 primes = _r.default_list(_r.primitive_list("H"), [bytes.fromhex('0000000000000200050000002300000000000000000000000200030005000700')])

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Any, ClassVar, Literal
+from collections.abc import Awaitable, Sequence
+from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -69,7 +71,7 @@ class Thing:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name)."""
+            only the union member that is set, enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['id'] = self.id
             if self._has(0):
@@ -92,7 +94,11 @@ class Thing:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Thing.id", "UInt64", "Q") from None
 
-        def set_tag(self, value: str) -> None:
+        @property
+        def tag(self) -> str:
+            return _b.get_text(self._b, self._ptr + 0, '')
+        @tag.setter
+        def tag(self, value: str) -> None:
             _b.set_text(self._b, self._ptr + 0, value, "Thing.tag")
 
         @property
@@ -105,9 +111,25 @@ class Thing:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Thing.kind", "Thing.Kind", "H") from None
 
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
         def as_reader(self) -> Thing.Reader:
             """A reader of this struct as built so far."""
             return Thing.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Thing (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Thing results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
 
     @staticmethod
     def new_message() -> Thing.Builder:

@@ -1,0 +1,217 @@
+"""The runtime of generated interfaces (``capsvc gen``): typed clients, requests, promises
+and pipelines, and the base of typed servers.
+
+Theory of operation:
+- A generated ``Iface.Client`` holds one reference to an engine hook, as ``capsvc.Client``
+  does; each schema method is a method with keyword-only parameters typed from the params
+  struct. A call builds its params with the generated builder straight into a Call message
+  built by generated rpc.capnp codecs (capsvc.rpc.payload.CodecPayload), so the call costs
+  no pycapnp object; ``*_request()`` gives that builder for params keywords cannot express.
+- A call returns the results struct's generated ``Promise``: awaiting it gives the results'
+  generated reader (over the received segments, capabilities as typed clients); its
+  properties are the results' pipelined fields, usable before the results arrive
+  (rpc-protocol.md §6): an interface field gives a typed client of the pipelined
+  capability, a struct or group field a deeper ``Pipeline``.
+- A generated ``Iface.Server`` is a ``Server`` with one method per schema method, taking
+  the params' generated reader and the results' generated builder. A method may be ``def``
+  (it runs inline when the connection delivers the call, as with ``capsvc.Server``) or
+  ``async def``; a method the subclass does not override answers ``unimplemented``.
+  Both kinds of server run through the engine's LocalServerHook, so typed and dynamic
+  clients and servers mix freely, locally and across connections.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, TypeVar
+
+from capsvc.codec.building import StructBuilder
+from capsvc.codec.pipeline import StructPipeline
+from capsvc.errors import Failed, Unimplemented
+from capsvc.rpc.hooks import BrokenHook, CallResult, Hook, LocalServerHook, OutgoingCall
+from capsvc.rpc.hooks import null_hook as _null_hook
+from capsvc.rpc.payload import Payload, new_codec_call, new_codec_return
+from capsvc.runtime import TrioExecutor
+
+C = TypeVar("C", bound="Client")
+PB = TypeVar("PB", bound=StructBuilder)
+PR = TypeVar("PR", bound=StructPipeline)
+
+_EXECUTOR = TrioExecutor()
+
+
+class Client:
+    """A capability typed as a generated interface. Close it (or drop it) to release."""
+
+    __slots__ = ("__weakref__", "_hook")
+
+    #: The interface's schema ID and name (set by each generated Client).
+    _INTERFACE_ID: ClassVar[int] = 0
+    _INTERFACE_NAME: ClassVar[str] = ""
+
+    def __init__(self, hook: Hook) -> None:
+        self._hook = hook
+
+    @classmethod
+    def _from_table(cls: type[C], caps: Sequence[Any], index: int | None) -> C:
+        """The client for entry ``index`` of a message's cap table (None: a null pointer)."""
+        if index is None:
+            return cls(_null_hook())
+        if index >= len(caps) or caps[index] is None:
+            return cls(BrokenHook(Failed(f"capability index {index} is outside the capTable")))
+        return cls(caps[index].add_ref())
+
+    def _capsvc_hook(self) -> Hook:
+        """A new reference to the engine hook (what a message carrying this takes)."""
+        return self._hook.add_ref()
+
+    def cast_as(self, cls: type[C]) -> C:
+        """The same capability, typed as another interface (a new reference)."""
+        return cls(self._hook.add_ref())
+
+    def close(self) -> None:
+        """Drop this reference now (the peer is told once no reference is left)."""
+        hook, self._hook = self._hook, _RELEASED
+        if hook is not _RELEASED:
+            hook.release()
+
+    def __enter__(self: C) -> C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        hook = getattr(self, "_hook", _RELEASED)
+        if hook is not _RELEASED:
+            self._hook = _RELEASED
+            hook.release()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__qualname__} {type(self._hook.shortest()).__name__}>"
+
+
+_RELEASED: Hook = BrokenHook(Failed("this capability reference was closed"))
+_RELEASED.refs = 1 << 60  # never disposed
+
+
+class Request(Generic[PB, PR]):
+    """A call being prepared: fill ``params`` (the params' generated builder), then
+    ``send()``, which returns the results' promise."""
+
+    __slots__ = ("_hook", "_interface", "_method", "_payload", "_promise", "params")
+
+    def __init__(
+        self,
+        client: Client,
+        interface_id: int,
+        method_id: int,
+        params: type[PB],
+        promise: type[PR],
+    ) -> None:
+        self._hook = client._hook
+        self._interface = interface_id
+        self._method = method_id
+        self._payload, self.params = new_codec_call(params)
+        self._promise = promise
+
+    def send(self) -> PR:
+        result = CallResult()
+        call = OutgoingCall(self._interface, self._method, self._payload, result.add_ref())
+        self._hook.call(call)
+        return self._promise(result, ())
+
+
+class Server:
+    """Base of generated ``Iface.Server`` classes; see the module docstring."""
+
+    #: (interface ID, method ordinal) -> (method name, params struct, results struct),
+    #: for the interface and every one it extends (set by each generated Server).
+    _METHODS: ClassVar[dict[tuple[int, int], tuple[str, Any, Any]]] = {}
+    _capsvc_hook_ref: weakref.ref[Hook] | None = None
+    _capsvc_inline: ClassVar[dict[tuple[int, int], bool]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._capsvc_inline = {}
+
+    def _new_hook(self) -> Hook:
+        """A new reference to the hook for this object (one hook per live object)."""
+        current = self._capsvc_hook_ref() if self._capsvc_hook_ref is not None else None
+        if current is not None and current.refs > 0:
+            return current.add_ref()
+        hook = LocalServerHook(self, _EXECUTOR)
+        self._capsvc_hook_ref = weakref.ref(hook)
+        return hook
+
+    def _capsvc_hook(self) -> Hook:
+        return self._new_hook()
+
+    # ------------------------------------------------------------------ dispatch
+    def _implementation(self, interface_id: int, method_id: int) -> tuple[Any, Any, Any] | None:
+        entry = self._METHODS.get((interface_id, method_id))
+        if entry is None:
+            return None
+        name, params, results = entry
+        method = getattr(type(self), name, None)
+        if method is None or getattr(method, "_capsvc_unimplemented", False):
+            return None
+        return getattr(self, name), params, results
+
+    def _runs_inline(self, interface_id: int, method_id: int) -> bool:
+        key = (interface_id, method_id)
+        inline = self._capsvc_inline.get(key)
+        if inline is None:
+            found = self._implementation(interface_id, method_id)
+            inline = found is None or not inspect.iscoroutinefunction(found[0])
+            self._capsvc_inline[key] = inline
+        return inline
+
+    def _begin(self, interface_id: int, method_id: int, params: Payload) -> tuple[object, Payload]:
+        found = self._implementation(interface_id, method_id)
+        if found is None:
+            raise Unimplemented(
+                f"{type(self).__name__} does not implement method {method_id}"
+                f" of interface {interface_id:#x}"
+            )
+        implementation, params_type, results_type = found
+        reader = params.read_as(params_type.Reader)
+        payload, results = new_codec_return(results_type.Builder)
+        return implementation(reader, results), payload
+
+    def _dispatch_inline(
+        self, interface_id: int, method_id: int, params: Payload
+    ) -> Payload | Awaitable[Payload]:
+        returned, payload = self._begin(interface_id, method_id, params)
+        if inspect.isawaitable(returned):
+            return _await_then(returned, payload)
+        return payload
+
+    async def _dispatch(self, interface_id: int, method_id: int, params: Payload) -> Payload:
+        returned, payload = self._begin(interface_id, method_id, params)
+        if inspect.isawaitable(returned):
+            await returned
+        return payload
+
+
+async def _await_then(awaitable: Awaitable[object], payload: Payload) -> Payload:
+    await awaitable
+    return payload
+
+
+def unknown_parameters(
+    method: str, unknown: Mapping[str, object], known: Sequence[str]
+) -> TypeError:
+    """The error for keywords a generated client method has no parameter for."""
+    names = ", ".join(sorted(unknown))
+    return TypeError(
+        f"{method}() has no parameter {names}; its parameters are {', '.join(known) or 'none'}"
+    )
+
+
+def unimplemented(method: Any) -> Any:
+    """Marks a generated server base's method as not implemented (until overridden)."""
+    method._capsvc_unimplemented = True
+    return method

@@ -1,0 +1,187 @@
+"""Generated stubs (``capsvc gen``) over real TCP on 127.0.0.1: typed clients against a
+server on a generated base, against the C++ reference (pycapnp), and the C++ reference's
+client against a server on a generated base. Also typed and dynamic objects mixed.
+
+tests/generated/testing_capnp.py is generated from tests/schemas/testing.capnp (a test
+checks it is not stale); tests/support/typed_tester.py is the Tester written on it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+import capsvc
+from tests.generated import testing_capnp as t
+from tests.support.checks import assert_tables, peer_deadline
+from tests.support.peers import PYTHON, PeerProcess, peer_env, peer_script
+from tests.support.tester import TesterImpl, testing
+from tests.support.typed_tester import TypedCallback, TypedCounter, TypedTester
+
+
+@asynccontextmanager
+async def typed_tester(address: str) -> AsyncIterator[tuple[capsvc.Connection, t.Tester.Client]]:
+    async with capsvc.connect(address) as conn:
+        yield conn, conn.bootstrap(t.Tester)
+
+
+@asynccontextmanager
+async def local_server(server: Any) -> AsyncIterator[str]:
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", server)
+        yield address
+        nursery.cancel_scope.cancel()
+
+
+async def exercise_tester(tester: t.Tester.Client, *, any_failure_type: bool) -> None:
+    """Every Tester method through the typed client (what both servers must pass)."""
+    assert (await tester.echo(msg="héllo")).reply == "héllo"
+    counter = tester.newCounter(start=5).counter  # a typed client before the return
+    assert (await counter.increment(by=2)).value == 7
+    assert (await counter.get()).value == 7
+    callback = TypedCallback()
+    assert (await tester.callBack(cb=callback, value=20)).ack == 41
+    assert callback.seen == [20]
+    mine = TypedCounter(100)
+    assert (await tester.callCounter(counter=mine, by=3)).value == 103
+    back = tester.reflect(cap=mine).cap  # our own object, reflected: an embargo
+    first, second = back.increment(by=1), back.increment(by=2)
+    assert [(await first).value, (await second).value] == [104, 106]
+    assert mine.increments == [3, 1, 2]  # in the order they were made
+    remote = [tester.newCounter(start=s).counter for s in (1, 20)]
+    assert (await tester.sum(counters=[*remote, TypedCounter(300)])).total == 321
+    same = tester.getSelf().self_
+    assert (await same.echo(msg="via getSelf")).reply == "via getSelf"
+    request = tester.holdCaps_request()
+    holder = request.params.holder
+    holder.name = "outer"
+    holder.set_cap(TypedCounter(10))
+    holder.inner.set_cap(counter)  # a capability of the peer's, sent back
+    caps = holder.init_caps(2)
+    caps[0] = TypedCounter(20)
+    caps[1] = remote[0]
+    holder.choice.set_counter(TypedCounter(30))
+    holder.extra.set_callback(callback)
+    echoed = (await request.send()).holder
+    assert echoed.name == "outer"
+    assert (await echoed.cap.increment(by=1)).value == 11
+    assert (await echoed.inner.cap.get()).value == 7
+    assert [(await c.get()).value for c in echoed.caps] == [20, 1]
+    assert echoed.choice.which() == "counter"
+    assert (await echoed.choice.counter.get()).value == 30
+    assert (await echoed.extra.callback.notify(value=1)).ack == 3
+    for kind, error in (("failed", capsvc.Failed), ("overloaded", capsvc.Overloaded)):
+        with pytest.raises(capsvc.RpcError) as info:
+            await tester.fail(kind=kind, reason=f"asked for {kind}")
+        assert f"asked for {kind}" in info.value.reason
+        if not any_failure_type:
+            assert type(info.value) is error
+    unknown = tester.cast_as(t.Unknown.Client)
+    with pytest.raises(capsvc.Unimplemented):
+        await unknown.nothing()
+    assert (await tester.echo(msg="still here")).reply == "still here"
+
+
+async def test_typed_client_and_typed_server() -> None:
+    server = TypedTester()
+    async with local_server(server) as address, typed_tester(address) as (conn, tester):
+        with peer_deadline():
+            await exercise_tester(tester, any_failure_type=False)
+        assert server.counters_made == 3
+        del tester
+        await assert_tables(conn)
+
+
+async def test_typed_client_and_the_cpp_reference_server(pycapnp_tester: PeerProcess) -> None:
+    async with typed_tester(pycapnp_tester.address) as (conn, tester):
+        with peer_deadline():
+            await exercise_tester(tester, any_failure_type=True)  # pycapnp raises only FAILED
+        del tester
+        await assert_tables(conn)
+
+
+async def test_the_cpp_reference_client_and_a_typed_server(
+    capsvc_typed_tester: PeerProcess,
+) -> None:
+    """Every check of tests/peers/pycapnp_tester_client.py, strict exception types."""
+    with peer_deadline(60):
+        done = await trio.run_process(
+            [PYTHON, peer_script("pycapnp_tester_client"), capsvc_typed_tester.hostport],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=peer_env(),
+        )
+    output = done.stdout.decode() + done.stderr.decode()
+    assert done.returncode == 0, output
+    checks = [
+        line.split()[1] for line in done.stdout.decode().splitlines() if line.startswith("ok ")
+    ]
+    assert "holdcaps" in checks
+    assert "lastrefpipe" in checks
+    assert len(checks) == 14, output
+
+
+async def test_typed_and_dynamic_objects_mix() -> None:
+    """A typed client of a dynamic server, and a dynamic client of a typed server."""
+    async with local_server(TesterImpl()) as address, typed_tester(address) as (_, tester):
+        assert (await tester.newCounter(start=2).counter.increment(by=3)).value == 5
+        mine = TypedCounter(1)
+        assert (await tester.callCounter(counter=mine, by=1)).value == 2
+    async with local_server(TypedTester()) as address, capsvc.connect(address) as conn:
+        dynamic = conn.bootstrap(testing.Tester)
+        assert (await dynamic.newCounter(start=2).counter.increment(by=3)).value == 5
+        assert (await dynamic.echo(msg="x")).reply == "x"
+
+
+async def test_mistakes_are_python_errors_naming_the_schema() -> None:
+    async with local_server(TypedTester()) as address, typed_tester(address) as (_, tester):
+        with pytest.raises(
+            TypeError, match=r"^Tester\.echo\(\) has no parameter kee; its parameters are msg$"
+        ):
+            tester.echo(kee="x")  # type: ignore[call-arg]
+        with pytest.raises(TypeError, match="positional"):
+            tester.echo("x")  # type: ignore[misc]
+        with pytest.raises(
+            TypeError,
+            match=r"^Tester\.newCounter\$Params\.start: expected an int \(Int64\), got str$",
+        ):
+            tester.newCounter(start="five")  # type: ignore[arg-type]
+        assert (await tester.echo(msg="fine")).reply == "fine"
+
+
+def test_checked_in_generated_modules_are_fresh() -> None:
+    """tests/generated and capsvc/rpc/rpc_capnp.py are what capsvc gen makes now."""
+    import os
+
+    import capnp
+
+    from tests.support.peers import ROOT
+
+    pkg = os.path.dirname(capnp.__file__)
+    for schema, out, extra in (
+        (os.path.join(ROOT, "tests", "schemas", "testing.capnp"), "tests/generated", []),
+        (os.path.join(pkg, "rpc.capnp"), "capsvc/rpc", ["-I", os.path.dirname(pkg)]),
+    ):
+        done = subprocess.run(
+            [
+                os.path.join(os.path.dirname(PYTHON), "capsvc"),
+                "gen",
+                schema,
+                "-o",
+                out,
+                "--check",
+                *extra,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
