@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import trio
 
@@ -51,6 +51,13 @@ from capsvc.transport.capabilities import (
     FlusherSendStream,
     SocketBackedStream,
 )
+
+if TYPE_CHECKING:
+    from capsvc.typed import Client as _TypedClient
+    from capsvc.typed import Interface
+
+TypedClientT = TypeVar("TypedClientT", bound="_TypedClient")
+
 
 log = logging.getLogger("capsvc")
 
@@ -398,6 +405,11 @@ class Connection:
             await self._drained.wait()
 
     # ------------------------------------------------------------------ API
+    @overload
+    def bootstrap(self, interface: type[Interface[TypedClientT]]) -> TypedClientT: ...
+    @overload
+    def bootstrap(self, interface: Any) -> Any: ...
+
     def bootstrap(self, interface: Any) -> Any:
         """The peer's bootstrap capability typed as ``interface`` (usable at once): a
         generated interface (``capsvc gen``) gives its typed ``Client``, a schema loaded

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from capsvc.codec.building import StructBuilder
 from capsvc.codec.pipeline import StructPipeline
@@ -36,10 +36,18 @@ from capsvc.rpc.payload import Payload, new_codec_call, new_codec_return
 from capsvc.runtime import TrioExecutor
 
 C = TypeVar("C", bound="Client")
+C_co = TypeVar("C_co", bound="Client", covariant=True)
+F = TypeVar("F", bound=Callable[..., Any])
 PB = TypeVar("PB", bound=StructBuilder)
 PR = TypeVar("PR", bound=StructPipeline)
 
 _EXECUTOR = TrioExecutor()
+
+
+class Interface(Generic[C_co]):
+    """Base of generated interface classes (``k.Shop``): it tells the type checker which
+    typed client ``conn.bootstrap(k.Shop)`` and ``client.cast_as(k.Shop)`` give (its
+    nested ``Client`` class)."""
 
 
 class Client:
@@ -67,8 +75,16 @@ class Client:
         """A new reference to the engine hook (what a message carrying this takes)."""
         return self._hook.add_ref()
 
-    def cast_as(self, cls: type[C]) -> C:
-        """The same capability, typed as another interface (a new reference)."""
+    @overload
+    def cast_as(self, cls: type[Interface[C]]) -> C: ...
+    @overload
+    def cast_as(self, cls: type[C]) -> C: ...
+
+    def cast_as(self, cls: Any) -> Any:
+        """The same capability, typed as another interface (a new reference): give the
+        generated interface (``k.Base``) or its client class (``k.Base.Client``)."""
+        if not (isinstance(cls, type) and issubclass(cls, Client)):
+            cls = cls.Client
         return cls(self._hook.add_ref())
 
     def close(self) -> None:
@@ -211,7 +227,8 @@ def unknown_parameters(
     )
 
 
-def unimplemented(method: Any) -> Any:
-    """Marks a generated server base's method as not implemented (until overridden)."""
-    method._capsvc_unimplemented = True
+def unimplemented(method: F) -> F:
+    """Marks a generated server base's method as not implemented (until overridden); the
+    type stays the method's, so an override with the wrong signature is a mypy error."""
+    method._capsvc_unimplemented = True  # type: ignore[attr-defined]
     return method

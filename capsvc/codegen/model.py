@@ -44,15 +44,24 @@ SCHEMA_NAMES = {
 POINTER_KINDS = frozenset({"text", "data", "list", "struct", "interface", "anyPointer"})
 
 
+#: A brand (schema.capnp ``Brand``): for each generic scope (a node ID) its bindings, one
+#: per parameter (None: unbound), or None when the scope inherits the bindings in force.
+Brand = tuple[tuple[int, "tuple[Type | None, ...] | None"], ...]
+
+
 @dataclass(frozen=True)
 class Type:
     """A field's type. ``element`` for lists; ``target`` (an ID) for enum/struct/interface;
-    ``any`` for AnyPointer: "pointer", "struct", "list", "capability" or "parameter"."""
+    ``any`` for AnyPointer: "pointer", "struct", "list", "capability" or "parameter".
+    ``brand`` binds a generic struct's or interface's parameters; ``parameter`` is a type
+    parameter's (scope ID, index) (capsvc.codegen.brands resolves both away)."""
 
     kind: str
     element: Type | None = None
     target: int = 0
     any: str = ""
+    brand: Brand = ()
+    parameter: tuple[int, int] | None = None
 
     @property
     def is_pointer(self) -> bool:
@@ -85,6 +94,17 @@ class Struct:
     discriminant_count: int
     discriminant_offset: int  # in 16-bit units
     fields: tuple[Field, ...]
+    #: The type parameters of a generic struct (``struct Box(T)``), by name.
+    parameters: tuple[str, ...] = ()
+    #: For a specialization (a generic bound to concrete types): the generic's ID, which
+    #: is the struct's ID in every schema sense; ``id`` is then the generator's own.
+    specializes: int = 0
+    #: For a specialization: its bindings as the schema writes them (``Text, Int32``).
+    bindings: str = ""
+
+    @property
+    def schema_id(self) -> int:
+        return self.specializes or self.id
 
 
 @dataclass(frozen=True)
@@ -100,6 +120,9 @@ class Method:
     ordinal: int
     params: int  # struct ID
     results: int
+    #: The params and results types with their brands (generic interfaces).
+    params_type: Type | None = None
+    results_type: Type | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +131,16 @@ class Interface:
     scope: str
     methods: tuple[Method, ...]
     superclasses: tuple[int, ...]
+    #: The superclasses with their brands (``extends(Store(Text))``).
+    superclass_types: tuple[Type, ...] = ()
+    parameters: tuple[str, ...] = ()
+    specializes: int = 0
+    bindings: str = ""
+
+    @property
+    def schema_id(self) -> int:
+        """The interface ID on the wire (a specialization's is its generic's)."""
+        return self.specializes or self.id
 
 
 @dataclass(frozen=True)

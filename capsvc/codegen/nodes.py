@@ -18,7 +18,19 @@ from typing import Any
 
 import capnp
 
-from capsvc.codegen.model import Const, Enum, Field, File, Interface, Method, Schema, Struct, Type
+from capsvc.codegen.brands import Specializer
+from capsvc.codegen.model import (
+    Brand,
+    Const,
+    Enum,
+    Field,
+    File,
+    Interface,
+    Method,
+    Schema,
+    Struct,
+    Type,
+)
 
 _PKG = os.path.dirname(capnp.__file__)
 schema_capnp: Any = capnp.load(os.path.join(_PKG, "schema.capnp"), imports=[os.path.dirname(_PKG)])
@@ -41,13 +53,23 @@ def build_schema(nodes: Iterable[Any], requested: Iterable[tuple[int, str]]) -> 
     names = {file_id: filename for file_id, filename in requested}
     for file_id in files_by_name.values():
         names.setdefault(file_id, by_id[file_id].displayName)
+    models_by_id: dict[int, Struct | Enum | Interface | Const | None] = {}
+
+    def model_of(node_id: int) -> Struct | Enum | Interface | Const | None:
+        if node_id not in models_by_id and node_id in by_id and node_id in where:
+            models_by_id[node_id] = _node(by_id[node_id], where[node_id][1])
+        return models_by_id.get(node_id)
+
     files = []
     for file_id, filename in requested:
         members = sorted(
             (node for node in by_id.values() if where.get(node.id, (None,))[0] == file_id),
             key=lambda node: (where[node.id][1].count("."), where[node.id][1], node.id),
         )
-        models = [_node(node, where[node.id][1]) for node in members]
+        plain = [m for m in (model_of(node.id) for node in members) if m is not None]
+        taken = {m.scope for m in plain if "." not in m.scope}
+        specializer = Specializer(file_id, model_of, where, taken)
+        models = [specializer.rewrite(m) for m in plain] + specializer.extra
         used = {
             where[target][0]
             for model in models
@@ -55,7 +77,7 @@ def build_schema(nodes: Iterable[Any], requested: Iterable[tuple[int, str]]) -> 
             if target in where and where[target][0] != file_id
         }
         imports = {other: _module_of(names.get(other, "")) for other in used}
-        files.append(File(file_id, filename, tuple(m for m in models if m is not None), imports))
+        files.append(File(file_id, filename, tuple(models), imports))
     return Schema(tuple(files), where)
 
 
@@ -78,6 +100,7 @@ def _node(node: Any, scope: str) -> Struct | Enum | Interface | Const | None:
             body.discriminantCount,
             body.discriminantOffset,
             tuple(_field(field) for field in body.fields),
+            parameters=_parameters(node),
         )
     if which == "enum":
         return Enum(node.id, scope, tuple(e.name for e in node.enum.enumerants))
@@ -87,10 +110,19 @@ def _node(node: Any, scope: str) -> Struct | Enum | Interface | Const | None:
             node.id,
             scope,
             tuple(
-                Method(m.name, ordinal, m.paramStructType, m.resultStructType)
+                Method(
+                    m.name,
+                    ordinal,
+                    m.paramStructType,
+                    m.resultStructType,
+                    Type("struct", target=m.paramStructType, brand=_brand(m.paramBrand)),
+                    Type("struct", target=m.resultStructType, brand=_brand(m.resultBrand)),
+                )
                 for ordinal, m in enumerate(body.methods)
             ),
             tuple(s.id for s in body.superclasses),
+            tuple(Type("interface", target=s.id, brand=_brand(s.brand)) for s in body.superclasses),
+            parameters=_parameters(node),
         )
     if which == "const":
         kind = _type(node.const.type)
@@ -113,16 +145,40 @@ def _type(proto: Any) -> Type:
     which = proto.which()
     if which == "list":
         return Type("list", element=_type(proto.list.elementType))
-    if which in ("enum", "struct", "interface"):
-        return Type(which, target=getattr(proto, which).typeId)
+    if which == "enum":
+        return Type(which, target=proto.enum.typeId)
+    if which in ("struct", "interface"):
+        body = getattr(proto, which)
+        return Type(which, target=body.typeId, brand=_brand(body.brand))
     if which == "anyPointer":
         any_pointer = proto.anyPointer
         kind = any_pointer.which()
         if kind == "unconstrained":
             sub = any_pointer.unconstrained.which()
             return Type("anyPointer", any={"anyKind": "pointer"}.get(sub, sub))
-        return Type("anyPointer", any="parameter")
+        if kind == "parameter":
+            where = (any_pointer.parameter.scopeId, any_pointer.parameter.parameterIndex)
+            return Type("anyPointer", any="parameter", parameter=where)
+        return Type("anyPointer", any="parameter")  # a generic method's own parameter
     return Type(which)
+
+
+def _parameters(node: Any) -> tuple[str, ...]:
+    return tuple(parameter.name for parameter in node.parameters)
+
+
+def _brand(brand: Any) -> Brand:
+    """schema.capnp's Brand as the model's: (scope ID, bindings or None to inherit)."""
+    scopes: list[tuple[int, tuple[Type | None, ...] | None]] = []
+    for scope in brand.scopes:
+        if scope.which() == "inherit":
+            scopes.append((scope.scopeId, None))
+            continue
+        bindings = tuple(
+            _type(binding.type) if binding.which() == "type" else None for binding in scope.bind
+        )
+        scopes.append((scope.scopeId, bindings))
+    return tuple(scopes)
 
 
 def _value(value: Any, kind: Type, *, explicit: bool) -> object:

@@ -144,11 +144,65 @@ def render(file: File, schema: Schema, *, relative_imports: bool = False) -> str
     for node in file.nodes:
         parent = node.scope.rpartition(".")[0]
         children.setdefault(parent, []).append(node)
+    for parent, siblings in children.items():
+        children[parent] = _bases_first(siblings, file)
     for node in children.get("", []):
         _node(out, node, children, names)
     _lists(out, file, names)
     _module_tail(out, file, names)
     return "\n".join(out.lines).rstrip("\n") + "\n"
+
+
+def _bases_first(siblings: list[Node], file: File) -> list[Node]:
+    """``siblings`` in schema order, except that a class whose subtree holds an interface
+    comes after the siblings holding that interface's superclasses: Python evaluates base
+    classes when it creates a class (``extends``, including the diamond)."""
+    scope_of = {node.id: node.scope for node in file.nodes}
+
+    def holder(scope: str) -> Node | None:
+        for sibling in siblings:
+            if scope == sibling.scope or scope.startswith(sibling.scope + "."):
+                return sibling
+        return None
+
+    needs: dict[int, set[int]] = {sibling.id: set() for sibling in siblings}
+    for node in file.nodes:
+        if not isinstance(node, Interface):
+            continue
+        inside = holder(node.scope)
+        for parent in node.superclasses:
+            base = holder(scope_of.get(parent, "\0"))
+            if inside is not None and base is not None and base is not inside:
+                needs[inside.id].add(base.id)
+    out: list[Node] = []
+    placed: set[int] = set()
+    pending = list(siblings)
+    while pending:
+        ready = next((n for n in pending if needs[n.id] <= placed), pending[0])
+        pending.remove(ready)
+        placed.add(ready.id)
+        out.append(ready)
+    return out
+
+
+def _interfaces_bases_first(file: File) -> list[Interface]:
+    """The file's interfaces, each after those it extends (for tables built from them)."""
+    interfaces = {node.id: node for node in file.nodes if isinstance(node, Interface)}
+    out: list[Interface] = []
+    placed: set[int] = set()
+
+    def place(node: Interface, seen: frozenset[int]) -> None:
+        if node.id in placed or node.id in seen:
+            return
+        for parent in node.superclasses:
+            if parent in interfaces:
+                place(interfaces[parent], seen | {node.id})
+        placed.add(node.id)
+        out.append(node)
+
+    for node in interfaces.values():
+        place(node, frozenset())
+    return out
 
 
 def _header(out: _Out, file: File, relative: bool) -> None:
@@ -213,6 +267,14 @@ def _nested(out: _Out, node: Node, children: dict[str, list[Node]], names: _Name
         _node(out, child, children, names)
 
 
+def _described(node: Struct | Interface) -> str:
+    """A node's schema name; a specialization's says what it binds (``Box_Text, the
+    generic 0x... bound to (Text)``)."""
+    if not node.specializes:
+        return node.scope
+    return f"{node.scope}: a generic bound to ({node.bindings})"
+
+
 # ---------------------------------------------------------------------- enums, consts
 def _enum(out: _Out, node: Enum, names: _Names) -> None:
     path = names.local[node.id]
@@ -251,14 +313,16 @@ def _const(out: _Out, node: Const, names: _Names) -> None:
 
 # ---------------------------------------------------------------------- interfaces
 def _interface(out: _Out, node: Interface, children: dict[str, list[Node]], names: _Names) -> None:
-    name = names.local[node.id].rpartition(".")[2]
-    out.add(f"class {name}:")
+    path = names.local[node.id]
+    name = path.rpartition(".")[2]
+    out.add(f'class {name}(_t.Interface["{path}.Client"]):')
     with out.indent():
         out.add(
-            f'"""interface {node.scope} ({node.id:#018x}): its methods\' params and results."""'
+            f'"""interface {_described(node)} ({node.schema_id:#018x}): its methods\' params and'
+            ' results."""'
         )
         out.add("")
-        out.add(f"_ID: ClassVar[int] = {node.id:#x}")
+        out.add(f"_ID: ClassVar[int] = {node.schema_id:#x}")
         out.add("#: Method name -> (ordinal, params struct, results struct).")
         out.add("METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]")
         _nested(out, node, children, names)
@@ -284,7 +348,7 @@ def _client(out: _Out, node: Interface, names: _Names) -> None:
         out.add(f'"""A capability typed as {node.scope}: call its methods."""')
         out.add("")
         out.add("__slots__ = ()")
-        out.add(f"_INTERFACE_ID: ClassVar[int] = {node.id:#x}")
+        out.add(f"_INTERFACE_ID: ClassVar[int] = {node.schema_id:#x}")
         out.add(f'_INTERFACE_NAME: ClassVar[str] = "{node.scope}"')
         for method in node.methods:
             _client_method(out, node, method, path, names)
@@ -296,7 +360,9 @@ def _client_method(out: _Out, node: Interface, method: Method, path: str, names:
     results = names.of(method.results)
     struct = names.schema_node(method.params)
     fields = [] if not isinstance(struct, Struct) else _keyword_fields(struct, names)
-    signature = ["self", "*"] if fields else ["self"]
+    # ``self`` positional-only: a schema parameter spelt ``self`` is ``self_``, and a
+    # caller's ``self=`` lands among the unknown keywords, with our message.
+    signature = ["self", "/", "*"] if fields else ["self", "/"]
     for field, annotation, default in fields:
         signature.append(f"{python_name(field.name)}: {annotation} = {default}")
     # The locals below start with "_": schema names cannot (capnp rejects underscores).
@@ -442,9 +508,7 @@ def _server(out: _Out, node: Interface, names: _Names) -> None:
 
 
 def _server_tables(out: _Out, file: File, names: _Names) -> None:
-    for node in file.nodes:
-        if not isinstance(node, Interface):
-            continue
+    for node in _interfaces_bases_first(file):
         path = names.local[node.id]
         entries = [f"**{names.of(s)}.Server._METHODS" for s in node.superclasses]
         entries += [
@@ -472,9 +536,9 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
     kind = "group" if node.is_group else "struct"
     out.add(f"class {name}:")
     with out.indent():
-        out.add(f'"""{kind} {node.scope} ({node.id:#018x})."""')
+        out.add(f'"""{kind} {_described(node)} ({node.schema_id:#018x})."""')
         out.add("")
-        out.add(f"_ID: ClassVar[int] = {node.id:#x}")
+        out.add(f"_ID: ClassVar[int] = {node.schema_id:#x}")
         _nested(out, node, children, names)
         out.add("")
         _reader(out, node, path, names)

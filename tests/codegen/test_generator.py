@@ -113,13 +113,60 @@ def which(shape: k.Shapes.Reader) -> str:
     if member is None:
         return "unknown"
     return member
+
+class Shop(k.Shop.Server):
+    def buy(self, params: k.Shop.BuyParams.Reader, results: k.Shop.BuyResults.Builder) -> None:
+        results.total = params.count * 2.5
+        results.receipt.u8 = 1
+
+    async def list(
+        self, params: k.Shop.ListParams.Reader, results: k.Shop.ListResults.Builder
+    ) -> None:
+        results.set_items(["a", "b"])
+
+class Store(k.TextStore.Server):
+    def put(
+        self, params: k.Store_Text.PutParams.Reader, results: k.Store_Text.PutResults.Builder
+    ) -> None:
+        print(params.value.upper())
+
+async def client(address: str) -> float:
+    import capsvc
+
+    async with capsvc.connect(address) as conn:
+        shop = conn.bootstrap(k.Shop)
+        total: float = (await shop.buy(item="pen", count=2)).total
+        store = conn.bootstrap(k.TextStore)
+        await store.put(value="x")
+        text: str = (await store.get()).box.value
+        diamond = conn.bootstrap(k.Diamond)
+        again: k.Diamond.Client = diamond.tricky(self_="s").self_
+        depth: int = (await again.cast_as(k.Base).depth()).depth
+        return total + len(text) + depth
 """
+#: Each line a deliberate type error that mypy must report (line number -> message part).
 TYPE_ERROR = """
 import kitchen_capnp as k
 
 def wrong(numbers: k.Numbers.Builder) -> None:
     numbers.u16 = "seven"
+
+class Shop(k.Shop.Server):
+    def buy(self, params: k.Shop.ListParams.Reader, results: k.Shop.BuyResults.Builder) -> None:
+        pass
+
+async def call(shop: k.Shop.Client, store: k.TextStore.Client) -> None:
+    await shop.buy(item=3)
+    await shop.buy(itme="pen")
+    number: int = (await store.get()).value
 """
+TYPE_ERRORS = {
+    5: 'Incompatible types in assignment (expression has type "str"',
+    8: 'Argument 1 of "buy" is incompatible with supertype "kitchen_capnp.Shop.Server"',
+    12: 'Argument "item" to "buy" of "Client" has incompatible type "int"',
+    13: 'Argument "itme" to "buy" of "Client" has incompatible type "str"; expected "Never"',
+    14: 'Incompatible types in assignment (expression has type "str", variable has type "int")',
+}
 
 
 def mypy(tmp_path: Path, *files: str) -> subprocess.CompletedProcess[str]:
@@ -143,7 +190,9 @@ def test_generated_code_and_its_users_pass_mypy_strict(tmp_path: Path) -> None:
     (tmp_path / "type_error.py").write_text(TYPE_ERROR)
     wrong = mypy(tmp_path, "type_error.py")
     assert wrong.returncode == 1
-    assert 'Incompatible types in assignment (expression has type "str"' in wrong.stdout
+    for line, message in TYPE_ERRORS.items():
+        reported = [text for text in wrong.stdout.splitlines() if f"type_error.py:{line}:" in text]
+        assert any(message in text for text in reported), (line, message, wrong.stdout)
 
 
 def test_wrong_values_name_the_field_and_the_schema_type(generated: Generated) -> None:

@@ -31,7 +31,7 @@ from capsvc.codec.fields import (
 )
 
 
-class Callback:
+class Callback(_t.Interface["Callback.Client"]):
     """interface Callback (0xb7133cc960795f3c): its methods' params and results."""
 
     _ID: ClassVar[int] = 0xb7133cc960795f3c
@@ -201,7 +201,7 @@ class Callback:
         _INTERFACE_ID: ClassVar[int] = 0xb7133cc960795f3c
         _INTERFACE_NAME: ClassVar[str] = "Callback"
 
-        def notify(self, *, value: int = 0, **_unknown: Never) -> Callback.NotifyResults.Promise:
+        def notify(self, /, *, value: int = 0, **_unknown: Never) -> Callback.NotifyResults.Promise:
             """Call Callback.notify; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``notify_request()``.
@@ -226,7 +226,7 @@ class Callback:
             """Callback.notify: read ``params``, fill ``results``."""
             raise NotImplementedError  # not called: the base answers unimplemented
 
-class Counter:
+class Counter(_t.Interface["Counter.Client"]):
     """interface Counter (0xb5559b8d9e0545d4): its methods' params and results."""
 
     _ID: ClassVar[int] = 0xb5559b8d9e0545d4
@@ -537,7 +537,7 @@ class Counter:
         _INTERFACE_ID: ClassVar[int] = 0xb5559b8d9e0545d4
         _INTERFACE_NAME: ClassVar[str] = "Counter"
 
-        def increment(self, *, by: int = 0, **_unknown: Never) -> Counter.IncrementResults.Promise:
+        def increment(self, /, *, by: int = 0, **_unknown: Never) -> Counter.IncrementResults.Promise:
             """Call Counter.increment; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``increment_request()``.
@@ -553,7 +553,7 @@ class Counter:
             """A Counter.increment call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Counter._ID, 0, Counter.IncrementParams.Builder, Counter.IncrementResults.Promise)
 
-        def get(self, **_unknown: Never) -> Counter.GetResults.Promise:
+        def get(self, /, **_unknown: Never) -> Counter.GetResults.Promise:
             """Call Counter.get; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``get_request()``.
@@ -904,7 +904,7 @@ class Holder:
         """The root of a message in the standard stream framing."""
         return Holder.Reader.read(_r.unframe(data))
 
-class Tester:
+class Tester(_t.Interface["Tester.Client"]):
     """interface Tester (0xbc77724eeece5aa5): its methods' params and results."""
 
     _ID: ClassVar[int] = 0xbc77724eeece5aa5
@@ -2503,7 +2503,7 @@ class Tester:
         _INTERFACE_ID: ClassVar[int] = 0xbc77724eeece5aa5
         _INTERFACE_NAME: ClassVar[str] = "Tester"
 
-        def echo(self, *, msg: str = '', **_unknown: Never) -> Tester.EchoResults.Promise:
+        def echo(self, /, *, msg: str = '', **_unknown: Never) -> Tester.EchoResults.Promise:
             """Call Tester.echo; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``echo_request()``.
@@ -2520,7 +2520,7 @@ class Tester:
             """A Tester.echo call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Tester._ID, 0, Tester.EchoParams.Builder, Tester.EchoResults.Promise)
 
-        def newCounter(self, *, start: int = 0, **_unknown: Never) -> Tester.NewCounterResults.Promise:
+        def newCounter(self, /, *, start: int = 0, **_unknown: Never) -> Tester.NewCounterResults.Promise:
             """Call Tester.newCounter; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``newCounter_request()``.
@@ -2536,7 +2536,7 @@ class Tester:
             """A Tester.newCounter call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Tester._ID, 1, Tester.NewCounterParams.Builder, Tester.NewCounterResults.Promise)
 
-        def callBack(self, *, cb: Callback.Client | Callback.Server | None = None, value: int = 0, **_unknown: Never) -> Tester.CallBackResults.Promise:
+        def callBack(self, /, *, cb: Callback.Client | Callback.Server | None = None, value: int = 0, **_unknown: Never) -> Tester.CallBackResults.Promise:
             """Call Tester.callBack; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``callBack_request()``.
@@ -2554,7 +2554,7 @@ class Tester:
             """A Tester.callBack call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Tester._ID, 2, Tester.CallBackParams.Builder, Tester.CallBackResults.Promise)
 
-        def holdCaps(self, *, holder: Holder.Reader | None = None, **_unknown: Never) -> Tester.HoldCapsResults.Promise:
+        def holdCaps(self, /, *, holder: Holder.Reader | None = None, **_unknown: Never) -> Tester.HoldCapsResults.Promise:
             """Call Tester.holdCaps; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``holdCaps_request()``.
@@ -2571,7 +2571,7 @@ class Tester:
             """A Tester.holdCaps call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Tester._ID, 3, Tester.HoldCapsParams.Builder, Tester.HoldCapsResults.Promise)
 
-        def fail(self, *, kind: str = '', reason: str = '', **_unknown: Never) -> Tester.FailResults.Promise:
+        def fail(self, /, *, kind: str = '', reason: str = '', **_unknown: Never) -> Tester.FailResults.Promise:
             """Call Tester.fail; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``fail_request()``.
@@ -2590,7 +2590,7 @@ class Tester:
             """A Tester.fail call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Tester._ID, 4, Tester.FailParams.Builder, Tester.FailResults.Promise)
 
-        def slow(self, *, ms: int = 0, **_unknown: Never) -> Tester.SlowResults.Promise:
+        def slow(self, /, *, ms: int = 0, **_unknown: Never) -> Tester.SlowResults.Promise:
             """Call Tester.slow; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``slow_request()``.
@@ -2606,7 +2606,7 @@ class Tester:
             """A Tester.slow call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Tester._ID, 5, Tester.SlowParams.Builder, Tester.SlowResults.Promise)
 
-        def getSelf(self, **_unknown: Never) -> Tester.GetSelfResults.Promise:
+        def getSelf(self, /, **_unknown: Never) -> Tester.GetSelfResults.Promise:
             """Call Tester.getSelf; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``getSelf_request()``.
@@ -2620,7 +2620,7 @@ class Tester:
             """A Tester.getSelf call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Tester._ID, 6, Tester.GetSelfParams.Builder, Tester.GetSelfResults.Promise)
 
-        def reflect(self, *, cap: Counter.Client | Counter.Server | None = None, **_unknown: Never) -> Tester.ReflectResults.Promise:
+        def reflect(self, /, *, cap: Counter.Client | Counter.Server | None = None, **_unknown: Never) -> Tester.ReflectResults.Promise:
             """Call Tester.reflect; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``reflect_request()``.
@@ -2637,7 +2637,7 @@ class Tester:
             """A Tester.reflect call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Tester._ID, 7, Tester.ReflectParams.Builder, Tester.ReflectResults.Promise)
 
-        def callCounter(self, *, counter: Counter.Client | Counter.Server | None = None, by: int = 0, **_unknown: Never) -> Tester.CallCounterResults.Promise:
+        def callCounter(self, /, *, counter: Counter.Client | Counter.Server | None = None, by: int = 0, **_unknown: Never) -> Tester.CallCounterResults.Promise:
             """Call Tester.callCounter; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``callCounter_request()``.
@@ -2655,7 +2655,7 @@ class Tester:
             """A Tester.callCounter call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Tester._ID, 8, Tester.CallCounterParams.Builder, Tester.CallCounterResults.Promise)
 
-        def sum(self, *, counters: Sequence[Counter.Client | Counter.Server | None] | None = None, **_unknown: Never) -> Tester.SumResults.Promise:
+        def sum(self, /, *, counters: Sequence[Counter.Client | Counter.Server | None] | None = None, **_unknown: Never) -> Tester.SumResults.Promise:
             """Call Tester.sum; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``sum_request()``.
@@ -2726,7 +2726,7 @@ class Tester:
             """Tester.sum: read ``params``, fill ``results``."""
             raise NotImplementedError  # not called: the base answers unimplemented
 
-class Unknown:
+class Unknown(_t.Interface["Unknown.Client"]):
     """interface Unknown (0xd4c79982dcb25635): its methods' params and results."""
 
     _ID: ClassVar[int] = 0xd4c79982dcb25635
@@ -2866,7 +2866,7 @@ class Unknown:
         _INTERFACE_ID: ClassVar[int] = 0xd4c79982dcb25635
         _INTERFACE_NAME: ClassVar[str] = "Unknown"
 
-        def nothing(self, **_unknown: Never) -> Unknown.NothingResults.Promise:
+        def nothing(self, /, **_unknown: Never) -> Unknown.NothingResults.Promise:
             """Call Unknown.nothing; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``nothing_request()``.

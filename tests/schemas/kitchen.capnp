@@ -121,6 +121,57 @@ interface Shop {
   peek @2 (tree :Tree) -> ();
 }
 
+# Generics: each binding a field or an `extends` uses becomes a specialized class
+# (Box_Text, Store_Text, ...); a generic used bare reads its parameters as AnyPointer.
+struct Box(T) {
+  value @0 :T;
+  next @1 :Box(T);
+  label @2 :Text;
+}
+
+struct Pair(K, V) {
+  key @0 :K;
+  value @1 :V;
+}
+
+struct Boxes {
+  texts @0 :Box(Text);
+  numbers @1 :Box(List(Int32));
+  trees @2 :Box(Tree);
+  shops @3 :Box(Shop);
+  pair @4 :Pair(Text, Box(Text));
+  bare @5 :Box;
+}
+
+interface Store(T) {
+  put @0 (value :T) -> ();
+  get @1 () -> (value :T, box :Box(T));
+}
+
+interface TextStore extends(Store(Text)) {
+  size @0 () -> (count :UInt32);
+}
+
+# extends, and the diamond: Diamond reaches Base's method through both Left and Right.
+# Declared before its bases, so the generator must order the classes itself.
+interface Diamond extends(Left, Right) {
+  # Parameter names that are Python keywords, `self`, or the generated method's locals.
+  tricky @0 (self :Text, request :UInt8, params :Bool, unknown :Int32, from :Int16)
+      -> (return :Text, self :Diamond);
+}
+
+interface Base {
+  depth @0 () -> (depth :UInt32);
+}
+
+interface Left extends(Base) {
+  left @0 () -> (side :Text);
+}
+
+interface Right extends(Base) {
+  right @0 () -> (side :Text);
+}
+
 const answer :Int32 = 42;
 const greeting :Text = "hi there";
 const origin :Numbers = (i16 = -5, color = red);

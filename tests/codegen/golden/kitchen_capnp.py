@@ -32,6 +32,501 @@ from capsvc.codec.fields import (
 import kitchen_other_capnp
 
 
+class Base(_t.Interface["Base.Client"]):
+    """interface Base (0x96a03f741085f21b): its methods' params and results."""
+
+    _ID: ClassVar[int] = 0x96a03f741085f21b
+    #: Method name -> (ordinal, params struct, results struct).
+    METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]
+
+    class DepthParams:
+        """struct Base.depth$Params (0xc86f0f940e0d1806)."""
+
+        _ID: ClassVar[int] = 0xc86f0f940e0d1806
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Base.DepthParams.Reader:
+                """A reader of this struct as built so far."""
+                return Base.DepthParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Base.depth$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Base.depth$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Base.DepthParams.Builder:
+            """A new message whose root is a Base.depth$Params."""
+            return Base.DepthParams.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Base.DepthParams.Reader:
+            """The root Base.depth$Params of a message (its segments)."""
+            return Base.DepthParams.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Base.DepthParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return Base.DepthParams.Reader.read(_r.unframe(data))
+
+    class DepthResults:
+        """struct Base.depth$Results (0xedb2f1aace87baaf)."""
+
+        _ID: ClassVar[int] = 0xedb2f1aace87baaf
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 1
+            _POINTERS: ClassVar[int] = 0
+
+            @property
+            def depth(self) -> int:
+                return get_u32(self._seg, self._data)[0]
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                out['depth'] = self.depth
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 1
+            _POINTERS: ClassVar[int] = 0
+
+            @property
+            def depth(self) -> int:
+                return get_u32(self._b.buf, self._data)[0]
+            @depth.setter
+            def depth(self, value: int) -> None:
+                try:
+                    set_u32(self._b.buf, self._data + 0, value)
+                except (struct.error, TypeError):
+                    raise _b.bad_value(value, "Base.depth$Results.depth", "UInt32", "I") from None
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Base.DepthResults.Reader:
+                """A reader of this struct as built so far."""
+                return Base.DepthResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Base.depth$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Base.depth$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Base.DepthResults.Builder:
+            """A new message whose root is a Base.depth$Results."""
+            return Base.DepthResults.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Base.DepthResults.Reader:
+            """The root Base.depth$Results of a message (its segments)."""
+            return Base.DepthResults.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Base.DepthResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return Base.DepthResults.Reader.read(_r.unframe(data))
+
+    class Client(_t.Client):
+        """A capability typed as Base: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0x96a03f741085f21b
+        _INTERFACE_NAME: ClassVar[str] = "Base"
+
+        def depth(self, /, **_unknown: Never) -> Base.DepthResults.Promise:
+            """Call Base.depth; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``depth_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Base.depth", _unknown, ())
+            _request = self.depth_request()
+            return _request.send()
+
+        def depth_request(self) -> _t.Request[Base.DepthParams.Builder, Base.DepthResults.Promise]:
+            """A Base.depth call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Base._ID, 0, Base.DepthParams.Builder, Base.DepthResults.Promise)
+
+    class Server(_t.Server):
+        """Base of objects implementing Base: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        @_t.unimplemented
+        def depth(self, params: Base.DepthParams.Reader, results: Base.DepthResults.Builder) -> Awaitable[None] | None:
+            """Base.depth: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+class Box:
+    """struct Box (0xf26089fe5b3a8bb4)."""
+
+    _ID: ClassVar[int] = 0xf26089fe5b3a8bb4
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        @property
+        def value(self) -> _r.AnyPointer:
+            w = self._ptr + 0
+            return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+        @property
+        def next(self) -> Box.Reader:
+            w = self._ptr + 1
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box.Reader, self._depth, None)
+
+        @property
+        def label(self) -> str:
+            w = self._ptr + 2
+            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(1):
+                out['next'] = self.next.to_dict()
+            if self._has(2):
+                out['label'] = self.label
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        def init_value_as(self, cls: type[_b.B]) -> _b.B:
+            """Put a new struct of builder class ``cls`` in the AnyPointer value."""
+            return _b.init_struct(self, self._ptr + 0, cls)
+
+        @property
+        def next(self) -> Box.Builder:
+            """The next struct (allocated on first use)."""
+            return _b.struct_field(self, 1, Box.Builder)
+        @next.setter
+        def next(self, value: Box.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 1, value)
+
+        def init_next(self) -> Box.Builder:
+            """A new, empty next struct."""
+            return _b.init_struct(self, self._ptr + 1, Box.Builder)
+
+        @property
+        def label(self) -> str:
+            return _b.get_text(self._b, self._ptr + 2, '')
+        @label.setter
+        def label(self, value: str) -> None:
+            _b.set_text(self._b, self._ptr + 2, value, "Box.label")
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Box.Reader:
+            """A reader of this struct as built so far."""
+            return Box.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Box (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def next(self) -> Box.Pipeline:
+            return self._struct(1, Box.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Box results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message() -> Box.Builder:
+        """A new message whose root is a Box."""
+        return Box.Builder.new_message()
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box.Reader:
+        """The root Box of a message (its segments)."""
+        return Box.Reader.read(
+            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+        )
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Box.Reader:
+        """The root of a message in the standard stream framing."""
+        return Box.Reader.read(_r.unframe(data))
+
+class Boxes:
+    """struct Boxes (0x9e6b4f98c502f78f)."""
+
+    _ID: ClassVar[int] = 0x9e6b4f98c502f78f
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 6
+
+        @property
+        def texts(self) -> Box_Text.Reader:
+            w = self._ptr + 0
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Text.Reader, self._depth, None)
+
+        @property
+        def numbers(self) -> Box_List_Int32.Reader:
+            w = self._ptr + 1
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_List_Int32.Reader, self._depth, None)
+
+        @property
+        def trees(self) -> Box_Tree.Reader:
+            w = self._ptr + 2
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Tree.Reader, self._depth, None)
+
+        @property
+        def shops(self) -> Box_Shop.Reader:
+            w = self._ptr + 3
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Shop.Reader, self._depth, None)
+
+        @property
+        def pair(self) -> Pair_Text_Box_Text.Reader:
+            w = self._ptr + 4
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Pair_Text_Box_Text.Reader, self._depth, None)
+
+        @property
+        def bare(self) -> Box.Reader:
+            w = self._ptr + 5
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box.Reader, self._depth, None)
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(0):
+                out['texts'] = self.texts.to_dict()
+            if self._has(1):
+                out['numbers'] = self.numbers.to_dict()
+            if self._has(2):
+                out['trees'] = self.trees.to_dict()
+            if self._has(3):
+                out['shops'] = self.shops.to_dict()
+            if self._has(4):
+                out['pair'] = self.pair.to_dict()
+            if self._has(5):
+                out['bare'] = self.bare.to_dict()
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 6
+
+        @property
+        def texts(self) -> Box_Text.Builder:
+            """The texts struct (allocated on first use)."""
+            return _b.struct_field(self, 0, Box_Text.Builder)
+        @texts.setter
+        def texts(self, value: Box_Text.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 0, value)
+
+        def init_texts(self) -> Box_Text.Builder:
+            """A new, empty texts struct."""
+            return _b.init_struct(self, self._ptr + 0, Box_Text.Builder)
+
+        @property
+        def numbers(self) -> Box_List_Int32.Builder:
+            """The numbers struct (allocated on first use)."""
+            return _b.struct_field(self, 1, Box_List_Int32.Builder)
+        @numbers.setter
+        def numbers(self, value: Box_List_Int32.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 1, value)
+
+        def init_numbers(self) -> Box_List_Int32.Builder:
+            """A new, empty numbers struct."""
+            return _b.init_struct(self, self._ptr + 1, Box_List_Int32.Builder)
+
+        @property
+        def trees(self) -> Box_Tree.Builder:
+            """The trees struct (allocated on first use)."""
+            return _b.struct_field(self, 2, Box_Tree.Builder)
+        @trees.setter
+        def trees(self, value: Box_Tree.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 2, value)
+
+        def init_trees(self) -> Box_Tree.Builder:
+            """A new, empty trees struct."""
+            return _b.init_struct(self, self._ptr + 2, Box_Tree.Builder)
+
+        @property
+        def shops(self) -> Box_Shop.Builder:
+            """The shops struct (allocated on first use)."""
+            return _b.struct_field(self, 3, Box_Shop.Builder)
+        @shops.setter
+        def shops(self, value: Box_Shop.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 3, value)
+
+        def init_shops(self) -> Box_Shop.Builder:
+            """A new, empty shops struct."""
+            return _b.init_struct(self, self._ptr + 3, Box_Shop.Builder)
+
+        @property
+        def pair(self) -> Pair_Text_Box_Text.Builder:
+            """The pair struct (allocated on first use)."""
+            return _b.struct_field(self, 4, Pair_Text_Box_Text.Builder)
+        @pair.setter
+        def pair(self, value: Pair_Text_Box_Text.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 4, value)
+
+        def init_pair(self) -> Pair_Text_Box_Text.Builder:
+            """A new, empty pair struct."""
+            return _b.init_struct(self, self._ptr + 4, Pair_Text_Box_Text.Builder)
+
+        @property
+        def bare(self) -> Box.Builder:
+            """The bare struct (allocated on first use)."""
+            return _b.struct_field(self, 5, Box.Builder)
+        @bare.setter
+        def bare(self, value: Box.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 5, value)
+
+        def init_bare(self) -> Box.Builder:
+            """A new, empty bare struct."""
+            return _b.init_struct(self, self._ptr + 5, Box.Builder)
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Boxes.Reader:
+            """A reader of this struct as built so far."""
+            return Boxes.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Boxes (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def texts(self) -> Box_Text.Pipeline:
+            return self._struct(0, Box_Text.Pipeline)
+
+        @property
+        def numbers(self) -> Box_List_Int32.Pipeline:
+            return self._struct(1, Box_List_Int32.Pipeline)
+
+        @property
+        def trees(self) -> Box_Tree.Pipeline:
+            return self._struct(2, Box_Tree.Pipeline)
+
+        @property
+        def shops(self) -> Box_Shop.Pipeline:
+            return self._struct(3, Box_Shop.Pipeline)
+
+        @property
+        def pair(self) -> Pair_Text_Box_Text.Pipeline:
+            return self._struct(4, Pair_Text_Box_Text.Pipeline)
+
+        @property
+        def bare(self) -> Box.Pipeline:
+            return self._struct(5, Box.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Boxes results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message() -> Boxes.Builder:
+        """A new message whose root is a Boxes."""
+        return Boxes.Builder.new_message()
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Boxes.Reader:
+        """The root Boxes of a message (its segments)."""
+        return Boxes.Reader.read(
+            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+        )
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Boxes.Reader:
+        """The root of a message in the standard stream framing."""
+        return Boxes.Reader.read(_r.unframe(data))
+
 class Color(enum.IntEnum):
     """enum Color (0xcf8e5d676c9f70d3). Codes unknown to this schema (from a
     newer writer) read as pseudo-members named by their number."""
@@ -517,6 +1012,183 @@ class Keywords:
     def from_bytes(data: bytes | bytearray | memoryview) -> Keywords.Reader:
         """The root of a message in the standard stream framing."""
         return Keywords.Reader.read(_r.unframe(data))
+
+class Left(_t.Interface["Left.Client"]):
+    """interface Left (0xf473790c0ad00ffa): its methods' params and results."""
+
+    _ID: ClassVar[int] = 0xf473790c0ad00ffa
+    #: Method name -> (ordinal, params struct, results struct).
+    METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]
+
+    class LeftParams:
+        """struct Left.left$Params (0x96ef93687267b257)."""
+
+        _ID: ClassVar[int] = 0x96ef93687267b257
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Left.LeftParams.Reader:
+                """A reader of this struct as built so far."""
+                return Left.LeftParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Left.left$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Left.left$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Left.LeftParams.Builder:
+            """A new message whose root is a Left.left$Params."""
+            return Left.LeftParams.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Left.LeftParams.Reader:
+            """The root Left.left$Params of a message (its segments)."""
+            return Left.LeftParams.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Left.LeftParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return Left.LeftParams.Reader.read(_r.unframe(data))
+
+    class LeftResults:
+        """struct Left.left$Results (0xe560cb21678a29d7)."""
+
+        _ID: ClassVar[int] = 0xe560cb21678a29d7
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def side(self) -> str:
+                w = self._ptr + 0
+                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['side'] = self.side
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def side(self) -> str:
+                return _b.get_text(self._b, self._ptr + 0, '')
+            @side.setter
+            def side(self, value: str) -> None:
+                _b.set_text(self._b, self._ptr + 0, value, "Left.left$Results.side")
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Left.LeftResults.Reader:
+                """A reader of this struct as built so far."""
+                return Left.LeftResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Left.left$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Left.left$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Left.LeftResults.Builder:
+            """A new message whose root is a Left.left$Results."""
+            return Left.LeftResults.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Left.LeftResults.Reader:
+            """The root Left.left$Results of a message (its segments)."""
+            return Left.LeftResults.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Left.LeftResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return Left.LeftResults.Reader.read(_r.unframe(data))
+
+    class Client(Base.Client):
+        """A capability typed as Left: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0xf473790c0ad00ffa
+        _INTERFACE_NAME: ClassVar[str] = "Left"
+
+        def left(self, /, **_unknown: Never) -> Left.LeftResults.Promise:
+            """Call Left.left; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``left_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Left.left", _unknown, ())
+            _request = self.left_request()
+            return _request.send()
+
+        def left_request(self) -> _t.Request[Left.LeftParams.Builder, Left.LeftResults.Promise]:
+            """A Left.left call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Left._ID, 0, Left.LeftParams.Builder, Left.LeftResults.Promise)
+
+    class Server(Base.Server):
+        """Base of objects implementing Left: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        @_t.unimplemented
+        def left(self, params: Left.LeftParams.Reader, results: Left.LeftResults.Builder) -> Awaitable[None] | None:
+            """Left.left: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
 
 class Lists:
     """struct Lists (0xa5dce944e4620a16)."""
@@ -1143,6 +1815,537 @@ class Numbers:
         """The root of a message in the standard stream framing."""
         return Numbers.Reader.read(_r.unframe(data))
 
+class Pair:
+    """struct Pair (0xa47fe1974073d1ed)."""
+
+    _ID: ClassVar[int] = 0xa47fe1974073d1ed
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 2
+
+        @property
+        def key(self) -> _r.AnyPointer:
+            w = self._ptr + 0
+            return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+        @property
+        def value(self) -> _r.AnyPointer:
+            w = self._ptr + 1
+            return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 2
+
+        def init_key_as(self, cls: type[_b.B]) -> _b.B:
+            """Put a new struct of builder class ``cls`` in the AnyPointer key."""
+            return _b.init_struct(self, self._ptr + 0, cls)
+
+        def init_value_as(self, cls: type[_b.B]) -> _b.B:
+            """Put a new struct of builder class ``cls`` in the AnyPointer value."""
+            return _b.init_struct(self, self._ptr + 1, cls)
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Pair.Reader:
+            """A reader of this struct as built so far."""
+            return Pair.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Pair (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Pair results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message() -> Pair.Builder:
+        """A new message whose root is a Pair."""
+        return Pair.Builder.new_message()
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Pair.Reader:
+        """The root Pair of a message (its segments)."""
+        return Pair.Reader.read(
+            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+        )
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Pair.Reader:
+        """The root of a message in the standard stream framing."""
+        return Pair.Reader.read(_r.unframe(data))
+
+class Right(_t.Interface["Right.Client"]):
+    """interface Right (0xea63f5425f8188d3): its methods' params and results."""
+
+    _ID: ClassVar[int] = 0xea63f5425f8188d3
+    #: Method name -> (ordinal, params struct, results struct).
+    METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]
+
+    class RightParams:
+        """struct Right.right$Params (0xa77583f7bdb79303)."""
+
+        _ID: ClassVar[int] = 0xa77583f7bdb79303
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Right.RightParams.Reader:
+                """A reader of this struct as built so far."""
+                return Right.RightParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Right.right$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Right.right$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Right.RightParams.Builder:
+            """A new message whose root is a Right.right$Params."""
+            return Right.RightParams.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Right.RightParams.Reader:
+            """The root Right.right$Params of a message (its segments)."""
+            return Right.RightParams.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Right.RightParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return Right.RightParams.Reader.read(_r.unframe(data))
+
+    class RightResults:
+        """struct Right.right$Results (0xf8584f0bc4aad1d1)."""
+
+        _ID: ClassVar[int] = 0xf8584f0bc4aad1d1
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def side(self) -> str:
+                w = self._ptr + 0
+                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['side'] = self.side
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def side(self) -> str:
+                return _b.get_text(self._b, self._ptr + 0, '')
+            @side.setter
+            def side(self, value: str) -> None:
+                _b.set_text(self._b, self._ptr + 0, value, "Right.right$Results.side")
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Right.RightResults.Reader:
+                """A reader of this struct as built so far."""
+                return Right.RightResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Right.right$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Right.right$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Right.RightResults.Builder:
+            """A new message whose root is a Right.right$Results."""
+            return Right.RightResults.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Right.RightResults.Reader:
+            """The root Right.right$Results of a message (its segments)."""
+            return Right.RightResults.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Right.RightResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return Right.RightResults.Reader.read(_r.unframe(data))
+
+    class Client(Base.Client):
+        """A capability typed as Right: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0xea63f5425f8188d3
+        _INTERFACE_NAME: ClassVar[str] = "Right"
+
+        def right(self, /, **_unknown: Never) -> Right.RightResults.Promise:
+            """Call Right.right; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``right_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Right.right", _unknown, ())
+            _request = self.right_request()
+            return _request.send()
+
+        def right_request(self) -> _t.Request[Right.RightParams.Builder, Right.RightResults.Promise]:
+            """A Right.right call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Right._ID, 0, Right.RightParams.Builder, Right.RightResults.Promise)
+
+    class Server(Base.Server):
+        """Base of objects implementing Right: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        @_t.unimplemented
+        def right(self, params: Right.RightParams.Reader, results: Right.RightResults.Builder) -> Awaitable[None] | None:
+            """Right.right: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+class Diamond(_t.Interface["Diamond.Client"]):
+    """interface Diamond (0xfaeedbfd3c73f1ec): its methods' params and results."""
+
+    _ID: ClassVar[int] = 0xfaeedbfd3c73f1ec
+    #: Method name -> (ordinal, params struct, results struct).
+    METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]
+
+    class TrickyParams:
+        """struct Diamond.tricky$Params (0xe8536eb3e72dd184)."""
+
+        _ID: ClassVar[int] = 0xe8536eb3e72dd184
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 1
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def self_(self) -> str:
+                w = self._ptr + 0
+                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+            @property
+            def request(self) -> int:
+                return self._seg[self._data]
+
+            @property
+            def params(self) -> bool:
+                return self._seg[self._data + 1] >> 0 & 1 == 1
+
+            @property
+            def unknown(self) -> int:
+                return get_i32(self._seg, self._data + 4)[0]
+
+            @property
+            def from_(self) -> int:
+                return get_i16(self._seg, self._data + 2)[0]
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['self'] = self.self_
+                out['request'] = self.request
+                out['params'] = self.params
+                out['unknown'] = self.unknown
+                out['from'] = self.from_
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 1
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def self_(self) -> str:
+                return _b.get_text(self._b, self._ptr + 0, '')
+            @self_.setter
+            def self_(self, value: str) -> None:
+                _b.set_text(self._b, self._ptr + 0, value, "Diamond.tricky$Params.self")
+
+            @property
+            def request(self) -> int:
+                return self._b.buf[self._data]
+            @request.setter
+            def request(self, value: int) -> None:
+                try:
+                    set_u8(self._b.buf, self._data + 0, value)
+                except (struct.error, TypeError):
+                    raise _b.bad_value(value, "Diamond.tricky$Params.request", "UInt8", "B") from None
+
+            @property
+            def params(self) -> bool:
+                return bool(self._b.buf[self._data + 1] >> 0 & 1 ^ 0)
+            @params.setter
+            def params(self, value: bool) -> None:
+                if value is not True and value is not False:
+                    raise _b.bad_type(value, "Diamond.tricky$Params.params", "bool (Bool)")
+                buf = self._b.buf
+                p = self._data + 1
+                buf[p] = buf[p] | 1 if value else buf[p] & 254
+
+            @property
+            def unknown(self) -> int:
+                return get_i32(self._b.buf, self._data + 4)[0]
+            @unknown.setter
+            def unknown(self, value: int) -> None:
+                try:
+                    set_i32(self._b.buf, self._data + 4, value)
+                except (struct.error, TypeError):
+                    raise _b.bad_value(value, "Diamond.tricky$Params.unknown", "Int32", "i") from None
+
+            @property
+            def from_(self) -> int:
+                return get_i16(self._b.buf, self._data + 2)[0]
+            @from_.setter
+            def from_(self, value: int) -> None:
+                try:
+                    set_i16(self._b.buf, self._data + 2, value)
+                except (struct.error, TypeError):
+                    raise _b.bad_value(value, "Diamond.tricky$Params.from", "Int16", "h") from None
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Diamond.TrickyParams.Reader:
+                """A reader of this struct as built so far."""
+                return Diamond.TrickyParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Diamond.tricky$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Diamond.tricky$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Diamond.TrickyParams.Builder:
+            """A new message whose root is a Diamond.tricky$Params."""
+            return Diamond.TrickyParams.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Diamond.TrickyParams.Reader:
+            """The root Diamond.tricky$Params of a message (its segments)."""
+            return Diamond.TrickyParams.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Diamond.TrickyParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return Diamond.TrickyParams.Reader.read(_r.unframe(data))
+
+    class TrickyResults:
+        """struct Diamond.tricky$Results (0xaa19950e7806feaf)."""
+
+        _ID: ClassVar[int] = 0xaa19950e7806feaf
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            @property
+            def return_(self) -> str:
+                w = self._ptr + 0
+                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+            @property
+            def self_(self) -> Diamond.Client:
+                w = self._ptr + 1
+                return _r.read_client(self._msg, self._si, w if w < self._pend else -1, Diamond.Client)
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['return'] = self.return_
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            @property
+            def return_(self) -> str:
+                return _b.get_text(self._b, self._ptr + 0, '')
+            @return_.setter
+            def return_(self, value: str) -> None:
+                _b.set_text(self._b, self._ptr + 0, value, "Diamond.tricky$Results.return")
+
+            def set_self(self, value: Diamond.Client | Diamond.Server | None) -> None:
+                """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 1, value, "Diamond.tricky$Results.self")
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Diamond.TrickyResults.Reader:
+                """A reader of this struct as built so far."""
+                return Diamond.TrickyResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Diamond.tricky$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+            @property
+            def self_(self) -> Diamond.Client:
+                """The self capability, usable before the results arrive."""
+                return self._client(1, Diamond.Client)
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Diamond.tricky$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Diamond.TrickyResults.Builder:
+            """A new message whose root is a Diamond.tricky$Results."""
+            return Diamond.TrickyResults.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Diamond.TrickyResults.Reader:
+            """The root Diamond.tricky$Results of a message (its segments)."""
+            return Diamond.TrickyResults.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Diamond.TrickyResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return Diamond.TrickyResults.Reader.read(_r.unframe(data))
+
+    class Client(Left.Client, Right.Client):
+        """A capability typed as Diamond: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0xfaeedbfd3c73f1ec
+        _INTERFACE_NAME: ClassVar[str] = "Diamond"
+
+        def tricky(self, /, *, self_: str = '', request: int = 0, params: bool = False, unknown: int = 0, from_: int = 0, **_unknown: Never) -> Diamond.TrickyResults.Promise:
+            """Call Diamond.tricky; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``tricky_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Diamond.tricky", _unknown, ("self_", "request", "params", "unknown", "from_"))
+            _request = self.tricky_request()
+            _params = _request.params
+            if self_ != '':
+                _params.self_ = self_
+            _params.request = request
+            _params.params = params
+            _params.unknown = unknown
+            _params.from_ = from_
+            return _request.send()
+
+        def tricky_request(self) -> _t.Request[Diamond.TrickyParams.Builder, Diamond.TrickyResults.Promise]:
+            """A Diamond.tricky call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Diamond._ID, 0, Diamond.TrickyParams.Builder, Diamond.TrickyResults.Promise)
+
+    class Server(Left.Server, Right.Server):
+        """Base of objects implementing Diamond: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        @_t.unimplemented
+        def tricky(self, params: Diamond.TrickyParams.Reader, results: Diamond.TrickyResults.Builder) -> Awaitable[None] | None:
+            """Diamond.tricky: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
 class Shapes:
     """struct Shapes (0x9f02ca7d05a0b039)."""
 
@@ -1593,7 +2796,7 @@ class Shapes:
         """The root of a message in the standard stream framing."""
         return Shapes.Reader.read(_r.unframe(data))
 
-class Shop:
+class Shop(_t.Interface["Shop.Client"]):
     """interface Shop (0xf2d5bf22d7bcc8c3): its methods' params and results."""
 
     _ID: ClassVar[int] = 0xf2d5bf22d7bcc8c3
@@ -2095,7 +3298,7 @@ class Shop:
         _INTERFACE_ID: ClassVar[int] = 0xf2d5bf22d7bcc8c3
         _INTERFACE_NAME: ClassVar[str] = "Shop"
 
-        def buy(self, *, item: str = '', count: int = 0, **_unknown: Never) -> Shop.BuyResults.Promise:
+        def buy(self, /, *, item: str = '', count: int = 0, **_unknown: Never) -> Shop.BuyResults.Promise:
             """Call Shop.buy; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``buy_request()``.
@@ -2113,7 +3316,7 @@ class Shop:
             """A Shop.buy call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Shop._ID, 0, Shop.BuyParams.Builder, Shop.BuyResults.Promise)
 
-        def list(self, **_unknown: Never) -> Shop.ListResults.Promise:
+        def list(self, /, **_unknown: Never) -> Shop.ListResults.Promise:
             """Call Shop.list; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``list_request()``.
@@ -2127,7 +3330,7 @@ class Shop:
             """A Shop.list call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Shop._ID, 1, Shop.ListParams.Builder, Shop.ListResults.Promise)
 
-        def peek(self, *, tree: Tree.Reader | None = None, **_unknown: Never) -> Shop.PeekResults.Promise:
+        def peek(self, /, *, tree: Tree.Reader | None = None, **_unknown: Never) -> Shop.PeekResults.Promise:
             """Call Shop.peek; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``peek_request()``.
@@ -2161,6 +3364,356 @@ class Shop:
         @_t.unimplemented
         def peek(self, params: Shop.PeekParams.Reader, results: Shop.PeekResults.Builder) -> Awaitable[None] | None:
             """Shop.peek: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+class Store(_t.Interface["Store.Client"]):
+    """interface Store (0xe9b2d9a153c56bd4): its methods' params and results."""
+
+    _ID: ClassVar[int] = 0xe9b2d9a153c56bd4
+    #: Method name -> (ordinal, params struct, results struct).
+    METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]
+
+    class GetParams:
+        """struct Store.get$Params (0xd2b215c21fe35105)."""
+
+        _ID: ClassVar[int] = 0xd2b215c21fe35105
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Store.GetParams.Reader:
+                """A reader of this struct as built so far."""
+                return Store.GetParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Store.get$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Store.get$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Store.GetParams.Builder:
+            """A new message whose root is a Store.get$Params."""
+            return Store.GetParams.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.GetParams.Reader:
+            """The root Store.get$Params of a message (its segments)."""
+            return Store.GetParams.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Store.GetParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return Store.GetParams.Reader.read(_r.unframe(data))
+
+    class GetResults:
+        """struct Store.get$Results (0xd36be23475e9cc90)."""
+
+        _ID: ClassVar[int] = 0xd36be23475e9cc90
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            @property
+            def value(self) -> _r.AnyPointer:
+                w = self._ptr + 0
+                return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+            @property
+            def box(self) -> Box.Reader:
+                w = self._ptr + 1
+                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box.Reader, self._depth, None)
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(1):
+                    out['box'] = self.box.to_dict()
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            def init_value_as(self, cls: type[_b.B]) -> _b.B:
+                """Put a new struct of builder class ``cls`` in the AnyPointer value."""
+                return _b.init_struct(self, self._ptr + 0, cls)
+
+            @property
+            def box(self) -> Box.Builder:
+                """The box struct (allocated on first use)."""
+                return _b.struct_field(self, 1, Box.Builder)
+            @box.setter
+            def box(self, value: Box.Reader) -> None:
+                """A deep copy of ``value`` (capabilities included)."""
+                _b.copy_struct(self, 1, value)
+
+            def init_box(self) -> Box.Builder:
+                """A new, empty box struct."""
+                return _b.init_struct(self, self._ptr + 1, Box.Builder)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Store.GetResults.Reader:
+                """A reader of this struct as built so far."""
+                return Store.GetResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Store.get$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+            @property
+            def box(self) -> Box.Pipeline:
+                return self._struct(1, Box.Pipeline)
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Store.get$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Store.GetResults.Builder:
+            """A new message whose root is a Store.get$Results."""
+            return Store.GetResults.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.GetResults.Reader:
+            """The root Store.get$Results of a message (its segments)."""
+            return Store.GetResults.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Store.GetResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return Store.GetResults.Reader.read(_r.unframe(data))
+
+    class PutParams:
+        """struct Store.put$Params (0xa6180aa386969846)."""
+
+        _ID: ClassVar[int] = 0xa6180aa386969846
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def value(self) -> _r.AnyPointer:
+                w = self._ptr + 0
+                return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            def init_value_as(self, cls: type[_b.B]) -> _b.B:
+                """Put a new struct of builder class ``cls`` in the AnyPointer value."""
+                return _b.init_struct(self, self._ptr + 0, cls)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Store.PutParams.Reader:
+                """A reader of this struct as built so far."""
+                return Store.PutParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Store.put$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Store.put$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Store.PutParams.Builder:
+            """A new message whose root is a Store.put$Params."""
+            return Store.PutParams.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.PutParams.Reader:
+            """The root Store.put$Params of a message (its segments)."""
+            return Store.PutParams.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Store.PutParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return Store.PutParams.Reader.read(_r.unframe(data))
+
+    class PutResults:
+        """struct Store.put$Results (0xd7873a365413a4bc)."""
+
+        _ID: ClassVar[int] = 0xd7873a365413a4bc
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Store.PutResults.Reader:
+                """A reader of this struct as built so far."""
+                return Store.PutResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Store.put$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Store.put$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Store.PutResults.Builder:
+            """A new message whose root is a Store.put$Results."""
+            return Store.PutResults.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.PutResults.Reader:
+            """The root Store.put$Results of a message (its segments)."""
+            return Store.PutResults.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return Store.PutResults.Reader.read(_r.unframe(data))
+
+    class Client(_t.Client):
+        """A capability typed as Store: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0xe9b2d9a153c56bd4
+        _INTERFACE_NAME: ClassVar[str] = "Store"
+
+        def put(self, /, **_unknown: Never) -> Store.PutResults.Promise:
+            """Call Store.put; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``put_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Store.put", _unknown, ())
+            _request = self.put_request()
+            return _request.send()
+
+        def put_request(self) -> _t.Request[Store.PutParams.Builder, Store.PutResults.Promise]:
+            """A Store.put call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Store._ID, 0, Store.PutParams.Builder, Store.PutResults.Promise)
+
+        def get(self, /, **_unknown: Never) -> Store.GetResults.Promise:
+            """Call Store.get; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``get_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Store.get", _unknown, ())
+            _request = self.get_request()
+            return _request.send()
+
+        def get_request(self) -> _t.Request[Store.GetParams.Builder, Store.GetResults.Promise]:
+            """A Store.get call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Store._ID, 1, Store.GetParams.Builder, Store.GetResults.Promise)
+
+    class Server(_t.Server):
+        """Base of objects implementing Store: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        @_t.unimplemented
+        def put(self, params: Store.PutParams.Reader, results: Store.PutResults.Builder) -> Awaitable[None] | None:
+            """Store.put: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+        @_t.unimplemented
+        def get(self, params: Store.GetParams.Reader, results: Store.GetResults.Builder) -> Awaitable[None] | None:
+            """Store.get: read ``params``, fill ``results``."""
             raise NotImplementedError  # not called: the base answers unimplemented
 
 class Tree:
@@ -2397,6 +3950,1121 @@ pi: float = 3.14159
 
 primes: _r.ListReader[int]
 
+class Box_Text:
+    """struct Box_Text: a generic bound to (Text) (0xf26089fe5b3a8bb4)."""
+
+    _ID: ClassVar[int] = 0xf26089fe5b3a8bb4
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        @property
+        def value(self) -> str:
+            w = self._ptr + 0
+            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+        @property
+        def next(self) -> Box_Text.Reader:
+            w = self._ptr + 1
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Text.Reader, self._depth, None)
+
+        @property
+        def label(self) -> str:
+            w = self._ptr + 2
+            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(0):
+                out['value'] = self.value
+            if self._has(1):
+                out['next'] = self.next.to_dict()
+            if self._has(2):
+                out['label'] = self.label
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        @property
+        def value(self) -> str:
+            return _b.get_text(self._b, self._ptr + 0, '')
+        @value.setter
+        def value(self, value: str) -> None:
+            _b.set_text(self._b, self._ptr + 0, value, "Box_Text.value")
+
+        @property
+        def next(self) -> Box_Text.Builder:
+            """The next struct (allocated on first use)."""
+            return _b.struct_field(self, 1, Box_Text.Builder)
+        @next.setter
+        def next(self, value: Box_Text.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 1, value)
+
+        def init_next(self) -> Box_Text.Builder:
+            """A new, empty next struct."""
+            return _b.init_struct(self, self._ptr + 1, Box_Text.Builder)
+
+        @property
+        def label(self) -> str:
+            return _b.get_text(self._b, self._ptr + 2, '')
+        @label.setter
+        def label(self, value: str) -> None:
+            _b.set_text(self._b, self._ptr + 2, value, "Box_Text.label")
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Box_Text.Reader:
+            """A reader of this struct as built so far."""
+            return Box_Text.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Box_Text (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def next(self) -> Box_Text.Pipeline:
+            return self._struct(1, Box_Text.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Box_Text results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message() -> Box_Text.Builder:
+        """A new message whose root is a Box_Text."""
+        return Box_Text.Builder.new_message()
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_Text.Reader:
+        """The root Box_Text of a message (its segments)."""
+        return Box_Text.Reader.read(
+            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+        )
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Box_Text.Reader:
+        """The root of a message in the standard stream framing."""
+        return Box_Text.Reader.read(_r.unframe(data))
+
+class Box_List_Int32:
+    """struct Box_List_Int32: a generic bound to (List(Int32)) (0xf26089fe5b3a8bb4)."""
+
+    _ID: ClassVar[int] = 0xf26089fe5b3a8bb4
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        @property
+        def value(self) -> _r.ListReader[int]:
+            w = self._ptr + 0
+            return _L_Box_List_Int32_value(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+        @property
+        def next(self) -> Box_List_Int32.Reader:
+            w = self._ptr + 1
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_List_Int32.Reader, self._depth, None)
+
+        @property
+        def label(self) -> str:
+            w = self._ptr + 2
+            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(0):
+                out['value'] = list(self.value)
+            if self._has(1):
+                out['next'] = self.next.to_dict()
+            if self._has(2):
+                out['label'] = self.label
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        def init_value(self, count: int) -> _b.PrimitiveListBuilder[int]:
+            """A new list of ``count`` elements in value."""
+            return _b.init_primitive_list(self._b, self._ptr + 0, count, "Box_List_Int32.value", "i", 4, "Int32")
+
+        def set_value(self, values: list[int] | tuple[int, ...]) -> None:
+            """value from a sequence of values."""
+            items = list(values)
+            target = _b.init_primitive_list(self._b, self._ptr + 0, len(items), "Box_List_Int32.value", "i", 4, "Int32")
+            target.set_all(items)
+
+        @property
+        def next(self) -> Box_List_Int32.Builder:
+            """The next struct (allocated on first use)."""
+            return _b.struct_field(self, 1, Box_List_Int32.Builder)
+        @next.setter
+        def next(self, value: Box_List_Int32.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 1, value)
+
+        def init_next(self) -> Box_List_Int32.Builder:
+            """A new, empty next struct."""
+            return _b.init_struct(self, self._ptr + 1, Box_List_Int32.Builder)
+
+        @property
+        def label(self) -> str:
+            return _b.get_text(self._b, self._ptr + 2, '')
+        @label.setter
+        def label(self, value: str) -> None:
+            _b.set_text(self._b, self._ptr + 2, value, "Box_List_Int32.label")
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Box_List_Int32.Reader:
+            """A reader of this struct as built so far."""
+            return Box_List_Int32.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Box_List_Int32 (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def next(self) -> Box_List_Int32.Pipeline:
+            return self._struct(1, Box_List_Int32.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Box_List_Int32 results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message() -> Box_List_Int32.Builder:
+        """A new message whose root is a Box_List_Int32."""
+        return Box_List_Int32.Builder.new_message()
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_List_Int32.Reader:
+        """The root Box_List_Int32 of a message (its segments)."""
+        return Box_List_Int32.Reader.read(
+            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+        )
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Box_List_Int32.Reader:
+        """The root of a message in the standard stream framing."""
+        return Box_List_Int32.Reader.read(_r.unframe(data))
+
+class Box_Tree:
+    """struct Box_Tree: a generic bound to (Tree) (0xf26089fe5b3a8bb4)."""
+
+    _ID: ClassVar[int] = 0xf26089fe5b3a8bb4
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        @property
+        def value(self) -> Tree.Reader:
+            w = self._ptr + 0
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Tree.Reader, self._depth, None)
+
+        @property
+        def next(self) -> Box_Tree.Reader:
+            w = self._ptr + 1
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Tree.Reader, self._depth, None)
+
+        @property
+        def label(self) -> str:
+            w = self._ptr + 2
+            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(0):
+                out['value'] = self.value.to_dict()
+            if self._has(1):
+                out['next'] = self.next.to_dict()
+            if self._has(2):
+                out['label'] = self.label
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        @property
+        def value(self) -> Tree.Builder:
+            """The value struct (allocated on first use)."""
+            return _b.struct_field(self, 0, Tree.Builder)
+        @value.setter
+        def value(self, value: Tree.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 0, value)
+
+        def init_value(self) -> Tree.Builder:
+            """A new, empty value struct."""
+            return _b.init_struct(self, self._ptr + 0, Tree.Builder)
+
+        @property
+        def next(self) -> Box_Tree.Builder:
+            """The next struct (allocated on first use)."""
+            return _b.struct_field(self, 1, Box_Tree.Builder)
+        @next.setter
+        def next(self, value: Box_Tree.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 1, value)
+
+        def init_next(self) -> Box_Tree.Builder:
+            """A new, empty next struct."""
+            return _b.init_struct(self, self._ptr + 1, Box_Tree.Builder)
+
+        @property
+        def label(self) -> str:
+            return _b.get_text(self._b, self._ptr + 2, '')
+        @label.setter
+        def label(self, value: str) -> None:
+            _b.set_text(self._b, self._ptr + 2, value, "Box_Tree.label")
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Box_Tree.Reader:
+            """A reader of this struct as built so far."""
+            return Box_Tree.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Box_Tree (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def value(self) -> Tree.Pipeline:
+            return self._struct(0, Tree.Pipeline)
+
+        @property
+        def next(self) -> Box_Tree.Pipeline:
+            return self._struct(1, Box_Tree.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Box_Tree results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message() -> Box_Tree.Builder:
+        """A new message whose root is a Box_Tree."""
+        return Box_Tree.Builder.new_message()
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_Tree.Reader:
+        """The root Box_Tree of a message (its segments)."""
+        return Box_Tree.Reader.read(
+            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+        )
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Box_Tree.Reader:
+        """The root of a message in the standard stream framing."""
+        return Box_Tree.Reader.read(_r.unframe(data))
+
+class Box_Shop:
+    """struct Box_Shop: a generic bound to (Shop) (0xf26089fe5b3a8bb4)."""
+
+    _ID: ClassVar[int] = 0xf26089fe5b3a8bb4
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        @property
+        def value(self) -> Shop.Client:
+            w = self._ptr + 0
+            return _r.read_client(self._msg, self._si, w if w < self._pend else -1, Shop.Client)
+
+        @property
+        def next(self) -> Box_Shop.Reader:
+            w = self._ptr + 1
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Shop.Reader, self._depth, None)
+
+        @property
+        def label(self) -> str:
+            w = self._ptr + 2
+            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(1):
+                out['next'] = self.next.to_dict()
+            if self._has(2):
+                out['label'] = self.label
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        def set_value(self, value: Shop.Client | Shop.Server | None) -> None:
+            """Put a capability here: a client, or a server object (None: null)."""
+            _b.set_client(self._b, self._ptr + 0, value, "Box_Shop.value")
+
+        @property
+        def next(self) -> Box_Shop.Builder:
+            """The next struct (allocated on first use)."""
+            return _b.struct_field(self, 1, Box_Shop.Builder)
+        @next.setter
+        def next(self, value: Box_Shop.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 1, value)
+
+        def init_next(self) -> Box_Shop.Builder:
+            """A new, empty next struct."""
+            return _b.init_struct(self, self._ptr + 1, Box_Shop.Builder)
+
+        @property
+        def label(self) -> str:
+            return _b.get_text(self._b, self._ptr + 2, '')
+        @label.setter
+        def label(self, value: str) -> None:
+            _b.set_text(self._b, self._ptr + 2, value, "Box_Shop.label")
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Box_Shop.Reader:
+            """A reader of this struct as built so far."""
+            return Box_Shop.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Box_Shop (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def value(self) -> Shop.Client:
+            """The value capability, usable before the results arrive."""
+            return self._client(0, Shop.Client)
+
+        @property
+        def next(self) -> Box_Shop.Pipeline:
+            return self._struct(1, Box_Shop.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Box_Shop results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message() -> Box_Shop.Builder:
+        """A new message whose root is a Box_Shop."""
+        return Box_Shop.Builder.new_message()
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_Shop.Reader:
+        """The root Box_Shop of a message (its segments)."""
+        return Box_Shop.Reader.read(
+            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+        )
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Box_Shop.Reader:
+        """The root of a message in the standard stream framing."""
+        return Box_Shop.Reader.read(_r.unframe(data))
+
+class Pair_Text_Box_Text:
+    """struct Pair_Text_Box_Text: a generic bound to (Text, Box_Text) (0xa47fe1974073d1ed)."""
+
+    _ID: ClassVar[int] = 0xa47fe1974073d1ed
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 2
+
+        @property
+        def key(self) -> str:
+            w = self._ptr + 0
+            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+        @property
+        def value(self) -> Box_Text.Reader:
+            w = self._ptr + 1
+            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Text.Reader, self._depth, None)
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(0):
+                out['key'] = self.key
+            if self._has(1):
+                out['value'] = self.value.to_dict()
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 2
+
+        @property
+        def key(self) -> str:
+            return _b.get_text(self._b, self._ptr + 0, '')
+        @key.setter
+        def key(self, value: str) -> None:
+            _b.set_text(self._b, self._ptr + 0, value, "Pair_Text_Box_Text.key")
+
+        @property
+        def value(self) -> Box_Text.Builder:
+            """The value struct (allocated on first use)."""
+            return _b.struct_field(self, 1, Box_Text.Builder)
+        @value.setter
+        def value(self, value: Box_Text.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 1, value)
+
+        def init_value(self) -> Box_Text.Builder:
+            """A new, empty value struct."""
+            return _b.init_struct(self, self._ptr + 1, Box_Text.Builder)
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Pair_Text_Box_Text.Reader:
+            """A reader of this struct as built so far."""
+            return Pair_Text_Box_Text.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Pair_Text_Box_Text (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def value(self) -> Box_Text.Pipeline:
+            return self._struct(1, Box_Text.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Pair_Text_Box_Text results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message() -> Pair_Text_Box_Text.Builder:
+        """A new message whose root is a Pair_Text_Box_Text."""
+        return Pair_Text_Box_Text.Builder.new_message()
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Pair_Text_Box_Text.Reader:
+        """The root Pair_Text_Box_Text of a message (its segments)."""
+        return Pair_Text_Box_Text.Reader.read(
+            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+        )
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Pair_Text_Box_Text.Reader:
+        """The root of a message in the standard stream framing."""
+        return Pair_Text_Box_Text.Reader.read(_r.unframe(data))
+
+class Store_Text(_t.Interface["Store_Text.Client"]):
+    """interface Store_Text: a generic bound to (Text) (0xe9b2d9a153c56bd4): its methods' params and results."""
+
+    _ID: ClassVar[int] = 0xe9b2d9a153c56bd4
+    #: Method name -> (ordinal, params struct, results struct).
+    METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]
+
+    class PutParams:
+        """struct Store_Text.put$Params: a generic bound to (Text) (0xa6180aa386969846)."""
+
+        _ID: ClassVar[int] = 0xa6180aa386969846
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def value(self) -> str:
+                w = self._ptr + 0
+                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['value'] = self.value
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def value(self) -> str:
+                return _b.get_text(self._b, self._ptr + 0, '')
+            @value.setter
+            def value(self, value: str) -> None:
+                _b.set_text(self._b, self._ptr + 0, value, "Store_Text.put$Params.value")
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Store_Text.PutParams.Reader:
+                """A reader of this struct as built so far."""
+                return Store_Text.PutParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Store_Text.put$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Store_Text.put$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Store_Text.PutParams.Builder:
+            """A new message whose root is a Store_Text.put$Params."""
+            return Store_Text.PutParams.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.PutParams.Reader:
+            """The root Store_Text.put$Params of a message (its segments)."""
+            return Store_Text.PutParams.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.PutParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return Store_Text.PutParams.Reader.read(_r.unframe(data))
+
+    class PutResults:
+        """struct Store_Text.put$Results: a generic bound to (Text) (0xd7873a365413a4bc)."""
+
+        _ID: ClassVar[int] = 0xd7873a365413a4bc
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Store_Text.PutResults.Reader:
+                """A reader of this struct as built so far."""
+                return Store_Text.PutResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Store_Text.put$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Store_Text.put$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Store_Text.PutResults.Builder:
+            """A new message whose root is a Store_Text.put$Results."""
+            return Store_Text.PutResults.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.PutResults.Reader:
+            """The root Store_Text.put$Results of a message (its segments)."""
+            return Store_Text.PutResults.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.PutResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return Store_Text.PutResults.Reader.read(_r.unframe(data))
+
+    class GetParams:
+        """struct Store_Text.get$Params: a generic bound to (Text) (0xd2b215c21fe35105)."""
+
+        _ID: ClassVar[int] = 0xd2b215c21fe35105
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Store_Text.GetParams.Reader:
+                """A reader of this struct as built so far."""
+                return Store_Text.GetParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Store_Text.get$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Store_Text.get$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Store_Text.GetParams.Builder:
+            """A new message whose root is a Store_Text.get$Params."""
+            return Store_Text.GetParams.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.GetParams.Reader:
+            """The root Store_Text.get$Params of a message (its segments)."""
+            return Store_Text.GetParams.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.GetParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return Store_Text.GetParams.Reader.read(_r.unframe(data))
+
+    class GetResults:
+        """struct Store_Text.get$Results: a generic bound to (Text) (0xd36be23475e9cc90)."""
+
+        _ID: ClassVar[int] = 0xd36be23475e9cc90
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            @property
+            def value(self) -> str:
+                w = self._ptr + 0
+                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+
+            @property
+            def box(self) -> Box_Text.Reader:
+                w = self._ptr + 1
+                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Text.Reader, self._depth, None)
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['value'] = self.value
+                if self._has(1):
+                    out['box'] = self.box.to_dict()
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            @property
+            def value(self) -> str:
+                return _b.get_text(self._b, self._ptr + 0, '')
+            @value.setter
+            def value(self, value: str) -> None:
+                _b.set_text(self._b, self._ptr + 0, value, "Store_Text.get$Results.value")
+
+            @property
+            def box(self) -> Box_Text.Builder:
+                """The box struct (allocated on first use)."""
+                return _b.struct_field(self, 1, Box_Text.Builder)
+            @box.setter
+            def box(self, value: Box_Text.Reader) -> None:
+                """A deep copy of ``value`` (capabilities included)."""
+                _b.copy_struct(self, 1, value)
+
+            def init_box(self) -> Box_Text.Builder:
+                """A new, empty box struct."""
+                return _b.init_struct(self, self._ptr + 1, Box_Text.Builder)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Store_Text.GetResults.Reader:
+                """A reader of this struct as built so far."""
+                return Store_Text.GetResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Store_Text.get$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+            @property
+            def box(self) -> Box_Text.Pipeline:
+                return self._struct(1, Box_Text.Pipeline)
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Store_Text.get$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Store_Text.GetResults.Builder:
+            """A new message whose root is a Store_Text.get$Results."""
+            return Store_Text.GetResults.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.GetResults.Reader:
+            """The root Store_Text.get$Results of a message (its segments)."""
+            return Store_Text.GetResults.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.GetResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return Store_Text.GetResults.Reader.read(_r.unframe(data))
+
+    class Client(_t.Client):
+        """A capability typed as Store_Text: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0xe9b2d9a153c56bd4
+        _INTERFACE_NAME: ClassVar[str] = "Store_Text"
+
+        def put(self, /, *, value: str = '', **_unknown: Never) -> Store_Text.PutResults.Promise:
+            """Call Store_Text.put; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``put_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Store_Text.put", _unknown, ("value",))
+            _request = self.put_request()
+            _params = _request.params
+            if value != '':
+                _params.value = value
+            return _request.send()
+
+        def put_request(self) -> _t.Request[Store_Text.PutParams.Builder, Store_Text.PutResults.Promise]:
+            """A Store_Text.put call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Store_Text._ID, 0, Store_Text.PutParams.Builder, Store_Text.PutResults.Promise)
+
+        def get(self, /, **_unknown: Never) -> Store_Text.GetResults.Promise:
+            """Call Store_Text.get; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``get_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Store_Text.get", _unknown, ())
+            _request = self.get_request()
+            return _request.send()
+
+        def get_request(self) -> _t.Request[Store_Text.GetParams.Builder, Store_Text.GetResults.Promise]:
+            """A Store_Text.get call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Store_Text._ID, 1, Store_Text.GetParams.Builder, Store_Text.GetResults.Promise)
+
+    class Server(_t.Server):
+        """Base of objects implementing Store_Text: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        @_t.unimplemented
+        def put(self, params: Store_Text.PutParams.Reader, results: Store_Text.PutResults.Builder) -> Awaitable[None] | None:
+            """Store_Text.put: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+        @_t.unimplemented
+        def get(self, params: Store_Text.GetParams.Reader, results: Store_Text.GetResults.Builder) -> Awaitable[None] | None:
+            """Store_Text.get: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+class TextStore(_t.Interface["TextStore.Client"]):
+    """interface TextStore (0x86b45afd18594724): its methods' params and results."""
+
+    _ID: ClassVar[int] = 0x86b45afd18594724
+    #: Method name -> (ordinal, params struct, results struct).
+    METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]
+
+    class SizeParams:
+        """struct TextStore.size$Params (0xa930a1c90684387d)."""
+
+        _ID: ClassVar[int] = 0xa930a1c90684387d
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> TextStore.SizeParams.Reader:
+                """A reader of this struct as built so far."""
+                return TextStore.SizeParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future TextStore.size$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future TextStore.size$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> TextStore.SizeParams.Builder:
+            """A new message whose root is a TextStore.size$Params."""
+            return TextStore.SizeParams.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> TextStore.SizeParams.Reader:
+            """The root TextStore.size$Params of a message (its segments)."""
+            return TextStore.SizeParams.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> TextStore.SizeParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return TextStore.SizeParams.Reader.read(_r.unframe(data))
+
+    class SizeResults:
+        """struct TextStore.size$Results (0x8d8deed2c4474a6d)."""
+
+        _ID: ClassVar[int] = 0x8d8deed2c4474a6d
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 1
+            _POINTERS: ClassVar[int] = 0
+
+            @property
+            def count(self) -> int:
+                return get_u32(self._seg, self._data)[0]
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                out['count'] = self.count
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 1
+            _POINTERS: ClassVar[int] = 0
+
+            @property
+            def count(self) -> int:
+                return get_u32(self._b.buf, self._data)[0]
+            @count.setter
+            def count(self, value: int) -> None:
+                try:
+                    set_u32(self._b.buf, self._data + 0, value)
+                except (struct.error, TypeError):
+                    raise _b.bad_value(value, "TextStore.size$Results.count", "UInt32", "I") from None
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> TextStore.SizeResults.Reader:
+                """A reader of this struct as built so far."""
+                return TextStore.SizeResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future TextStore.size$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future TextStore.size$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> TextStore.SizeResults.Builder:
+            """A new message whose root is a TextStore.size$Results."""
+            return TextStore.SizeResults.Builder.new_message()
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> TextStore.SizeResults.Reader:
+            """The root TextStore.size$Results of a message (its segments)."""
+            return TextStore.SizeResults.Reader.read(
+                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+            )
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> TextStore.SizeResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return TextStore.SizeResults.Reader.read(_r.unframe(data))
+
+    class Client(Store_Text.Client):
+        """A capability typed as TextStore: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0x86b45afd18594724
+        _INTERFACE_NAME: ClassVar[str] = "TextStore"
+
+        def size(self, /, **_unknown: Never) -> TextStore.SizeResults.Promise:
+            """Call TextStore.size; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``size_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("TextStore.size", _unknown, ())
+            _request = self.size_request()
+            return _request.send()
+
+        def size_request(self) -> _t.Request[TextStore.SizeParams.Builder, TextStore.SizeResults.Promise]:
+            """A TextStore.size call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, TextStore._ID, 0, TextStore.SizeParams.Builder, TextStore.SizeResults.Promise)
+
+    class Server(Store_Text.Server):
+        """Base of objects implementing TextStore: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        @_t.unimplemented
+        def size(self, params: TextStore.SizeParams.Reader, results: TextStore.SizeResults.Builder) -> Awaitable[None] | None:
+            """TextStore.size: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Color = tuple(Color)
@@ -2427,9 +5095,24 @@ _L_Lists_deep = _r.list_list(_r.list_list(_r.primitive_list("B")))
 _L_Shapes_points = _r.primitive_list("i")
 _L_Tree_children = _r.struct_list(Tree.Reader)
 _L_Shop_ListResults_items = _r.simple_list(_r.TextList)
+_L_Box_List_Int32_value = _r.primitive_list("i")
 
 
+Base.METHODS = {"depth": (0, Base.DepthParams, Base.DepthResults)}
+Diamond.METHODS = {"tricky": (0, Diamond.TrickyParams, Diamond.TrickyResults)}
+Left.METHODS = {"left": (0, Left.LeftParams, Left.LeftResults)}
+Right.METHODS = {"right": (0, Right.RightParams, Right.RightResults)}
 Shop.METHODS = {"buy": (0, Shop.BuyParams, Shop.BuyResults), "list": (1, Shop.ListParams, Shop.ListResults), "peek": (2, Shop.PeekParams, Shop.PeekResults)}
+Store.METHODS = {"put": (0, Store.PutParams, Store.PutResults), "get": (1, Store.GetParams, Store.GetResults)}
+TextStore.METHODS = {"size": (0, TextStore.SizeParams, TextStore.SizeResults)}
+Store_Text.METHODS = {"put": (0, Store_Text.PutParams, Store_Text.PutResults), "get": (1, Store_Text.GetParams, Store_Text.GetResults)}
+Base.Server._METHODS = {(Base._ID, 0): ("depth", Base.DepthParams, Base.DepthResults)}
+Left.Server._METHODS = {**Base.Server._METHODS, (Left._ID, 0): ("left", Left.LeftParams, Left.LeftResults)}
+Right.Server._METHODS = {**Base.Server._METHODS, (Right._ID, 0): ("right", Right.RightParams, Right.RightResults)}
+Diamond.Server._METHODS = {**Left.Server._METHODS, **Right.Server._METHODS, (Diamond._ID, 0): ("tricky", Diamond.TrickyParams, Diamond.TrickyResults)}
 Shop.Server._METHODS = {(Shop._ID, 0): ("buy", Shop.BuyParams, Shop.BuyResults), (Shop._ID, 1): ("list", Shop.ListParams, Shop.ListResults), (Shop._ID, 2): ("peek", Shop.PeekParams, Shop.PeekResults)}
+Store.Server._METHODS = {(Store._ID, 0): ("put", Store.PutParams, Store.PutResults), (Store._ID, 1): ("get", Store.GetParams, Store.GetResults)}
+Store_Text.Server._METHODS = {(Store_Text._ID, 0): ("put", Store_Text.PutParams, Store_Text.PutResults), (Store_Text._ID, 1): ("get", Store_Text.GetParams, Store_Text.GetResults)}
+TextStore.Server._METHODS = {**Store_Text.Server._METHODS, (TextStore._ID, 0): ("size", TextStore.SizeParams, TextStore.SizeResults)}
 origin = _r.default_struct(Numbers.Reader, [bytes.fromhex('0000000000000200040000000600000000000000000000000000fbff0000000000000000000000000000000000000000000000000000000000000000000000000000000000000000')])
 primes = _r.default_list(_r.primitive_list("H"), [bytes.fromhex('0000000000000200050000002300000000000000000000000200030005000700')])

@@ -1,0 +1,145 @@
+"""``extends`` (the diamond) and a generic bound by ``extends(Store(Text))``, over TCP on
+127.0.0.1 through generated stubs: typed client and typed server, typed client against the
+C++ reference (pycapnp), and the C++ reference's client against typed servers. The
+semantics both sides implement are in tests/peers/pycapnp_kitchen_peer.py's docstring.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from types import ModuleType
+from typing import Any
+
+import pytest
+import trio
+
+import capsvc
+from tests.codegen.conftest import Generated
+from tests.support.checks import peer_deadline
+from tests.support.peers import HOST, PYTHON, PeerProcess, listening_process, peer_env, peer_script
+
+
+def servers(k: ModuleType) -> tuple[type, type]:
+    """Typed servers on the generated bases of the session's kitchen module."""
+
+    class Diamond(k.Diamond.Server):  # type: ignore[misc, name-defined]
+        def depth(self, params: Any, results: Any) -> None:
+            results.depth = 3
+
+        def left(self, params: Any, results: Any) -> None:
+            results.side = "left"
+
+        async def right(self, params: Any, results: Any) -> None:
+            await trio.lowlevel.checkpoint()  # an async method among plain ones
+            results.side = "right"
+
+        def tricky(self, params: Any, results: Any) -> None:
+            parts = (params.self_, params.request, params.params, params.unknown, params.from_)
+            results.return_ = "|".join(str(x) for x in parts)
+            results.set_self(self)
+
+    class TextStore(k.TextStore.Server):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            self.values: list[str] = []
+
+        def put(self, params: Any, results: Any) -> None:
+            self.values.append(params.value)
+
+        def get(self, params: Any, results: Any) -> None:
+            last = self.values[-1] if self.values else ""
+            results.value = last
+            results.box.value = last
+            results.box.label = "box"
+
+        def size(self, params: Any, results: Any) -> None:
+            results.count = len(self.values)
+
+    return Diamond, TextStore
+
+
+@asynccontextmanager
+async def local_server(server: object) -> AsyncIterator[str]:
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", server)
+        yield address
+        nursery.cancel_scope.cancel()
+
+
+async def exercise_diamond(k: ModuleType, address: str) -> None:
+    async with capsvc.connect(address) as conn:
+        diamond = conn.bootstrap(k.Diamond)
+        assert (await diamond.depth()).depth == 3  # Base's method, through Left and Right
+        assert (await diamond.left()).side == "left"
+        assert (await diamond.right()).side == "right"
+        promise = diamond.tricky(self_="s", request=1, params=True, unknown=-2, from_=7)
+        again = promise.self_  # pipelined: a typed Diamond client before the results
+        assert (await again.left()).side == "left"
+        assert (await promise).return_ == "s|1|True|-2|7"
+        base = diamond.cast_as(k.Base)
+        assert (await base.depth()).depth == 3
+        with pytest.raises(TypeError, match=r"^Diamond\.tricky\(\) has no parameter self;"):
+            diamond.tricky(self="s")
+
+
+async def exercise_store(k: ModuleType, address: str) -> None:
+    async with capsvc.connect(address) as conn:
+        store = conn.bootstrap(k.TextStore)
+        await store.put(value="first")
+        await store.put(value="second")
+        got = await store.get()
+        assert got.value == "second"
+        assert (got.box.value, got.box.label) == ("second", "box")
+        assert type(got.box) is k.Box_Text.Reader
+        assert (await store.size()).count == 2
+        with pytest.raises(TypeError, match=r"expected str \(Text\), got int"):
+            store.put(value=5)
+
+
+@pytest.fixture
+def cpp_peer(request: pytest.FixtureRequest) -> Iterator[PeerProcess]:
+    script = peer_script("pycapnp_kitchen_peer")
+    argv = [PYTHON, script, "serve", f"{HOST}:0", "--bootstrap", request.param]
+    with listening_process(argv) as peer:
+        yield peer
+
+
+async def test_typed_client_and_typed_servers(generated: Generated) -> None:
+    diamond, store = servers(generated.kitchen)
+    async with local_server(diamond()) as address:
+        await exercise_diamond(generated.kitchen, address)
+    async with local_server(store()) as address:
+        await exercise_store(generated.kitchen, address)
+
+
+@pytest.mark.parametrize("cpp_peer", ["diamond", "textstore"], indirect=True)
+async def test_typed_client_and_cpp_servers(generated: Generated, cpp_peer: PeerProcess) -> None:
+    argv = list(cpp_peer.proc.args)  # type: ignore[arg-type]
+    exercise = exercise_diamond if "diamond" in argv else exercise_store
+    with peer_deadline():
+        await exercise(generated.kitchen, cpp_peer.address)
+
+
+@pytest.mark.parametrize("kind", ["diamond", "textstore"])
+async def test_cpp_client_and_typed_servers(generated: Generated, kind: str) -> None:
+    diamond, store = servers(generated.kitchen)
+    server = diamond() if kind == "diamond" else store()
+    async with local_server(server) as address:
+        hostport = address.removeprefix("tcp:")
+        with peer_deadline(60):
+            script = peer_script("pycapnp_kitchen_peer")
+            done = await trio.run_process(
+                [PYTHON, script, "call", hostport, "--bootstrap", kind],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+                env=peer_env(),
+                cwd=os.getcwd(),
+            )
+    output = done.stdout.decode() + done.stderr.decode()
+    assert done.returncode == 0, output
+    lines = done.stdout.decode().splitlines()
+    checks = [line.split()[1] for line in lines if line.startswith("ok ")]
+    expected = ["depth", "left", "right", "base", "tricky", "self"]
+    assert checks == (expected if kind == "diamond" else ["get", "box", "size", "generic"])
