@@ -143,23 +143,31 @@ def load_app(spec: str, app_dir: str | None = ".") -> Any:
 async def _make_bootstrap(target: Any, spec: str) -> Any:
     """A Server instance from ``target``: the instance itself, or what a factory returns."""
     from capsvc.server import Server
+    from capsvc.typed import Server as TypedServer
 
-    if isinstance(target, Server):
+    servers = (Server, TypedServer)  # dynamic (load_schema) or generated (capsvc gen)
+    if isinstance(target, servers):
         return target
     if not callable(target):
         raise UsageError(f"{spec} is neither a capsvc.Server instance nor a factory")
     made = target()
     if inspect.isawaitable(made):
         made = await made
-    if not isinstance(made, Server):
-        raise UsageError(f"{spec}() returned {type(made).__name__}, not a capsvc.Server instance")
+    if not isinstance(made, servers):
+        raise UsageError(
+            f"{spec}() returned {type(made).__name__}, not a server object"
+            " (a capsvc.Server, or a subclass of a generated Interface.Server)"
+        )
     return made
 
 
 def _describe(bootstrap: Any) -> str:
     info = getattr(bootstrap, "_capsvc_interface", None)
     name = type(bootstrap).__name__
-    return f"{name} ({info.name})" if info is not None else name
+    if info is not None:
+        return f"{name} ({info.name})"
+    generated = getattr(bootstrap, "_INTERFACE_NAME", None)  # set on generated Servers
+    return f"{name} ({generated})" if generated else name
 
 
 async def _serve(address: str, target: Any, spec: str | None) -> None:
@@ -323,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="generate typed Python for schemas",
         description=(
             "Write one Python module per schema file (and per file it imports): typed "
-            "readers and builders for every struct, enums, constants. Deterministic: the "
-            "same schema gives the same bytes."
+            "readers and builders for every struct, enums, constants, and for every "
+            "interface a typed client and a server base. Deterministic: the same schema "
+            "gives the same bytes."
         ),
     )
     gen.add_argument("schemas", nargs="+", metavar="SCHEMA", help="a .capnp file")

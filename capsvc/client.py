@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from capsvc.checked import set_field
 from capsvc.errors import Failed
+from capsvc.mistakes import check_call
 from capsvc.rpc.hooks import BrokenHook, CallResult, Hook, OutgoingCall, Path
 from capsvc.rpc.payload import BuiltPayload, new_call_payload
 from capsvc.runtime import wait_result
@@ -94,12 +96,16 @@ class _BoundMethod:
         self._method = method
 
     def __call__(self, *args: Any, **fields: Any) -> Promise:
+        method = self._method
+        if args or fields:
+            # Mistakes are TypeErrors naming the method and its parameters (not pycapnp's
+            # C++ text); positional arguments are refused, as on the generated path.
+            label = f"{self._client._info.name}.{method.name}"
+            check_call(label, method.param_schema, args, fields)
         request = self.request()
-        if args:
-            names = [f for f in self._method.param_schema.fieldnames][: len(args)]
-            fields.update(zip(names, args, strict=False))
+        params, schema = request.params, method.param_schema
         for name, value in fields.items():
-            setattr(request.params, name, value)
+            set_field(params, schema, name, value)
         return request.send()
 
     def request(self) -> Request:
@@ -123,7 +129,7 @@ class Request:
         return getattr(self.params, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.params, name, value)
+        set_field(self.params, self._method.param_schema, name, value)
 
     def init(self, name: str, *args: Any) -> Any:
         return self.params.init(name, *args)

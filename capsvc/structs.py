@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from capsvc.checked import Checked, set_field
 from capsvc.rpc.hooks import Hook, NullHook, Path
 from capsvc.rpc.payload import BuiltPayload, Payload
 from capsvc.schema import CapField, FieldKind, StructInfo, struct_info
@@ -30,14 +31,14 @@ def wrap_reader(
     """
     info = struct_info(schema)
     if not info.has_caps:
-        return reader
+        return Checked(reader, schema)  # mistakes as Python errors (capsvc.checked)
     return StructReader(reader, info, payload, path, keep)
 
 
 def wrap_builder(builder: Any, schema: Any, payload: BuiltPayload, path: Path = ()) -> Any:
     info = struct_info(schema)
     if not info.has_caps:
-        return builder
+        return Checked(builder, schema)
     return StructBuilder(builder, info, payload, path)
 
 
@@ -178,7 +179,7 @@ class StructBuilder:
     def __setattr__(self, name: str, value: Any) -> None:
         field = self._info.fields.get(name)
         if field is None:
-            setattr(self._builder, name, value)
+            set_field(self._builder, self._info.schema, name, value)
             if name in self._info.union_members:
                 self._forget_union_caps()
             return
@@ -191,7 +192,7 @@ class StructBuilder:
             for index, item in enumerate(items):
                 target[index] = item
             return
-        setattr(self._builder, name, value)
+        set_field(self._builder, self._info.schema, name, value)
 
     def _forget_union_caps(self) -> None:
         """Another union member was set through pycapnp: drop our capability member."""

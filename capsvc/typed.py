@@ -146,6 +146,8 @@ class Server:
     #: (interface ID, method ordinal) -> (method name, params struct, results struct),
     #: for the interface and every one it extends (set by each generated Server).
     _METHODS: ClassVar[dict[tuple[int, int], tuple[str, Any, Any]]] = {}
+    #: The schema name of the interface (set by each generated Server).
+    _INTERFACE_NAME: ClassVar[str] = ""
     _capsvc_hook_ref: weakref.ref[Hook] | None = None
     _capsvc_inline: ClassVar[dict[tuple[int, int], bool]] = {}
 
@@ -188,10 +190,13 @@ class Server:
     def _begin(self, interface_id: int, method_id: int, params: Payload) -> tuple[object, Payload]:
         found = self._implementation(interface_id, method_id)
         if found is None:
-            raise Unimplemented(
-                f"{type(self).__name__} does not implement method {method_id}"
-                f" of interface {interface_id:#x}"
+            entry = self._METHODS.get((interface_id, method_id))
+            what = (
+                f"{entry[1].__qualname__.rpartition('.')[0]}.{entry[0]}"  # Iface.method
+                if entry is not None
+                else f"method {method_id} of interface {interface_id:#x}"
             )
+            raise Unimplemented(f"{type(self).__name__} does not implement {what}")
         implementation, params_type, results_type = found
         reader = params.read_as(params_type.Reader)
         payload, results = new_codec_return(results_type.Builder)

@@ -251,7 +251,7 @@ def test_serve_an_app(tmp_path: Path, app: str, expected: str) -> None:
         ("tests.apps.echo_app:nothing", "has no attribute 'nothing'"),
         ("tests.apps.echo_app", "APP must look like module:factory"),
         ("tests.apps.echo_app:not_a_server", "neither a capsvc.Server instance nor a factory"),
-        ("tests.apps.echo_app:bad_factory", "returned object, not a capsvc.Server instance"),
+        ("tests.apps.echo_app:bad_factory", "returned object, not a server object"),
     ],
 )
 def test_serve_bad_app(app: str, message: str) -> None:

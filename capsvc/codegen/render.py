@@ -493,6 +493,8 @@ def _server(out: _Out, node: Interface, names: _Names) -> None:
     with out.indent():
         out.add(f'"""Base of objects implementing {node.scope}: override its methods (``def`` or')
         out.add('``async def``; a method not overridden answers ``unimplemented``)."""')
+        out.add("")
+        out.add(f'_INTERFACE_NAME: ClassVar[str] = "{node.scope}"')
         for method in node.methods:
             params = names.of(method.params)
             results = names.of(method.results)

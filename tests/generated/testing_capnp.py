@@ -221,6 +221,8 @@ class Callback(_t.Interface["Callback.Client"]):
         """Base of objects implementing Callback: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
 
+        _INTERFACE_NAME: ClassVar[str] = "Callback"
+
         @_t.unimplemented
         def notify(self, params: Callback.NotifyParams.Reader, results: Callback.NotifyResults.Builder) -> Awaitable[None] | None:
             """Callback.notify: read ``params``, fill ``results``."""
@@ -570,6 +572,8 @@ class Counter(_t.Interface["Counter.Client"]):
     class Server(_t.Server):
         """Base of objects implementing Counter: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        _INTERFACE_NAME: ClassVar[str] = "Counter"
 
         @_t.unimplemented
         def increment(self, params: Counter.IncrementParams.Reader, results: Counter.IncrementResults.Builder) -> Awaitable[None] | None:
@@ -2676,6 +2680,8 @@ class Tester(_t.Interface["Tester.Client"]):
         """Base of objects implementing Tester: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
 
+        _INTERFACE_NAME: ClassVar[str] = "Tester"
+
         @_t.unimplemented
         def echo(self, params: Tester.EchoParams.Reader, results: Tester.EchoResults.Builder) -> Awaitable[None] | None:
             """Tester.echo: read ``params``, fill ``results``."""
@@ -2883,6 +2889,8 @@ class Unknown(_t.Interface["Unknown.Client"]):
     class Server(_t.Server):
         """Base of objects implementing Unknown: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        _INTERFACE_NAME: ClassVar[str] = "Unknown"
 
         @_t.unimplemented
         def nothing(self, params: Unknown.NothingParams.Reader, results: Unknown.NothingResults.Builder) -> Awaitable[None] | None:

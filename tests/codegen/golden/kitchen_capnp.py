@@ -205,6 +205,8 @@ class Base(_t.Interface["Base.Client"]):
         """Base of objects implementing Base: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
 
+        _INTERFACE_NAME: ClassVar[str] = "Base"
+
         @_t.unimplemented
         def depth(self, params: Base.DepthParams.Reader, results: Base.DepthResults.Builder) -> Awaitable[None] | None:
             """Base.depth: read ``params``, fill ``results``."""
@@ -1185,6 +1187,8 @@ class Left(_t.Interface["Left.Client"]):
         """Base of objects implementing Left: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
 
+        _INTERFACE_NAME: ClassVar[str] = "Left"
+
         @_t.unimplemented
         def left(self, params: Left.LeftParams.Reader, results: Left.LeftResults.Builder) -> Awaitable[None] | None:
             """Left.left: read ``params``, fill ``results``."""
@@ -2068,6 +2072,8 @@ class Right(_t.Interface["Right.Client"]):
         """Base of objects implementing Right: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
 
+        _INTERFACE_NAME: ClassVar[str] = "Right"
+
         @_t.unimplemented
         def right(self, params: Right.RightParams.Reader, results: Right.RightResults.Builder) -> Awaitable[None] | None:
             """Right.right: read ``params``, fill ``results``."""
@@ -2340,6 +2346,8 @@ class Diamond(_t.Interface["Diamond.Client"]):
     class Server(Left.Server, Right.Server):
         """Base of objects implementing Diamond: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        _INTERFACE_NAME: ClassVar[str] = "Diamond"
 
         @_t.unimplemented
         def tricky(self, params: Diamond.TrickyParams.Reader, results: Diamond.TrickyResults.Builder) -> Awaitable[None] | None:
@@ -3351,6 +3359,8 @@ class Shop(_t.Interface["Shop.Client"]):
         """Base of objects implementing Shop: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
 
+        _INTERFACE_NAME: ClassVar[str] = "Shop"
+
         @_t.unimplemented
         def buy(self, params: Shop.BuyParams.Reader, results: Shop.BuyResults.Builder) -> Awaitable[None] | None:
             """Shop.buy: read ``params``, fill ``results``."""
@@ -3705,6 +3715,8 @@ class Store(_t.Interface["Store.Client"]):
     class Server(_t.Server):
         """Base of objects implementing Store: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        _INTERFACE_NAME: ClassVar[str] = "Store"
 
         @_t.unimplemented
         def put(self, params: Store.PutParams.Reader, results: Store.PutResults.Builder) -> Awaitable[None] | None:
@@ -4877,6 +4889,8 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         """Base of objects implementing Store_Text: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
 
+        _INTERFACE_NAME: ClassVar[str] = "Store_Text"
+
         @_t.unimplemented
         def put(self, params: Store_Text.PutParams.Reader, results: Store_Text.PutResults.Builder) -> Awaitable[None] | None:
             """Store_Text.put: read ``params``, fill ``results``."""
@@ -5059,6 +5073,8 @@ class TextStore(_t.Interface["TextStore.Client"]):
     class Server(Store_Text.Server):
         """Base of objects implementing TextStore: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        _INTERFACE_NAME: ClassVar[str] = "TextStore"
 
         @_t.unimplemented
         def size(self, params: TextStore.SizeParams.Reader, results: TextStore.SizeResults.Builder) -> Awaitable[None] | None:
