@@ -155,6 +155,8 @@ def _type(proto: Any) -> Type:
         kind = any_pointer.which()
         if kind == "unconstrained":
             sub = any_pointer.unconstrained.which()
+            if sub == "capability":  # an interface field of no particular interface
+                return Type("interface", target=0, any="capability")
             return Type("anyPointer", any={"anyKind": "pointer"}.get(sub, sub))
         if kind == "parameter":
             where = (any_pointer.parameter.scopeId, any_pointer.parameter.parameterIndex)

@@ -111,6 +111,8 @@ class _Names:
         return None
 
     def of(self, node_id: int) -> str:
+        if node_id == 0:  # Capability (an interface type of no interface): the typed bases
+            return "_t"
         local = self.local.get(node_id)
         if local is not None:
             return local
@@ -994,6 +996,8 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
                 out.add(line)
             out.add(f'_b.set_client(self._b, {pointer}, value, "{label}")')
         return
+    if kind.any == "list":
+        return  # an AnyList holds no struct: nothing to initialise it as
     out.add("")
     out.add(f"def init_{field.name}_as(self, cls: type[_b.B]) -> _b.B:")
     out.add(f'    """Put a new struct of builder class ``cls`` in the AnyPointer {field.name}."""')

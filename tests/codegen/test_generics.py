@@ -124,3 +124,25 @@ def test_parameter_names_that_collide_are_renamed(generated: Generated) -> None:
     results = k.Diamond.TrickyResults.new_message()
     results.return_ = "r"
     assert results.as_reader().return_ == "r"
+
+
+def test_any_pointer_kinds_are_explicit(generated: Generated) -> None:
+    """AnyPointer, AnyStruct and AnyList read as AnyPointer views; Capability as a typed
+    client of no particular interface (cast it with ``cast_as``)."""
+    from capsvc.typed import Client
+
+    k = generated.kitchen
+    built = k.Anything.new_message()
+    built.init_anyStruct_as(k.Numbers.Builder).i32 = -7
+    built.init_pointer_as(k.Numbers.Builder).u8 = 9
+    assert not hasattr(built, "init_anyList_as")  # an AnyList holds no struct
+    read = k.Anything.from_bytes(built.to_bytes())
+    assert read.anyStruct.as_struct(k.Numbers.Reader).i32 == -7
+    assert read.pointer.as_struct(k.Numbers.Reader).u8 == 9
+    assert read.anyList.is_null
+    capability = read.capability
+    assert type(capability) is Client  # null here: no cap table in a plain message
+    assert isinstance(capability.cast_as(k.Shop), k.Shop.Client)
+    with generated.reference.Anything.from_bytes(built.to_bytes()) as ref:
+        assert ref.anyStruct.as_struct(generated.reference.Numbers).i32 == -7
+        assert ref.pointer.as_struct(generated.reference.Numbers).u8 == 9

@@ -107,6 +107,16 @@ struct Tree {
   }
 }
 
+struct Anything {
+  # AnyPointer and its constrained forms are explicit types.
+  pointer @0 :AnyPointer;
+  anyStruct @1 :AnyStruct;
+  anyList @2 :AnyList;
+  capability @3 :Capability;
+  shop @4 :Shop;
+  shops @5 :List(Shop);
+}
+
 struct Keywords {
   return @0 :Int32;
   class @1 :Text;

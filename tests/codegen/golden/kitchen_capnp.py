@@ -32,6 +32,136 @@ from capsvc.codec.fields import (
 import kitchen_other_capnp
 
 
+class Anything:
+    """struct Anything (0xe71b63c9468b37c2)."""
+
+    _ID: ClassVar[int] = 0xe71b63c9468b37c2
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 6
+
+        @property
+        def pointer(self) -> _r.AnyPointer:
+            w = self._ptr + 0
+            return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+        @property
+        def anyStruct(self) -> _r.AnyPointer:
+            w = self._ptr + 1
+            return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+        @property
+        def anyList(self) -> _r.AnyPointer:
+            w = self._ptr + 2
+            return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+        @property
+        def capability(self) -> _t.Client:
+            w = self._ptr + 3
+            return _r.read_client(self._msg, self._si, w if w < self._pend else -1, _t.Client)
+
+        @property
+        def shop(self) -> Shop.Client:
+            w = self._ptr + 4
+            return _r.read_client(self._msg, self._si, w if w < self._pend else -1, Shop.Client)
+
+        @property
+        def shops(self) -> _r.ListReader[Shop.Client]:
+            w = self._ptr + 5
+            return _L_Anything_shops(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 6
+
+        def init_pointer_as(self, cls: type[_b.B]) -> _b.B:
+            """Put a new struct of builder class ``cls`` in the AnyPointer pointer."""
+            return _b.init_struct(self, self._ptr + 0, cls)
+
+        def init_anyStruct_as(self, cls: type[_b.B]) -> _b.B:
+            """Put a new struct of builder class ``cls`` in the AnyPointer anyStruct."""
+            return _b.init_struct(self, self._ptr + 1, cls)
+
+        def set_capability(self, value: _t.Client | _t.Server | None) -> None:
+            """Put a capability here: a client, or a server object (None: null)."""
+            _b.set_client(self._b, self._ptr + 3, value, "Anything.capability")
+
+        def set_shop(self, value: Shop.Client | Shop.Server | None) -> None:
+            """Put a capability here: a client, or a server object (None: null)."""
+            _b.set_client(self._b, self._ptr + 4, value, "Anything.shop")
+
+        def init_shops(self, count: int) -> _b.CapabilityListBuilder:
+            """A new list of ``count`` elements in shops."""
+            return _b.init_capability_list(self._b, self._ptr + 5, count, "Anything.shops")
+
+        def set_shops(self, values: list[Shop.Client | Shop.Server | None]) -> None:
+            """shops from a sequence of values."""
+            items = list(values)
+            target = _b.init_capability_list(self._b, self._ptr + 5, len(items), "Anything.shops")
+            for index, item in enumerate(items):
+                target[index] = item
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Anything.Reader:
+            """A reader of this struct as built so far."""
+            return Anything.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Anything (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def capability(self) -> _t.Client:
+            """The capability capability, usable before the results arrive."""
+            return self._client(3, _t.Client)
+
+        @property
+        def shop(self) -> Shop.Client:
+            """The shop capability, usable before the results arrive."""
+            return self._client(4, Shop.Client)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Anything results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message() -> Anything.Builder:
+        """A new message whose root is a Anything."""
+        return Anything.Builder.new_message()
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Anything.Reader:
+        """The root Anything of a message (its segments)."""
+        return Anything.Reader.read(
+            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+        )
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Anything.Reader:
+        """The root of a message in the standard stream framing."""
+        return Anything.Reader.read(_r.unframe(data))
+
 class Base(_t.Interface["Base.Client"]):
     """interface Base (0x96a03f741085f21b): its methods' params and results."""
 
@@ -5084,6 +5214,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Color = tuple(Color)
+_L_Anything_shops = _r.client_list(Shop.Client)
 _D_Defaults_numbers = [bytes.fromhex('000000000000020004000000060000000000000000000000010000002a00000000000000000000000000000000000000000000000000000000000000010000000000000000000000')]
 _L_Defaults_list = _r.primitive_list("h")
 _D_Defaults_list = [bytes.fromhex('0000000000000200050000001b00000000000000000000000100feff03000000')]
