@@ -16,24 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from capsvc.codegen.model import SCHEMA_NAMES
+
 #: The schema's spelling of each primitive type.
-_PRIMITIVES = {
-    "void": "Void",
-    "bool": "Bool",
-    "int8": "Int8",
-    "int16": "Int16",
-    "int32": "Int32",
-    "int64": "Int64",
-    "uint8": "UInt8",
-    "uint16": "UInt16",
-    "uint32": "UInt32",
-    "uint64": "UInt64",
-    "float32": "Float32",
-    "float64": "Float64",
-    "text": "Text",
-    "data": "Data",
-    "anyPointer": "AnyPointer",
-}
+_PRIMITIVES = {**SCHEMA_NAMES, "anyPointer": "AnyPointer"}
 
 
 def struct_name(schema: Any) -> str:

@@ -12,45 +12,33 @@ from pathlib import Path
 from tests.test_cli import ENV, ROOT, TIMEOUT, running
 
 
-def test_the_generated_module_is_fresh() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "capsvc", "gen", "examples/kv/kv.capnp", "-o", "examples/kv"]
-        + ["--check"],
+def python(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in the repository, as a user runs it (a real subprocess)."""
+    return subprocess.run(
+        [sys.executable, *args],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
         text=True,
-        timeout=TIMEOUT,
+        timeout=timeout,
         check=False,
     )
+
+
+def test_the_generated_module_is_fresh() -> None:
+    done = python("-m", "capsvc", "gen", "examples/kv/kv.capnp", "-o", "examples/kv", "--check")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_example_passes_mypy_strict() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "examples/kv"],
-        cwd=ROOT,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT * 3,
-        check=False,
-    )
+    done = python("-m", "mypy", "--strict", "examples/kv", timeout=TIMEOUT * 3)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no issues found in 4 source files" in done.stdout
 
 
 def test_serve_the_example_and_run_its_client(tmp_path: Path) -> None:
     with running(tmp_path, "examples.kv.server:Directory", "--listen", "tcp:127.0.0.1:0") as server:
-        client = subprocess.run(
-            [sys.executable, "-m", "examples.kv.client", server.address],
-            cwd=ROOT,
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
+        client = python("-m", "examples.kv.client", server.address)
         status, _ = server.stop()
     assert client.returncode == 0, client.stdout + client.stderr
     assert client.stdout.splitlines() == [
@@ -103,15 +91,7 @@ def test_the_readme_mistakes_table_is_what_mypy_and_python_say(tmp_path: Path) -
     path = ROOT / "examples" / "kv" / "_mistakes_under_test.py"
     path.write_text(MISTAKES)
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "mypy", "--strict", str(path.relative_to(ROOT))],
-            cwd=ROOT,
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT * 3,
-            check=False,
-        )
+        done = python("-m", "mypy", "--strict", str(path.relative_to(ROOT)), timeout=TIMEOUT * 3)
     finally:
         path.unlink()
     raised = []
