@@ -2,9 +2,9 @@
 
 For each struct of tests/schemas/kitchen.capnp (every type kind: numbers with and without
 defaults, unions, groups, lists of every element size, nested lists, recursion, imports,
-keyword names): values pycapnp builds read back equal by generated readers, also spread
-over many segments with far pointers; values generated builders make read back equal by
-pycapnp; and generated builder -> generated reader.
+keyword names, generics bound to concrete types): values pycapnp builds read back equal
+by generated readers, also spread over many segments with far pointers; values generated
+builders make read back equal by pycapnp; and generated builder -> generated reader.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ STRUCTS = [
     ("Keywords", 0),
     ("Shop.buy$Params", 0),
     ("Shop.buy$Results", 0),
+    ("Boxes", 0),
     ("Thing", 1),
 ]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
