@@ -141,9 +141,12 @@ def load_app(spec: str, app_dir: str | None = ".") -> Any:
 
 
 async def _make_bootstrap(target: Any, spec: str) -> Any:
-    """A Server instance from ``target``: the instance itself, or what a factory returns."""
-    from capsvc.server import Server
+    """A Server instance from ``target``: the instance itself, or what a factory returns
+    (a ``capsvc.Server``, or an object on a generated ``Iface.Server`` base)."""
+    from capsvc.server import Server as DynamicServer
+    from capsvc.typed import Server as TypedServer
 
+    Server = (DynamicServer, TypedServer)
     if isinstance(target, Server):
         return target
     if not callable(target):
@@ -159,7 +162,12 @@ async def _make_bootstrap(target: Any, spec: str) -> Any:
 def _describe(bootstrap: Any) -> str:
     info = getattr(bootstrap, "_capsvc_interface", None)
     name = type(bootstrap).__name__
-    return f"{name} ({info.name})" if info is not None else name
+    if info is not None:
+        return f"{name} ({info.name})"
+    for base in type(bootstrap).__mro__:  # a generated base is ``Iface.Server``
+        if base.__qualname__.endswith(".Server"):
+            return f"{name} ({base.__qualname__.removesuffix('.Server')})"
+    return name
 
 
 async def _serve(address: str, target: Any, spec: str | None) -> None:
