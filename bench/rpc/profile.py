@@ -429,6 +429,10 @@ def _stop_spies(spies: list[Any]) -> list[tuple[str, str]]:
 
 
 PACKAGES = (
+    ("capsvc/rpc/rpc_capnp", "generated codecs (capsvc/generated, rpc_capnp)"),
+    ("capsvc/generated/", "generated codecs (capsvc/generated, rpc_capnp)"),
+    ("capsvc/codec/", "capsvc.codec (runtime of generated code)"),
+    ("capsvc/typed", "capsvc.typed (typed clients, servers)"),
     ("capsvc/rpc/", "capsvc.rpc (engine)"),
     ("capsvc/connection", "capsvc.connection"),
     ("capsvc/flusher", "capsvc.flusher"),
@@ -463,6 +467,15 @@ STAGES = (
     ("epoll wait (trio)", ("EpollIOManager.get_events",)),
     ("engine (capsvc/rpc/)", ("capsvc/rpc/",)),
     ("client API (client.py, structs.py)", ("capsvc/client.py", "capsvc/structs.py")),
+    ("typed API (typed.py, codec/pipeline.py)", ("capsvc/typed.py", "capsvc/codec/pipeline.py")),
+    (
+        "generated codecs and their runtime",
+        ("capsvc/codec/building", "capsvc/codec/reading", "capsvc/generated/", "rpc_capnp"),
+    ),
+    (
+        "pycapnp payloads (dynamic: payload, structs)",
+        ("new_call_payload", "new_return_payload", "BuiltPayload", "ReceivedPayload.content"),
+    ),
     ("server dispatch (server.py, runtime.py)", ("capsvc/server.py", "capsvc/runtime.py")),
     ("framing (framing.py)", ("capsvc/framing.py",)),
 )
