@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 ``schemas/calculator.capnp`` is the schema of the calculator sample shipped with the C++
-reference implementation; this module implements the *server* sample's semantics with
-:class:`capsvc.Server` classes, and a small client side used by ``capsvc call``:
+reference implementation; this module implements the *server* sample's semantics on the
+typed server bases generated from it (``capsvc gen``: capsvc.generated.calculator_capnp),
+and a small client side, on the generated typed clients, used by ``capsvc call``:
 
 - ``Calculator.evaluate(expression)`` evaluates an expression tree and returns a ``Value``
   capability holding the number (so a client can feed it into the next call without
@@ -19,11 +20,11 @@ reference implementation; this module implements the *server* sample's semantics
   the C++ sample: ``x / 0`` is ``±inf`` and ``0 / 0`` is ``nan``, never an error.
 
 Incoming expressions are converted at once into a plain Python tree (:data:`Expr`: the
-dataclasses below), holding :class:`capsvc.Client` objects for the capabilities inside. A
-``defFunction`` body therefore outlives the message it arrived in, and its capabilities stay
-referenced for as long as the function does. The same tree, with Clients or local Server
-objects at the capability leaves, is what the client side writes into requests
-(:func:`fill_expression`).
+dataclasses below), holding typed clients (``Calculator.Value.Client``,
+``Calculator.Function.Client``) for the capabilities inside. A ``defFunction`` body
+therefore outlives the message it arrived in, and its capabilities stay referenced for as
+long as the function does. The same tree, with clients or local server objects at the
+capability leaves, is what the client side writes into requests (:func:`fill_expression`).
 
 Client side: :func:`run_tour` walks through the C++ calculator-client sample's steps
 (literal, operators, pipelining, defined functions, a client-hosted callback);
@@ -31,8 +32,10 @@ Client side: :func:`run_tour` walks through the C++ calculator-client sample's s
 ``**`` via a client-hosted ``pow`` callback, parentheses, unary signs; nothing else) and
 evaluates it remotely in one pipelined burst.
 
-Schemas are found by :func:`schema_path`: first ``capsvc/schemas/`` (for an installed
-package), then the repository's ``schemas/`` next to the package directory.
+The demo needs no schema file at run time (the generated module is the schema). For the
+dynamic path (``capsvc.load_schema``), schemas are found by :func:`schema_path`: first
+``capsvc/schemas/`` (for an installed package), then the repository's ``schemas/`` next to
+the package directory.
 """
 
 from __future__ import annotations
@@ -43,14 +46,11 @@ import operator
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
 
-from capsvc.client import Client
 from capsvc.errors import Failed, SchemaError
-from capsvc.schema import load_schema
-from capsvc.server import Server
+from capsvc.generated.calculator_capnp import Calculator
 
 __all__ = [
     "CALCULATOR",
@@ -99,11 +99,13 @@ def schema_path(name: str) -> Path:
     raise SchemaError(f"schema {name!r} not found (tried {tried})")
 
 
-# The schema is ours and trusted: skip the subprocess check that load_schema does for
-# arbitrary files, so that importing the demo stays fast.
-_CALC_MODULE: Any = load_schema(schema_path("calculator.capnp"), check=False)
-CALCULATOR: Any = _CALC_MODULE.Calculator
-"""The ``Calculator`` interface (pycapnp schema object)."""
+CALCULATOR = Calculator
+"""The ``Calculator`` interface, generated (``conn.bootstrap(CALCULATOR)`` is a typed client)."""
+
+ValueCap = Calculator.Value.Client | Calculator.Value.Server
+"""A ``Value`` capability: a client of one, or a local server object (when building)."""
+FunctionCap = Calculator.Function.Client | Calculator.Function.Server
+"""A ``Function`` capability: a client of one, or a local server object (when building)."""
 
 
 # ----------------------------------------------------------------- expression trees
@@ -116,9 +118,9 @@ class Literal:
 
 @dataclass(frozen=True, slots=True)
 class PreviousResult:
-    """The number held by a ``Value`` capability (a Client, or a Server when building)."""
+    """The number held by a ``Value`` capability (a client, or a server when building)."""
 
-    value: Any
+    value: ValueCap
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +134,7 @@ class Parameter:
 class Call:
     """``function`` (a ``Function`` capability) applied to the values of ``params``."""
 
-    function: Any
+    function: FunctionCap
     params: tuple[Expr | float, ...]
 
 
@@ -142,22 +144,22 @@ Expr = Literal | PreviousResult | Parameter | Call
 _KNOWN_KINDS = ("literal", "previousResult", "parameter", "call")
 
 
-def read_expression(reader: Any) -> Expr:
+def read_expression(reader: Calculator.Expression.Reader) -> Expr:
     """Convert an ``Expression`` reader into a tree that no longer needs the message."""
     kind = reader.which()
     if kind == "literal":
-        return Literal(float(reader.literal))
+        return Literal(reader.literal)
     if kind == "previousResult":
         return PreviousResult(reader.previousResult)
     if kind == "parameter":
-        return Parameter(int(reader.parameter))
+        return Parameter(reader.parameter)
     if kind == "call":
         call = reader.call
         return Call(call.function, tuple(read_expression(p) for p in call.params))
-    raise Failed(f"Unknown expression type {kind!r} (expected one of {', '.join(_KNOWN_KINDS)}).")
+    raise Failed(f"Unknown expression type (expected one of {', '.join(_KNOWN_KINDS)}).")
 
 
-def fill_expression(builder: Any, expr: Expr | float) -> None:
+def fill_expression(builder: Calculator.Expression.Builder, expr: Expr | float) -> None:
     """Write ``expr`` into an ``Expression`` builder (a bare number is a literal)."""
     if isinstance(expr, int | float):
         builder.literal = float(expr)
@@ -166,15 +168,28 @@ def fill_expression(builder: Any, expr: Expr | float) -> None:
     elif isinstance(expr, Parameter):
         builder.parameter = expr.index
     elif isinstance(expr, PreviousResult):
-        builder.previousResult = expr.value
+        builder.set_previousResult(expr.value)
     elif isinstance(expr, Call):
-        call = builder.init("call")
-        call.function = expr.function
-        slots = call.init("params", len(expr.params))
+        call = builder.call
+        call.set_function(expr.function)
+        slots = call.init_params(len(expr.params))
         for index, param in enumerate(expr.params):
             fill_expression(slots[index], param)
     else:
         raise TypeError(f"not an expression: {expr!r}")
+
+
+def _value_client(value: ValueCap) -> Calculator.Value.Client:
+    """A client of ``value`` (a local server object is called through the engine too)."""
+    if isinstance(value, Calculator.Value.Server):
+        return Calculator.Value.Client(value._capsvc_hook())
+    return value
+
+
+def _function_client(function: FunctionCap) -> Calculator.Function.Client:
+    if isinstance(function, Calculator.Function.Server):
+        return Calculator.Function.Client(function._capsvc_hook())
+    return function
 
 
 async def evaluate_expr(expr: Expr | float, params: Sequence[float] = ()) -> float:
@@ -196,9 +211,9 @@ async def evaluate_expr(expr: Expr | float, params: Sequence[float] = ()) -> flo
             )
         return params[expr.index]
     if isinstance(expr, PreviousResult):
-        return float((await expr.value.read()).value)
+        return await read_value(_value_client(expr.value))
     args = await _evaluate_all(expr.params, params)
-    return float((await expr.function.call(params=args)).value)
+    return (await _function_client(expr.function).call(params=args)).value
 
 
 async def _evaluate_all(exprs: Sequence[Expr | float], params: Sequence[float]) -> list[float]:
@@ -270,37 +285,49 @@ _OPERATORS: dict[str, Callable[[float, float], float]] = {
 }
 
 
-class ValueImpl(Server, interface=CALCULATOR.Value):
+class ValueImpl(Calculator.Value.Server):
     """A computed number, held by the server."""
 
     def __init__(self, value: float) -> None:
         self.value = value
 
-    async def read(self, params: Any, results: Any) -> float:
-        return self.value
+    def read_(
+        self,
+        params: Calculator.Value.ReadParams.Reader,
+        results: Calculator.Value.ReadResults.Builder,
+    ) -> None:
+        results.value = self.value
 
     def __repr__(self) -> str:
         return f"ValueImpl({self.value!r})"
 
 
-class FunctionImpl(Server, interface=CALCULATOR.Function):
+def _arguments(params: Calculator.Function.CallParams.Reader) -> list[float]:
+    return list(params.params)
+
+
+class FunctionImpl(Calculator.Function.Server):
     """A function defined by ``defFunction``: ``body`` with ``param_count`` parameters."""
 
     def __init__(self, param_count: int, body: Expr) -> None:
         self.param_count = param_count
         self.body = body
 
-    async def call(self, params: Any, results: Any) -> float:
-        args = [float(x) for x in params.params]
+    async def call(
+        self,
+        params: Calculator.Function.CallParams.Reader,
+        results: Calculator.Function.CallResults.Builder,
+    ) -> None:
+        args = _arguments(params)
         if len(args) != self.param_count:
             raise Failed(
                 f"Wrong number of parameters: the function takes {self.param_count}, "
                 f"got {len(args)}."
             )
-        return await evaluate_expr(self.body, args)
+        results.value = await evaluate_expr(self.body, args)
 
 
-class OperatorImpl(Server, interface=CALCULATOR.Function):
+class OperatorImpl(Calculator.Function.Server):
     """One of the four arithmetic operators, as a two-parameter Function."""
 
     def __init__(self, op: str) -> None:
@@ -309,32 +336,45 @@ class OperatorImpl(Server, interface=CALCULATOR.Function):
         self.op = op
         self._apply = _OPERATORS[op]
 
-    async def call(self, params: Any, results: Any) -> float:
-        args = [float(x) for x in params.params]
+    def call(
+        self,
+        params: Calculator.Function.CallParams.Reader,
+        results: Calculator.Function.CallResults.Builder,
+    ) -> None:
+        args = _arguments(params)
         if len(args) != 2:
             raise Failed(f"Wrong number of parameters: {self.op} takes 2, got {len(args)}.")
-        return self._apply(args[0], args[1])
+        results.value = self._apply(args[0], args[1])
 
 
-class CalculatorImpl(Server, interface=CALCULATOR):
+class CalculatorImpl(Calculator.Server):
     """The calculator's bootstrap object."""
 
-    async def evaluate(self, params: Any, results: Any) -> ValueImpl:
-        return ValueImpl(await evaluate_expr(read_expression(params.expression)))
+    async def evaluate(
+        self, params: Calculator.EvaluateParams.Reader, results: Calculator.EvaluateResults.Builder
+    ) -> None:
+        expr = read_expression(params.expression)
+        results.set_value(ValueImpl(await evaluate_expr(expr)))
 
-    async def defFunction(self, params: Any, results: Any) -> FunctionImpl:
-        count = int(params.paramCount)
+    def defFunction(
+        self,
+        params: Calculator.DefFunctionParams.Reader,
+        results: Calculator.DefFunctionResults.Builder,
+    ) -> None:
+        count = params.paramCount
         if count < 0:
             raise Failed(f"paramCount must not be negative, got {count}.")
-        return FunctionImpl(count, read_expression(params.body))
+        results.set_func(FunctionImpl(count, read_expression(params.body)))
 
-    async def getOperator(self, params: Any, results: Any) -> OperatorImpl:
+    def getOperator(
+        self,
+        params: Calculator.GetOperatorParams.Reader,
+        results: Calculator.GetOperatorResults.Builder,
+    ) -> None:
         op = params.op
-        try:
-            name = str(op)
-        except RuntimeError:  # pycapnp cannot name an enumerant this schema does not know
-            raise Failed(f"Unknown operator {getattr(op, 'raw', op)}.") from None
-        return OperatorImpl(name)
+        if op.name not in _OPERATORS:  # an enumerant this schema does not know
+            raise Failed(f"Unknown operator {int(op)}.")
+        results.set_func(OperatorImpl(op.name))
 
 
 def bootstrap() -> CalculatorImpl:
@@ -343,18 +383,22 @@ def bootstrap() -> CalculatorImpl:
 
 
 # ---------------------------------------------------------------------- the client
-class PowerFunction(Server, interface=CALCULATOR.Function):
+class PowerFunction(Calculator.Function.Server):
     """A Function hosted by the *client*: ``pow(x, y)``. The server calls it back."""
 
     def __init__(self) -> None:
         self.calls = 0
 
-    async def call(self, params: Any, results: Any) -> float:
-        args = [float(x) for x in params.params]
+    def call(
+        self,
+        params: Calculator.Function.CallParams.Reader,
+        results: Calculator.Function.CallResults.Builder,
+    ) -> None:
+        args = _arguments(params)
         if len(args) != 2:
             raise Failed(f"Wrong number of parameters: pow takes 2, got {len(args)}.")
         self.calls += 1
-        return _c_pow(args[0], args[1])
+        results.value = _c_pow(args[0], args[1])
 
 
 def _c_pow(x: float, y: float) -> float:
@@ -368,32 +412,39 @@ def _c_pow(x: float, y: float) -> float:
         return math.inf if x == 0.0 else math.nan
 
 
-def evaluate(calc: Client, expr: Expr | float) -> Client:
+def evaluate(calc: Calculator.Client, expr: Expr | float) -> Calculator.Value.Client:
     """Send ``calc.evaluate(expr)`` and return the pipelined ``Value`` (no round trip yet)."""
     request = calc.evaluate_request()
-    fill_expression(request.params.expression, expr)
-    value: Client = request.send().value
-    return value
+    fill_expression(request.params.init_expression(), expr)
+    return request.send().value
 
 
-def def_function(calc: Client, param_count: int, body: Expr) -> Client:
+def def_function(
+    calc: Calculator.Client, param_count: int, body: Expr | float
+) -> Calculator.Function.Client:
     """Send ``calc.defFunction`` and return the pipelined ``Function``."""
     request = calc.defFunction_request()
     request.params.paramCount = param_count
-    fill_expression(request.params.body, body)
-    function: Client = request.send().func
-    return function
+    fill_expression(request.params.init_body(), body)
+    return request.send().func
 
 
-def get_operator(calc: Client, op: str) -> Client:
-    """Send ``calc.getOperator(op)`` and return the pipelined ``Function``."""
-    function: Client = calc.getOperator(op=op).func
-    return function
+def get_operator(calc: Calculator.Client, op: str) -> Calculator.Function.Client:
+    """Send ``calc.getOperator(op)`` and return the pipelined ``Function``.
+
+    Raises:
+        ValueError: ``op`` is not one of add, subtract, multiply, divide.
+    """
+    try:
+        code = Calculator.Operator[op]
+    except KeyError:
+        raise ValueError(f"unknown operator {op!r}") from None
+    return calc.getOperator(op=code).func
 
 
-async def read_value(value: Client) -> float:
+async def read_value(value: Calculator.Value.Client) -> float:
     """Read a ``Value`` capability (the one round trip a pipelined chain needs)."""
-    return float((await value.read()).value)
+    return (await value.read_()).value
 
 
 def format_number(value: float) -> str:
@@ -403,7 +454,7 @@ def format_number(value: float) -> str:
     return repr(value)
 
 
-async def run_tour(calc: Client, emit: Callable[[str], None]) -> dict[str, float]:
+async def run_tour(calc: Calculator.Client, emit: Callable[[str], None]) -> dict[str, float]:
     """Walk through the calculator-client sample, emitting one line per step.
 
     Returns each step's result by name (``literal``, ``add``, ``pipelining``,
@@ -504,21 +555,21 @@ def _operators_in(tree: Infix, found: set[str]) -> set[str]:
     return found
 
 
-async def evaluate_infix(calc: Client, text: str) -> float:
+async def evaluate_infix(calc: Calculator.Client, text: str) -> float:
     """Evaluate infix ``text`` on the calculator, in a single pipelined burst.
 
     Each operator the expression uses is fetched once with ``getOperator`` (not awaited);
     ``**`` goes to a client-hosted :class:`PowerFunction`, so the server calls back.
     """
     tree = parse_infix(text)
-    functions: dict[str, Any] = {}
+    functions: dict[str, FunctionCap] = {}
     for op in sorted(_operators_in(tree, set())):
         functions[op] = PowerFunction() if op == "pow" else get_operator(calc, op)
 
     return await read_value(evaluate(calc, _infix_to_expr(tree, functions)))
 
 
-def _infix_to_expr(node: Infix, functions: dict[str, Any]) -> Expr | float:
+def _infix_to_expr(node: Infix, functions: dict[str, FunctionCap]) -> Expr | float:
     if isinstance(node, float):
         return node
     left = _infix_to_expr(node[1], functions)

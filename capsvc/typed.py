@@ -206,13 +206,15 @@ class Server:
         self, interface_id: int, method_id: int, params: Payload
     ) -> Payload | Awaitable[Payload]:
         returned, payload = self._begin(interface_id, method_id, params)
-        if inspect.isawaitable(returned):
+        # A method fills its results and returns None (checked first: isawaitable is an
+        # isinstance against an ABC).
+        if returned is not None and inspect.isawaitable(returned):
             return _await_then(returned, payload)
         return payload
 
     async def _dispatch(self, interface_id: int, method_id: int, params: Payload) -> Payload:
         returned, payload = self._begin(interface_id, method_id, params)
-        if inspect.isawaitable(returned):
+        if returned is not None and inspect.isawaitable(returned):
             await returned
         return payload
 

@@ -231,13 +231,14 @@ async def _ping(address: str, message: str) -> str:
         ("tests.apps.echo_app:factory", "hello"),
         ("tests.apps.echo_app:async_factory", "async:hello"),
         ("tests.apps.echo_app:instance", "instance:hello"),
+        ("tests.apps.typed_echo_app:factory", "typed:hello"),
     ],
 )
 def test_serve_an_app(tmp_path: Path, app: str, expected: str) -> None:
     # SCRIPT: like the installed console script, cwd is not on sys.path: --app-dir's
     # default (.) must make tests.apps importable.
     with running(tmp_path, app, "--listen", "tcp:127.0.0.1:0", command=SCRIPT) as server:
-        assert "EchoService (Echo)" in server.stdout.decode()
+        assert "EchoService (Echo)" in server.stdout.decode()  # TypedEchoService too
         assert trio.run(_ping, server.address, "hello") == expected
         status, stdout = server.stop()
         assert status == 0, server.describe()

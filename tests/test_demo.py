@@ -1,7 +1,10 @@
 """The calculator demo (capsvc.demo), served in-process and driven by a capsvc client.
 
-The server listens on a real loopback socket (tcp:127.0.0.1:0); one test runs both ends
-over in-memory streams to look at both sides' tables.
+The demo is written on the generated stubs (capsvc.generated.calculator_capnp); most tests
+drive it with the generated typed client, the last section with a dynamic client
+(``capsvc.load_schema``), so both paths stay tested against it. The server listens on a
+real loopback socket (tcp:127.0.0.1:0); one test runs both ends over in-memory streams to
+look at both sides' tables.
 """
 
 from __future__ import annotations
@@ -18,53 +21,58 @@ import trio.testing
 import capsvc
 from capsvc import demo
 from capsvc.demo import Call, Literal, Parameter, PreviousResult
+from capsvc.generated.calculator_capnp import Calculator
 from capsvc.transport.memory import memory_stream_pair
+
+CallParams = Calculator.Function.CallParams.Reader
+CallResults = Calculator.Function.CallResults.Builder
 
 
 @pytest.fixture
-async def calc(nursery: trio.Nursery) -> AsyncIterator[capsvc.Client]:
+async def calc(nursery: trio.Nursery) -> AsyncIterator[Calculator.Client]:
     address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", demo.bootstrap())
     async with capsvc.connect(address) as conn:
         client = conn.bootstrap(demo.CALCULATOR)
+        assert isinstance(client, Calculator.Client)
         yield client
         client.close()
 
 
-async def value_of(calc: capsvc.Client, expr: demo.Expr | float) -> float:
+async def value_of(calc: Calculator.Client, expr: demo.Expr | float) -> float:
     return await demo.read_value(demo.evaluate(calc, expr))
 
 
-class Recorder(capsvc.Server, interface=demo.CALCULATOR.Function):
+class Recorder(Calculator.Function.Server):
     """A client-hosted Function: applies ``function`` and counts its calls."""
 
     def __init__(self, function: Any) -> None:
         self.function = function
         self.calls: list[list[float]] = []
 
-    async def call(self, params: Any, results: Any) -> float:
+    async def call(self, params: CallParams, results: CallResults) -> None:
         args = list(params.params)
         self.calls.append(args)
-        return float(self.function(*args))
+        results.value = float(self.function(*args))
 
 
 # ------------------------------------------------------------------------ basics
-async def test_literal(calc: capsvc.Client) -> None:
+async def test_literal(calc: Calculator.Client) -> None:
     assert await value_of(calc, Literal(123.0)) == 123.0
 
 
-async def test_literal_with_raw_api(calc: capsvc.Client) -> None:
+async def test_literal_with_raw_api(calc: Calculator.Client) -> None:
     request = calc.evaluate_request()
     request.params.expression.literal = 1.5
     promise = request.send()
     results = await promise
-    assert (await results.value.read()).value == 1.5
+    assert (await results.value.read_()).value == 1.5
 
 
 @pytest.mark.parametrize(
     ("op", "expected"),
     [("add", 46.0), ("subtract", -22.0), ("multiply", 408.0), ("divide", 12.0 / 34.0)],
 )
-async def test_operators(calc: capsvc.Client, op: str, expected: float) -> None:
+async def test_operators(calc: Calculator.Client, op: str, expected: float) -> None:
     function = demo.get_operator(calc, op)
     assert await value_of(calc, Call(function, (12.0, 34.0))) == expected
     # The operator is also callable directly.
@@ -81,14 +89,14 @@ async def test_operators(calc: capsvc.Client, op: str, expected: float) -> None:
     ],
 )
 async def test_divide_by_zero_is_ieee_division(
-    calc: capsvc.Client, a: float, b: float, check: Any
+    calc: Calculator.Client, a: float, b: float, check: Any
 ) -> None:
     # The C++ sample computes `params[0] / params[1]` on doubles: no error, inf or nan.
     divide = demo.get_operator(calc, "divide")
     assert check(await value_of(calc, Call(divide, (a, b))))
 
 
-async def test_unknown_operator_fails(calc: capsvc.Client) -> None:
+async def test_unknown_operator_fails(calc: Calculator.Client) -> None:
     request = calc.getOperator_request()
     request.params.op = 7  # an enumerant from a newer schema, say
     with pytest.raises(capsvc.Failed, match="Unknown operator 7"):
@@ -96,7 +104,7 @@ async def test_unknown_operator_fails(calc: capsvc.Client) -> None:
 
 
 # -------------------------------------------------------------------- pipelining
-async def test_pipelining_on_an_unawaited_value(calc: capsvc.Client) -> None:
+async def test_pipelining_on_an_unawaited_value(calc: Calculator.Client) -> None:
     add = demo.get_operator(calc, "add")
     multiply = demo.get_operator(calc, "multiply")
     product = demo.evaluate(calc, Call(multiply, (4.0, 6.0)))  # not awaited
@@ -107,7 +115,7 @@ async def test_pipelining_on_an_unawaited_value(calc: capsvc.Client) -> None:
     assert await demo.read_value(product) == 24.0
 
 
-async def test_chain_of_previous_results(calc: capsvc.Client) -> None:
+async def test_chain_of_previous_results(calc: Calculator.Client) -> None:
     add = demo.get_operator(calc, "add")
     value = demo.evaluate(calc, 1.0)
     for _ in range(10):
@@ -115,24 +123,26 @@ async def test_chain_of_previous_results(calc: capsvc.Client) -> None:
     assert await demo.read_value(value) == 1024.0
 
 
-async def test_previous_result_alone(calc: capsvc.Client) -> None:
+async def test_previous_result_alone(calc: Calculator.Client) -> None:
     first = demo.evaluate(calc, 7.0)
     assert await value_of(calc, PreviousResult(first)) == 7.0
 
 
-async def test_resolved_capabilities_go_back_to_the_server(calc: capsvc.Client) -> None:
+async def test_resolved_capabilities_go_back_to_the_server(calc: Calculator.Client) -> None:
     # Awaited results: the server gets its own exports back inside the expression.
-    add = (await calc.getOperator(op="add")).func
-    value = (await calc.evaluate(expression={"literal": 5.0})).value
+    add = (await calc.getOperator(op=Calculator.Operator.add)).func
+    request = calc.evaluate_request()
+    request.params.init_expression().literal = 5.0
+    value = (await request.send()).value
     assert await value_of(calc, Call(add, (PreviousResult(value), 1.0))) == 6.0
 
 
-async def test_client_hosted_value(calc: capsvc.Client) -> None:
+async def test_client_hosted_value(calc: Calculator.Client) -> None:
     add = demo.get_operator(calc, "add")
     assert await value_of(calc, Call(add, (PreviousResult(demo.ValueImpl(2.5)), 1.0))) == 3.5
 
 
-async def test_many_concurrent_evaluations(calc: capsvc.Client) -> None:
+async def test_many_concurrent_evaluations(calc: Calculator.Client) -> None:
     add = demo.get_operator(calc, "add")
     results: dict[int, float] = {}
 
@@ -148,7 +158,7 @@ async def test_many_concurrent_evaluations(calc: capsvc.Client) -> None:
 
 
 # --------------------------------------------------------------------- functions
-async def test_def_function_with_nested_calls(calc: capsvc.Client) -> None:
+async def test_def_function_with_nested_calls(calc: Calculator.Client) -> None:
     add = demo.get_operator(calc, "add")
     multiply = demo.get_operator(calc, "multiply")
     x, y = Parameter(0), Parameter(1)
@@ -161,7 +171,7 @@ async def test_def_function_with_nested_calls(calc: capsvc.Client) -> None:
     assert (await g.call(params=[1.0])).value == 204.0
 
 
-async def test_function_body_outlives_its_message(calc: capsvc.Client) -> None:
+async def test_function_body_outlives_its_message(calc: Calculator.Client) -> None:
     # The body holds capabilities (a Value and an operator): they must stay usable after
     # defFunction returned and after the client dropped its own references.
     add = demo.get_operator(calc, "add")
@@ -175,20 +185,20 @@ async def test_function_body_outlives_its_message(calc: capsvc.Client) -> None:
         assert (await f.call(params=[n])).value == 1000.0 + n
 
 
-async def test_zero_parameter_function(calc: capsvc.Client) -> None:
+async def test_zero_parameter_function(calc: Calculator.Client) -> None:
     f = demo.def_function(calc, 0, Literal(42.0))
     assert await value_of(calc, Call(f, ())) == 42.0
 
 
 # --------------------------------------------------------------------- callbacks
-async def test_client_hosted_callback(calc: capsvc.Client) -> None:
+async def test_client_hosted_callback(calc: Calculator.Client) -> None:
     add = demo.get_operator(calc, "add")
     power = demo.PowerFunction()
     assert await value_of(calc, Call(add, (Call(power, (2.0, 4.0)), 3.0))) == 19.0
     assert power.calls == 1
 
 
-async def test_callback_inside_a_defined_function(calc: capsvc.Client) -> None:
+async def test_callback_inside_a_defined_function(calc: Calculator.Client) -> None:
     square = Recorder(lambda a, b: a**b)
     f = demo.def_function(calc, 1, Call(square, (Parameter(0), 2.0)))
     assert await value_of(calc, Call(f, (3.0,))) == 9.0
@@ -196,19 +206,19 @@ async def test_callback_inside_a_defined_function(calc: capsvc.Client) -> None:
     assert square.calls == [[3.0, 2.0], [5.0, 2.0]]
 
 
-async def test_call_arguments_are_evaluated_concurrently(calc: capsvc.Client) -> None:
+async def test_call_arguments_are_evaluated_concurrently(calc: Calculator.Client) -> None:
     # Each callback waits until both have started: sequential evaluation would hang.
     started = 0
     both = trio.Event()
 
-    class Meet(capsvc.Server, interface=demo.CALCULATOR.Function):
-        async def call(self, params: Any, results: Any) -> float:
+    class Meet(Calculator.Function.Server):
+        async def call(self, params: CallParams, results: CallResults) -> None:
             nonlocal started
             started += 1
             if started == 2:
                 both.set()
             await both.wait()
-            return float(params.params[0])
+            results.value = params.params[0]
 
     add = demo.get_operator(calc, "add")
     meet = Meet()
@@ -219,9 +229,9 @@ async def test_call_arguments_are_evaluated_concurrently(calc: capsvc.Client) ->
         assert await value_of(calc, Call(add, (Call(meet, (1.0,)), Call(meet, (2.0,))))) == 3.0
 
 
-async def test_callback_error_reaches_the_caller_with_its_type(calc: capsvc.Client) -> None:
-    class Busy(capsvc.Server, interface=demo.CALCULATOR.Function):
-        async def call(self, params: Any, results: Any) -> float:
+async def test_callback_error_reaches_the_caller_with_its_type(calc: Calculator.Client) -> None:
+    class Busy(Calculator.Function.Server):
+        async def call(self, params: CallParams, results: CallResults) -> None:
             raise capsvc.Overloaded("the client's function is busy")
 
     add = demo.get_operator(calc, "add")
@@ -230,18 +240,18 @@ async def test_callback_error_reaches_the_caller_with_its_type(calc: capsvc.Clie
 
 
 # ------------------------------------------------------------------------ errors
-async def test_parameter_index_out_of_range(calc: capsvc.Client) -> None:
+async def test_parameter_index_out_of_range(calc: Calculator.Client) -> None:
     f = demo.def_function(calc, 1, Parameter(1))
     with pytest.raises(capsvc.Failed, match="Parameter index out-of-range"):
         await value_of(calc, Call(f, (5.0,)))
 
 
-async def test_parameter_outside_a_function(calc: capsvc.Client) -> None:
+async def test_parameter_outside_a_function(calc: Calculator.Client) -> None:
     with pytest.raises(capsvc.Failed, match="Parameter index out-of-range"):
         await value_of(calc, Parameter(0))
 
 
-async def test_defined_function_wrong_param_count(calc: capsvc.Client) -> None:
+async def test_defined_function_wrong_param_count(calc: Calculator.Client) -> None:
     f = demo.def_function(calc, 2, Parameter(0))
     with pytest.raises(capsvc.Failed, match="Wrong number of parameters"):
         await f.call(params=[1.0])
@@ -250,13 +260,13 @@ async def test_defined_function_wrong_param_count(calc: capsvc.Client) -> None:
 
 
 @pytest.mark.parametrize("count", [0, 1, 3])
-async def test_operator_wrong_param_count(calc: capsvc.Client, count: int) -> None:
+async def test_operator_wrong_param_count(calc: Calculator.Client, count: int) -> None:
     add = demo.get_operator(calc, "add")
     with pytest.raises(capsvc.Failed, match="Wrong number of parameters"):
         await add.call(params=[1.0] * count)
 
 
-async def test_negative_param_count_is_rejected(calc: capsvc.Client) -> None:
+async def test_negative_param_count_is_rejected(calc: Calculator.Client) -> None:
     request = calc.defFunction_request()
     request.params.paramCount = -1
     request.params.body.literal = 1.0
@@ -264,7 +274,7 @@ async def test_negative_param_count_is_rejected(calc: capsvc.Client) -> None:
         await request.send()
 
 
-async def test_error_in_one_branch_is_not_wrapped(calc: capsvc.Client) -> None:
+async def test_error_in_one_branch_is_not_wrapped(calc: Calculator.Client) -> None:
     add = demo.get_operator(calc, "add")
     bad = demo.def_function(calc, 1, Parameter(0))
     expr = Call(add, (Call(bad, ()), Call(add, (1.0, 2.0))))
@@ -275,7 +285,7 @@ async def test_error_in_one_branch_is_not_wrapped(calc: capsvc.Client) -> None:
     assert "nursery" not in caught.value.reason
 
 
-async def test_error_inside_a_value_propagates(calc: capsvc.Client) -> None:
+async def test_error_inside_a_value_propagates(calc: Calculator.Client) -> None:
     broken = demo.evaluate(calc, Parameter(3))
     add = demo.get_operator(calc, "add")
     with pytest.raises(capsvc.Failed, match="Parameter index out-of-range"):
@@ -283,7 +293,7 @@ async def test_error_inside_a_value_propagates(calc: capsvc.Client) -> None:
 
 
 # -------------------------------------------------------------- tour and infix
-async def test_tour(calc: capsvc.Client) -> None:
+async def test_tour(calc: Calculator.Client) -> None:
     lines: list[str] = []
     found = await demo.run_tour(calc, lines.append)
     assert found == {
@@ -310,7 +320,7 @@ async def test_tour(calc: capsvc.Client) -> None:
         ("1e3 / 8", 125.0),
     ],
 )
-async def test_evaluate_infix(calc: capsvc.Client, text: str, expected: float) -> None:
+async def test_evaluate_infix(calc: Calculator.Client, text: str, expected: float) -> None:
     assert await demo.evaluate_infix(calc, text) == expected
 
 
@@ -375,3 +385,57 @@ async def test_tables_empty_after_the_tour() -> None:
         empty = {"questions": 0, "answers": 0, "exports": 0, "imports": 0, "embargoes": 0}
         assert client.session.table_sizes() == empty
         assert server.session.table_sizes() == empty
+
+
+# ------------------------------------------------------- the dynamic path, same server
+@pytest.fixture
+async def dynamic_calc(nursery: trio.Nursery) -> AsyncIterator[Any]:
+    """A dynamic client (load_schema, pycapnp builders) of the demo's typed server."""
+    address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", demo.bootstrap())
+    schema = capsvc.load_schema(demo.schema_path("calculator.capnp"))
+    async with capsvc.connect(address) as conn:
+        client = conn.bootstrap(schema.Calculator)
+        assert isinstance(client, capsvc.Client)
+        yield schema, client
+        client.close()
+
+
+async def test_dynamic_client_literal_and_dict_params(dynamic_calc: Any) -> None:
+    _, calc = dynamic_calc
+    value = (await calc.evaluate(expression={"literal": 5.0})).value
+    assert (await value.read()).value == 5.0
+
+
+async def test_dynamic_client_pipelining_and_a_dynamic_callback(dynamic_calc: Any) -> None:
+    schema, calc = dynamic_calc
+
+    class Square(capsvc.Server, interface=schema.Calculator.Function):
+        async def call(self, params: Any, results: Any) -> float:
+            return float(params.params[0]) ** 2
+
+    add = calc.getOperator(op="add").func  # not awaited
+    product = calc.evaluate_request()
+    product.params.expression.literal = 4.0
+    four = product.send().value  # not awaited either
+    request = calc.evaluate_request()
+    call = request.params.expression.init("call")
+    call.function = add
+    params = call.init("params", 2)
+    params[0].previousResult = four
+    inner = params[1].init("call")
+    inner.function = Square()
+    inner.init("params", 1)[0].literal = 3.0
+    assert (await request.send().value.read()).value == 13.0
+
+
+async def test_dynamic_client_unknown_operator(dynamic_calc: Any) -> None:
+    _, calc = dynamic_calc
+    request = calc.getOperator_request()
+    request.params.op = 7
+    with pytest.raises(capsvc.Failed, match="Unknown operator 7"):
+        await request.send().func.call(params=[1.0, 2.0])
+
+
+def test_get_operator_rejects_unknown_names() -> None:
+    with pytest.raises(ValueError, match="unknown operator 'modulo'"):
+        demo.get_operator(None, "modulo")  # type: ignore[arg-type]  # fails before any call

@@ -97,6 +97,7 @@ def _server(args: argparse.Namespace) -> int:
             nodelay=not args.no_nodelay,
             coalesce=not args.no_coalesce,
             busy_poll=not args.no_busy_poll,
+            dynamic=args.dynamic,
         )
     else:
         servers.run_raw_server(args.listen)
@@ -165,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-nodelay", action="store_true")
     p.add_argument("--no-coalesce", action="store_true")
     p.add_argument("--no-busy-poll", action="store_true")
+    p.add_argument("--dynamic", action="store_true", help="capsvc: the dynamic path")
     p.set_defaults(func=_server)
     p = sub.add_parser("nagle-client", help="(internal) one Nagle case's client")
     p.add_argument("--connect", required=True)

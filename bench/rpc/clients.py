@@ -198,7 +198,9 @@ class _TrioClient(EchoClient):
 
 
 class CapsvcClient(_TrioClient):
-    """capsvc's client: ``Echo.ping`` (or ``BenchEcho.pingCap``) over ``capsvc.connect``."""
+    """capsvc's client: ``Echo.ping`` (or ``BenchEcho.pingCap``) over ``capsvc.connect``,
+    through the generated stubs (capsvc.generated), or with ``dynamic`` through the
+    dynamic path (``capsvc.load_schema``)."""
 
     def __init__(
         self,
@@ -211,6 +213,7 @@ class CapsvcClient(_TrioClient):
         coalesce: bool = True,
         pause: float = 0.0,
         busy_poll: bool = True,
+        dynamic: bool = False,
     ) -> None:
         super().__init__(address, concurrency, payload)
         self.method = method
@@ -218,20 +221,16 @@ class CapsvcClient(_TrioClient):
         self.nodelay = nodelay
         self.coalesce = coalesce
         self.busy_poll = busy_poll
+        self.dynamic = dynamic
         self.connection: Any = None
 
     def session(self) -> Any:
         from contextlib import asynccontextmanager
 
-        import trio
-
         import capsvc
-
-        pause = self.pause
 
         @asynccontextmanager
         async def connected() -> Any:
-            schema = capsvc.load_schema(BENCH_ECHO_SCHEMA, check=False)
             async with capsvc.connect(
                 self.address,
                 nodelay=self.nodelay,
@@ -239,31 +238,69 @@ class CapsvcClient(_TrioClient):
                 busy_poll=capsvc.DEFAULT_BUSY_POLL if self.busy_poll else None,
             ) as conn:
                 self.connection = conn
-                message = self.message
-                if self.method == "pingCap":
-                    bench = conn.bootstrap(schema.BenchEcho)
-
-                    async def one_call() -> None:
-                        results = await bench.pingCap(msg=message)
-                        if results.reply != message:
-                            raise AssertionError("echo reply differs from the request")
-                        # Dropping the results (and the capability in them) queues the
-                        # question's Finish; it leaves with the next Call.
-                        del results
-                        if pause:
-                            await trio.sleep(pause)
-
+                if self.dynamic:
+                    yield self._dynamic_call(conn)
                 else:
-                    echo = capsvc.load_schema(ECHO_SCHEMA, check=False)
-                    client = conn.bootstrap(echo.Echo)
-
-                    async def one_call() -> None:
-                        if (await client.ping(msg=message)).reply != message:
-                            raise AssertionError("echo reply differs from the request")
-
-                yield one_call
+                    yield self._typed_call(conn)
 
         return connected()
+
+    def _typed_call(self, conn: Any) -> OneCall:
+        import trio
+
+        from capsvc.generated.bench_echo_capnp import BenchEcho
+        from capsvc.generated.echo_capnp import Echo
+
+        message, pause = self.message, self.pause
+        if self.method == "pingCap":
+            bench = conn.bootstrap(BenchEcho)
+
+            async def ping_cap() -> None:
+                results = await bench.pingCap(msg=message)
+                if results.reply != message:
+                    raise AssertionError("echo reply differs from the request")
+                # Dropping the results (and the capability in them) queues the
+                # question's Finish; it leaves with the next Call.
+                del results
+                if pause:
+                    await trio.sleep(pause)
+
+            return ping_cap
+        echo = conn.bootstrap(Echo)
+
+        async def ping() -> None:
+            if (await echo.ping(msg=message)).reply != message:
+                raise AssertionError("echo reply differs from the request")
+
+        return ping
+
+    def _dynamic_call(self, conn: Any) -> OneCall:
+        import trio
+
+        import capsvc
+
+        message, pause = self.message, self.pause
+        if self.method == "pingCap":
+            schema = capsvc.load_schema(BENCH_ECHO_SCHEMA, check=False)
+            bench = conn.bootstrap(schema.BenchEcho)
+
+            async def ping_cap() -> None:
+                results = await bench.pingCap(msg=message)
+                if results.reply != message:
+                    raise AssertionError("echo reply differs from the request")
+                del results  # queues the Finish (see _typed_call)
+                if pause:
+                    await trio.sleep(pause)
+
+            return ping_cap
+        echo = capsvc.load_schema(ECHO_SCHEMA, check=False)
+        client = conn.bootstrap(echo.Echo)
+
+        async def ping() -> None:
+            if (await client.ping(msg=message)).reply != message:
+                raise AssertionError("echo reply differs from the request")
+
+        return ping
 
     def stats(self) -> dict[str, float]:
         stats = super().stats()
@@ -274,18 +311,16 @@ class CapsvcClient(_TrioClient):
 
 @functools.cache
 def frame_sizes(payload: int) -> tuple[int, int]:
-    """Bytes of capsvc's Call and Return frames for ``ping`` with ``payload`` chars."""
+    """Bytes of capsvc's Call and Return frames for ``ping`` with ``payload`` chars
+    (through the generated stubs, as the ``capsvc-*`` pairings call)."""
     import trio
     import trio.testing
 
     import capsvc
+    from bench.rpc.servers import typed_bench_echo
+    from capsvc.generated.echo_capnp import Echo
 
-    echo = capsvc.load_schema(ECHO_SCHEMA, check=False)
     sizes: dict[str, list[int]] = {"client": [], "server": []}
-
-    class Echo(capsvc.Server, interface=echo.Echo):
-        async def ping(self, params: Any, results: Any) -> None:
-            results.reply = params.msg
 
     class Recording(trio.abc.Stream):
         def __init__(self, inner: trio.abc.Stream, side: str) -> None:
@@ -308,10 +343,10 @@ def frame_sizes(payload: int) -> tuple[int, int]:
     async def main() -> None:
         a, b = trio.testing.memory_stream_pair()
         async with (
-            capsvc.open_connection(Recording(b, "server"), bootstrap=Echo()),
+            capsvc.open_connection(Recording(b, "server"), bootstrap=typed_bench_echo()),
             capsvc.open_connection(Recording(a, "client")) as conn,
         ):
-            client = conn.bootstrap(echo.Echo)
+            client = conn.bootstrap(Echo)
             for _ in range(3):  # the first call also carries the bootstrap
                 await client.ping(msg="x" * payload)
 
@@ -487,11 +522,17 @@ class PycapnpClient(EchoClient):
 def make_client(
     impl: str, address: str, concurrency: int, payload: int, **options: Any
 ) -> EchoClient:
-    """A not yet started client of implementation ``impl`` (capsvc, pycapnp, raw)."""
-    if impl == "capsvc":
-        return CapsvcClient(address, concurrency, payload, **options)
-    if impl == "capsvc-nopoll":
-        return CapsvcClient(address, concurrency, payload, busy_poll=False, **options)
+    """A not yet started client of implementation ``impl``: capsvc (generated stubs),
+    capsvc-nopoll (busy polling off), capsvc-dynamic and capsvc-nopoll-dynamic (the dynamic
+    path), pycapnp or raw."""
+    variants = {
+        "capsvc": {},
+        "capsvc-nopoll": {"busy_poll": False},
+        "capsvc-dynamic": {"dynamic": True},
+        "capsvc-nopoll-dynamic": {"busy_poll": False, "dynamic": True},
+    }
+    if impl in variants:
+        return CapsvcClient(address, concurrency, payload, **variants[impl], **options)
     if options:
         raise ValueError(f"{impl} client takes no options {sorted(options)}")
     if impl == "pycapnp":

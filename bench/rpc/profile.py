@@ -20,16 +20,23 @@ preempted) and prints self time per package and function and inclusive time per 
 of a call; ``--cprofile DIR`` runs cProfile in both trio threads (the server toggles it
 on SIGUSR2) and prints exclusive time per package and function (inflated by cProfile's
 overhead: read the shares). ``--pairing`` profiles another pairing, e.g. the raw
-ping-pong or pycapnp, the same way.
+ping-pong or pycapnp, the same way; several comma-separated pairings are measured in turn
+(``--rounds N``: N times, alternating), then summarised side by side with each one's CPU
+per call against the last one's, round by round. ``--typed-vs-dynamic`` is the echo goal
+of issue 9: generated stubs against the dynamic path, on both ends, busy polling off.
+The machine's state (CPU, cpuidle driver and governor, haltpoll, load average) is printed
+before and after: on a shared VM it decides how much to trust the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,12 +44,28 @@ import time
 from typing import Any
 
 from bench.rpc.clients import make_client
-from bench.rpc.scenarios import PAIRINGS, SERVER_KINDS
+from bench.rpc.scenarios import PAIRINGS, SERVER_KINDS, Pairing
 from bench.rpc.servers import start_servers, stop_servers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pairing", default="capsvc-tcp", choices=sorted(PAIRINGS))
+    parser.add_argument(
+        "--pairing",
+        default="capsvc-tcp",
+        help=f"one pairing, or several comma-separated, measured in turn ({', '.join(PAIRINGS)})",
+    )
+    parser.add_argument(
+        "--typed-vs-dynamic",
+        action="store_true",
+        help="the echo goal of issue 9: generated stubs vs the dynamic path, both ends, "
+        f"busy polling off (--pairing {','.join(TYPED_VS_DYNAMIC)})",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every pairing this many times, alternating (then medians and ranges)",
+    )
     parser.add_argument("--calls", type=int, default=20_000, help="measured calls per level")
     parser.add_argument("--warmup", type=int, default=2_000)
     parser.add_argument("--concurrency", default="1,12", help="comma-separated levels")
@@ -62,8 +85,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: ``--typed-vs-dynamic``: (generated stubs, dynamic path), each on both ends.
+TYPED_VS_DYNAMIC = ("capsvc-tcp-nopoll", "capsvc-tcp-nopoll-dynamic")
+
+
 def main(args: argparse.Namespace) -> int:
-    pairing = PAIRINGS[args.pairing]
+    names = list(TYPED_VS_DYNAMIC) if args.typed_vs_dynamic else args.pairing.split(",")
+    if unknown := [n for n in names if n not in PAIRINGS]:
+        print(f"unknown pairings {unknown}; known: {', '.join(PAIRINGS)}")
+        return 2
+    levels = [int(c) for c in args.concurrency.split(",")]
+    print(machine_state("before"), flush=True)
+    measured: dict[str, list[dict[int, dict[str, float]]]] = {name: [] for name in names}
+    for round_ in range(args.rounds):
+        for name in names:
+            if args.rounds > 1:
+                print(f"round {round_ + 1}/{args.rounds}: {name}", flush=True)
+            measured[name].append(_profile_pairing(PAIRINGS[name], levels, args))
+    print("\n" + machine_state("after"))
+    if len(names) > 1 or args.rounds > 1:
+        _print_summary(measured, levels, args)
+    return 0
+
+
+def machine_state(when: str) -> str:
+    """What decides a figure's noise here: the CPU, how idle vCPUs sleep, the load."""
+
+    def read(path: str) -> str:
+        try:
+            with open(path) as source:
+                return source.read().strip()
+        except OSError:
+            return "n/a"
+
+    model = "n/a"
+    for line in read("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    idle = "/sys/devices/system/cpu/cpuidle/"
+    return (
+        f"machine ({when}): CPU {model} x{os.cpu_count()}; cpuidle driver "
+        f"{read(idle + 'current_driver')}, governor {read(idle + 'current_governor_ro')}; "
+        f"haltpoll guest_halt_poll_ns {read('/sys/module/haltpoll/parameters/guest_halt_poll_ns')}"
+        f"; load average {' '.join(read('/proc/loadavg').split()[:3])}"
+    )
+
+
+def _profile_pairing(
+    pairing: Pairing, levels: list[int], args: argparse.Namespace
+) -> dict[int, dict[str, float]]:
+    """One pairing at every level (a fresh server): prints its table, returns the figures."""
     scratch = tempfile.mkdtemp(prefix="capsvc-profile-")
     env = {}
     if args.cprofile:
@@ -71,32 +143,33 @@ def main(args: argparse.Namespace) -> int:
         env["BENCH_RPC_CPROFILE"] = os.path.abspath(os.path.join(args.cprofile, "server.prof"))
     servers = start_servers([SERVER_KINDS[pairing.server]], scratch, env=env)
     server = servers[pairing.server]
-    rows = []
+    rows: dict[int, dict[str, float]] = {}
     calls_rows: list[tuple[int, list[dict[str, int]]]] = []
     try:
-        for level in (int(c) for c in args.concurrency.split(",")):
+        for level in levels:
             client = make_client(pairing.client, server.address, level, args.payload).start()
             try:
                 client.run(args.warmup)
-                spies = _start_spies(args.py_spy, server.pid, f"c{level}", args.gil)
+                spies = _start_spies(args.py_spy, server.pid, f"{pairing.name}-c{level}", args.gil)
                 counters = [] if args.no_syscalls else _start_perf([os.getpid(), server.pid])
                 profiles = _start_cprofile(args.cprofile, client, server)
                 before = _snapshot(client, server)
                 seconds = client.run(args.calls)
                 after = _snapshot(client, server)
-                _stop_cprofile(profiles, args.cprofile, client, server, f"c{level}")
+                tag = f"{pairing.name}-c{level}"
+                _stop_cprofile(profiles, args.cprofile, client, server, tag)
                 syscalls = _stop_perf(counters)
                 _stop_spies(spies)
             finally:
                 client.close()
             if args.cprofile:
                 for side in ("client", "server"):
-                    path = os.path.join(args.cprofile, f"c{level}-{side}.prof")
+                    path = os.path.join(args.cprofile, f"{tag}-{side}.prof")
                     if os.path.exists(path):
                         _print_cprofile(
                             f"{pairing.name} c{level} {side}", path, args.calls, args.top
                         )
-            rows.append(_row(level, args.calls, seconds, before, after))
+            rows[level] = _figures(args.calls, seconds, before, after)
             if syscalls:
                 calls_rows.append((level, syscalls))
             for side, path in spies:
@@ -104,6 +177,16 @@ def main(args: argparse.Namespace) -> int:
     finally:
         stop_servers(servers)
         shutil.rmtree(scratch, ignore_errors=True)
+    _print_table(pairing, rows, calls_rows, args)
+    return rows
+
+
+def _print_table(
+    pairing: Pairing,
+    rows: dict[int, dict[str, float]],
+    calls_rows: list[tuple[int, list[dict[str, int]]]],
+    args: argparse.Namespace,
+) -> None:
     print(f"\n{pairing.title}, payload {args.payload} B, {args.calls:,} calls per level\n")
     header = (
         "| conc | calls/s | client CPU µs | server CPU µs | of which kernel: client "
@@ -111,8 +194,8 @@ def main(args: argparse.Namespace) -> int:
     )
     print(header)
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    for level, figures in rows.items():
+        print(f"| {level} | " + " | ".join(_formatted(figures)) + " |")
     if calls_rows:
         print("\nSystem calls per call (perf stat tracepoints, whole processes):\n")
         names = sorted({n for _, sides in calls_rows for side in sides for n in side})
@@ -122,7 +205,47 @@ def main(args: argparse.Namespace) -> int:
             for side, counts in zip(("client", "server"), sides, strict=False):
                 cells = [f"{counts.get(n, 0) / args.calls:.2f}" for n in names]
                 print(f"| {level} | {side} | " + " | ".join(cells) + " |")
-    return 0
+
+
+def _print_summary(
+    measured: dict[str, list[dict[int, dict[str, float]]]],
+    levels: list[int],
+    args: argparse.Namespace,
+) -> None:
+    """Medians (ranges) over the rounds, and each pairing's CPU per call against the last
+    pairing's, round by round (the pairings of a round ran minutes apart at most)."""
+    names = list(measured)
+    base = names[-1]
+    print(f"\nSummary over {args.rounds} round(s), payload {args.payload} B, CPU µs per call:")
+    print(f"(ratios: against {PAIRINGS[base].title}, per round, then median and range)\n")
+    print(
+        "| pairing | conc | calls/s | client CPU µs | server CPU µs "
+        "| client ÷ base | server ÷ base |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for level in levels:
+        for name in names:
+            rounds = [r[level] for r in measured[name]]
+            cells = [_spread([r["calls_per_s"] for r in rounds], "{:,.0f}")]
+            for key in ("client_cpu", "server_cpu"):
+                cells.append(_spread([r[key] for r in rounds], "{:.1f}"))
+            for key in ("client_cpu", "server_cpu"):
+                ratios = [
+                    r[level][key] / b[level][key]
+                    for r, b in zip(measured[name], measured[base], strict=True)
+                    if b[level].get(key)
+                ]
+                cells.append(_spread(ratios, "{:.2f}") if name != base else "1")
+            print(f"| {PAIRINGS[name].title} | {level} | " + " | ".join(cells) + " |")
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    if not values or any(math.isnan(v) for v in values):
+        return "-"
+    middle = statistics.median(values)
+    if len(values) == 1:
+        return fmt.format(middle)
+    return f"{fmt.format(middle)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
 def _start_cprofile(directory: str | None, client: Any, server: Any) -> Any:
@@ -237,27 +360,40 @@ def _snapshot(client: Any, server: Any) -> dict[str, Any]:
     return snap
 
 
-def _row(
-    level: int, calls: int, seconds: float, before: dict[str, Any], after: dict[str, Any]
-) -> list[str]:
-    def per_call(side: str, key: str, scale: float = 1.0, digits: int = 2) -> str:
+def _figures(
+    calls: int, seconds: float, before: dict[str, Any], after: dict[str, Any]
+) -> dict[str, float]:
+    """Per-call costs between two snapshots (NaN where a side does not count it)."""
+
+    def per_call(side: str, key: str, scale: float = 1.0) -> float:
         a, b = before[side], after[side]
         if key not in a or key not in b:
-            return "-"
-        return f"{(b[key] - a[key]) / calls * scale:.{digits}f}"
+            return math.nan
+        return float((b[key] - a[key]) / calls * scale)
 
-    client_cpu = (after["client_cpu"] - before["client_cpu"]) / calls * 1e6
+    return {
+        "calls_per_s": calls / seconds,
+        "client_cpu": (after["client_cpu"] - before["client_cpu"]) / calls * 1e6,
+        "server_cpu": per_call("server", "cpu", 1e6),
+        "client_sys": per_call("client", "sys", 1e6),
+        "server_sys": per_call("server", "sys", 1e6),
+        "client_passes": per_call("client", "passes"),
+        "server_passes": per_call("server", "passes"),
+        "client_writes": per_call("client", "writes"),
+        "server_writes": per_call("server", "writes"),
+    }
+
+
+def _formatted(figures: dict[str, float]) -> list[str]:
+    def cell(key: str, digits: int) -> str:
+        value = figures[key]
+        return "-" if math.isnan(value) else f"{value:,.{digits}f}"
+
     return [
-        str(level),
-        f"{calls / seconds:,.0f}",
-        f"{client_cpu:.0f}",
-        per_call("server", "cpu", 1e6, 0),
-        per_call("client", "sys", 1e6, 0),
-        per_call("server", "sys", 1e6, 0),
-        per_call("client", "passes"),
-        per_call("server", "passes"),
-        per_call("client", "writes"),
-        per_call("server", "writes"),
+        cell("calls_per_s", 0),
+        *(cell(k, 0) for k in ("client_cpu", "server_cpu", "client_sys", "server_sys")),
+        *(cell(k, 2) for k in ("client_passes", "server_passes")),
+        *(cell(k, 2) for k in ("client_writes", "server_writes")),
     ]
 
 
@@ -293,6 +429,10 @@ def _stop_spies(spies: list[Any]) -> list[tuple[str, str]]:
 
 
 PACKAGES = (
+    ("capsvc/rpc/rpc_capnp", "generated codecs (capsvc/generated, rpc_capnp)"),
+    ("capsvc/generated/", "generated codecs (capsvc/generated, rpc_capnp)"),
+    ("capsvc/codec/", "capsvc.codec (runtime of generated code)"),
+    ("capsvc/typed", "capsvc.typed (typed clients, servers)"),
     ("capsvc/rpc/", "capsvc.rpc (engine)"),
     ("capsvc/connection", "capsvc.connection"),
     ("capsvc/flusher", "capsvc.flusher"),
@@ -327,6 +467,15 @@ STAGES = (
     ("epoll wait (trio)", ("EpollIOManager.get_events",)),
     ("engine (capsvc/rpc/)", ("capsvc/rpc/",)),
     ("client API (client.py, structs.py)", ("capsvc/client.py", "capsvc/structs.py")),
+    ("typed API (typed.py, codec/pipeline.py)", ("capsvc/typed.py", "capsvc/codec/pipeline.py")),
+    (
+        "generated codecs and their runtime",
+        ("capsvc/codec/building", "capsvc/codec/reading", "capsvc/generated/", "rpc_capnp"),
+    ),
+    (
+        "pycapnp payloads (dynamic: payload, structs)",
+        ("new_call_payload", "new_return_payload", "BuiltPayload", "ReceivedPayload.content"),
+    ),
     ("server dispatch (server.py, runtime.py)", ("capsvc/server.py", "capsvc/runtime.py")),
     ("framing (framing.py)", ("capsvc/framing.py",)),
 )

@@ -304,3 +304,26 @@ GOALS.append(
         _stall_share,
     )
 )
+
+
+def _cpu(side: str) -> Callable[[RepFigures], float | None]:
+    def pick(r: RepFigures) -> float | None:
+        return r.costs.get(f"{side}_cpu_us")
+
+    return pick
+
+
+# Issue 9's echo goal: generated stubs against the dynamic path, both ends, polling off.
+for _load in ("c1-16B", "c12-16B"):
+    for _side in ("client", "server"):
+        GOALS.append(
+            Goal(
+                f"generated stubs ÷ dynamic path, {_side} CPU per call, polling off, "
+                f"{_load.replace('-', ' ')}",
+                0.75,
+                False,
+                lambda r, load=_load, side=_side: r.ratio(
+                    ("capsvc-tcp-nopoll", load), ("capsvc-tcp-nopoll-dynamic", load), _cpu(side)
+                ),
+            )
+        )

@@ -38,6 +38,7 @@ class ServerKind:
     nodelay: bool = True
     coalesce: bool = True
     busy_poll: bool = True  # capsvc's adaptive busy polling (capsvc.transport.busypoll)
+    dynamic: bool = False  # capsvc: the dynamic path (load_schema), not the generated base
 
 
 SERVER_KINDS: dict[str, ServerKind] = {
@@ -46,6 +47,8 @@ SERVER_KINDS: dict[str, ServerKind] = {
         ServerKind("capsvc-tcp", "capsvc", "tcp"),
         ServerKind("capsvc-unix", "capsvc", "unix"),
         ServerKind("capsvc-tcp-nopoll", "capsvc", "tcp", busy_poll=False),
+        ServerKind("capsvc-tcp-dynamic", "capsvc", "tcp", dynamic=True),
+        ServerKind("capsvc-tcp-nopoll-dynamic", "capsvc", "tcp", busy_poll=False, dynamic=True),
         ServerKind("pycapnp-tcp", "pycapnp", "tcp"),
         ServerKind("raw-tcp", "raw", "tcp"),
         ServerKind("raw-unix", "raw", "unix"),
@@ -62,7 +65,7 @@ class Pairing:
     """A client implementation talking to one kind of server."""
 
     name: str
-    client: str  # "capsvc" | "pycapnp" | "raw"
+    client: str  # "capsvc" | "pycapnp" | "raw" and capsvc's variants (clients.make_client)
     server: str  # a SERVER_KINDS key
     title: str
     role: str  # "capsvc" | "reference" | "interop" | "ceiling"
@@ -83,6 +86,22 @@ PAIRINGS: dict[str, Pairing] = {
             "capsvc",
         ),
         Pairing("raw-trio-unix", "raw", "raw-unix", "raw trio ping-pong, Unix", "ceiling"),
+        # capsvc on the dynamic path (load_schema) on both ends, beside the generated stubs
+        # of the pairings above: the cost of not generating, in the same run.
+        Pairing(
+            "capsvc-tcp-dynamic",
+            "capsvc-dynamic",
+            "capsvc-tcp-dynamic",
+            "capsvc → capsvc, TCP, dynamic path",
+            "capsvc",
+        ),
+        Pairing(
+            "capsvc-tcp-nopoll-dynamic",
+            "capsvc-nopoll-dynamic",
+            "capsvc-tcp-nopoll-dynamic",
+            "capsvc → capsvc, TCP, busy polling off, dynamic path",
+            "capsvc",
+        ),
         Pairing("capsvc-to-pycapnp", "capsvc", "pycapnp-tcp", "capsvc → pycapnp, TCP", "interop"),
         Pairing("pycapnp-to-capsvc", "pycapnp", "capsvc-tcp", "pycapnp → capsvc, TCP", "interop"),
     )
@@ -120,6 +139,8 @@ SMOKE = (
     "capsvc-unix/c12-16B",
     "capsvc-tcp-nopoll/c1-16B",
     "raw-trio-unix/c12-16B",
+    "capsvc-tcp-dynamic/c12-16B",
+    "capsvc-tcp-nopoll-dynamic/c1-16B",
     "capsvc-to-pycapnp/c1-4KiB",
     "pycapnp-to-capsvc/c1-16B",
 )

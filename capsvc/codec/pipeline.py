@@ -10,7 +10,7 @@ it for the results' generated reader. Nothing here imports trio until a promise 
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from capsvc.codec.reading import StructReader
@@ -75,12 +75,23 @@ class ResultPromise(StructPipeline, Generic[R]):
         return self._wait().__await__()
 
     async def _wait(self) -> R:
-        from capsvc.runtime import wait_result
-
         result = self._result
-        await wait_result(result, on_cancel=self.cancel)
+        await _wait_result()(result, on_cancel=self.cancel)
         payload = result.payload
         return payload.read_as(self._READER, keep=_Kept(result.add_ref()))  # type: ignore[return-value]
+
+
+_WAIT: list[Callable[..., Awaitable[None]]] = []
+
+
+def _wait_result() -> Callable[..., Awaitable[None]]:
+    """capsvc.runtime.wait_result, imported on the first await (not per await: an import
+    statement costs a lookup and a call each time it runs)."""
+    if not _WAIT:
+        from capsvc.runtime import wait_result
+
+        _WAIT.append(wait_result)
+    return _WAIT[0]
 
 
 class _Kept:

@@ -51,7 +51,9 @@ def _timing(pairing: str, load: str, rep: int, per_call: float) -> pyperf.Run:
     )
 
 
-def _latency(pairing: str, load: str, rep: int, values: list[float]) -> pyperf.Run:
+def _latency(
+    pairing: str, load: str, rep: int, values: list[float], cpu: tuple[float, float] = (100, 90)
+) -> pyperf.Run:
     return pyperf.Run(
         values,
         metadata={
@@ -59,8 +61,8 @@ def _latency(pairing: str, load: str, rep: int, values: list[float]) -> pyperf.R
             "unit": "second",
             "loops": 1,
             "rpc_rep": rep,
-            "rpc_client_cpu_us_per_call": 100.0,
-            "rpc_server_cpu_us_per_call": 90.0,
+            "rpc_client_cpu_us_per_call": cpu[0],
+            "rpc_server_cpu_us_per_call": cpu[1],
         },
         collect_metadata=False,
     )
@@ -115,6 +117,33 @@ def test_goals_and_markdown(results_dir: Path, tmp_path: Path) -> None:
     text = report.main_report(str(results_dir), out, charts_too=False, quiet=True)
     assert f"| capsvc → capsvc, TCP | 1,500 (1,000{DASH}2,000) |" in text
     assert f"3.00 (2.00{DASH}4.00)" in text
+
+
+def test_the_echo_goal_compares_cpu_per_call_per_side(tmp_path: Path) -> None:
+    # Generated stubs: client 60 then 100 µs, server 70 µs; dynamic path: 100 and 100.
+    cpu = {
+        "capsvc-tcp-nopoll": [(60, 70), (100, 70)],
+        "capsvc-tcp-nopoll-dynamic": [(100, 100)] * 2,
+    }
+    for pairing, sides in cpu.items():
+        timing = [_timing(pairing, "c12-16B", rep, 1e-4) for rep in (1, 2)]
+        latency = [
+            _latency(pairing, "c12-16B", rep, [1e-4] * 10, cpu=sides[rep - 1]) for rep in (1, 2)
+        ]
+        suite = pyperf.BenchmarkSuite([pyperf.Benchmark(timing), pyperf.Benchmark(latency)])
+        suite.dump(str(tmp_path / f"{pairing}.json.gz"))
+    (tmp_path / "manifest.json").write_text(json.dumps({"reps": 2, "nagle_cases": []}))
+    results = Results(str(tmp_path))
+    goals = {g.text: g for g in GOALS if g.text.startswith("generated stubs")}
+    client = goals["generated stubs ÷ dynamic path, client CPU per call, polling off, c12 16B"]
+    server = goals["generated stubs ÷ dynamic path, server CPU per call, polling off, c12 16B"]
+    measured = client.measure(results)
+    assert measured is not None
+    assert measured.values == pytest.approx((0.6, 1.0))
+    assert client.verdict(measured) == "not met (median; some reps met)"
+    assert server.verdict(server.measure(results)) == "met (every rep)"
+    c1 = goals["generated stubs ÷ dynamic path, client CPU per call, polling off, c1 16B"]
+    assert c1.verdict(c1.measure(results)) == "not measured"
 
 
 def test_readme_section_is_replaced(results_dir: Path, tmp_path: Path) -> None:

@@ -127,6 +127,31 @@ async def test_the_cpp_reference_client_and_a_typed_server(
     assert len(checks) == 14, output
 
 
+async def test_the_demo_client_side_against_the_cpp_calculator(
+    pycapnp_calculator: PeerProcess,
+) -> None:
+    """capsvc.demo's client side (generated stubs: unions of interfaces, lists of structs
+    in params, pipelining on results, a client-hosted callback) against the C++ sample."""
+    from capsvc import demo
+
+    async with capsvc.connect(pycapnp_calculator.address) as conn:
+        calc = conn.bootstrap(demo.CALCULATOR)
+        lines: list[str] = []
+        with peer_deadline():
+            found = await demo.run_tour(calc, lines.append)
+            assert await demo.evaluate_infix(calc, "2 ** 3 + (1 - 4) / 2") == 6.5
+        assert found == {
+            "literal": 123.0,
+            "add": 46.0,
+            "pipelining": 27.0,
+            "functions": 5478.0,
+            "callback": 19.0,
+        }
+        assert lines[-1].endswith("(pow called 1 time)")
+        del calc
+        await assert_tables(conn)
+
+
 async def test_typed_and_dynamic_objects_mix() -> None:
     """A typed client of a dynamic server, and a dynamic client of a typed server."""
     async with local_server(TesterImpl()) as address, typed_tester(address) as (_, tester):
@@ -155,8 +180,13 @@ async def test_mistakes_are_python_errors_naming_the_schema() -> None:
         assert (await tester.echo(msg="fine")).reply == "fine"
 
 
+#: The project's own schemas (schemas/), generated into capsvc/generated.
+OWN_SCHEMAS = ("calculator.capnp", "echo.capnp", "bench_echo.capnp")
+
+
 def test_checked_in_generated_modules_are_fresh() -> None:
-    """tests/generated and capsvc/rpc/rpc_capnp.py are what capsvc gen makes now."""
+    """tests/generated, capsvc/generated (the project's own schemas) and
+    capsvc/rpc/rpc_capnp.py are what capsvc gen makes now."""
     import os
 
     import capnp
@@ -164,15 +194,17 @@ def test_checked_in_generated_modules_are_fresh() -> None:
     from tests.support.peers import ROOT
 
     pkg = os.path.dirname(capnp.__file__)
-    for schema, out, extra in (
-        (os.path.join(ROOT, "tests", "schemas", "testing.capnp"), "tests/generated", []),
-        (os.path.join(pkg, "rpc.capnp"), "capsvc/rpc", ["-I", os.path.dirname(pkg)]),
+    own = [os.path.join(ROOT, "schemas", name) for name in OWN_SCHEMAS]
+    for schemas, out, extra in (
+        ([os.path.join(ROOT, "tests", "schemas", "testing.capnp")], "tests/generated", []),
+        (own, "capsvc/generated", []),
+        ([os.path.join(pkg, "rpc.capnp")], "capsvc/rpc", ["-I", os.path.dirname(pkg)]),
     ):
         done = subprocess.run(
             [
                 os.path.join(os.path.dirname(PYTHON), "capsvc"),
                 "gen",
-                schema,
+                *schemas,
                 "-o",
                 out,
                 "--check",

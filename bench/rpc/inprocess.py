@@ -1,0 +1,161 @@
+"""Echo calls with both ends in one process: CPU time, or instructions counted by callgrind.
+
+    python -m bench.rpc.inprocess                 # CPU µs per call, typed vs dynamic, rounds
+    python -m bench.rpc.inprocess --instructions  # instructions per call (valgrind callgrind)
+
+Theory of operation
+-------------------
+The profile command (bench.rpc.profile) measures each side in its own process, as users run
+capsvc; on a shared 2-vCPU machine its CPU figures move with whatever else runs (a busy
+sibling vCPU slows every instruction). This is the control: client and server connections
+on one trio loop over a Unix socket pair (capsvc's FastSocketStream, busy polling off), so
+no wake-up crosses processes, and the figure is both sides' work together. The generated
+stubs (capsvc.generated: the typed BenchEcho server and typed clients of bench.rpc) and the
+dynamic path (``load_schema``) alternate round by round.
+
+``--instructions`` runs the same calls under ``valgrind --tool=callgrind`` three times per
+path, (a, b) calls at (c1, c12) = (n, n), (3n, n) and (n, 3n), and takes instructions per
+call from the differences: start-up (interpreter, imports, schema loading) cancels out, and
+instruction counts do not depend on the machine's load (they do on trio's scheduling,
+which at c12 batches differently from run to run: a few percent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+KINDS = ("typed", "dynamic")
+LEVELS = (1, 12)
+
+
+def measure(kind: str, counts: dict[int, int], warmup: int = 300) -> dict[int, float]:
+    """CPU seconds of ``counts[level]`` calls at each concurrency level (after a warm-up)."""
+    import trio
+
+    import capsvc
+    from bench.rpc.scenarios import ECHO_SCHEMA
+    from bench.rpc.servers import dynamic_bench_echo, typed_bench_echo
+    from capsvc.generated.echo_capnp import Echo
+    from capsvc.transport.fastsocket import FastSocketStream
+
+    async def main() -> dict[int, float]:
+        left, right = socket.socketpair()
+        server = typed_bench_echo() if kind == "typed" else dynamic_bench_echo()
+        interface: Any = Echo
+        if kind == "dynamic":
+            interface = capsvc.load_schema(ECHO_SCHEMA, check=False).Echo
+        async with (
+            capsvc.open_connection(FastSocketStream(left), bootstrap=server, busy_poll=None),
+            capsvc.open_connection(FastSocketStream(right), busy_poll=None) as conn,
+        ):
+            client = conn.bootstrap(interface)
+            message = "x" * 16
+            remaining = 0
+
+            async def worker() -> None:
+                nonlocal remaining
+                while remaining > 0:
+                    remaining -= 1
+                    if (await client.ping(msg=message)).reply != message:
+                        raise AssertionError("echo reply differs from the request")
+
+            async def load(level: int, calls: int) -> float:
+                nonlocal remaining
+                remaining = calls
+                began = time.process_time()
+                async with trio.open_nursery() as nursery:
+                    for _ in range(level):
+                        nursery.start_soon(worker)
+                return time.process_time() - began
+
+            seconds = {}
+            for level, calls in counts.items():
+                await load(level, warmup)
+                seconds[level] = await load(level, calls)
+            client.close()
+            return seconds
+
+    return trio.run(main)
+
+
+def cpu_rounds(rounds: int, calls: int) -> None:
+    per_call: dict[tuple[str, int], list[float]] = {}
+    for _ in range(rounds):
+        for kind in KINDS:
+            for level, seconds in measure(kind, dict.fromkeys(LEVELS, calls)).items():
+                per_call.setdefault((kind, level), []).append(seconds / calls * 1e6)
+    print(f"CPU µs per call, both sides in one process, {rounds} round(s) of {calls:,} calls")
+    print("| conc | typed | dynamic | typed ÷ dynamic (per round) |\n|---|---|---|---|")
+    for level in LEVELS:
+        typed, dynamic = per_call[("typed", level)], per_call[("dynamic", level)]
+        ratios = [t / d for t, d in zip(typed, dynamic, strict=True)]
+        print(f"| {level} | {_spread(typed, '{:.1f}')} | {_spread(dynamic, '{:.1f}')} | "
+              f"{_spread(ratios, '{:.2f}')} |")  # fmt: skip
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    middle = fmt.format(statistics.median(values))
+    return f"{middle} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def instructions(calls: int) -> None:
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("--instructions needs valgrind (Debian: apt-get install valgrind)")
+    shapes = [(calls, calls), (3 * calls, calls), (calls, 3 * calls)]
+    print(f"instructions per call, both sides in one process (callgrind, n = {calls:,})")
+    print("| conc | typed | dynamic | typed ÷ dynamic |\n|---|---|---|---|")
+    found: dict[tuple[str, int], float] = {}
+    with tempfile.TemporaryDirectory(prefix="capsvc-ir-") as scratch:
+        for kind in KINDS:
+            totals = [_callgrind(valgrind, scratch, kind, c1, c12) for c1, c12 in shapes]
+            found[(kind, 1)] = (totals[1] - totals[0]) / (2 * calls)
+            found[(kind, 12)] = (totals[2] - totals[0]) / (2 * calls)
+    for level in LEVELS:
+        typed, dynamic = found[("typed", level)], found[("dynamic", level)]
+        print(f"| {level} | {typed:,.0f} | {dynamic:,.0f} | {typed / dynamic:.2f} |")
+
+
+def _callgrind(valgrind: str, scratch: str, kind: str, c1: int, c12: int) -> int:
+    out = os.path.join(scratch, f"{kind}-{c1}-{c12}.out")
+    command = [
+        valgrind, "--tool=callgrind", f"--callgrind-out-file={out}",
+        sys.executable, "-m", "bench.rpc.inprocess", "--run", kind, str(c1), str(c12),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=3600)
+    with open(out) as source:
+        for line in source:
+            if match := re.match(r"(?:summary|totals): (\d+)", line):
+                return int(match.group(1))
+    raise RuntimeError(f"no totals in {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.rpc.inprocess", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5_000)
+    parser.add_argument("--instructions", action="store_true", help="count with callgrind")
+    parser.add_argument("--run", nargs=3, metavar=("KIND", "C1", "C12"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.run:
+        kind, c1, c12 = args.run[0], int(args.run[1]), int(args.run[2])
+        measure(kind, {1: c1, 12: c12}, warmup=100)
+    elif args.instructions:
+        instructions(args.calls if args.calls != 5_000 else 1_000)
+    else:
+        cpu_rounds(args.rounds, args.calls)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
