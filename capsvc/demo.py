@@ -291,7 +291,7 @@ class ValueImpl(Calculator.Value.Server):
     def __init__(self, value: float) -> None:
         self.value = value
 
-    def read_(
+    def read(
         self,
         params: Calculator.Value.ReadParams.Reader,
         results: Calculator.Value.ReadResults.Builder,
@@ -444,7 +444,7 @@ def get_operator(calc: Calculator.Client, op: str) -> Calculator.Function.Client
 
 async def read_value(value: Calculator.Value.Client) -> float:
     """Read a ``Value`` capability (the one round trip a pipelined chain needs)."""
-    return (await value.read_()).value
+    return (await value.read()).value
 
 
 def format_number(value: float) -> str:

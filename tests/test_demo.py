@@ -65,7 +65,7 @@ async def test_literal_with_raw_api(calc: Calculator.Client) -> None:
     request.params.expression.literal = 1.5
     promise = request.send()
     results = await promise
-    assert (await results.value.read_()).value == 1.5
+    assert (await results.value.read()).value == 1.5
 
 
 @pytest.mark.parametrize(

@@ -339,7 +339,10 @@ _CLIENT_NAMES = frozenset({"close", "cast_as"})
 
 
 def _method_name(name: str) -> str:
-    return name + "_" if name in _CLIENT_NAMES else python_name(name)
+    """A method's Python name: clients and servers define few names of their own (the
+    rest start with ``_``, which schema names cannot), so only keywords and those few
+    are renamed (``read`` stays ``read``, ``close`` becomes ``close_``)."""
+    return name + "_" if name in _CLIENT_NAMES or keyword.iskeyword(name) else name
 
 
 def _client(out: _Out, node: Interface, names: _Names) -> None:

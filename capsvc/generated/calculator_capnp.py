@@ -610,7 +610,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _INTERFACE_ID: ClassVar[int] = 0xc3e69d34d3ee48d2
             _INTERFACE_NAME: ClassVar[str] = "Calculator.Value"
 
-            def read_(self, /, **_unknown: Never) -> Calculator.Value.ReadResults.Promise:
+            def read(self, /, **_unknown: Never) -> Calculator.Value.ReadResults.Promise:
                 """Call Calculator.Value.read; returns the pipelinable promise of its results.
 
                 Params keywords cannot express: ``read_request()``.
@@ -631,7 +631,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _INTERFACE_NAME: ClassVar[str] = "Calculator.Value"
 
             @_t.unimplemented
-            def read_(self, params: Calculator.Value.ReadParams.Reader, results: Calculator.Value.ReadResults.Builder) -> Awaitable[None] | None:
+            def read(self, params: Calculator.Value.ReadParams.Reader, results: Calculator.Value.ReadResults.Builder) -> Awaitable[None] | None:
                 """Calculator.Value.read: read ``params``, fill ``results``."""
                 raise NotImplementedError  # not called: the base answers unimplemented
 
@@ -1224,4 +1224,4 @@ Calculator.Function.METHODS = {"call": (0, Calculator.Function.CallParams, Calcu
 Calculator.Value.METHODS = {"read": (0, Calculator.Value.ReadParams, Calculator.Value.ReadResults)}
 Calculator.Server._METHODS = {(Calculator._ID, 0): ("evaluate", Calculator.EvaluateParams, Calculator.EvaluateResults), (Calculator._ID, 1): ("defFunction", Calculator.DefFunctionParams, Calculator.DefFunctionResults), (Calculator._ID, 2): ("getOperator", Calculator.GetOperatorParams, Calculator.GetOperatorResults)}
 Calculator.Function.Server._METHODS = {(Calculator.Function._ID, 0): ("call", Calculator.Function.CallParams, Calculator.Function.CallResults)}
-Calculator.Value.Server._METHODS = {(Calculator.Value._ID, 0): ("read_", Calculator.Value.ReadParams, Calculator.Value.ReadResults)}
+Calculator.Value.Server._METHODS = {(Calculator.Value._ID, 0): ("read", Calculator.Value.ReadParams, Calculator.Value.ReadResults)}
