@@ -146,15 +146,15 @@ async def _make_bootstrap(target: Any, spec: str) -> Any:
     from capsvc.server import Server as DynamicServer
     from capsvc.typed import Server as TypedServer
 
-    Server = (DynamicServer, TypedServer)
-    if isinstance(target, Server):
+    servers = (DynamicServer, TypedServer)
+    if isinstance(target, servers):
         return target
     if not callable(target):
         raise UsageError(f"{spec} is neither a capsvc.Server instance nor a factory")
     made = target()
     if inspect.isawaitable(made):
         made = await made
-    if not isinstance(made, Server):
+    if not isinstance(made, servers):
         raise UsageError(f"{spec}() returned {type(made).__name__}, not a capsvc.Server instance")
     return made
 
