@@ -150,10 +150,14 @@ class Server:
     _INTERFACE_NAME: ClassVar[str] = ""
     _capsvc_hook_ref: weakref.ref[Hook] | None = None
     _capsvc_inline: ClassVar[dict[tuple[int, int], bool]] = {}
+    #: (interface ID, method ordinal) -> (method name, params, results), or None when
+    #: the class does not implement it: found once per class, not per call.
+    _capsvc_found: ClassVar[dict[tuple[int, int], tuple[str, Any, Any] | None]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._capsvc_inline = {}
+        cls._capsvc_found = {}
 
     def _new_hook(self) -> Hook:
         """A new reference to the hook for this object (one hook per live object)."""
@@ -169,14 +173,26 @@ class Server:
 
     # ------------------------------------------------------------------ dispatch
     def _implementation(self, interface_id: int, method_id: int) -> tuple[Any, Any, Any] | None:
-        entry = self._METHODS.get((interface_id, method_id))
+        key = (interface_id, method_id)
+        found = self._capsvc_found
+        if key in found:
+            entry = found[key]
+        else:
+            entry = found[key] = self._find(key)
         if entry is None:
             return None
         name, params, results = entry
-        method = getattr(type(self), name, None)
+        return getattr(self, name), params, results
+
+    @classmethod
+    def _find(cls, key: tuple[int, int]) -> tuple[str, Any, Any] | None:
+        entry = cls._METHODS.get(key)
+        if entry is None:
+            return None
+        method = getattr(cls, entry[0], None)
         if method is None or getattr(method, "_capsvc_unimplemented", False):
             return None
-        return getattr(self, name), params, results
+        return entry
 
     def _runs_inline(self, interface_id: int, method_id: int) -> bool:
         key = (interface_id, method_id)

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import gc
 import math
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -439,3 +444,38 @@ async def test_dynamic_client_unknown_operator(dynamic_calc: Any) -> None:
 def test_get_operator_rejects_unknown_names() -> None:
     with pytest.raises(ValueError, match="unknown operator 'modulo'"):
         demo.get_operator(None, "modulo")  # type: ignore[arg-type]  # fails before any call
+
+
+def test_the_demo_runs_without_the_schema_files(tmp_path: Path) -> None:
+    """An installed package has no schemas/ beside it: the generated module is the schema."""
+    root = Path(demo.__file__).resolve().parents[1]
+    shutil.copytree(root / "capsvc", tmp_path / "capsvc", ignore=shutil.ignore_patterns("*.pyc"))
+    script = """
+import trio, capsvc
+from capsvc import demo
+from capsvc.transport.memory import memory_stream_pair
+
+async def main():
+    left, right = memory_stream_pair()
+    async with capsvc.open_connection(left, bootstrap=demo.bootstrap()), \\
+            capsvc.open_connection(right) as conn:
+        calc = conn.bootstrap(demo.CALCULATOR)
+        found = await demo.run_tour(calc, lambda line: None)
+        print(found["functions"], await demo.evaluate_infix(calc, "2**3"), demo.__file__)
+
+trio.run(main)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # Real time: a subprocess (in-memory streams inside it); the timeout bounds a hang.
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"5478.0 8.0 {tmp_path / 'capsvc' / 'demo.py'}\n"
+    assert not (tmp_path / "schemas").exists()

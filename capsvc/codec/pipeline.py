@@ -81,17 +81,18 @@ class ResultPromise(StructPipeline, Generic[R]):
         return payload.read_as(self._READER, keep=_Kept(result.add_ref()))  # type: ignore[return-value]
 
 
-_WAIT: list[Callable[..., Awaitable[None]]] = []
+_WAIT_RESULT: Callable[..., Awaitable[None]] | None = None
 
 
 def _wait_result() -> Callable[..., Awaitable[None]]:
     """capsvc.runtime.wait_result, imported on the first await (not per await: an import
     statement costs a lookup and a call each time it runs)."""
-    if not _WAIT:
+    global _WAIT_RESULT
+    if _WAIT_RESULT is None:
         from capsvc.runtime import wait_result
 
-        _WAIT.append(wait_result)
-    return _WAIT[0]
+        _WAIT_RESULT = wait_result
+    return _WAIT_RESULT
 
 
 class _Kept:

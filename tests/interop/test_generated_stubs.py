@@ -164,6 +164,36 @@ async def test_typed_and_dynamic_objects_mix() -> None:
         assert (await dynamic.echo(msg="x")).reply == "x"
 
 
+async def test_a_method_not_overridden_answers_unimplemented_per_class() -> None:
+    """What a typed server class implements is found once per class: a subclass that adds
+    a method implements it, its base still does not."""
+
+    class OnlyGet(t.Counter.Server):
+        def get(
+            self, params: t.Counter.GetParams.Reader, results: t.Counter.GetResults.Builder
+        ) -> None:
+            results.value = 7
+
+    class Both(OnlyGet):
+        def increment(
+            self,
+            params: t.Counter.IncrementParams.Reader,
+            results: t.Counter.IncrementResults.Builder,
+        ) -> None:
+            results.value = params.by
+
+    for round_ in range(2):  # the second round answers from what the first found
+        for server, incremented in ((OnlyGet(), None), (Both(), 5)):
+            async with local_server(server) as address, capsvc.connect(address) as conn:
+                counter = conn.bootstrap(t.Counter)
+                assert (await counter.get()).value == 7, round_
+                if incremented is None:
+                    with pytest.raises(capsvc.Unimplemented, match="does not implement"):
+                        await counter.increment(by=5)
+                else:
+                    assert (await counter.increment(by=5)).value == incremented
+
+
 async def test_mistakes_are_python_errors_naming_the_schema() -> None:
     async with local_server(TypedTester()) as address, typed_tester(address) as (_, tester):
         with pytest.raises(
