@@ -143,6 +143,13 @@ class StructBuilder:
         """The whole message in the standard stream framing (rpc-protocol.md §1)."""
         return encode_message(self._b.segments())
 
+    def to_bytes_packed(self) -> bytes:
+        """The whole message in the packed encoding of the stream framing (the segment
+        table included, as libcapnp's ``writePackedMessage``; capsvc.codec.packing)."""
+        from capsvc.codec.packing import pack
+
+        return pack(encode_message(self._b.segments()))
+
     def _pointer_is_null(self, slot: int) -> bool:
         return _get_u64(self._b.buf, (self._ptr + slot) << 3)[0] == 0
 

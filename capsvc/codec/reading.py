@@ -880,3 +880,11 @@ def unframe(data: bytes | bytearray | memoryview) -> list[memoryview]:
     if decoder.buffered:  # the start of another message, or junk
         raise DecodeError(f"junk after the message ({decoder.buffered} bytes)")
     return segments
+
+
+def unframe_packed(data: bytes | bytearray | memoryview) -> list[memoryview]:
+    """The segments of one message in the packed encoding of the stream framing
+    (capsvc.codec.packing)."""
+    from capsvc.codec.packing import unpack
+
+    return unframe(unpack(data))
