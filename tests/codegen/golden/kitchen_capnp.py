@@ -380,6 +380,11 @@ class Defaults:
         """The root of a message in the standard stream framing."""
         return Defaults.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Defaults.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Defaults.Reader.read(_r.unframe_packed(data))
+
 class Keywords:
     """struct Keywords (0xda50319eebd3ccb9)."""
 
@@ -517,6 +522,11 @@ class Keywords:
     def from_bytes(data: bytes | bytearray | memoryview) -> Keywords.Reader:
         """The root of a message in the standard stream framing."""
         return Keywords.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Keywords.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Keywords.Reader.read(_r.unframe_packed(data))
 
 class Lists:
     """struct Lists (0xa5dce944e4620a16)."""
@@ -878,6 +888,11 @@ class Lists:
         """The root of a message in the standard stream framing."""
         return Lists.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Lists.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Lists.Reader.read(_r.unframe_packed(data))
+
 class Numbers:
     """struct Numbers (0x8727bc108e059fff)."""
 
@@ -1142,6 +1157,11 @@ class Numbers:
     def from_bytes(data: bytes | bytearray | memoryview) -> Numbers.Reader:
         """The root of a message in the standard stream framing."""
         return Numbers.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Numbers.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Numbers.Reader.read(_r.unframe_packed(data))
 
 class Shapes:
     """struct Shapes (0x9f02ca7d05a0b039)."""
@@ -1593,6 +1613,11 @@ class Shapes:
         """The root of a message in the standard stream framing."""
         return Shapes.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shapes.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Shapes.Reader.read(_r.unframe_packed(data))
+
 class Shop:
     """interface Shop (0xf2d5bf22d7bcc8c3): its methods' params and results."""
 
@@ -1691,6 +1716,11 @@ class Shop:
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.BuyParams.Reader:
             """The root of a message in the standard stream framing."""
             return Shop.BuyParams.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.BuyParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.BuyParams.Reader.read(_r.unframe_packed(data))
 
     class BuyResults:
         """struct Shop.buy$Results (0xb5b0feede3958f34)."""
@@ -1794,6 +1824,11 @@ class Shop:
             """The root of a message in the standard stream framing."""
             return Shop.BuyResults.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.BuyResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.BuyResults.Reader.read(_r.unframe_packed(data))
+
     class ListParams:
         """struct Shop.list$Params (0x87f34b5c15e689d4)."""
 
@@ -1856,6 +1891,11 @@ class Shop:
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.ListParams.Reader:
             """The root of a message in the standard stream framing."""
             return Shop.ListParams.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.ListParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.ListParams.Reader.read(_r.unframe_packed(data))
 
     class ListResults:
         """struct Shop.list$Results (0xcb1c936d4236d062)."""
@@ -1937,6 +1977,11 @@ class Shop:
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.ListResults.Reader:
             """The root of a message in the standard stream framing."""
             return Shop.ListResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.ListResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.ListResults.Reader.read(_r.unframe_packed(data))
 
     class PeekParams:
         """struct Shop.peek$Params (0xb9891045ff38eb55)."""
@@ -2025,6 +2070,11 @@ class Shop:
             """The root of a message in the standard stream framing."""
             return Shop.PeekParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.PeekParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.PeekParams.Reader.read(_r.unframe_packed(data))
+
     class PeekResults:
         """struct Shop.peek$Results (0xfbf3e7a2ef3a4eef)."""
 
@@ -2087,6 +2137,11 @@ class Shop:
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.PeekResults.Reader:
             """The root of a message in the standard stream framing."""
             return Shop.PeekResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.PeekResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.PeekResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Shop: call its methods."""
@@ -2246,6 +2301,11 @@ class Tree:
             """The root of a message in the standard stream framing."""
             return Tree.Reader_.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tree.Reader_.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tree.Reader_.Reader.read(_r.unframe_packed(data))
+
     class Reader(_r.StructReader):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -2386,6 +2446,11 @@ class Tree:
     def from_bytes(data: bytes | bytearray | memoryview) -> Tree.Reader:
         """The root of a message in the standard stream framing."""
         return Tree.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tree.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Tree.Reader.read(_r.unframe_packed(data))
 
 answer: int = 42
 
