@@ -8,24 +8,23 @@ all-ones words followed by words with one zero byte or none (raw runs, past thei
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import capnp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capsvc.codec.packing import pack, unpack
 from capsvc.errors import DecodeError
+from tests.codegen.conftest import Generated
 
-SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "schemas")
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @pytest.fixture(scope="module")
-def lists() -> Any:
-    return capnp.load(os.path.join(SCHEMAS, "kitchen.capnp")).Lists
+def lists(generated: Generated) -> Any:
+    # pycapnp's kitchen.capnp as conftest loaded it (loading a schema twice aborts libcapnp)
+    return generated.reference.Lists
 
 
 def _word(mask: int, fill: int) -> int:
