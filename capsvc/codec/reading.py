@@ -335,6 +335,27 @@ def _byte_list(
 
 
 def read_text(msg: MessageReader, si: int, w: int, default: str) -> str:
+    if w >= 0:
+        segment = msg.segments[si]
+        (word,) = _u64(segment, w << 3)
+        if word & 0x7_0000_0003 == 0x2_0000_0001:  # the common case, inline: a near byte list
+            count = word >> 35
+            start = (w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)) << 3
+            words = (count + 7) >> 3
+            budget = msg.budget - (words or 1)
+            end = start + count - 1
+            if (
+                count
+                and start >= 0
+                and start + (words << 3) <= msg.sizes[si] << 3
+                and budget >= 0
+                and segment[end] == 0
+            ):
+                msg.budget = budget
+                try:
+                    return str(segment[start:end], "utf-8")
+                except UnicodeDecodeError as error:
+                    raise DecodeError(f"Text is not valid UTF-8: {error.reason}") from None
     found = _byte_list(msg, si, w, "Text")
     if found is None:
         return default
