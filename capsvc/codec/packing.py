@@ -93,6 +93,7 @@ def pack(data: bytes | bytearray | memoryview) -> bytes:
         data = bytes(data)
     tags = _tags(data)
     stream = _slots(tags, data)
+    sizes = tags.translate(_SLOT_SIZE)  # each word's bytes in ``stream``
     runs = _SPECIAL.finditer(tags)
     parts: list[bytes | bytearray] = []
     append = parts.append
@@ -101,14 +102,14 @@ def pack(data: bytes | bytearray | memoryview) -> bytes:
     for run in runs:
         start, end = run.span()
         if start > word:
-            size = sum(tags[word:start].translate(_SLOT_SIZE))
+            size = sum(sizes[word:start])
             append(stream[at : at + size])
             at += size
         if tags[start]:  # 0xff: its 9 bytes (from the stream), a count, the raw words
             append(stream[at : at + 9])
             append(_COUNTS[end - start - 1])
             append(data[(start + 1) << 3 : end << 3])
-            at += sum(tags[start:end].translate(_SLOT_SIZE))
+            at += 9 + sum(sizes[start + 1 : end])
         else:  # zero words: they left nothing in the stream
             append(_ZERO_RUNS[end - start - 1])
         word = end
