@@ -521,7 +521,9 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
             out.add(f"    return {path}.Reader.read(_r.unframe(data))")
             out.add("")
             out.add("@staticmethod")
-            out.add(f"def from_bytes_packed(data: bytes | bytearray | memoryview) -> {path}.Reader:")
+            out.add(
+                f"def from_bytes_packed(data: bytes | bytearray | memoryview) -> {path}.Reader:"
+            )
             out.add('    """The root of a packed message (the packed encoding of the framing)."""')
             out.add(f"    return {path}.Reader.read(_r.unframe_packed(data))")
 
