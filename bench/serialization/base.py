@@ -6,8 +6,10 @@ Upstream splits every benchmark into three functions (specs/benchmarks.md §1.4)
 client's ``setup`` fills a request and returns what it expects back, the server's
 ``handle`` turns a request into a response, and the client's ``check`` compares. One
 iteration is one setup, one handle and one check. :class:`Case` is that contract for one
-benchmark in one format: ``capnp`` (pycapnp's API), ``capnp-direct`` (the same Cap'n
-Proto messages through the suite's own precomputed-offset accessors) or ``msgpack``.
+benchmark in one format: ``capnp`` (pycapnp's API), ``capsvc`` (the codecs ``capsvc gen``
+generates, used as a user would), ``capnp-direct`` (the same Cap'n Proto messages through
+the suite's own hand-tuned precomputed-offset accessors: an upper bound, not a product),
+``capnpy`` (the capnpy package, if installed) or ``msgpack``.
 
 The random draws are taken out of the timed region (the issue asks for the harness's own
 costs to be measured apart): each benchmark module has a ``generate`` function that turns
@@ -33,6 +35,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "BENCHMARKS",
+    "CAPNP_FORMATS",
     "COMPRESSIONS",
     "FORMATS",
     "MODES",
@@ -44,7 +47,11 @@ __all__ = [
 
 BENCHMARKS = ("carsales", "catrank", "eval")
 MODES = ("object", "bytes", "pipe", "pipe-async")  # §6, without object-size / client / server
-FORMATS = ("capnp", "capnp-direct", "msgpack")  # capnp: pycapnp; capnp-direct: direct/
+# capnp: pycapnp; capsvc: capsvc gen's generated codecs (typed/); capnp-direct: the
+# hand-tuned accessors (direct/, an upper bound, not a goal's subject); capnpy: the capnpy
+# package (optional, peer); msgpack.
+FORMATS = ("capnp", "capsvc", "capnp-direct", "capnpy", "msgpack")
+CAPNP_FORMATS = FORMATS[:4]  # the Cap'n Proto formats: each has a packed form
 COMPRESSIONS = ("none", "packed")  # §6; snappy is optional upstream and skipped here
 
 

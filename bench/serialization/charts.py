@@ -13,7 +13,13 @@ from typing import Any
 
 from bench.serialization.report import _BENCHMARKS, _MODES, _collect
 
-_FORMATS = (("capnp", "pycapnp"), ("capnp-direct", "direct"), ("msgpack", "msgpack"))
+_FORMATS = (
+    ("capnp", "pycapnp"),
+    ("capsvc", "capsvc"),
+    ("capnp-direct", "direct"),
+    ("capnpy", "capnpy"),
+    ("msgpack", "msgpack"),
+)
 
 
 def write_charts(suite: Any, out_dir: str) -> list[str]:

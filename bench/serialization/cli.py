@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.serialization.base import BENCHMARKS, COMPRESSIONS, FORMATS, MODES
+from bench.serialization.base import BENCHMARKS, CAPNP_FORMATS, COMPRESSIONS, FORMATS, MODES
 
 __all__ = ["BATCH_ITERATIONS", "SMOKE_ITERATIONS", "Spec", "main", "select_specs"]
 
@@ -116,14 +116,23 @@ def select_specs(
                 if "none" in compressions:
                     specs.extend(Spec(benchmark, mode, fmt) for fmt in FORMATS if fmt in formats)
                 continue
-            for fmt in ("capnp", "capnp-direct"):
+            for fmt in CAPNP_FORMATS:
                 if fmt in formats:
                     specs.extend(
-                        Spec(benchmark, mode, fmt, c) for c in COMPRESSIONS if c in compressions
-                    )
+                        Spec(benchmark, mode, fmt, c)
+                        for c in COMPRESSIONS
+                        if c in compressions and (c == "none" or fmt != "capnpy")
+                    )  # capnpy has no packed form (peer_capnpy.py)
             if "msgpack" in formats:
                 specs.append(Spec(benchmark, mode, "msgpack"))
     return specs
+
+
+def default_formats() -> tuple[str, ...]:
+    """Every format, capnpy only where the optional package is installed."""
+    from bench.serialization.peer_capnpy import available
+
+    return FORMATS if available() else tuple(f for f in FORMATS if f != "capnpy")
 
 
 def _choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
@@ -157,7 +166,9 @@ def _add_suite_args(parser: argparse.ArgumentParser) -> None:
         "--format",
         action="extend",
         type=_choices(FORMATS),
-        help="capnp (pycapnp), capnp-direct (own accessors), msgpack (default all)",
+        help="capnp (pycapnp), capsvc (generated codecs), capnp-direct (hand-tuned "
+        "accessors, an upper bound), capnpy (if installed), msgpack (default: all but "
+        "capnpy when it is not installed)",
     )
     group.add_argument(
         "--compression",
@@ -502,7 +513,7 @@ def run(argv: Sequence[str]) -> int:
     specs = select_specs(
         args.benchmark or BENCHMARKS,
         args.mode or ALL_MODES,
-        args.format or FORMATS,
+        args.format or default_formats(),
         args.compression or COMPRESSIONS,
     )
     if not specs:

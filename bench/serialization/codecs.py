@@ -318,6 +318,22 @@ class DirectCodec:
 
 def make_codec(benchmark_module: Any, fmt: str, compression: str) -> Any:
     """The codec for one benchmark (its schema types, its float width) in one format."""
+    if fmt == "capsvc":
+        import importlib
+
+        from bench.serialization.typed.codec import CapsvcCodec
+
+        name = benchmark_module.__name__.rsplit(".", 1)[1]
+        generated = importlib.import_module(f"bench.serialization.generated.{name}_capnp")
+        return CapsvcCodec(
+            getattr(generated, benchmark_module.REQUEST_TYPE),
+            getattr(generated, benchmark_module.RESPONSE_TYPE),
+            compression,
+        )
+    if fmt == "capnpy":
+        from bench.serialization.peer_capnpy import make_capnpy_codec
+
+        return make_capnpy_codec(benchmark_module, compression)
     if fmt == "capnp-direct":
         schema = benchmark_module.load_schema()
         return DirectCodec(

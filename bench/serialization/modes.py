@@ -39,6 +39,12 @@ _CASE_CLASSES = {  # (benchmark, format) -> "module:class" under bench.serializa
     ("eval", "capnp"): "eval:CapnpEval",
     ("eval", "capnp-direct"): "direct.eval:DirectEval",
     ("eval", "msgpack"): "eval:MsgpackEval",
+    ("carsales", "capsvc"): "typed.carsales:CapsvcCarsales",
+    ("catrank", "capsvc"): "typed.catrank:CapsvcCatrank",
+    ("eval", "capsvc"): "typed.eval:CapsvcEval",
+    ("carsales", "capnpy"): "peer_capnpy:CapnpyCarsales",
+    ("catrank", "capnpy"): "peer_capnpy:CapnpyCatrank",
+    ("eval", "capnpy"): "peer_capnpy:CapnpyEval",
 }
 
 

@@ -94,6 +94,43 @@ def _collect(suite: Any) -> dict[tuple[str, str, str, str], Any]:
     return found
 
 
+#: The issue's goals for the generated ``capsvc`` format (issue 9), each a ratio of two
+#: medians of the same run: (text, benchmark, numerator key, denominator key, target).
+#: A key is (mode, format, compression). ``capnp-direct`` is not a goal's subject: it is
+#: the hand-tuned upper bound that the generated codecs are measured against.
+_BYTES_MSGPACK = ("bytes", "msgpack", "n/a")
+GOALS: tuple[tuple[str, str, tuple[str, str, str], tuple[str, str, str], float], ...] = (
+    ("capsvc / msgpack, bytes", "catrank", ("bytes", "capsvc", "none"), _BYTES_MSGPACK, 1.0),
+    ("capsvc / msgpack, bytes", "carsales", ("bytes", "capsvc", "none"), _BYTES_MSGPACK, 1.2),
+    ("capsvc / msgpack, bytes", "eval", ("bytes", "capsvc", "none"), _BYTES_MSGPACK, 1.2),
+    *(
+        ("capsvc / msgpack, pipe-async (ahead: below 1)", b,
+         ("pipe-async", "capsvc", "none"), ("pipe-async", "msgpack", "n/a"), 1.0)
+        for b in _BENCHMARKS
+    ),
+    *(
+        ("capsvc packed / unpacked, bytes", b,
+         ("bytes", "capsvc", "packed"), ("bytes", "capsvc", "none"), 1.3)
+        for b in _BENCHMARKS
+    ),
+    *(
+        ("capsvc / direct (hand-tuned bound), bytes", b,
+         ("bytes", "capsvc", "none"), ("bytes", "capnp-direct", "none"), 1.0)
+        for b in _BENCHMARKS
+    ),
+)  # fmt: skip
+_COLUMNS = (("capnp", "pycapnp"), ("capsvc", "capsvc"), ("capnpy", "capnpy"))
+_COLUMNS += (("capnp-direct", "direct*"), ("msgpack", "msgpack"))
+
+
+def _compression_of(fmt: str, mode: str, compression: str) -> str:
+    """The compression a format's row of ``compression`` was measured with: msgpack has
+    none ("n/a"), capnpy only "none" (its figure is the twin of both), object mode none."""
+    if fmt == "msgpack" or mode == "object":
+        return "n/a"
+    return "none" if fmt == "capnpy" else compression
+
+
 def render(suite: Any) -> str:
     """The Markdown report of one pyperf suite."""
     found = _collect(suite)
@@ -112,10 +149,11 @@ def render(suite: Any) -> str:
             return "-"
         return f"{_us(client + server)} ({_us(client)} + {_us(server)})"
 
+    heads = " | ".join(f"{label} µs" for _, label in _COLUMNS)
     lines = [
-        "| benchmark | mode | compression | pycapnp µs | direct µs | msgpack µs "
-        "| pycapnp / msgpack | direct / msgpack | C++ µs | pycapnp / C++ | direct / C++ |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| benchmark | mode | compression | {heads} | capsvc / msgpack | capnpy / msgpack "
+        "| direct* / msgpack | capsvc / direct* | C++ µs | capsvc / C++ |",
+        "|---|---|---|" + "---:|" * (len(_COLUMNS) + 6),
     ]
     pipe_lines = []
     depth = None
@@ -124,21 +162,20 @@ def render(suite: Any) -> str:
             for compression in ("none", "packed"):
                 if mode == "object" and compression == "packed":
                     continue
-                capnp_compression = "n/a" if mode == "object" else compression
                 keys = [
-                    (benchmark, mode, "capnp", capnp_compression),
-                    (benchmark, mode, "capnp-direct", capnp_compression),
-                    (benchmark, mode, "msgpack", "n/a"),
+                    (benchmark, mode, fmt, _compression_of(fmt, mode, compression))
+                    for fmt, _ in _COLUMNS
                 ]
-                pycapnp, direct, msgpack = (median_us(key) for key in keys)
-                if pycapnp is None and direct is None and msgpack is None:
+                pycapnp, capsvc, capnpy, direct, msgpack = (median_us(key) for key in keys)
+                if all(value is None for value in (pycapnp, capsvc, capnpy, direct, msgpack)):
                     continue
                 cpp = CPP_NO_REUSE_US.get((benchmark, mode, compression))
                 shown = "-" if mode == "object" else compression
+                cells = " | ".join(_us(v) for v in (pycapnp, capsvc, capnpy, direct, msgpack))
                 lines.append(
-                    f"| {benchmark} | {mode} | {shown} | {_us(pycapnp)} | {_us(direct)} "
-                    f"| {_us(msgpack)} | {_ratio(pycapnp, msgpack)} | {_ratio(direct, msgpack)} "
-                    f"| {_us(cpp)} | {_ratio(pycapnp, cpp)} | {_ratio(direct, cpp)} |"
+                    f"| {benchmark} | {mode} | {shown} | {cells} | {_ratio(capsvc, msgpack)} "
+                    f"| {_ratio(capnpy, msgpack)} | {_ratio(direct, msgpack)} "
+                    f"| {_ratio(capsvc, direct)} | {_us(cpp)} | {_ratio(capsvc, cpp)} |"
                 )
                 if mode.startswith("pipe"):
                     for key in keys:
@@ -153,25 +190,51 @@ def render(suite: Any) -> str:
 
     out = [
         "Median µs per iteration (one iteration = one request and its response).",
-        "pycapnp: pycapnp's API with its by-field fast paths; direct: the same Cap'n Proto",
-        "messages through the suite's own precomputed-offset accessors.",
+        "pycapnp: pycapnp's API with its by-field fast paths; capsvc: the codecs `capsvc gen`",
+        "generates, used as a user writes them; capnpy: the capnpy package (Cython-compiled;",
+        "no packed form); direct*: the suite's hand-tuned precomputed-offset accessors, an",
+        "upper bound for generated code, not a product and not a goal's subject.",
         "",
         *lines,
         "",
-        "msgpack has no packed form: its one figure per mode is the twin of both capnp rows.",
-        "Object mode serializes nothing, so it has no compression. C++: the spec's no-reuse",
-        "figures (pipe modes: client and server pinned to one vCPU; none given for packed pipes).",
+        "msgpack and capnpy have no packed form: their one figure per mode is the twin of both",
+        "compressions. Object mode serializes nothing, so it has no compression. C++: the spec's",
+        "no-reuse figures (pipe modes: client and server pinned to one vCPU; none for packed",
+        "pipes).",
     ]
     if depth is not None:
         out.append(f"pipe-async: at most {depth} requests in flight.")
+    goal_lines = []
+    for text, benchmark, numerator, denominator, target in GOALS:
+        top = median_us((benchmark, *numerator))
+        bottom = median_us((benchmark, *denominator))
+        if top is None or bottom is None or not bottom:
+            continue
+        ratio = top / bottom
+        met = ratio < target if "ahead" in text else ratio <= target
+        sign = "<" if "ahead" in text else "≤"
+        goal_lines.append(
+            f"| {text} | {benchmark} | {sign} {target:g}x | {ratio:.2f}x "
+            f"| {'met' if met else 'not met'} |"
+        )
+    if goal_lines:
+        out += [
+            "",
+            "Goals (issue 9), ratios of medians of this run:",
+            "",
+            "| goal | benchmark | target | measured | verdict |",
+            "|---|---|---:|---:|---|",
+            *goal_lines,
+        ]
     if pipe_lines:
         out += [
             "",
             "Pipe modes: wall time, and CPU time per iteration as total (client + server), µs.",
             "",
-            "| benchmark | mode | compression | pycapnp wall | pycapnp CPU | direct wall "
-            "| direct CPU | msgpack wall | msgpack CPU |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|",
+            "| benchmark | mode | compression | "
+            + " | ".join(f"{label} wall | {label} CPU" for _, label in _COLUMNS)
+            + " |",
+            "|---|---|---|" + "---:|" * (2 * len(_COLUMNS)),
             *pipe_lines,
         ]
     gen_lines = []
@@ -225,16 +288,22 @@ def sizes_main(argv: Sequence[str]) -> int:
     parser.add_argument("--iterations", type=int, default=0, help="default: the full batch")
     args = parser.parse_args(argv)
     from bench.serialization.cli import BATCH_ITERATIONS
+    from bench.serialization.peer_capnpy import available
 
-    codecs = (
+    codecs = [
         ("capnp", "none"),
         ("capnp", "packed"),
+        ("capsvc", "none"),
+        ("capsvc", "packed"),
         ("capnp-direct", "none"),
         ("capnp-direct", "packed"),
         ("msgpack", "none"),
-    )
-    print("| benchmark | pycapnp B | pycapnp packed B | direct B | direct packed B | msgpack B |")
-    print("|---|---:|---:|---:|---:|---:|")
+    ]
+    if available():
+        codecs.append(("capnpy", "none"))
+    heads = " | ".join(f"{fmt}{' packed' if c == 'packed' else ''} B" for fmt, c in codecs)
+    print(f"| benchmark | {heads} |")
+    print("|---|" + "---:|" * len(codecs))
     for benchmark in _BENCHMARKS:
         iterations = args.iterations or BATCH_ITERATIONS[benchmark]
         batch = generate_batch(benchmark, iterations)

@@ -20,7 +20,8 @@ Theory of operation (the encoding: capnproto.org/encoding.html; specs/codegen.md
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from capsvc.errors import DecodeError
@@ -142,6 +143,13 @@ class StructBuilder:
         """The whole message in the standard stream framing (rpc-protocol.md §1)."""
         return encode_message(self._b.segments())
 
+    def to_bytes_packed(self) -> bytes:
+        """The whole message in the packed encoding of the stream framing (the segment
+        table included, as libcapnp's ``writePackedMessage``; capsvc.codec.packing)."""
+        from capsvc.codec.packing import pack
+
+        return pack(encode_message(self._b.segments()))
+
     def _pointer_is_null(self, slot: int) -> bool:
         return _get_u64(self._b.buf, (self._ptr + slot) << 3)[0] == 0
 
@@ -149,9 +157,18 @@ class StructBuilder:
 def init_struct(parent: StructBuilder | ListBuilder, at: int, cls: type[B]) -> B:
     """Allocate a ``cls`` struct and point the pointer word ``at`` at it."""
     builder = parent._b
-    start = builder.alloc(cls._DATA_WORDS + cls._POINTERS)
-    write_struct_pointer(builder.buf, at, start, cls._DATA_WORDS, cls._POINTERS)
-    return cls._at(builder, start)
+    buf = builder.buf
+    data_words = cls._DATA_WORDS
+    pointers = cls._POINTERS
+    start = len(buf) >> 3
+    buf += bytes((data_words + pointers) << 3)
+    offset = start - at - 1
+    _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | (data_words << 32) | (pointers << 48))
+    view = cls.__new__(cls)
+    view._b = builder
+    view._data = start << 3
+    view._ptr = start + data_words
+    return view
 
 
 def struct_field(
@@ -171,15 +188,21 @@ def struct_field(
     return cls._at(parent._b, at + 1 + offset)
 
 
+#: The NUL and zero padding that end a Text of ``n`` bytes, by ``n & 7``.
+_TEXT_ENDS = tuple(bytes(8 - n) for n in range(8))
+
+
 def set_text(builder: MessageBuilder, at: int, value: str, field: str) -> None:
     if not isinstance(value, str):
         raise bad_type(value, field, "str (Text)")
     encoded = value.encode("utf-8")
     size = len(encoded) + 1  # the NUL
-    start = builder.alloc((size + 7) >> 3)
     buf = builder.buf
-    buf[start << 3 : (start << 3) + size - 1] = encoded
-    write_list_pointer(buf, at, start, 2, size)
+    start = len(buf) >> 3  # allocated at the end, as ``alloc`` does, text and padding at once
+    buf += encoded
+    buf += _TEXT_ENDS[size - 1 & 7]
+    offset = start - at - 1
+    _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | 1 | ((size << 3 | 2) << 32))
 
 
 def set_data(
@@ -359,15 +382,16 @@ class StructListBuilder(ListBuilder, Generic[B]):
 
     def __getitem__(self, index: int) -> B:
         cls = self._cls
-        return cls._at(
-            self._b, self._start + self._index(index) * (cls._DATA_WORDS + cls._POINTERS)
-        )
+        if not 0 <= index < self._count:
+            index = self._index(index)
+        return cls._at(self._b, self._start + index * (cls._DATA_WORDS + cls._POINTERS))
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[B]:
         cls = self._cls
         size = cls._DATA_WORDS + cls._POINTERS
-        for index in range(self._count):
-            yield cls._at(self._b, self._start + index * size)
+        start = self._start
+        # One builder per element, made by ``map`` (no generator frame per element).
+        return map(cls._at, repeat(self._b), range(start, start + self._count * size, size))
 
 
 class ListListBuilder(ListBuilder):

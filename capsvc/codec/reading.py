@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
 from capsvc.errors import DecodeError
@@ -273,6 +274,18 @@ def read_struct(
     msg: MessageReader, si: int, w: int, cls: type[R], depth: int, default: Segments | None
 ) -> R:
     """The struct the pointer at (``si``, ``w``) leads to (``w`` < 0: an absent slot)."""
+    if w >= 0:
+        (word,) = _u64(msg.segments[si], w << 3)
+        if word & 3 == 0 and word and depth > 0:
+            # The common case, inline: a near struct pointer within bounds and budget.
+            data_words = (word >> 32) & 0xFFFF
+            pointers = word >> 48
+            start = w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
+            size = data_words + pointers
+            budget = msg.budget - (size or 1)
+            if start >= 0 and start + size <= msg.sizes[si] and budget >= 0:
+                msg.budget = budget
+                return cls._at(msg, si, start, data_words, pointers, depth - 1)
     found = _resolve(msg, si, w) if w >= 0 else None
     if found is None:
         if default is not None:
@@ -322,6 +335,27 @@ def _byte_list(
 
 
 def read_text(msg: MessageReader, si: int, w: int, default: str) -> str:
+    if w >= 0:
+        segment = msg.segments[si]
+        (word,) = _u64(segment, w << 3)
+        if word & 0x7_0000_0003 == 0x2_0000_0001:  # the common case, inline: a near byte list
+            count = word >> 35
+            start = (w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)) << 3
+            words = (count + 7) >> 3
+            budget = msg.budget - (words or 1)
+            end = start + count - 1
+            if (
+                count
+                and start >= 0
+                and start + (words << 3) <= msg.sizes[si] << 3
+                and budget >= 0
+                and segment[end] == 0
+            ):
+                msg.budget = budget
+                try:
+                    return str(segment[start:end], "utf-8")
+                except UnicodeDecodeError as error:
+                    raise DecodeError(f"Text is not valid UTF-8: {error.reason}") from None
     found = _byte_list(msg, si, w, "Text")
     if found is None:
         return default
@@ -373,10 +407,17 @@ class _ListShape:
 
 
 def _open_list(msg: MessageReader, si: int, w: int, depth: int) -> _ListShape | None:
-    found = _resolve(msg, si, w) if w >= 0 else None
-    if found is None:
+    if w < 0:
         return None
-    si, position, word = found
+    (word,) = _u64(msg.segments[si], w << 3)
+    if word & 3 == 2:
+        found = _resolve(msg, si, w)
+        assert found is not None
+        si, position, word = found
+    elif word == 0:
+        return None
+    else:
+        position = w
     if word & 3 != 1:
         raise DecodeError(f"expected a list pointer, found {_kind_name(word)}")
     if depth <= 0:
@@ -577,32 +618,101 @@ class ListList(_PointerElements["ListReader[Any]"]):
 
 
 class StructList(ListReader[R]):
-    """A list of structs (composite; or, from an older writer, words or pointers)."""
+    """A list of structs (composite; or, from an older writer, words or pointers).
 
-    __slots__ = ("_cls",)
+    Element ``i`` starts at word ``_start + i * _words`` of segment ``_si`` and has ``_dw``
+    data words and ``_pc`` pointers; ``_words`` 0 means sub-word elements (an upgraded
+    primitive list), read through ``_shape``.
+    """
+
+    __slots__ = ("_cls", "_dw", "_pc", "_si", "_start", "_words")
 
     def __init__(
         self, msg: MessageReader, shape: _ListShape | None, depth: int, cls: type[R]
     ) -> None:
         self._cls = cls
-        super().__init__(msg, shape, depth)
-
-    def _check(self, shape: _ListShape) -> None:
+        self._msg = msg
+        self._shape = shape
+        self._depth = depth
+        if shape is None:
+            self._count = self._si = self._start = self._words = self._dw = self._pc = 0
+            self._seg = b""
+            return
         if shape.code == 1 and shape.count:
             raise DecodeError("expected a list of structs, found a list of Bool")
+        self._count = shape.count
+        self._si = shape.si
+        self._seg = msg.segments[shape.si]
+        self._start = shape.start
+        self._words = shape.step_bits >> 6
+        self._dw = shape.data_words
+        self._pc = shape.pointers
 
     def _get(self, index: int) -> R:
-        shape = self._shape
-        assert shape is not None
-        words = shape.step_bits >> 6
-        start = shape.start + index * words
-        if shape.step_bits < 64:  # sub-word data elements (an upgraded primitive list)
+        words = self._words
+        if not words:  # sub-word data elements (an upgraded primitive list)
+            shape = self._shape
+            assert shape is not None
             first = (shape.start << 3) + ((index * shape.step_bits) >> 3)
             data = bytes(self._seg[first : first + (shape.step_bits >> 3)])
             return self._cls._padded(self._msg, shape.si, data, self._depth)
         return self._cls._at(
-            self._msg, shape.si, start, shape.data_words, shape.pointers, self._depth
+            self._msg, self._si, self._start + index * words, self._dw, self._pc, self._depth
         )
+
+    def __iter__(self) -> Iterator[R]:
+        words = self._words
+        if not words:
+            return super().__iter__()
+        # One reader per element, made by ``map`` (no generator frame per element).
+        start = self._start
+        return map(
+            self._cls._at,
+            repeat(self._msg),
+            repeat(self._si),
+            range(start, start + self._count * words, words),
+            repeat(self._dw),
+            repeat(self._pc),
+            repeat(self._depth),
+        )
+
+
+def _composite(
+    msg: MessageReader, si: int, w: int, depth: int, cls: type[R]
+) -> StructList[R] | None:
+    """The fast path of ``struct_list``: a near pointer to a composite list of non-empty
+    structs, within bounds and budget; None for anything else (the general path decides)."""
+    if w < 0 or depth <= 0:
+        return None
+    (word,) = _u64(msg.segments[si], w << 3)
+    if word & 3 != 1 or (word >> 32) & 7 != _COMPOSITE:
+        return None
+    total = word >> 35
+    start = w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
+    if start < 0 or start + 1 + total > msg.sizes[si]:
+        return None
+    (tag,) = _u64(msg.segments[si], start << 3)
+    elements = (tag & 0xFFFFFFFF) >> 2
+    data_words = (tag >> 32) & 0xFFFF
+    pointers = tag >> 48
+    size = data_words + pointers
+    budget = msg.budget - elements * size
+    if tag & 3 or not size or elements * size > total or budget < 0:
+        return None
+    msg.budget = budget
+    lst: StructList[R] = StructList.__new__(StructList)
+    lst._cls = cls
+    lst._msg = msg
+    lst._shape = None
+    lst._depth = depth - 1
+    lst._count = elements
+    lst._si = si
+    lst._seg = msg.segments[si]
+    lst._start = start + 1
+    lst._words = size
+    lst._dw = data_words
+    lst._pc = pointers
+    return lst
 
 
 class AnyPointer:
@@ -675,6 +785,9 @@ def simple_list(
 
 def struct_list(cls: type[R]) -> Callable[[MessageReader, int, int, int], StructList[R]]:
     def make(msg: MessageReader, si: int, w: int, depth: int) -> StructList[R]:
+        found = _composite(msg, si, w, depth, cls)
+        if found is not None:
+            return found
         return StructList(msg, _open_list(msg, si, w, depth), depth - 1, cls)
 
     return make
@@ -788,3 +901,11 @@ def unframe(data: bytes | bytearray | memoryview) -> list[memoryview]:
     if decoder.buffered:  # the start of another message, or junk
         raise DecodeError(f"junk after the message ({decoder.buffered} bytes)")
     return segments
+
+
+def unframe_packed(data: bytes | bytearray | memoryview) -> list[memoryview]:
+    """The segments of one message in the packed encoding of the stream framing
+    (capsvc.codec.packing)."""
+    from capsvc.codec.packing import unpack
+
+    return unframe(unpack(data))

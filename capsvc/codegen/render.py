@@ -53,10 +53,12 @@ RESERVED = frozenset(
         "read",
         "new_message",
         "from_bytes",
+        "from_bytes_packed",
         "which",
         "to_dict",
         "as_reader",
         "to_bytes",
+        "to_bytes_packed",
         "to_segments",
         "cancel",
         "self",
@@ -588,6 +590,13 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
             out.add(f"def from_bytes(data: bytes | bytearray | memoryview) -> {path}.Reader:")
             out.add('    """The root of a message in the standard stream framing."""')
             out.add(f"    return {path}.Reader.read(_r.unframe(data))")
+            out.add("")
+            out.add("@staticmethod")
+            out.add(
+                f"def from_bytes_packed(data: bytes | bytearray | memoryview) -> {path}.Reader:"
+            )
+            out.add('    """The root of a packed message (the packed encoding of the framing)."""')
+            out.add(f"    return {path}.Reader.read(_r.unframe_packed(data))")
 
 
 def _union_names(node: Struct) -> list[tuple[int, str]]:

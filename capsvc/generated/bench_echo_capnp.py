@@ -116,6 +116,11 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             """The root of a message in the standard stream framing."""
             return BenchEcho.PingCapParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> BenchEcho.PingCapParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return BenchEcho.PingCapParams.Reader.read(_r.unframe_packed(data))
+
     class PingCapResults:
         """struct BenchEcho.pingCap$Results (0x9f590e4882f9b246)."""
 
@@ -206,6 +211,11 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> BenchEcho.PingCapResults.Reader:
             """The root of a message in the standard stream framing."""
             return BenchEcho.PingCapResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> BenchEcho.PingCapResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return BenchEcho.PingCapResults.Reader.read(_r.unframe_packed(data))
 
     class Client(echo_capnp.Echo.Client):
         """A capability typed as BenchEcho: call its methods."""

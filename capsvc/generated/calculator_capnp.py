@@ -237,6 +237,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """The root of a message in the standard stream framing."""
             return Calculator.Expression.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Expression.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Calculator.Expression.Reader.read(_r.unframe_packed(data))
+
     class Function(_t.Interface["Calculator.Function.Client"]):
         """interface Calculator.Function (0xede83a3d96840394): its methods' params and results."""
 
@@ -324,6 +329,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """The root of a message in the standard stream framing."""
                 return Calculator.Function.CallParams.Reader.read(_r.unframe(data))
 
+            @staticmethod
+            def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Function.CallParams.Reader:
+                """The root of a packed message (the packed encoding of the framing)."""
+                return Calculator.Function.CallParams.Reader.read(_r.unframe_packed(data))
+
         class CallResults:
             """struct Calculator.Function.call$Results (0xc0e0abf76914dead)."""
 
@@ -401,6 +411,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
             def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Function.CallResults.Reader:
                 """The root of a message in the standard stream framing."""
                 return Calculator.Function.CallResults.Reader.read(_r.unframe(data))
+
+            @staticmethod
+            def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Function.CallResults.Reader:
+                """The root of a packed message (the packed encoding of the framing)."""
+                return Calculator.Function.CallResults.Reader.read(_r.unframe_packed(data))
 
         class Client(_t.Client):
             """A capability typed as Calculator.Function: call its methods."""
@@ -525,6 +540,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """The root of a message in the standard stream framing."""
                 return Calculator.Value.ReadParams.Reader.read(_r.unframe(data))
 
+            @staticmethod
+            def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Value.ReadParams.Reader:
+                """The root of a packed message (the packed encoding of the framing)."""
+                return Calculator.Value.ReadParams.Reader.read(_r.unframe_packed(data))
+
         class ReadResults:
             """struct Calculator.Value.read$Results (0xe6be6723122ae822)."""
 
@@ -602,6 +622,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
             def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Value.ReadResults.Reader:
                 """The root of a message in the standard stream framing."""
                 return Calculator.Value.ReadResults.Reader.read(_r.unframe(data))
+
+            @staticmethod
+            def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Value.ReadResults.Reader:
+                """The root of a packed message (the packed encoding of the framing)."""
+                return Calculator.Value.ReadResults.Reader.read(_r.unframe_packed(data))
 
         class Client(_t.Client):
             """A capability typed as Calculator.Value: call its methods."""
@@ -737,6 +762,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """The root of a message in the standard stream framing."""
             return Calculator.DefFunctionParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.DefFunctionParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Calculator.DefFunctionParams.Reader.read(_r.unframe_packed(data))
+
     class DefFunctionResults:
         """struct Calculator.defFunction$Results (0x8d24f465047cd6c8)."""
 
@@ -813,6 +843,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.DefFunctionResults.Reader:
             """The root of a message in the standard stream framing."""
             return Calculator.DefFunctionResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.DefFunctionResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Calculator.DefFunctionResults.Reader.read(_r.unframe_packed(data))
 
     class EvaluateParams:
         """struct Calculator.evaluate$Params (0xbb0eaae1557a36d4)."""
@@ -901,6 +936,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """The root of a message in the standard stream framing."""
             return Calculator.EvaluateParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.EvaluateParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Calculator.EvaluateParams.Reader.read(_r.unframe_packed(data))
+
     class EvaluateResults:
         """struct Calculator.evaluate$Results (0x81b1a3f55887a611)."""
 
@@ -977,6 +1017,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.EvaluateResults.Reader:
             """The root of a message in the standard stream framing."""
             return Calculator.EvaluateResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.EvaluateResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Calculator.EvaluateResults.Reader.read(_r.unframe_packed(data))
 
     class GetOperatorParams:
         """struct Calculator.getOperator$Params (0x8a8dceb4f4a3c530)."""
@@ -1056,6 +1101,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """The root of a message in the standard stream framing."""
             return Calculator.GetOperatorParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.GetOperatorParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Calculator.GetOperatorParams.Reader.read(_r.unframe_packed(data))
+
     class GetOperatorResults:
         """struct Calculator.getOperator$Results (0xd18fbb7763c08c20)."""
 
@@ -1132,6 +1182,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.GetOperatorResults.Reader:
             """The root of a message in the standard stream framing."""
             return Calculator.GetOperatorResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.GetOperatorResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Calculator.GetOperatorResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Calculator: call its methods."""

@@ -115,6 +115,11 @@ class Echo(_t.Interface["Echo.Client"]):
             """The root of a message in the standard stream framing."""
             return Echo.PingParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Echo.PingParams.Reader.read(_r.unframe_packed(data))
+
     class PingResults:
         """struct Echo.ping$Results (0xb37b9e41b12a2677)."""
 
@@ -191,6 +196,11 @@ class Echo(_t.Interface["Echo.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Echo.PingResults.Reader:
             """The root of a message in the standard stream framing."""
             return Echo.PingResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Echo.PingResults.Reader.read(_r.unframe_packed(data))
 
     class PingDataParams:
         """struct Echo.pingData$Params (0xd7e37bd20ee55124)."""
@@ -269,6 +279,11 @@ class Echo(_t.Interface["Echo.Client"]):
             """The root of a message in the standard stream framing."""
             return Echo.PingDataParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingDataParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Echo.PingDataParams.Reader.read(_r.unframe_packed(data))
+
     class PingDataResults:
         """struct Echo.pingData$Results (0xf98dcdb1b8b0c70c)."""
 
@@ -345,6 +360,11 @@ class Echo(_t.Interface["Echo.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Echo.PingDataResults.Reader:
             """The root of a message in the standard stream framing."""
             return Echo.PingDataResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingDataResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Echo.PingDataResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Echo: call its methods."""

@@ -133,6 +133,11 @@ class Accept:
         """The root of a message in the standard stream framing."""
         return Accept.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Accept.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Accept.Reader.read(_r.unframe_packed(data))
+
 class Bootstrap:
     """struct Bootstrap (0xe94ccf8031176ec4)."""
 
@@ -219,6 +224,11 @@ class Bootstrap:
     def from_bytes(data: bytes | bytearray | memoryview) -> Bootstrap.Reader:
         """The root of a message in the standard stream framing."""
         return Bootstrap.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Bootstrap.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Bootstrap.Reader.read(_r.unframe_packed(data))
 
 class Call:
     """struct Call (0x836a53ce789d4cd4)."""
@@ -522,6 +532,11 @@ class Call:
         """The root of a message in the standard stream framing."""
         return Call.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Call.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Call.Reader.read(_r.unframe_packed(data))
+
 class CapDescriptor:
     """struct CapDescriptor (0x8523ddc40b86b8b0)."""
 
@@ -733,6 +748,11 @@ class CapDescriptor:
     def from_bytes(data: bytes | bytearray | memoryview) -> CapDescriptor.Reader:
         """The root of a message in the standard stream framing."""
         return CapDescriptor.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> CapDescriptor.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return CapDescriptor.Reader.read(_r.unframe_packed(data))
 
 class Disembargo:
     """struct Disembargo (0xf964368b0fbd3711)."""
@@ -946,6 +966,11 @@ class Disembargo:
         """The root of a message in the standard stream framing."""
         return Disembargo.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Disembargo.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Disembargo.Reader.read(_r.unframe_packed(data))
+
 class Exception:
     """struct Exception (0xd625b7063acf691a)."""
 
@@ -1101,6 +1126,11 @@ class Exception:
         """The root of a message in the standard stream framing."""
         return Exception.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Exception.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Exception.Reader.read(_r.unframe_packed(data))
+
 class Finish:
     """struct Finish (0xd37d2eb2c2f80e63)."""
 
@@ -1210,6 +1240,11 @@ class Finish:
     def from_bytes(data: bytes | bytearray | memoryview) -> Finish.Reader:
         """The root of a message in the standard stream framing."""
         return Finish.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Finish.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Finish.Reader.read(_r.unframe_packed(data))
 
 class Join:
     """struct Join (0xfbe1980490e001af)."""
@@ -1321,6 +1356,11 @@ class Join:
     def from_bytes(data: bytes | bytearray | memoryview) -> Join.Reader:
         """The root of a message in the standard stream framing."""
         return Join.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Join.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Join.Reader.read(_r.unframe_packed(data))
 
 class Message:
     """struct Message (0x91b79f1f808db032)."""
@@ -1754,6 +1794,11 @@ class Message:
         """The root of a message in the standard stream framing."""
         return Message.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Message.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Message.Reader.read(_r.unframe_packed(data))
+
 class MessageTarget:
     """struct MessageTarget (0x95bc14545813fbc1)."""
 
@@ -1875,6 +1920,11 @@ class MessageTarget:
         """The root of a message in the standard stream framing."""
         return MessageTarget.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> MessageTarget.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return MessageTarget.Reader.read(_r.unframe_packed(data))
+
 class Payload:
     """struct Payload (0x9a0e61223d96743b)."""
 
@@ -1957,6 +2007,11 @@ class Payload:
     def from_bytes(data: bytes | bytearray | memoryview) -> Payload.Reader:
         """The root of a message in the standard stream framing."""
         return Payload.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Payload.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Payload.Reader.read(_r.unframe_packed(data))
 
 class PromisedAnswer:
     """struct PromisedAnswer (0xd800b1d6cd6f1ca0)."""
@@ -2070,6 +2125,11 @@ class PromisedAnswer:
             """The root of a message in the standard stream framing."""
             return PromisedAnswer.Op.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> PromisedAnswer.Op.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return PromisedAnswer.Op.Reader.read(_r.unframe_packed(data))
+
     class Reader(_r.StructReader):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -2153,6 +2213,11 @@ class PromisedAnswer:
     def from_bytes(data: bytes | bytearray | memoryview) -> PromisedAnswer.Reader:
         """The root of a message in the standard stream framing."""
         return PromisedAnswer.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> PromisedAnswer.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return PromisedAnswer.Reader.read(_r.unframe_packed(data))
 
 class Provide:
     """struct Provide (0x9c6a046bfbc1ac5a)."""
@@ -2265,6 +2330,11 @@ class Provide:
         """The root of a message in the standard stream framing."""
         return Provide.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Provide.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Provide.Reader.read(_r.unframe_packed(data))
+
 class Release:
     """struct Release (0xad1a6c0d7dd07497)."""
 
@@ -2357,6 +2427,11 @@ class Release:
     def from_bytes(data: bytes | bytearray | memoryview) -> Release.Reader:
         """The root of a message in the standard stream framing."""
         return Release.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Release.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Release.Reader.read(_r.unframe_packed(data))
 
 class Resolve:
     """struct Resolve (0xbbc29655fa89086e)."""
@@ -2504,6 +2579,11 @@ class Resolve:
     def from_bytes(data: bytes | bytearray | memoryview) -> Resolve.Reader:
         """The root of a message in the standard stream framing."""
         return Resolve.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Resolve.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Resolve.Reader.read(_r.unframe_packed(data))
 
 class Return:
     """struct Return (0x9e19b28d3db3573a)."""
@@ -2739,6 +2819,11 @@ class Return:
         """The root of a message in the standard stream framing."""
         return Return.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Return.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Return.Reader.read(_r.unframe_packed(data))
+
 class ThirdPartyCapDescriptor:
     """struct ThirdPartyCapDescriptor (0xd37007fde1f0027d)."""
 
@@ -2825,6 +2910,11 @@ class ThirdPartyCapDescriptor:
     def from_bytes(data: bytes | bytearray | memoryview) -> ThirdPartyCapDescriptor.Reader:
         """The root of a message in the standard stream framing."""
         return ThirdPartyCapDescriptor.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> ThirdPartyCapDescriptor.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return ThirdPartyCapDescriptor.Reader.read(_r.unframe_packed(data))
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

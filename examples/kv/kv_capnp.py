@@ -115,6 +115,11 @@ class Directory(_t.Interface["Directory.Client"]):
             """The root of a message in the standard stream framing."""
             return Directory.OpenParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Directory.OpenParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Directory.OpenParams.Reader.read(_r.unframe_packed(data))
+
     class OpenResults:
         """struct Directory.open$Results (0xba8460afbafa67bd)."""
 
@@ -191,6 +196,11 @@ class Directory(_t.Interface["Directory.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Directory.OpenResults.Reader:
             """The root of a message in the standard stream framing."""
             return Directory.OpenResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Directory.OpenResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Directory.OpenResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Directory: call its methods."""
@@ -311,6 +321,11 @@ class Store(_t.Interface["Store.Client"]):
             """The root of a message in the standard stream framing."""
             return Store.GetParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.GetParams.Reader.read(_r.unframe_packed(data))
+
     class GetResults:
         """struct Store.get$Results (0xbd30083ac7e02037)."""
 
@@ -404,6 +419,11 @@ class Store(_t.Interface["Store.Client"]):
             """The root of a message in the standard stream framing."""
             return Store.GetResults.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.GetResults.Reader.read(_r.unframe_packed(data))
+
     class KeysParams:
         """struct Store.keys$Params (0xa22fd3ba558f27d6)."""
 
@@ -466,6 +486,11 @@ class Store(_t.Interface["Store.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.KeysParams.Reader:
             """The root of a message in the standard stream framing."""
             return Store.KeysParams.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.KeysParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.KeysParams.Reader.read(_r.unframe_packed(data))
 
     class KeysResults:
         """struct Store.keys$Results (0x847bd1b3dfc50463)."""
@@ -547,6 +572,11 @@ class Store(_t.Interface["Store.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.KeysResults.Reader:
             """The root of a message in the standard stream framing."""
             return Store.KeysResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.KeysResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.KeysResults.Reader.read(_r.unframe_packed(data))
 
     class PutParams:
         """struct Store.put$Params (0xfc2cc970b7db031e)."""
@@ -639,6 +669,11 @@ class Store(_t.Interface["Store.Client"]):
             """The root of a message in the standard stream framing."""
             return Store.PutParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.PutParams.Reader.read(_r.unframe_packed(data))
+
     class PutResults:
         """struct Store.put$Results (0xd0886cc273a391c9)."""
 
@@ -718,6 +753,11 @@ class Store(_t.Interface["Store.Client"]):
             """The root of a message in the standard stream framing."""
             return Store.PutResults.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.PutResults.Reader.read(_r.unframe_packed(data))
+
     class WatchParams:
         """struct Store.watch$Params (0xa776010c3373d561)."""
 
@@ -795,6 +835,11 @@ class Store(_t.Interface["Store.Client"]):
             """The root of a message in the standard stream framing."""
             return Store.WatchParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.WatchParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.WatchParams.Reader.read(_r.unframe_packed(data))
+
     class WatchResults:
         """struct Store.watch$Results (0xc2bacf4a9b95dbe5)."""
 
@@ -857,6 +902,11 @@ class Store(_t.Interface["Store.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.WatchResults.Reader:
             """The root of a message in the standard stream framing."""
             return Store.WatchResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.WatchResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.WatchResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Store: call its methods."""
@@ -1056,6 +1106,11 @@ class Watcher(_t.Interface["Watcher.Client"]):
             """The root of a message in the standard stream framing."""
             return Watcher.ChangedParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Watcher.ChangedParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Watcher.ChangedParams.Reader.read(_r.unframe_packed(data))
+
     class ChangedResults:
         """struct Watcher.changed$Results (0xf5858af62119185c)."""
 
@@ -1118,6 +1173,11 @@ class Watcher(_t.Interface["Watcher.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Watcher.ChangedResults.Reader:
             """The root of a message in the standard stream framing."""
             return Watcher.ChangedResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Watcher.ChangedResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Watcher.ChangedResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Watcher: call its methods."""

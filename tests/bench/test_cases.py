@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
@@ -11,8 +12,15 @@ from bench.serialization import eval as eval_bench
 from bench.serialization.base import CheckFailed
 from bench.serialization.codecs import make_codec
 from bench.serialization.modes import generate_batch, load_benchmark, make_case
+from bench.serialization.peer_capnpy import available as capnpy_available
 
-FORMATS = ("capnp", "capnp-direct", "msgpack")
+FORMATS = (
+    "capnp",
+    "capsvc",
+    "capnp-direct",
+    "msgpack",
+    *(("capnpy",) if capnpy_available() else ()),  # an optional package
+)
 
 # §5: the expectations of a run's first iterations (fresh generator per process).
 CARSALES_VECTORS = [(179, 135060640), (86, 70033924), (141, 114656075)]
@@ -141,19 +149,37 @@ def test_check_rejects_a_corrupted_response(benchmark: str, fmt: str) -> None:
     inputs = generate_batch(benchmark, 1)[0]  # catrank: 104 good results, carsales: 179 cars
     request, expectation = case.setup(inputs)
     response = case.handle(codec.view(request))
+    module = load_benchmark(benchmark)
+    response_type = getattr(module.load_schema(), module.RESPONSE_TYPE)
     if fmt == "capnp":
         _corrupt_capnp(benchmark, response)
-    elif fmt == "capnp-direct":
-        # through pycapnp: copy the segments into a builder, corrupt, back to segments
-        module = load_benchmark(benchmark)
-        response_type = getattr(module.load_schema(), module.RESPONSE_TYPE)
-        builder = response_type.from_segments(response).as_builder()
-        _corrupt_capnp(benchmark, builder)
-        response = builder.to_segments()
+        response = codec.view(response)
+    elif fmt in ("capnp-direct", "capsvc", "capnpy"):
+        # through pycapnp: copy the message into a builder, corrupt, back to this format
+        if fmt == "capnpy":
+            segments = response_type.from_bytes(response.dumps()).__enter__().as_builder()
+        else:
+            segments = response.to_segments() if fmt == "capsvc" else response
+            segments = response_type.from_segments([bytes(s) for s in segments]).as_builder()
+        _corrupt_capnp(benchmark, segments)
+        response = _in_format(benchmark, fmt, segments)
     else:
-        response = _corrupt_msgpack(benchmark, response)
+        response = codec.view(_corrupt_msgpack(benchmark, response))
     with pytest.raises(CheckFailed):
-        case.check(codec.view(response), expectation)
+        case.check(response, expectation)
+
+
+def _in_format(benchmark: str, fmt: str, pycapnp_builder: Any) -> Any:
+    """What ``fmt``'s check reads, holding a pycapnp builder's message."""
+    if fmt == "capnp-direct":
+        return pycapnp_builder.to_segments()
+    module = load_benchmark(benchmark)
+    if fmt == "capnpy":
+        from bench.serialization.peer_capnpy import compiled
+
+        return getattr(compiled(benchmark), module.RESPONSE_TYPE).loads(pycapnp_builder.to_bytes())
+    generated = importlib.import_module(f"bench.serialization.generated.{benchmark}_capnp")
+    return getattr(generated, module.RESPONSE_TYPE).read(pycapnp_builder.to_segments())
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -173,10 +199,14 @@ def test_catrank_check_stops_at_the_first_low_score(fmt: str) -> None:
         unsorted = make_case("catrank", "capnp").setup((results, 2))[0]
         for index, (_url, snippet) in enumerate(results):
             unsorted.results[index].score = 50000.0 if " cat " in snippet else 5.0
-        if fmt == "capnp-direct":
-            unsorted = unsorted.to_segments()
+        if fmt != "capnp":
+            unsorted = _in_format("catrank", fmt, unsorted)
+        else:
+            unsorted = codec.view(unsorted)
+    if fmt == "msgpack":
+        unsorted = codec.view(unsorted)
     with pytest.raises(CheckFailed, match="1 good results, expected 2"):
-        case.check(codec.view(unsorted), 2)
+        case.check(unsorted, 2)
 
 
 def test_carsales_capnp_layout_is_15_words_per_car() -> None:

@@ -22,15 +22,19 @@ from bench.serialization.modes import (
     run_bytes,
     run_object,
 )
+from bench.serialization.peer_capnpy import available as capnpy_available
 from bench.serialization.pipe import CPU_LOG, PipeSession, ServerGone
 
 BENCHMARKS = ("carsales", "catrank", "eval")
 CODECS = (
     ("capnp", "none"),
     ("capnp", "packed"),
+    ("capsvc", "none"),
+    ("capsvc", "packed"),
     ("capnp-direct", "none"),
     ("capnp-direct", "packed"),
     ("msgpack", "none"),
+    *((("capnpy", "none"),) if capnpy_available() else ()),  # an optional package
 )
 ITERATIONS = {"carsales": 3, "catrank": 2, "eval": 12}
 
@@ -53,7 +57,9 @@ def _as_pycapnp(message_type: Any, message: Any) -> Any:
     """A pycapnp reader of a message from either capnp implementation."""
     if isinstance(message, list):  # capnp-direct: segments
         return message_type.from_segments(message)
-    return message.as_reader()
+    if hasattr(message, "to_segments"):  # pycapnp or generated builders
+        return message_type.from_segments([bytes(s) for s in message.to_segments()])
+    return message_type.from_bytes(message.dumps()).__enter__()  # capnpy
 
 
 def test_packed_capnp_is_smaller_and_msgpack_ignores_packing() -> None:
@@ -62,6 +68,10 @@ def test_packed_capnp_is_smaller_and_msgpack_ignores_packing() -> None:
     unpacked = run_bytes(case, _codec("eval", "capnp", "none"), batch)
     packed = run_bytes(case, _codec("eval", "capnp", "packed"), batch)
     assert packed < unpacked / 2  # §4: eval is mostly pointers and zeros
+    capsvc = make_case("eval", "capsvc")
+    generated_packed = run_bytes(capsvc, _codec("eval", "capsvc", "packed"), batch)
+    assert generated_packed == packed  # the same packed bytes as libcapnp's
+    assert run_bytes(capsvc, _codec("eval", "capsvc", "none"), batch) == unpacked
     msgpack_case = make_case("eval", "msgpack")
     assert run_bytes(msgpack_case, _codec("eval", "msgpack", "none"), batch) == run_bytes(
         msgpack_case, _codec("eval", "msgpack", "packed"), batch

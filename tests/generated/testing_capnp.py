@@ -116,6 +116,11 @@ class Callback(_t.Interface["Callback.Client"]):
             """The root of a message in the standard stream framing."""
             return Callback.NotifyParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Callback.NotifyParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Callback.NotifyParams.Reader.read(_r.unframe_packed(data))
+
     class NotifyResults:
         """struct Callback.notify$Results (0x81ac18c2b77a7e34)."""
 
@@ -193,6 +198,11 @@ class Callback(_t.Interface["Callback.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Callback.NotifyResults.Reader:
             """The root of a message in the standard stream framing."""
             return Callback.NotifyResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Callback.NotifyResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Callback.NotifyResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Callback: call its methods."""
@@ -298,6 +308,11 @@ class Counter(_t.Interface["Counter.Client"]):
             """The root of a message in the standard stream framing."""
             return Counter.GetParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.GetParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Counter.GetParams.Reader.read(_r.unframe_packed(data))
+
     class GetResults:
         """struct Counter.get$Results (0x9ab7683552ae458d)."""
 
@@ -375,6 +390,11 @@ class Counter(_t.Interface["Counter.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Counter.GetResults.Reader:
             """The root of a message in the standard stream framing."""
             return Counter.GetResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.GetResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Counter.GetResults.Reader.read(_r.unframe_packed(data))
 
     class IncrementParams:
         """struct Counter.increment$Params (0xa8c575b575277d8d)."""
@@ -454,6 +474,11 @@ class Counter(_t.Interface["Counter.Client"]):
             """The root of a message in the standard stream framing."""
             return Counter.IncrementParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.IncrementParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Counter.IncrementParams.Reader.read(_r.unframe_packed(data))
+
     class IncrementResults:
         """struct Counter.increment$Results (0x85db5a634a971712)."""
 
@@ -531,6 +556,11 @@ class Counter(_t.Interface["Counter.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Counter.IncrementResults.Reader:
             """The root of a message in the standard stream framing."""
             return Counter.IncrementResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.IncrementResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Counter.IncrementResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Counter: call its methods."""
@@ -908,6 +938,11 @@ class Holder:
         """The root of a message in the standard stream framing."""
         return Holder.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Holder.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Holder.Reader.read(_r.unframe_packed(data))
+
 class Tester(_t.Interface["Tester.Client"]):
     """interface Tester (0xbc77724eeece5aa5): its methods' params and results."""
 
@@ -1007,6 +1042,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.CallBackParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallBackParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.CallBackParams.Reader.read(_r.unframe_packed(data))
+
     class CallBackResults:
         """struct Tester.callBack$Results (0xb24675892cd51330)."""
 
@@ -1084,6 +1124,11 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.CallBackResults.Reader:
             """The root of a message in the standard stream framing."""
             return Tester.CallBackResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallBackResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.CallBackResults.Reader.read(_r.unframe_packed(data))
 
     class CallCounterParams:
         """struct Tester.callCounter$Params (0xd19b10f34cac012c)."""
@@ -1177,6 +1222,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.CallCounterParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallCounterParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.CallCounterParams.Reader.read(_r.unframe_packed(data))
+
     class CallCounterResults:
         """struct Tester.callCounter$Results (0x97d6bf729d37e846)."""
 
@@ -1255,6 +1305,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.CallCounterResults.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallCounterResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.CallCounterResults.Reader.read(_r.unframe_packed(data))
+
     class EchoParams:
         """struct Tester.echo$Params (0xfeb89576b4aa96d5)."""
 
@@ -1332,6 +1387,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.EchoParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.EchoParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.EchoParams.Reader.read(_r.unframe_packed(data))
+
     class EchoResults:
         """struct Tester.echo$Results (0xa1618b735ff79130)."""
 
@@ -1408,6 +1468,11 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.EchoResults.Reader:
             """The root of a message in the standard stream framing."""
             return Tester.EchoResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.EchoResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.EchoResults.Reader.read(_r.unframe_packed(data))
 
     class FailParams:
         """struct Tester.fail$Params (0xcde840d305c8a7d4)."""
@@ -1500,6 +1565,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.FailParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.FailParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.FailParams.Reader.read(_r.unframe_packed(data))
+
     class FailResults:
         """struct Tester.fail$Results (0xad21451d070befe4)."""
 
@@ -1563,6 +1633,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.FailResults.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.FailResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.FailResults.Reader.read(_r.unframe_packed(data))
+
     class GetSelfParams:
         """struct Tester.getSelf$Params (0x869121cbdec18493)."""
 
@@ -1625,6 +1700,11 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.GetSelfParams.Reader:
             """The root of a message in the standard stream framing."""
             return Tester.GetSelfParams.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.GetSelfParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.GetSelfParams.Reader.read(_r.unframe_packed(data))
 
     class GetSelfResults:
         """struct Tester.getSelf$Results (0xf8d6fa4604497259)."""
@@ -1702,6 +1782,11 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.GetSelfResults.Reader:
             """The root of a message in the standard stream framing."""
             return Tester.GetSelfResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.GetSelfResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.GetSelfResults.Reader.read(_r.unframe_packed(data))
 
     class HoldCapsParams:
         """struct Tester.holdCaps$Params (0x905081c282e88fc4)."""
@@ -1790,6 +1875,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.HoldCapsParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.HoldCapsParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.HoldCapsParams.Reader.read(_r.unframe_packed(data))
+
     class HoldCapsResults:
         """struct Tester.holdCaps$Results (0xcd5986ceafb6230b)."""
 
@@ -1877,6 +1967,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.HoldCapsResults.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.HoldCapsResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.HoldCapsResults.Reader.read(_r.unframe_packed(data))
+
     class NewCounterParams:
         """struct Tester.newCounter$Params (0x9582a54ceffea06e)."""
 
@@ -1955,6 +2050,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.NewCounterParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.NewCounterParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.NewCounterParams.Reader.read(_r.unframe_packed(data))
+
     class NewCounterResults:
         """struct Tester.newCounter$Results (0x8e5e606c0c82db77)."""
 
@@ -2031,6 +2131,11 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.NewCounterResults.Reader:
             """The root of a message in the standard stream framing."""
             return Tester.NewCounterResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.NewCounterResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.NewCounterResults.Reader.read(_r.unframe_packed(data))
 
     class ReflectParams:
         """struct Tester.reflect$Params (0xa4d00b24343acc07)."""
@@ -2109,6 +2214,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.ReflectParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.ReflectParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.ReflectParams.Reader.read(_r.unframe_packed(data))
+
     class ReflectResults:
         """struct Tester.reflect$Results (0xacc791a6e349f4c1)."""
 
@@ -2185,6 +2295,11 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.ReflectResults.Reader:
             """The root of a message in the standard stream framing."""
             return Tester.ReflectResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.ReflectResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.ReflectResults.Reader.read(_r.unframe_packed(data))
 
     class SlowParams:
         """struct Tester.slow$Params (0x89d5c0e939a9303e)."""
@@ -2263,6 +2378,11 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.SlowParams.Reader:
             """The root of a message in the standard stream framing."""
             return Tester.SlowParams.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SlowParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.SlowParams.Reader.read(_r.unframe_packed(data))
 
     class SlowResults:
         """struct Tester.slow$Results (0x834d56595ae9a958)."""
@@ -2343,6 +2463,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.SlowResults.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SlowResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.SlowResults.Reader.read(_r.unframe_packed(data))
+
     class SumParams:
         """struct Tester.sum$Params (0xe8e9c239995dc3da)."""
 
@@ -2422,6 +2547,11 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of a message in the standard stream framing."""
             return Tester.SumParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SumParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.SumParams.Reader.read(_r.unframe_packed(data))
+
     class SumResults:
         """struct Tester.sum$Results (0xf773ed2b61584dac)."""
 
@@ -2499,6 +2629,11 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.SumResults.Reader:
             """The root of a message in the standard stream framing."""
             return Tester.SumResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SumResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tester.SumResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Tester: call its methods."""
@@ -2802,6 +2937,11 @@ class Unknown(_t.Interface["Unknown.Client"]):
             """The root of a message in the standard stream framing."""
             return Unknown.NothingParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Unknown.NothingParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Unknown.NothingParams.Reader.read(_r.unframe_packed(data))
+
     class NothingResults:
         """struct Unknown.nothing$Results (0xb6685db13a2858eb)."""
 
@@ -2864,6 +3004,11 @@ class Unknown(_t.Interface["Unknown.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Unknown.NothingResults.Reader:
             """The root of a message in the standard stream framing."""
             return Unknown.NothingResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Unknown.NothingResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Unknown.NothingResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Unknown: call its methods."""

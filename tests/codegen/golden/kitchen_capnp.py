@@ -162,6 +162,11 @@ class Anything:
         """The root of a message in the standard stream framing."""
         return Anything.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Anything.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Anything.Reader.read(_r.unframe_packed(data))
+
 class Base(_t.Interface["Base.Client"]):
     """interface Base (0x96a03f741085f21b): its methods' params and results."""
 
@@ -231,6 +236,11 @@ class Base(_t.Interface["Base.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Base.DepthParams.Reader:
             """The root of a message in the standard stream framing."""
             return Base.DepthParams.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Base.DepthParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Base.DepthParams.Reader.read(_r.unframe_packed(data))
 
     class DepthResults:
         """struct Base.depth$Results (0xedb2f1aace87baaf)."""
@@ -309,6 +319,11 @@ class Base(_t.Interface["Base.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Base.DepthResults.Reader:
             """The root of a message in the standard stream framing."""
             return Base.DepthResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Base.DepthResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Base.DepthResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Base: call its methods."""
@@ -451,6 +466,11 @@ class Box:
     def from_bytes(data: bytes | bytearray | memoryview) -> Box.Reader:
         """The root of a message in the standard stream framing."""
         return Box.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Box.Reader.read(_r.unframe_packed(data))
 
 class Boxes:
     """struct Boxes (0x9e6b4f98c502f78f)."""
@@ -658,6 +678,11 @@ class Boxes:
     def from_bytes(data: bytes | bytearray | memoryview) -> Boxes.Reader:
         """The root of a message in the standard stream framing."""
         return Boxes.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Boxes.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Boxes.Reader.read(_r.unframe_packed(data))
 
 class Color(enum.IntEnum):
     """enum Color (0xcf8e5d676c9f70d3). Codes unknown to this schema (from a
@@ -1007,6 +1032,11 @@ class Defaults:
         """The root of a message in the standard stream framing."""
         return Defaults.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Defaults.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Defaults.Reader.read(_r.unframe_packed(data))
+
 class Keywords:
     """struct Keywords (0xda50319eebd3ccb9)."""
 
@@ -1145,6 +1175,11 @@ class Keywords:
         """The root of a message in the standard stream framing."""
         return Keywords.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Keywords.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Keywords.Reader.read(_r.unframe_packed(data))
+
 class Left(_t.Interface["Left.Client"]):
     """interface Left (0xf473790c0ad00ffa): its methods' params and results."""
 
@@ -1214,6 +1249,11 @@ class Left(_t.Interface["Left.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Left.LeftParams.Reader:
             """The root of a message in the standard stream framing."""
             return Left.LeftParams.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Left.LeftParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Left.LeftParams.Reader.read(_r.unframe_packed(data))
 
     class LeftResults:
         """struct Left.left$Results (0xe560cb21678a29d7)."""
@@ -1291,6 +1331,11 @@ class Left(_t.Interface["Left.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Left.LeftResults.Reader:
             """The root of a message in the standard stream framing."""
             return Left.LeftResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Left.LeftResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Left.LeftResults.Reader.read(_r.unframe_packed(data))
 
     class Client(Base.Client):
         """A capability typed as Left: call its methods."""
@@ -1684,6 +1729,11 @@ class Lists:
         """The root of a message in the standard stream framing."""
         return Lists.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Lists.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Lists.Reader.read(_r.unframe_packed(data))
+
 class Numbers:
     """struct Numbers (0x8727bc108e059fff)."""
 
@@ -1949,6 +1999,11 @@ class Numbers:
         """The root of a message in the standard stream framing."""
         return Numbers.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Numbers.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Numbers.Reader.read(_r.unframe_packed(data))
+
 class Pair:
     """struct Pair (0xa47fe1974073d1ed)."""
 
@@ -2030,6 +2085,11 @@ class Pair:
         """The root of a message in the standard stream framing."""
         return Pair.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Pair.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Pair.Reader.read(_r.unframe_packed(data))
+
 class Right(_t.Interface["Right.Client"]):
     """interface Right (0xea63f5425f8188d3): its methods' params and results."""
 
@@ -2099,6 +2159,11 @@ class Right(_t.Interface["Right.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Right.RightParams.Reader:
             """The root of a message in the standard stream framing."""
             return Right.RightParams.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Right.RightParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Right.RightParams.Reader.read(_r.unframe_packed(data))
 
     class RightResults:
         """struct Right.right$Results (0xf8584f0bc4aad1d1)."""
@@ -2176,6 +2241,11 @@ class Right(_t.Interface["Right.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Right.RightResults.Reader:
             """The root of a message in the standard stream framing."""
             return Right.RightResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Right.RightResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Right.RightResults.Reader.read(_r.unframe_packed(data))
 
     class Client(Base.Client):
         """A capability typed as Right: call its methods."""
@@ -2354,6 +2424,11 @@ class Diamond(_t.Interface["Diamond.Client"]):
             """The root of a message in the standard stream framing."""
             return Diamond.TrickyParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Diamond.TrickyParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Diamond.TrickyParams.Reader.read(_r.unframe_packed(data))
+
     class TrickyResults:
         """struct Diamond.tricky$Results (0xaa19950e7806feaf)."""
 
@@ -2444,6 +2519,11 @@ class Diamond(_t.Interface["Diamond.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Diamond.TrickyResults.Reader:
             """The root of a message in the standard stream framing."""
             return Diamond.TrickyResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Diamond.TrickyResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Diamond.TrickyResults.Reader.read(_r.unframe_packed(data))
 
     class Client(Left.Client, Right.Client):
         """A capability typed as Diamond: call its methods."""
@@ -2934,6 +3014,11 @@ class Shapes:
         """The root of a message in the standard stream framing."""
         return Shapes.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shapes.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Shapes.Reader.read(_r.unframe_packed(data))
+
 class Shop(_t.Interface["Shop.Client"]):
     """interface Shop (0xf2d5bf22d7bcc8c3): its methods' params and results."""
 
@@ -3032,6 +3117,11 @@ class Shop(_t.Interface["Shop.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.BuyParams.Reader:
             """The root of a message in the standard stream framing."""
             return Shop.BuyParams.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.BuyParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.BuyParams.Reader.read(_r.unframe_packed(data))
 
     class BuyResults:
         """struct Shop.buy$Results (0xb5b0feede3958f34)."""
@@ -3135,6 +3225,11 @@ class Shop(_t.Interface["Shop.Client"]):
             """The root of a message in the standard stream framing."""
             return Shop.BuyResults.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.BuyResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.BuyResults.Reader.read(_r.unframe_packed(data))
+
     class ListParams:
         """struct Shop.list$Params (0x87f34b5c15e689d4)."""
 
@@ -3197,6 +3292,11 @@ class Shop(_t.Interface["Shop.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.ListParams.Reader:
             """The root of a message in the standard stream framing."""
             return Shop.ListParams.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.ListParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.ListParams.Reader.read(_r.unframe_packed(data))
 
     class ListResults:
         """struct Shop.list$Results (0xcb1c936d4236d062)."""
@@ -3278,6 +3378,11 @@ class Shop(_t.Interface["Shop.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.ListResults.Reader:
             """The root of a message in the standard stream framing."""
             return Shop.ListResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.ListResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.ListResults.Reader.read(_r.unframe_packed(data))
 
     class PeekParams:
         """struct Shop.peek$Params (0xb9891045ff38eb55)."""
@@ -3366,6 +3471,11 @@ class Shop(_t.Interface["Shop.Client"]):
             """The root of a message in the standard stream framing."""
             return Shop.PeekParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.PeekParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.PeekParams.Reader.read(_r.unframe_packed(data))
+
     class PeekResults:
         """struct Shop.peek$Results (0xfbf3e7a2ef3a4eef)."""
 
@@ -3428,6 +3538,11 @@ class Shop(_t.Interface["Shop.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.PeekResults.Reader:
             """The root of a message in the standard stream framing."""
             return Shop.PeekResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.PeekResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Shop.PeekResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Shop: call its methods."""
@@ -3576,6 +3691,11 @@ class Store(_t.Interface["Store.Client"]):
             """The root of a message in the standard stream framing."""
             return Store.GetParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.GetParams.Reader.read(_r.unframe_packed(data))
+
     class GetResults:
         """struct Store.get$Results (0xd36be23475e9cc90)."""
 
@@ -3672,6 +3792,11 @@ class Store(_t.Interface["Store.Client"]):
             """The root of a message in the standard stream framing."""
             return Store.GetResults.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.GetResults.Reader.read(_r.unframe_packed(data))
+
     class PutParams:
         """struct Store.put$Params (0xa6180aa386969846)."""
 
@@ -3744,6 +3869,11 @@ class Store(_t.Interface["Store.Client"]):
             """The root of a message in the standard stream framing."""
             return Store.PutParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.PutParams.Reader.read(_r.unframe_packed(data))
+
     class PutResults:
         """struct Store.put$Results (0xd7873a365413a4bc)."""
 
@@ -3806,6 +3936,11 @@ class Store(_t.Interface["Store.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
             """The root of a message in the standard stream framing."""
             return Store.PutResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store.PutResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Store: call its methods."""
@@ -3940,6 +4075,11 @@ class Tree:
         def from_bytes(data: bytes | bytearray | memoryview) -> Tree.Reader_.Reader:
             """The root of a message in the standard stream framing."""
             return Tree.Reader_.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tree.Reader_.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Tree.Reader_.Reader.read(_r.unframe_packed(data))
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -4082,6 +4222,11 @@ class Tree:
         """The root of a message in the standard stream framing."""
         return Tree.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tree.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Tree.Reader.read(_r.unframe_packed(data))
+
 answer: int = 42
 
 greeting: str = 'hi there'
@@ -4207,6 +4352,11 @@ class Box_Text:
         """The root of a message in the standard stream framing."""
         return Box_Text.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_Text.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Box_Text.Reader.read(_r.unframe_packed(data))
+
 class Box_List_Int32:
     """struct Box_List_Int32: a generic bound to (List(Int32)) (0xf26089fe5b3a8bb4)."""
 
@@ -4324,6 +4474,11 @@ class Box_List_Int32:
     def from_bytes(data: bytes | bytearray | memoryview) -> Box_List_Int32.Reader:
         """The root of a message in the standard stream framing."""
         return Box_List_Int32.Reader.read(_r.unframe(data))
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_List_Int32.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Box_List_Int32.Reader.read(_r.unframe_packed(data))
 
 class Box_Tree:
     """struct Box_Tree: a generic bound to (Tree) (0xf26089fe5b3a8bb4)."""
@@ -4450,6 +4605,11 @@ class Box_Tree:
         """The root of a message in the standard stream framing."""
         return Box_Tree.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_Tree.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Box_Tree.Reader.read(_r.unframe_packed(data))
+
 class Box_Shop:
     """struct Box_Shop: a generic bound to (Shop) (0xf26089fe5b3a8bb4)."""
 
@@ -4565,6 +4725,11 @@ class Box_Shop:
         """The root of a message in the standard stream framing."""
         return Box_Shop.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_Shop.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Box_Shop.Reader.read(_r.unframe_packed(data))
+
 class Pair_Text_Box_Text:
     """struct Pair_Text_Box_Text: a generic bound to (Text, Box_Text) (0xa47fe1974073d1ed)."""
 
@@ -4666,6 +4831,11 @@ class Pair_Text_Box_Text:
         """The root of a message in the standard stream framing."""
         return Pair_Text_Box_Text.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Pair_Text_Box_Text.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Pair_Text_Box_Text.Reader.read(_r.unframe_packed(data))
+
 class Store_Text(_t.Interface["Store_Text.Client"]):
     """interface Store_Text: a generic bound to (Text) (0xe9b2d9a153c56bd4): its methods' params and results."""
 
@@ -4750,6 +4920,11 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             """The root of a message in the standard stream framing."""
             return Store_Text.PutParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.PutParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store_Text.PutParams.Reader.read(_r.unframe_packed(data))
+
     class PutResults:
         """struct Store_Text.put$Results: a generic bound to (Text) (0xd7873a365413a4bc)."""
 
@@ -4813,6 +4988,11 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             """The root of a message in the standard stream framing."""
             return Store_Text.PutResults.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.PutResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store_Text.PutResults.Reader.read(_r.unframe_packed(data))
+
     class GetParams:
         """struct Store_Text.get$Params: a generic bound to (Text) (0xd2b215c21fe35105)."""
 
@@ -4875,6 +5055,11 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.GetParams.Reader:
             """The root of a message in the standard stream framing."""
             return Store_Text.GetParams.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.GetParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store_Text.GetParams.Reader.read(_r.unframe_packed(data))
 
     class GetResults:
         """struct Store_Text.get$Results: a generic bound to (Text) (0xd36be23475e9cc90)."""
@@ -4976,6 +5161,11 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.GetResults.Reader:
             """The root of a message in the standard stream framing."""
             return Store_Text.GetResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.GetResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return Store_Text.GetResults.Reader.read(_r.unframe_packed(data))
 
     class Client(_t.Client):
         """A capability typed as Store_Text: call its methods."""
@@ -5101,6 +5291,11 @@ class TextStore(_t.Interface["TextStore.Client"]):
             """The root of a message in the standard stream framing."""
             return TextStore.SizeParams.Reader.read(_r.unframe(data))
 
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> TextStore.SizeParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return TextStore.SizeParams.Reader.read(_r.unframe_packed(data))
+
     class SizeResults:
         """struct TextStore.size$Results (0x8d8deed2c4474a6d)."""
 
@@ -5178,6 +5373,11 @@ class TextStore(_t.Interface["TextStore.Client"]):
         def from_bytes(data: bytes | bytearray | memoryview) -> TextStore.SizeResults.Reader:
             """The root of a message in the standard stream framing."""
             return TextStore.SizeResults.Reader.read(_r.unframe(data))
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> TextStore.SizeResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return TextStore.SizeResults.Reader.read(_r.unframe_packed(data))
 
     class Client(Store_Text.Client):
         """A capability typed as TextStore: call its methods."""

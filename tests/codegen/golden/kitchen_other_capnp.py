@@ -153,6 +153,11 @@ class Thing:
         """The root of a message in the standard stream framing."""
         return Thing.Reader.read(_r.unframe(data))
 
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Thing.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return Thing.Reader.read(_r.unframe_packed(data))
+
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Thing_Kind = tuple(Thing.Kind)

@@ -1,0 +1,117 @@
+"""carsales through the generated codecs (``capsvc gen schemas/bench/carsales.capnp``).
+
+Theory of operation
+-------------------
+This is the code a user of ``capsvc gen`` writes: ``ParkingLot.new_message()``,
+``init_cars(n)``, one property assignment per field, ``init_wheels(4)`` and
+``init_engine()``; the server and the client's read-back (upstream reads every car back,
+specs/benchmarks.md §2 "Request") use the generated readers' properties. No offsets, no
+``struct`` formats: everything below the generated API is capsvc's runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.serialization.base import CheckFailed
+from bench.serialization.generated.carsales_capnp import Car, ParkingLot, TotalValue
+
+__all__ = ["CapsvcCarsales", "lot_value"]
+
+
+def car_value(car: Car.Reader) -> int:
+    """The value of one car (§2 "adds to value")."""
+    value = car.seats * 200 + car.doors * 350
+    for wheel in car.wheels:
+        diameter = wheel.diameter
+        value += diameter * diameter
+        if wheel.snowTires:
+            value += 100
+    value += car.length * car.width * car.height // 50
+    engine = car.engine
+    value += engine.horsepower * 40
+    if engine.usesElectric:
+        value += 5000 if engine.usesGas else 3000
+    if car.hasPowerWindows:
+        value += 100
+    if car.hasPowerSteering:
+        value += 200
+    if car.hasCruiseControl:
+        value += 400
+    value += car.cupHolders * 25
+    if car.hasNavSystem:
+        value += 2000
+    return value
+
+
+def lot_value(lot: ParkingLot.Reader) -> int:
+    """The sum of the car values of a parking lot (the server's work, §2)."""
+    return sum(map(car_value, lot.cars))
+
+
+class CapsvcCarsales:
+    """carsales on generated builders and readers; messages are builders / readers."""
+
+    format = "capsvc"
+
+    def setup(self, inputs: tuple[tuple[Any, ...], ...]) -> tuple[ParkingLot.Builder, int]:
+        lot = ParkingLot.new_message()
+        cars = lot.init_cars(len(inputs))
+        for car, (
+            make, model, color, seats, doors,
+            d0, p0, s0, d1, p1, s1, d2, p2, s2, d3, p3, s3,
+            length, width, height, horsepower, cylinders, cc, uses_electric,
+            capacity, level, windows, steering, cruise, cups, nav,
+        ) in zip(cars, inputs, strict=True):  # fmt: skip
+            car.make = make
+            car.model = model
+            car.color = color
+            car.seats = seats
+            car.doors = doors
+            wheels = car.init_wheels(4)
+            wheel = wheels[0]
+            wheel.diameter = d0
+            wheel.airPressure = p0
+            wheel.snowTires = s0
+            wheel = wheels[1]
+            wheel.diameter = d1
+            wheel.airPressure = p1
+            wheel.snowTires = s1
+            wheel = wheels[2]
+            wheel.diameter = d2
+            wheel.airPressure = p2
+            wheel.snowTires = s2
+            wheel = wheels[3]
+            wheel.diameter = d3
+            wheel.airPressure = p3
+            wheel.snowTires = s3
+            car.length = length
+            car.width = width
+            car.height = height
+            car.weight = length * width * height // 200  # no draw (§2 row 9)
+            engine = car.init_engine()
+            engine.horsepower = horsepower
+            engine.cylinders = cylinders
+            engine.cc = cc
+            engine.usesGas = True  # no draw (§2 row 10)
+            engine.usesElectric = uses_electric
+            car.fuelCapacity = capacity
+            car.fuelLevel = level
+            car.hasPowerWindows = windows
+            car.hasPowerSteering = steering
+            car.hasCruiseControl = cruise
+            car.cupHolders = cups
+            car.hasNavSystem = nav
+        # Upstream reads each car back from the builder (§2 "Request"): here once the lot
+        # is complete, through a reader of the finished message.
+        return lot, lot_value(lot.as_reader())
+
+    def handle(self, request: ParkingLot.Reader) -> TotalValue.Builder:
+        response = TotalValue.new_message()
+        response.amount = lot_value(request)
+        return response
+
+    def check(self, response: TotalValue.Reader, expectation: int) -> None:
+        amount = response.amount
+        if amount != expectation:
+            raise CheckFailed(f"carsales: total {amount}, expected {expectation}")

@@ -1,0 +1,69 @@
+"""catrank through the generated codecs (``capsvc gen schemas/bench/catrank.capnp``).
+
+Theory of operation
+-------------------
+What a user of ``capsvc gen`` writes: ``init_results(n)`` and one property assignment per
+field on the client; on the server one pass over the request's results reading each
+snippet once (specs/benchmarks.md §10 item 3) as a ``str``, the shared scoring rules of
+catrank.py (multiply, then divide, only where the word occurs; one key sort, descending),
+then a response list whose urls and snippets are set from the request's readers. The
+client counts the leading results with score > 1001 (§3 "Check").
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+
+from bench.serialization.base import CheckFailed
+from bench.serialization.catrank import CatrankInput, scores
+from bench.serialization.generated.catrank_capnp import SearchResult, SearchResultList
+
+__all__ = ["CapsvcCatrank"]
+
+_FIRST = itemgetter(0)
+
+
+class CapsvcCatrank:
+    """catrank on generated builders and readers."""
+
+    format = "capsvc"
+
+    def setup(self, inputs: CatrankInput) -> tuple[SearchResultList.Builder, int]:
+        results, good = inputs
+        message = SearchResultList.new_message()
+        out = message.init_results(len(results))
+        for result, score, (url, snippet) in zip(out, scores(len(results)), results, strict=True):
+            result.score = score  # §3 step 1, then url and snippet in draw order
+            result.url = url
+            result.snippet = snippet
+        return message, good
+
+    def handle(self, request: SearchResultList.Reader) -> SearchResultList.Builder:
+        scored: list[tuple[float, str, SearchResult.Reader]] = []
+        append = scored.append
+        for result in request.results:
+            score = result.score
+            snippet = result.snippet
+            if " cat " in snippet:
+                score *= 10000.0
+            if " dog " in snippet:
+                score /= 10000.0
+            append((score, snippet, result))
+        scored.sort(key=_FIRST, reverse=True)  # scores are unique (§3)
+        response = SearchResultList.new_message()
+        out = response.init_results(len(scored))
+        for target, (score, snippet, result) in zip(out, scored, strict=True):
+            target.url = result.url
+            target.score = score
+            target.snippet = snippet
+        return response
+
+    def check(self, response: SearchResultList.Reader, expectation: int) -> None:
+        count = 0
+        for result in response.results:  # §3 "Check": stop at the first score <= 1001
+            if result.score > 1001:
+                count += 1
+            else:
+                break
+        if count != expectation:
+            raise CheckFailed(f"catrank: {count} good results, expected {expectation}")

@@ -1,0 +1,109 @@
+"""The ``capsvc`` codec: generated builders out, generated readers in.
+
+Theory of operation
+-------------------
+A message leaves as a generated builder: ``to_bytes()`` (standard stream framing, one
+segment) or, packed, ``to_bytes_packed()`` (capsvc.codec.packing over the framed bytes,
+segment table included, as specs/benchmarks.md §6 says). It arrives as the root reader of
+the generated request or response type: ``from_bytes`` / ``from_bytes_packed`` in bytes
+mode; on the pipe, unpacked streams are split by capsvc's FrameDecoder and read in place
+(``read(segments)``), and packed messages carry the same 4-byte length prefix as the
+other formats (codecs.py: the documented deviation of §6, never counted as data).
+Object mode reads a builder in place through ``as_reader()``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bench.serialization.codecs import LengthPrefixDecoder
+from capsvc.framing import FrameDecoder, encode_messages
+
+__all__ = ["CapsvcCodec"]
+
+_LENGTH_PACK = struct.Struct("<I").pack
+
+
+class _Framed:
+    """Unpacked stream: capsvc's FrameDecoder, then the generated ``read(segments)``."""
+
+    __slots__ = ("_frames", "_read")
+
+    def __init__(self, root: Any) -> None:
+        self._frames = FrameDecoder()
+        self._read = root.read
+
+    def feed(self, data: bytes) -> None:
+        self._frames.feed(data)
+
+    def next(self) -> Any | None:
+        segments = self._frames.next_message()
+        return None if segments is None else self._read(segments)
+
+
+class _Packed:
+    """Packed stream: length-prefixed records, each one ``from_bytes_packed``."""
+
+    __slots__ = ("_read", "_records")
+
+    def __init__(self, root: Any) -> None:
+        self._records = LengthPrefixDecoder()
+        self._read = root.from_bytes_packed
+
+    def feed(self, data: bytes) -> None:
+        self._records.feed(data)
+
+    def next(self) -> Any | None:
+        body = self._records.next_body()
+        return None if body is None else self._read(body)
+
+
+class CapsvcCodec:
+    """Generated codecs of one benchmark's request and response roots."""
+
+    format = "capsvc"
+
+    def __init__(self, request_root: Any, response_root: Any, compression: str) -> None:
+        if compression not in ("none", "packed"):
+            raise ValueError(f"unknown compression {compression!r}")
+        self.compression = compression
+        self.packed = compression == "packed"
+        self._request = request_root
+        self._response = response_root
+
+    def view(self, message: Any) -> Any:
+        return message.as_reader()
+
+    def encode(self, message: Any) -> bytes:
+        data: bytes = message.to_bytes_packed() if self.packed else message.to_bytes()
+        return data
+
+    def serve_bytes(self, handle: Callable[[Any], Any], data: bytes) -> bytes:
+        if self.packed:
+            return handle(self._request.from_bytes_packed(data)).to_bytes_packed()  # type: ignore[no-any-return]
+        return handle(self._request.from_bytes(data)).to_bytes()  # type: ignore[no-any-return]
+
+    def check_bytes(self, check: Callable[[Any, Any], None], data: bytes, expected: Any) -> None:
+        if self.packed:
+            check(self._response.from_bytes_packed(data), expected)
+        else:
+            check(self._response.from_bytes(data), expected)
+
+    def frame(self, message: Any) -> bytes:
+        if self.packed:
+            body = message.to_bytes_packed()
+            return _LENGTH_PACK(len(body)) + body  # type: ignore[no-any-return]
+        return message.to_bytes()  # type: ignore[no-any-return]
+
+    def frame_all(self, messages: Sequence[Any]) -> bytes:
+        if self.packed:
+            return b"".join([self.frame(message) for message in messages])
+        return encode_messages([message.to_segments() for message in messages])
+
+    def request_decoder(self) -> Any:
+        return _Packed(self._request) if self.packed else _Framed(self._request)
+
+    def response_decoder(self) -> Any:
+        return _Packed(self._response) if self.packed else _Framed(self._response)

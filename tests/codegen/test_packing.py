@@ -1,0 +1,125 @@
+"""capsvc.codec.packing against libcapnp's packing (pycapnp), both ways, and hostile input.
+
+Messages are built by pycapnp with a ``List(UInt64)`` of words drawn to exercise every
+packing case: zero words and runs of them (up to and past the 256-word limit of one run),
+all-ones words followed by words with one zero byte or none (raw runs, past their
+255-word limit too), and ordinary words with any pattern of zero bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from capsvc.codec.packing import pack, unpack
+from capsvc.errors import DecodeError
+from tests.codegen.conftest import Generated
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+@pytest.fixture(scope="module")
+def lists(generated: Generated) -> Any:
+    # pycapnp's kitchen.capnp as conftest loaded it (loading a schema twice aborts libcapnp)
+    return generated.reference.Lists
+
+
+def _word(mask: int, fill: int) -> int:
+    """A word whose byte ``i`` is non-zero exactly when bit ``i`` of ``mask`` is set."""
+    return sum(((fill + 31 * i) % 255 + 1) << (8 * i) for i in range(8) if mask >> i & 1)
+
+
+# A run of identical-shaped words: (how many, which bytes are non-zero, their values).
+_RUN = st.tuples(
+    st.sampled_from([1, 2, 3, 255, 256, 257, 600]),
+    st.one_of(st.sampled_from([0x00, 0xFF, 0x7F, 0xFE, 0xEF, 0x01, 0x80]), st.integers(0, 255)),
+    st.integers(0, 254),
+)
+WORDS = st.lists(_RUN, max_size=8).map(
+    lambda runs: [_word(mask, fill + k) for count, mask, fill in runs for k in range(count)]
+)
+
+
+def _message(lists: Any, words: list[int]) -> Any:
+    message = lists.new_message()
+    message.init("u64s", len(words))
+    for index, word in enumerate(words):
+        message.u64s[index] = word
+    return message
+
+
+@SETTINGS
+@given(words=WORDS)
+def test_pack_writes_what_libcapnp_writes(lists: Any, words: list[int]) -> None:
+    message = _message(lists, words)
+    framed = message.to_bytes()
+    message.clear_write_flag()
+    packed = pack(framed)
+    assert packed == message.to_bytes_packed()  # byte for byte: the same choices
+    assert list(lists.from_bytes_packed(packed).u64s) == words
+
+
+@SETTINGS
+@given(words=WORDS)
+def test_unpack_reads_what_libcapnp_writes(lists: Any, words: list[int]) -> None:
+    message = _message(lists, words)
+    packed = message.to_bytes_packed()
+    message.clear_write_flag()
+    assert unpack(packed) == message.to_bytes()
+
+
+@SETTINGS
+@given(data=st.binary(max_size=400).map(lambda b: b[: len(b) & ~7]))
+def test_arbitrary_words_round_trip(data: bytes) -> None:
+    assert unpack(pack(data)) == data
+
+
+def test_non_canonical_encodings_unpack() -> None:
+    # A writer may mark zero bytes as present, and use runs of length 0.
+    assert unpack(bytes([0x03, 0, 7])) == bytes([0, 7, 0, 0, 0, 0, 0, 0])
+    assert unpack(bytes([0xFF, *range(1, 9), 0])) == bytes(range(1, 9))
+    assert unpack(bytes([0x00, 0, 0x00, 1])) == bytes(24)
+    assert unpack(bytes([0xFF, *range(1, 9), 1, *range(8)])) == bytes(range(1, 9)) + bytes(range(8))
+
+
+def test_pack_needs_whole_words() -> None:
+    with pytest.raises(ValueError, match="whole words"):
+        pack(b"1234567")
+    assert pack(b"") == b""
+    assert unpack(b"") == b""
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        bytes([0x01]),  # a tag without its byte
+        bytes([0x0F, 1, 2]),  # four bytes promised, two there
+        bytes([0x00]),  # a zero run without its count
+        bytes([0xFF, 1, 2, 3]),  # an all-ones word cut short
+        bytes([0xFF, *range(1, 9)]),  # ... without its raw count
+        bytes([0xFF, *range(1, 9), 2, *range(8)]),  # two raw words promised, one there
+        bytes([0x02, 5, 0xFF]),  # a good word, then a truncated one
+    ],
+)
+def test_truncated_input_is_a_decode_error(data: bytes) -> None:
+    with pytest.raises(DecodeError, match="ends inside"):
+        unpack(data)
+
+
+def test_zero_runs_cannot_exceed_the_limit() -> None:
+    # Two bytes make 256 words: a small hostile input asks for a lot of memory.
+    bomb = bytes([0x00, 255]) * 4096  # 8 KiB in, 8 MiB out
+    with pytest.raises(DecodeError, match="more than 1000 words"):
+        unpack(bomb, max_words=1000)
+    assert len(unpack(bomb[:8], max_words=1024)) == 1024 * 8
+
+
+def test_ordinary_words_count_against_the_limit() -> None:
+    with pytest.raises(DecodeError, match="more than 3 words"):
+        unpack(bytes([0x01, 9]) * 4, max_words=3)
+    with pytest.raises(DecodeError, match="more than 3 words"):
+        unpack(bytes([0xFF, *range(1, 9), 3, *bytes(24)]), max_words=3)
+    assert unpack(bytes([0x01, 9]) * 3, max_words=3) == bytes([9, 0, 0, 0, 0, 0, 0, 0]) * 3
