@@ -1,0 +1,32 @@
+"""bench/codec.py, as a smoke run: its two builders make the same bytes, both readers
+read the same values, and each timed function runs (a few loops, no timing asserted)."""
+
+from __future__ import annotations
+
+from bench import codec
+
+
+def test_both_builders_make_the_same_message() -> None:
+    assert codec.build_generated() == codec.build_pycapnp() == codec.MESSAGE
+
+
+def test_both_readers_read_the_same_values() -> None:
+    assert codec.read_all_generated(codec.MESSAGE) == codec.read_all_pycapnp(codec.MESSAGE)
+    assert codec.read_all_generated(codec.MESSAGE) > 0
+
+
+def test_the_timed_functions_run() -> None:
+    reader = codec.gen.Car.from_bytes(codec.MESSAGE)
+    with codec.ref.Car.from_bytes(codec.MESSAGE) as ref_reader:
+        for _, name in codec.FIELDS:
+            assert codec.field_reads(reader, name)(3) >= 0
+            assert codec.field_reads(ref_reader, name)(3) >= 0
+            assert codec.fast_reads(ref_reader, name)(3) >= 0
+    assert codec.calls(codec.build_generated)(2) >= 0
+    assert set(codec.machine_state()) == {
+        "cpu_model",
+        "cpuidle_driver",
+        "cpuidle_governor",
+        "haltpoll_ns",
+        "loadavg",
+    }
