@@ -21,41 +21,56 @@ from capsvc.mistakes import field_type, from_pycapnp, struct_name, unknown_field
 
 _STRUCTS = (capnp.lib.capnp._DynamicStructBuilder, capnp.lib.capnp._DynamicStructReader)
 _LISTS = (capnp.lib.capnp._DynamicListBuilder, capnp.lib.capnp._DynamicListReader)
-
-#: (struct ID, field name) -> (wrapper class or None, the schema it wraps with).
-_KINDS: dict[tuple[int, str], tuple[type | None, Any]] = {}
+_WRAPPABLE = _STRUCTS + _LISTS
 
 
-def _kind(schema: Any, name: str) -> tuple[type | None, Any]:
-    key = (schema.node.id, name)
-    kind = _KINDS.get(key)
-    if kind is None:
-        proto = schema.fields[name].proto
-        kind = (None, None)
-        if proto.which() == "group":
-            kind = (Checked, schema.fields[name].schema)
-        elif proto.slot.type.which() == "struct":
-            kind = (Checked, schema.fields[name].schema)
-        elif (
-            proto.slot.type.which() == "list"
-            and proto.slot.type.list.elementType.which() == "struct"
-        ):
-            kind = (CheckedList, schema.fields[name].schema.elementType)
-        _KINDS[key] = kind
-    return kind
+class _Shape:
+    """What the checks need of one struct schema, computed once: its field names, and
+    for each struct, group or list-of-structs field the view to wrap it in."""
+
+    __slots__ = ("kinds", "names", "schema")
+
+    def __init__(self, schema: Any) -> None:
+        self.schema = schema  # held: the cache below is keyed by its id()
+        self.names = frozenset(schema.fieldnames)
+        self.kinds: dict[str, tuple[type, Any]] = {}
+        for name in schema.fieldnames:
+            field = schema.fields[name]
+            proto = field.proto
+            if proto.which() == "group" or proto.slot.type.which() == "struct":
+                self.kinds[name] = (Checked, field.schema)
+            elif (
+                proto.slot.type.which() == "list"
+                and proto.slot.type.list.elementType.which() == "struct"
+            ):
+                self.kinds[name] = (CheckedList, field.schema.elementType)
 
 
-def _checked(value: Any, schema: Any, name: str) -> Any:
-    wrapper, inner = _kind(schema, name)
-    if wrapper is None or not isinstance(value, _STRUCTS + _LISTS):
+_SHAPES: dict[int, _Shape] = {}
+
+
+def _shape_of(schema: Any) -> _Shape:
+    shape = _SHAPES.get(id(schema))
+    if shape is None or shape.schema is not schema:
+        shape = _SHAPES[id(schema)] = _Shape(schema)
+    return shape
+
+
+def _checked(value: Any, shape: _Shape, name: str) -> Any:
+    kind = shape.kinds.get(name)
+    if kind is None or not isinstance(value, _WRAPPABLE):
         return value
-    return wrapper(value, inner)
+    return kind[0](value, kind[1])
 
 
 def set_field(builder: Any, schema: Any, name: str, value: Any) -> None:
     """``setattr(builder, name, value)`` with pycapnp's errors translated (see
     capsvc.mistakes); a checked view given as the value is unwrapped first."""
-    if name not in schema.fieldnames:
+    _set(builder, schema, _shape_of(schema).names, name, value)
+
+
+def _set(builder: Any, schema: Any, names: frozenset[str], name: str, value: Any) -> None:
+    if name not in names:
         raise unknown_field(schema, name)
     if isinstance(value, Checked | CheckedList):
         value = value._raw
@@ -78,38 +93,37 @@ def unwrap(value: Any) -> Any:
 class Checked:
     """A pycapnp struct reader or builder whose mistakes are Python errors."""
 
-    __slots__ = ("_raw", "_schema")
+    __slots__ = ("_raw", "_schema", "_shape")
 
     def __init__(self, raw: Any, schema: Any) -> None:
         object.__setattr__(self, "_raw", raw)
         object.__setattr__(self, "_schema", schema)
+        object.__setattr__(self, "_shape", _shape_of(schema))
 
     def __getattr__(self, name: str) -> Any:
-        schema = self._schema
         try:
             value = getattr(self._raw, name)
         except AttributeError:
-            if name in schema.fieldnames:
+            if name in self._shape.names:
                 raise  # e.g. a union member that is not set: pycapnp's words are plain
-            raise AttributeError(unknown_field(schema, name).args[0]) from None
+            raise AttributeError(unknown_field(self._schema, name).args[0]) from None
         except Exception as error:  # pycapnp's KjException, e.g. an unset union member
-            raise AttributeError(f"{struct_name(schema)}.{name}: {_reason(error)}") from None
-        if name in schema.fieldnames:
-            return _checked(value, schema, name)
-        return value
+            where = f"{struct_name(self._schema)}.{name}"
+            raise AttributeError(f"{where}: {_reason(error)}") from None
+        return _checked(value, self._shape, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        set_field(self._raw, self._schema, name, value)
+        _set(self._raw, self._schema, self._shape.names, name, value)
 
     def init(self, name: str, *args: Any) -> Any:
-        schema = self._schema
-        if name not in schema.fieldnames:
-            raise unknown_field(schema, name)
+        shape = self._shape
+        if name not in shape.names:
+            raise unknown_field(self._schema, name)
         try:
             value = self._raw.init(name, *args)
         except Exception as error:
-            raise TypeError(f"{struct_name(schema)}.{name}: {_reason(error)}") from None
-        return _checked(value, schema, name)
+            raise TypeError(f"{struct_name(self._schema)}.{name}: {_reason(error)}") from None
+        return _checked(value, shape, name)
 
     def __dir__(self) -> list[str]:
         return list(self._schema.fieldnames)
