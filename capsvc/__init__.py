@@ -4,6 +4,8 @@ The public names are re-exported here from the modules that define them, so that
 ``capsvc.X`` is the one spelling users need.
 """
 
+# First: chooses between the compiled and the pure-Python build (capsvc/_build.py).
+from capsvc._build import COMPILED as COMPILED
 from capsvc.api import connect as connect
 from capsvc.api import open_connection as open_connection
 from capsvc.api import serve as serve

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
+from capsvc._mypyc import mypyc_attr
 from capsvc.errors import DecodeError
 from capsvc.framing import encode_message
 
@@ -64,6 +65,7 @@ def bad_type(value: object, field: str, expected: str) -> TypeError:
     return TypeError(f"{field}: expected {expected}, got {type(value).__name__}")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MessageBuilder:
     """One message being built: a single segment that grows at the end."""
 
@@ -98,6 +100,7 @@ def write_list_pointer(buf: bytearray, at: int, target: int, code: int, count: i
     _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | 1 | ((count << 3 | code) << 32))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StructBuilder:
     """A struct being built. Generated subclasses add one property per field."""
 
@@ -192,7 +195,7 @@ def struct_field(
 _TEXT_ENDS = tuple(bytes(8 - n) for n in range(8))
 
 
-def set_text(builder: MessageBuilder, at: int, value: str, field: str) -> None:
+def set_text(builder: MessageBuilder, at: int, value: object, field: str) -> None:
     if not isinstance(value, str):
         raise bad_type(value, field, "str (Text)")
     encoded = value.encode("utf-8")
@@ -205,9 +208,7 @@ def set_text(builder: MessageBuilder, at: int, value: str, field: str) -> None:
     _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | 1 | ((size << 3 | 2) << 32))
 
 
-def set_data(
-    builder: MessageBuilder, at: int, value: bytes | bytearray | memoryview, field: str
-) -> None:
+def set_data(builder: MessageBuilder, at: int, value: object, field: str) -> None:
     if not isinstance(value, bytes | bytearray | memoryview):
         raise bad_type(value, field, "bytes (Data)")
     size = len(value)
@@ -237,7 +238,7 @@ class Capability(Protocol):
     def _capsvc_hook(self) -> Any: ...
 
 
-def set_client(builder: MessageBuilder, at: int, value: Capability | None, field: str) -> None:
+def set_client(builder: MessageBuilder, at: int, value: object, field: str) -> None:
     """Put a capability in the message: its hook is appended to the message's cap table and
     the pointer word ``at`` names that entry."""
     if value is None:
@@ -260,6 +261,7 @@ def set_capability(builder: MessageBuilder, at: int, index: int) -> None:
 
 
 # ---------------------------------------------------------------------- lists
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ListBuilder:
     """A list being built: ``len()``, and element access by index."""
 
@@ -286,6 +288,7 @@ class ListBuilder:
 T = TypeVar("T")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PrimitiveListBuilder(ListBuilder, Generic[T]):
     __slots__ = ("_fmt", "_packer", "_type")
 
@@ -326,10 +329,11 @@ class PrimitiveListBuilder(ListBuilder, Generic[T]):
             raise
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class BoolListBuilder(ListBuilder):
     __slots__ = ()
 
-    def __setitem__(self, index: int, value: bool) -> None:
+    def __setitem__(self, index: int, value: object) -> None:
         if value is not True and value is not False:
             raise bad_type(value, f"{self.field}[{index}]", "bool (Bool)")
         bit = self._index(index)
@@ -343,32 +347,36 @@ class BoolListBuilder(ListBuilder):
         return bool(self._b.buf[(self._start << 3) + (bit >> 3)] >> (bit & 7) & 1)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TextListBuilder(ListBuilder):
     __slots__ = ()
 
-    def __setitem__(self, index: int, value: str) -> None:
+    def __setitem__(self, index: int, value: object) -> None:
         at = self._start + self._index(index)
         set_text(self._b, at, value, f"{self.field}[{index}]")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class DataListBuilder(ListBuilder):
     __slots__ = ()
 
-    def __setitem__(self, index: int, value: bytes) -> None:
+    def __setitem__(self, index: int, value: object) -> None:
         at = self._start + self._index(index)
         set_data(self._b, at, value, f"{self.field}[{index}]")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class CapabilityListBuilder(ListBuilder):
     """A List of an interface type: assign a client or server object per element."""
 
     __slots__ = ()
 
-    def __setitem__(self, index: int, value: Capability | None) -> None:
+    def __setitem__(self, index: int, value: object) -> None:
         at = self._start + self._index(index)
         set_client(self._b, at, value, f"{self.field}[{index}]")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StructListBuilder(ListBuilder, Generic[B]):
     """A composite list: ``lst[i]`` is the builder of element i (already allocated)."""
 
@@ -394,6 +402,7 @@ class StructListBuilder(ListBuilder, Generic[B]):
         return map(cls._at, repeat(self._b), range(start, start + self._count * size, size))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ListListBuilder(ListBuilder):
     """A list of lists: ``init(i, ...)`` allocates element i with the function the
     generator chose for the inner type."""
@@ -406,19 +415,25 @@ class ListListBuilder(ListBuilder):
         super().__init__(builder, start, count, field)
         self._inner = inner
 
-    def init(self, index: int, count: int) -> Any:
+    def init(self, index: int, count: object) -> Any:
         at = self._start + self._index(index)
         return self._inner(self._b, at, count, f"{self.field}[{index}]")
 
 
 def init_primitive_list(
-    builder: MessageBuilder, at: int, count: int, field: str, fmt: str, code: int, schema_type: str
+    builder: MessageBuilder,
+    at: int,
+    count: object,
+    field: str,
+    fmt: str,
+    code: int,
+    schema_type: str,
 ) -> PrimitiveListBuilder[Any]:
-    _check_count(count, field)
+    n = _check_count(count, field)
     size = struct.calcsize("<" + fmt)
-    start = builder.alloc((count * size + 7) >> 3)
-    write_list_pointer(builder.buf, at, start, code, count)
-    return PrimitiveListBuilder(builder, start, count, field, fmt, schema_type)
+    start = builder.alloc((n * size + 7) >> 3)
+    write_list_pointer(builder.buf, at, start, code, n)
+    return PrimitiveListBuilder(builder, start, n, field, fmt, schema_type)
 
 
 def set_primitive_list(
@@ -435,71 +450,78 @@ def set_primitive_list(
     target.set_all(items)
 
 
-def init_bool_list(builder: MessageBuilder, at: int, count: int, field: str) -> BoolListBuilder:
-    _check_count(count, field)
-    start = builder.alloc((count + 63) >> 6)
-    write_list_pointer(builder.buf, at, start, 1, count)
-    return BoolListBuilder(builder, start, count, field)
+def init_bool_list(builder: MessageBuilder, at: int, count: object, field: str) -> BoolListBuilder:
+    n = _check_count(count, field)
+    start = builder.alloc((n + 63) >> 6)
+    write_list_pointer(builder.buf, at, start, 1, n)
+    return BoolListBuilder(builder, start, n, field)
 
 
-def init_void_list(builder: MessageBuilder, at: int, count: int, field: str) -> ListBuilder:
-    _check_count(count, field)
-    write_list_pointer(builder.buf, at, builder.alloc(0), 0, count)
-    return ListBuilder(builder, 0, count, field)
+def init_void_list(builder: MessageBuilder, at: int, count: object, field: str) -> ListBuilder:
+    n = _check_count(count, field)
+    write_list_pointer(builder.buf, at, builder.alloc(0), 0, n)
+    return ListBuilder(builder, 0, n, field)
 
 
-def _init_pointer_list(builder: MessageBuilder, at: int, count: int, field: str) -> int:
-    _check_count(count, field)
+def _init_pointer_list(builder: MessageBuilder, at: int, count: int) -> int:
     start = builder.alloc(count)
     write_list_pointer(builder.buf, at, start, 6, count)
     return start
 
 
-def init_pointer_list(builder: MessageBuilder, at: int, count: int, field: str) -> ListBuilder:
+def init_pointer_list(builder: MessageBuilder, at: int, count: object, field: str) -> ListBuilder:
     """A list of pointers left null (a List(AnyPointer))."""
-    return ListBuilder(builder, _init_pointer_list(builder, at, count, field), count, field)
+    n = _check_count(count, field)
+    return ListBuilder(builder, _init_pointer_list(builder, at, n), n, field)
 
 
-def init_text_list(builder: MessageBuilder, at: int, count: int, field: str) -> TextListBuilder:
-    return TextListBuilder(builder, _init_pointer_list(builder, at, count, field), count, field)
+def init_text_list(builder: MessageBuilder, at: int, count: object, field: str) -> TextListBuilder:
+    n = _check_count(count, field)
+    return TextListBuilder(builder, _init_pointer_list(builder, at, n), n, field)
 
 
-def init_data_list(builder: MessageBuilder, at: int, count: int, field: str) -> DataListBuilder:
-    return DataListBuilder(builder, _init_pointer_list(builder, at, count, field), count, field)
+def init_data_list(builder: MessageBuilder, at: int, count: object, field: str) -> DataListBuilder:
+    n = _check_count(count, field)
+    return DataListBuilder(builder, _init_pointer_list(builder, at, n), n, field)
 
 
 def init_capability_list(
-    builder: MessageBuilder, at: int, count: int, field: str
+    builder: MessageBuilder, at: int, count: object, field: str
 ) -> CapabilityListBuilder:
-    start = _init_pointer_list(builder, at, count, field)
-    return CapabilityListBuilder(builder, start, count, field)
+    n = _check_count(count, field)
+    return CapabilityListBuilder(builder, _init_pointer_list(builder, at, n), n, field)
 
 
 def init_list_list(
-    builder: MessageBuilder, at: int, count: int, field: str, inner: Any
+    builder: MessageBuilder, at: int, count: object, field: str, inner: Any
 ) -> ListListBuilder:
-    return ListListBuilder(
-        builder, _init_pointer_list(builder, at, count, field), count, field, inner
-    )
+    n = _check_count(count, field)
+    return ListListBuilder(builder, _init_pointer_list(builder, at, n), n, field, inner)
 
 
 def init_struct_list(
-    builder: MessageBuilder, at: int, count: int, field: str, cls: type[B]
+    builder: MessageBuilder, at: int, count: object, field: str, cls: type[B]
 ) -> StructListBuilder[B]:
-    _check_count(count, field)
+    n = _check_count(count, field)
     size = cls._DATA_WORDS + cls._POINTERS
-    start = builder.alloc(1 + count * size)
+    start = builder.alloc(1 + n * size)
     buf = builder.buf
-    _set_u64(buf, start << 3, (count << 2) | (cls._DATA_WORDS << 32) | (cls._POINTERS << 48))
-    write_list_pointer(buf, at, start, 7, count * size)
-    return StructListBuilder(builder, start + 1, count, field, cls)
+    _set_u64(buf, start << 3, (n << 2) | (cls._DATA_WORDS << 32) | (cls._POINTERS << 48))
+    write_list_pointer(buf, at, start, 7, n * size)
+    return StructListBuilder(builder, start + 1, n, field, cls)
 
 
-def _check_count(count: int, field: str) -> None:
+def _check_count(count: object, field: str) -> int:
+    """``count`` as a list length, or the error naming the field.
+
+    Counts (and the values of the setters here) come straight from user code, so they
+    are typed ``object``: a compiled build checks a parameter's declared type on entry,
+    with an error that names no field."""
     if not isinstance(count, int):
         raise bad_type(count, field, "an int (the list's length)")
     if not 0 <= count < (1 << 29):
         raise ValueError(f"{field}: a list of {count} elements cannot be encoded (0..2**29-1)")
+    return count
 
 
 # ---------------------------------------------------------------------- copying

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import repeat
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
+from capsvc._mypyc import mypyc_attr
 from capsvc.errors import DecodeError
 
 Segments = Sequence[bytes | bytearray | memoryview]
@@ -51,6 +52,7 @@ C = TypeVar("C", covariant=True)
 E = TypeVar("E")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MessageReader:
     """The segments of one message and what reading them may still cost."""
 
@@ -130,6 +132,7 @@ def _offset(word: int) -> int:
 
 
 # ---------------------------------------------------------------------- structs
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StructReader:
     """A struct in a received message. Generated subclasses add one property per field.
 
@@ -377,6 +380,7 @@ def read_data(msg: MessageReader, si: int, w: int, default: bytes) -> bytes:
 
 
 # ---------------------------------------------------------------------- lists
+@mypyc_attr(allow_interpreted_subclasses=True)
 class _ListShape:
     """Where a list's elements are: what ``_open_list`` found behind a list pointer.
 
@@ -451,6 +455,7 @@ def _open_list(msg: MessageReader, si: int, w: int, depth: int) -> _ListShape | 
     return _ListShape(si, start + 1, elements, code, size << 6, data_words, pointers)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ListReader(Generic[T]):
     """A list in a received message: ``len()``, indexing, iteration. Kinds subclass it."""
 
@@ -501,6 +506,7 @@ class ListReader(Generic[T]):
     __hash__ = None  # type: ignore[assignment]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PrimitiveList(ListReader[T]):
     """A list of numbers (``fmt``: a struct format letter) or of enums (``wrap``)."""
 
@@ -541,6 +547,7 @@ class PrimitiveList(ListReader[T]):
         return self._wrap(value) if self._wrap is not None else value
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class BoolList(ListReader[bool]):
     __slots__ = ()
 
@@ -555,6 +562,7 @@ class BoolList(ListReader[bool]):
         return bool(self._seg[(shape.start << 3) + (bit >> 3)] >> (bit & 7) & 1)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class VoidList(ListReader[None]):
     __slots__ = ()
 
@@ -562,6 +570,7 @@ class VoidList(ListReader[None]):
         return None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class _PointerElements(ListReader[T]):
     """Lists whose elements are pointers (Text, Data, lists, structs as pointer lists)."""
 
@@ -578,6 +587,7 @@ class _PointerElements(ListReader[T]):
         return shape.start + ((index * shape.step_bits) >> 6) + shape.data_words
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TextList(_PointerElements[str]):
     __slots__ = ()
 
@@ -587,6 +597,7 @@ class TextList(_PointerElements[str]):
         return read_text(self._msg, shape.si, self._element_pointer(index), "")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class DataList(_PointerElements[bytes]):
     __slots__ = ()
 
@@ -596,6 +607,7 @@ class DataList(_PointerElements[bytes]):
         return read_data(self._msg, shape.si, self._element_pointer(index), b"")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ListList(_PointerElements["ListReader[Any]"]):
     """A list of lists; ``inner`` makes the reader of each element."""
 
@@ -617,6 +629,7 @@ class ListList(_PointerElements["ListReader[Any]"]):
         return self._inner(self._msg, shape.si, self._element_pointer(index), self._depth)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StructList(ListReader[R]):
     """A list of structs (composite; or, from an older writer, words or pointers).
 
@@ -715,6 +728,7 @@ def _composite(
     return lst
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class AnyPointer:
     """An AnyPointer field: read it as the type you know it to be."""
 
@@ -816,6 +830,7 @@ def read_client(msg: MessageReader, si: int, w: int, cls: ClientFactory[C]) -> C
     return cls._from_table(msg.caps, read_capability(msg, si, w))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ClientList(_PointerElements[E]):
     """A List of an interface type: a client per element."""
 
@@ -840,6 +855,7 @@ def client_list(cls: ClientFactory[E]) -> Callable[[MessageReader, int, int, int
     return make
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class AnyPointerList(_PointerElements[AnyPointer]):
     __slots__ = ()
 
