@@ -25,8 +25,9 @@ Decoding (:class:`FrameDecoder`):
   exceed the limit). Hence the buffer never holds more than one header, one allowed body
   and one ``feed``'s worth of data, provided the caller drains ``next_message()`` until it
   returns ``None`` after each ``feed`` (the connection reader does).
-- A complete message's body is copied out once into a fresh ``bytes`` object and the
-  segments are returned as ``memoryview`` slices of it at multiples of 8 bytes. CPython
+- A complete message's body is copied out once into a fresh ``bytes`` object: a
+  one-segment message's segment is that object, and the segments of a longer one are
+  ``memoryview`` slices of it at multiples of 8 bytes. CPython
   allocates ``bytes`` storage 16-byte aligned, so every segment is 8-byte aligned and
   pycapnp's ``from_segments`` reads it in place (it copies only unaligned segments). The
   views are read-only and stay valid however the decoder's buffer moves afterwards.
@@ -154,7 +155,7 @@ class FrameDecoder:
         """The stream has ended; no more data will be fed."""
         self._eof = True
 
-    def next_message(self) -> list[memoryview] | None:
+    def next_message(self) -> list[bytes | memoryview] | None:
         """The segments of the next complete message, or ``None`` if more data is needed.
 
         Raises :class:`FramingError` for a header over the limits, or after ``feed_eof()``
@@ -194,10 +195,12 @@ class FrameDecoder:
             with memoryview(buf) as view:
                 body = view[start:end].tobytes()
         self._consume(end)
-        whole = memoryview(body)
         if len(sizes) == 1:
-            return [whole]
-        segments = []
+            # The bytes themselves, not a view: slicing and decoding a Text from ``bytes``
+            # costs half what it does from a memoryview (generated readers, codegen.md §4).
+            return [body]
+        whole = memoryview(body)
+        segments: list[bytes | memoryview] = []
         offset = 0
         for words in sizes:
             size = words * _WORD

@@ -153,6 +153,11 @@ class StructBuilder:
 
         return pack(encode_message(self._b.segments()))
 
+    def _set_text(self, slot: int, value: object, field: str) -> None:
+        """Text into pointer ``slot``, for generated setters (a method: in the compiled
+        build the attribute loads run natively too)."""
+        set_text(self._b, self._ptr + slot, value, field)
+
     def _pointer_is_null(self, slot: int) -> bool:
         return _get_u64(self._b.buf, (self._ptr + slot) << 3)[0] == 0
 

@@ -672,14 +672,14 @@ def _read_expression(node: Struct, field: Field, path: str, names: _Names) -> li
     where = "self._msg, self._si, w if w < self._pend else -1"
     if k == "text":
         text = field.default if isinstance(field.default, str) else _NO_DEFAULT_TEXT
-        return [pointer, f"return _r.read_text({where}, {text!r})"]
+        return [f"return self._text({field.offset}, {text!r})"]
     if k == "data":
         data = field.default if isinstance(field.default, bytes) else b""
         return [pointer, f"return _r.read_data({where}, {data!r})"]
     if k == "struct":
         target = names.of(kind.target)
         encoded = _default_name(path, field) if field.default is not None else "None"
-        return [pointer, f"return _r.read_struct({where}, {target}.Reader, self._depth, {encoded})"]
+        return [f"return self._struct({field.offset}, {target}.Reader, {encoded})"]
     if k == "list":
         maker = _list_name(path, field)
         if field.default is not None:
@@ -941,7 +941,10 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
         with out.indent():
             for line in select:
                 out.add(line)
-            out.add(f'_b.set_{k}(self._b, {pointer}, value, "{label}")')
+            if k == "text":
+                out.add(f'self._set_text({field.offset}, value, "{label}")')
+            else:
+                out.add(f'_b.set_{k}(self._b, {pointer}, value, "{label}")')
         return
     if k == "struct":
         target = names.of(kind.target)

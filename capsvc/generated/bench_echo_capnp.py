@@ -51,8 +51,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
             @property
             def msg(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -72,7 +71,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @msg.setter
             def msg(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "BenchEcho.pingCap$Params.msg")
+                self._set_text(0, value, "BenchEcho.pingCap$Params.msg")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -133,8 +132,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
             @property
             def reply(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             @property
             def cap(self) -> BenchEcho.Client:
@@ -159,7 +157,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @reply.setter
             def reply(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "BenchEcho.pingCap$Results.reply")
+                self._set_text(0, value, "BenchEcho.pingCap$Results.reply")
 
             def set_cap(self, value: BenchEcho.Client | BenchEcho.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""

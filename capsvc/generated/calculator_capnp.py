@@ -676,8 +676,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             @property
             def body(self) -> Calculator.Expression.Reader:
-                w = self._ptr + 0
-                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Calculator.Expression.Reader, self._depth, None)
+                return self._struct(0, Calculator.Expression.Reader, None)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -861,8 +860,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             @property
             def expression(self) -> Calculator.Expression.Reader:
-                w = self._ptr + 0
-                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Calculator.Expression.Reader, self._depth, None)
+                return self._struct(0, Calculator.Expression.Reader, None)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,

@@ -50,8 +50,7 @@ class Echo(_t.Interface["Echo.Client"]):
 
             @property
             def msg(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -71,7 +70,7 @@ class Echo(_t.Interface["Echo.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @msg.setter
             def msg(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Echo.ping$Params.msg")
+                self._set_text(0, value, "Echo.ping$Params.msg")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -132,8 +131,7 @@ class Echo(_t.Interface["Echo.Client"]):
 
             @property
             def reply(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -153,7 +151,7 @@ class Echo(_t.Interface["Echo.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @reply.setter
             def reply(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Echo.ping$Results.reply")
+                self._set_text(0, value, "Echo.ping$Results.reply")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

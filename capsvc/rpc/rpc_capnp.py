@@ -331,8 +331,7 @@ class Call:
 
         @property
         def target(self) -> MessageTarget.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, MessageTarget.Reader, self._depth, None)
+            return self._struct(0, MessageTarget.Reader, None)
 
         @property
         def interfaceId(self) -> int:
@@ -356,8 +355,7 @@ class Call:
 
         @property
         def params(self) -> Payload.Reader:
-            w = self._ptr + 1
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Payload.Reader, self._depth, None)
+            return self._struct(1, Payload.Reader, None)
 
         @property
         def sendResultsTo(self) -> Call.SendResultsTo.Reader:
@@ -565,13 +563,11 @@ class CapDescriptor:
 
         @property
         def receiverAnswer(self) -> PromisedAnswer.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, PromisedAnswer.Reader, self._depth, None)
+            return self._struct(0, PromisedAnswer.Reader, None)
 
         @property
         def thirdPartyHosted(self) -> ThirdPartyCapDescriptor.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, ThirdPartyCapDescriptor.Reader, self._depth, None)
+            return self._struct(0, ThirdPartyCapDescriptor.Reader, None)
 
         @property
         def attachedFd(self) -> int:
@@ -878,8 +874,7 @@ class Disembargo:
 
         @property
         def target(self) -> MessageTarget.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, MessageTarget.Reader, self._depth, None)
+            return self._struct(0, MessageTarget.Reader, None)
 
         @property
         def context(self) -> Disembargo.Context.Reader:
@@ -1001,8 +996,7 @@ class Exception:
 
         @property
         def reason(self) -> str:
-            w = self._ptr + 0
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(0, '')
 
         @property
         def type(self) -> Exception.Type:
@@ -1018,8 +1012,7 @@ class Exception:
 
         @property
         def trace(self) -> str:
-            w = self._ptr + 1
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(1, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1044,7 +1037,7 @@ class Exception:
             return _b.get_text(self._b, self._ptr + 0, '')
         @reason.setter
         def reason(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 0, value, "Exception.reason")
+            self._set_text(0, value, "Exception.reason")
 
         @property
         def type(self) -> Exception.Type:
@@ -1082,7 +1075,7 @@ class Exception:
             return _b.get_text(self._b, self._ptr + 1, '')
         @trace.setter
         def trace(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 1, value, "Exception.trace")
+            self._set_text(1, value, "Exception.trace")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1262,8 +1255,7 @@ class Join:
 
         @property
         def target(self) -> MessageTarget.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, MessageTarget.Reader, self._depth, None)
+            return self._struct(0, MessageTarget.Reader, None)
 
         @property
         def keyPart(self) -> _r.AnyPointer:
@@ -1374,48 +1366,39 @@ class Message:
 
         @property
         def unimplemented(self) -> Message.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Message.Reader, self._depth, None)
+            return self._struct(0, Message.Reader, None)
 
         @property
         def abort(self) -> Exception.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Exception.Reader, self._depth, None)
+            return self._struct(0, Exception.Reader, None)
 
         @property
         def bootstrap(self) -> Bootstrap.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Bootstrap.Reader, self._depth, None)
+            return self._struct(0, Bootstrap.Reader, None)
 
         @property
         def call(self) -> Call.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Call.Reader, self._depth, None)
+            return self._struct(0, Call.Reader, None)
 
         @property
         def return_(self) -> Return.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Return.Reader, self._depth, None)
+            return self._struct(0, Return.Reader, None)
 
         @property
         def finish(self) -> Finish.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Finish.Reader, self._depth, None)
+            return self._struct(0, Finish.Reader, None)
 
         @property
         def resolve(self) -> Resolve.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Resolve.Reader, self._depth, None)
+            return self._struct(0, Resolve.Reader, None)
 
         @property
         def release(self) -> Release.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Release.Reader, self._depth, None)
+            return self._struct(0, Release.Reader, None)
 
         @property
         def disembargo(self) -> Disembargo.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Disembargo.Reader, self._depth, None)
+            return self._struct(0, Disembargo.Reader, None)
 
         @property
         def obsoleteSave(self) -> _r.AnyPointer:
@@ -1429,18 +1412,15 @@ class Message:
 
         @property
         def provide(self) -> Provide.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Provide.Reader, self._depth, None)
+            return self._struct(0, Provide.Reader, None)
 
         @property
         def accept(self) -> Accept.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Accept.Reader, self._depth, None)
+            return self._struct(0, Accept.Reader, None)
 
         @property
         def join(self) -> Join.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Join.Reader, self._depth, None)
+            return self._struct(0, Join.Reader, None)
 
         def which(self) -> Literal["unimplemented", "abort", "call", "return", "finish", "resolve", "release", "obsoleteSave", "bootstrap", "obsoleteDelete", "provide", "accept", "join", "disembargo"] | None:
             """The union member that is set (None: one this schema does not know)."""
@@ -1815,8 +1795,7 @@ class MessageTarget:
 
         @property
         def promisedAnswer(self) -> PromisedAnswer.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, PromisedAnswer.Reader, self._depth, None)
+            return self._struct(0, PromisedAnswer.Reader, None)
 
         def which(self) -> Literal["importedCap", "promisedAnswer"] | None:
             """The union member that is set (None: one this schema does not know)."""
@@ -2235,8 +2214,7 @@ class Provide:
 
         @property
         def target(self) -> MessageTarget.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, MessageTarget.Reader, self._depth, None)
+            return self._struct(0, MessageTarget.Reader, None)
 
         @property
         def recipient(self) -> _r.AnyPointer:
@@ -2449,13 +2427,11 @@ class Resolve:
 
         @property
         def cap(self) -> CapDescriptor.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, CapDescriptor.Reader, self._depth, None)
+            return self._struct(0, CapDescriptor.Reader, None)
 
         @property
         def exception(self) -> Exception.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Exception.Reader, self._depth, None)
+            return self._struct(0, Exception.Reader, None)
 
         def which(self) -> Literal["cap", "exception"] | None:
             """The union member that is set (None: one this schema does not know)."""
@@ -2609,13 +2585,11 @@ class Return:
 
         @property
         def results(self) -> Payload.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Payload.Reader, self._depth, None)
+            return self._struct(0, Payload.Reader, None)
 
         @property
         def exception(self) -> Exception.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Exception.Reader, self._depth, None)
+            return self._struct(0, Exception.Reader, None)
 
         @property
         def canceled(self) -> None:

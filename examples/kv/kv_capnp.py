@@ -50,8 +50,7 @@ class Directory(_t.Interface["Directory.Client"]):
 
             @property
             def name(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -71,7 +70,7 @@ class Directory(_t.Interface["Directory.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @name.setter
             def name(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Directory.open$Params.name")
+                self._set_text(0, value, "Directory.open$Params.name")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -256,8 +255,7 @@ class Store(_t.Interface["Store.Client"]):
 
             @property
             def key(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -277,7 +275,7 @@ class Store(_t.Interface["Store.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @key.setter
             def key(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Store.get$Params.key")
+                self._set_text(0, value, "Store.get$Params.key")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -590,8 +588,7 @@ class Store(_t.Interface["Store.Client"]):
 
             @property
             def key(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             @property
             def value(self) -> bytes:
@@ -618,7 +615,7 @@ class Store(_t.Interface["Store.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @key.setter
             def key(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Store.put$Params.key")
+                self._set_text(0, value, "Store.put$Params.key")
 
             @property
             def value(self) -> bytes:
@@ -1027,8 +1024,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
             @property
             def key(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             @property
             def value(self) -> bytes:
@@ -1055,7 +1051,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @key.setter
             def key(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Watcher.changed$Params.key")
+                self._set_text(0, value, "Watcher.changed$Params.key")
 
             @property
             def value(self) -> bytes:

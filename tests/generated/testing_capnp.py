@@ -641,8 +641,7 @@ class Holder:
 
             @property
             def text(self) -> str:
-                w = self._ptr + 5
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(5, '')
 
             def which(self) -> Literal["none", "counter", "text"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -686,7 +685,7 @@ class Holder:
             @text.setter
             def text(self, value: str) -> None:
                 set_u16(self._b.buf, self._data + 0, 2)
-                _b.set_text(self._b, self._ptr + 5, value, "Holder.choice.text")
+                self._set_text(5, value, "Holder.choice.text")
 
             def which(self) -> Literal["none", "counter", "text"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -782,8 +781,7 @@ class Holder:
 
         @property
         def name(self) -> str:
-            w = self._ptr + 0
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(0, '')
 
         @property
         def cap(self) -> Counter.Client:
@@ -792,8 +790,7 @@ class Holder:
 
         @property
         def inner(self) -> Holder.Reader:
-            w = self._ptr + 2
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Holder.Reader, self._depth, None)
+            return self._struct(2, Holder.Reader, None)
 
         @property
         def caps(self) -> _r.ListReader[Counter.Client]:
@@ -837,7 +834,7 @@ class Holder:
             return _b.get_text(self._b, self._ptr + 0, '')
         @name.setter
         def name(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 0, value, "Holder.name")
+            self._set_text(0, value, "Holder.name")
 
         def set_cap(self, value: Counter.Client | Counter.Server | None) -> None:
             """Put a capability here: a client, or a server object (None: null)."""
@@ -1322,8 +1319,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             @property
             def msg(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1343,7 +1339,7 @@ class Tester(_t.Interface["Tester.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @msg.setter
             def msg(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Tester.echo$Params.msg")
+                self._set_text(0, value, "Tester.echo$Params.msg")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1404,8 +1400,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             @property
             def reply(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1425,7 +1420,7 @@ class Tester(_t.Interface["Tester.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @reply.setter
             def reply(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Tester.echo$Results.reply")
+                self._set_text(0, value, "Tester.echo$Results.reply")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1486,13 +1481,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
             @property
             def kind(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             @property
             def reason(self) -> str:
-                w = self._ptr + 1
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(1, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1514,14 +1507,14 @@ class Tester(_t.Interface["Tester.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @kind.setter
             def kind(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Tester.fail$Params.kind")
+                self._set_text(0, value, "Tester.fail$Params.kind")
 
             @property
             def reason(self) -> str:
                 return _b.get_text(self._b, self._ptr + 1, '')
             @reason.setter
             def reason(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 1, value, "Tester.fail$Params.reason")
+                self._set_text(1, value, "Tester.fail$Params.reason")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1800,8 +1793,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             @property
             def holder(self) -> Holder.Reader:
-                w = self._ptr + 0
-                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Holder.Reader, self._depth, None)
+                return self._struct(0, Holder.Reader, None)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1892,8 +1884,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             @property
             def holder(self) -> Holder.Reader:
-                w = self._ptr + 0
-                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Holder.Reader, self._depth, None)
+                return self._struct(0, Holder.Reader, None)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,

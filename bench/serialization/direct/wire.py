@@ -331,7 +331,7 @@ class StreamSegments:
         if segments is None:
             return None
         if len(segments) == 1:
-            return [cast(bytes, segments[0].obj)]  # the whole of a fresh bytes body: no copy
+            return [cast(bytes, segments[0])]  # a one-segment message's body is a fresh bytes
         return [bytes(segment) for segment in segments]
 
 

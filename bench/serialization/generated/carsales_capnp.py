@@ -42,13 +42,11 @@ class Car:
 
         @property
         def make(self) -> str:
-            w = self._ptr + 0
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(0, '')
 
         @property
         def model(self) -> str:
-            w = self._ptr + 1
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(1, '')
 
         @property
         def color(self) -> Color:
@@ -85,8 +83,7 @@ class Car:
 
         @property
         def engine(self) -> Engine.Reader:
-            w = self._ptr + 3
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Engine.Reader, self._depth, None)
+            return self._struct(3, Engine.Reader, None)
 
         @property
         def fuelCapacity(self) -> float:
@@ -154,14 +151,14 @@ class Car:
             return _b.get_text(self._b, self._ptr + 0, '')
         @make.setter
         def make(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 0, value, "Car.make")
+            self._set_text(0, value, "Car.make")
 
         @property
         def model(self) -> str:
             return _b.get_text(self._b, self._ptr + 1, '')
         @model.setter
         def model(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 1, value, "Car.model")
+            self._set_text(1, value, "Car.model")
 
         @property
         def color(self) -> Color:

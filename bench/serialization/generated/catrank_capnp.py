@@ -42,8 +42,7 @@ class SearchResult:
 
         @property
         def url(self) -> str:
-            w = self._ptr + 0
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(0, '')
 
         @property
         def score(self) -> float:
@@ -51,8 +50,7 @@ class SearchResult:
 
         @property
         def snippet(self) -> str:
-            w = self._ptr + 1
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(1, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -75,7 +73,7 @@ class SearchResult:
             return _b.get_text(self._b, self._ptr + 0, '')
         @url.setter
         def url(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 0, value, "SearchResult.url")
+            self._set_text(0, value, "SearchResult.url")
 
         @property
         def score(self) -> float:
@@ -92,7 +90,7 @@ class SearchResult:
             return _b.get_text(self._b, self._ptr + 1, '')
         @snippet.setter
         def snippet(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 1, value, "SearchResult.snippet")
+            self._set_text(1, value, "SearchResult.snippet")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

@@ -134,8 +134,7 @@ class Expression:
 
             @property
             def expression(self) -> Expression.Reader:
-                w = self._ptr + 0
-                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Expression.Reader, self._depth, None)
+                return self._struct(0, Expression.Reader, None)
 
             def which(self) -> Literal["value", "expression"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -226,8 +225,7 @@ class Expression:
 
             @property
             def expression(self) -> Expression.Reader:
-                w = self._ptr + 1
-                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Expression.Reader, self._depth, None)
+                return self._struct(1, Expression.Reader, None)
 
             def which(self) -> Literal["value", "expression"] | None:
                 """The union member that is set (None: one this schema does not know)."""

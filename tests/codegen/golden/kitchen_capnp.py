@@ -374,13 +374,11 @@ class Box:
 
         @property
         def next(self) -> Box.Reader:
-            w = self._ptr + 1
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box.Reader, self._depth, None)
+            return self._struct(1, Box.Reader, None)
 
         @property
         def label(self) -> str:
-            w = self._ptr + 2
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(2, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -419,7 +417,7 @@ class Box:
             return _b.get_text(self._b, self._ptr + 2, '')
         @label.setter
         def label(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 2, value, "Box.label")
+            self._set_text(2, value, "Box.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -484,33 +482,27 @@ class Boxes:
 
         @property
         def texts(self) -> Box_Text.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Text.Reader, self._depth, None)
+            return self._struct(0, Box_Text.Reader, None)
 
         @property
         def numbers(self) -> Box_List_Int32.Reader:
-            w = self._ptr + 1
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_List_Int32.Reader, self._depth, None)
+            return self._struct(1, Box_List_Int32.Reader, None)
 
         @property
         def trees(self) -> Box_Tree.Reader:
-            w = self._ptr + 2
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Tree.Reader, self._depth, None)
+            return self._struct(2, Box_Tree.Reader, None)
 
         @property
         def shops(self) -> Box_Shop.Reader:
-            w = self._ptr + 3
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Shop.Reader, self._depth, None)
+            return self._struct(3, Box_Shop.Reader, None)
 
         @property
         def pair(self) -> Pair_Text_Box_Text.Reader:
-            w = self._ptr + 4
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Pair_Text_Box_Text.Reader, self._depth, None)
+            return self._struct(4, Pair_Text_Box_Text.Reader, None)
 
         @property
         def bare(self) -> Box.Reader:
-            w = self._ptr + 5
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box.Reader, self._depth, None)
+            return self._struct(5, Box.Reader, None)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -761,8 +753,7 @@ class Defaults:
 
         @property
         def text(self) -> str:
-            w = self._ptr + 0
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, 'hello')
+            return self._text(0, 'hello')
 
         @property
         def data(self) -> bytes:
@@ -771,8 +762,7 @@ class Defaults:
 
         @property
         def numbers(self) -> Numbers.Reader:
-            w = self._ptr + 2
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Numbers.Reader, self._depth, _D_Defaults_numbers)
+            return self._struct(2, Numbers.Reader, _D_Defaults_numbers)
 
         @property
         def list(self) -> _r.ListReader[int]:
@@ -943,7 +933,7 @@ class Defaults:
             return _b.get_text(self._b, self._ptr + 0, 'hello')
         @text.setter
         def text(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 0, value, "Defaults.text")
+            self._set_text(0, value, "Defaults.text")
 
         @property
         def data(self) -> bytes:
@@ -1053,8 +1043,7 @@ class Keywords:
 
         @property
         def class_(self) -> str:
-            w = self._ptr + 0
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(0, '')
 
         @property
         def from_(self) -> bool:
@@ -1100,7 +1089,7 @@ class Keywords:
             return _b.get_text(self._b, self._ptr + 0, '')
         @class_.setter
         def class_(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 0, value, "Keywords.class")
+            self._set_text(0, value, "Keywords.class")
 
         @property
         def from_(self) -> bool:
@@ -1267,8 +1256,7 @@ class Left(_t.Interface["Left.Client"]):
 
             @property
             def side(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1288,7 +1276,7 @@ class Left(_t.Interface["Left.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @side.setter
             def side(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Left.left$Results.side")
+                self._set_text(0, value, "Left.left$Results.side")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2177,8 +2165,7 @@ class Right(_t.Interface["Right.Client"]):
 
             @property
             def side(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2198,7 +2185,7 @@ class Right(_t.Interface["Right.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @side.setter
             def side(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Right.right$Results.side")
+                self._set_text(0, value, "Right.right$Results.side")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2298,8 +2285,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
             @property
             def self_(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             @property
             def request(self) -> int:
@@ -2339,7 +2325,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @self_.setter
             def self_(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Diamond.tricky$Params.self")
+                self._set_text(0, value, "Diamond.tricky$Params.self")
 
             @property
             def request(self) -> int:
@@ -2441,8 +2427,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
             @property
             def return_(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             @property
             def self_(self) -> Diamond.Client:
@@ -2467,7 +2452,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @return_.setter
             def return_(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Diamond.tricky$Results.return")
+                self._set_text(0, value, "Diamond.tricky$Results.return")
 
             def set_self(self, value: Diamond.Client | Diamond.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
@@ -2585,8 +2570,7 @@ class Shapes:
 
             @property
             def label(self) -> str:
-                w = self._ptr + 1
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(1, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2617,7 +2601,7 @@ class Shapes:
                 return _b.get_text(self._b, self._ptr + 1, '')
             @label.setter
             def label(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 1, value, "Shapes.square.label")
+                self._set_text(1, value, "Shapes.square.label")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2717,8 +2701,7 @@ class Shapes:
 
                 @property
                 def pattern(self) -> str:
-                    w = self._ptr + 2
-                    return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                    return self._text(2, '')
 
                 @property
                 def gradient(self) -> Shapes.Style.Fill.Gradient.Reader:
@@ -2763,7 +2746,7 @@ class Shapes:
                 @pattern.setter
                 def pattern(self, value: str) -> None:
                     set_u16(self._b.buf, self._data + 12, 1)
-                    _b.set_text(self._b, self._ptr + 2, value, "Shapes.style.fill.pattern")
+                    self._set_text(2, value, "Shapes.style.fill.pattern")
 
                 @property
                 def gradient(self) -> Shapes.Style.Fill.Gradient.Builder:
@@ -2857,8 +2840,7 @@ class Shapes:
 
         @property
         def name(self) -> str:
-            w = self._ptr + 0
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(0, '')
 
         @property
         def circle(self) -> float:
@@ -2916,7 +2898,7 @@ class Shapes:
             return _b.get_text(self._b, self._ptr + 0, '')
         @name.setter
         def name(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 0, value, "Shapes.name")
+            self._set_text(0, value, "Shapes.name")
 
         @property
         def circle(self) -> float:
@@ -3038,8 +3020,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             @property
             def item(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             @property
             def count(self) -> int:
@@ -3064,7 +3045,7 @@ class Shop(_t.Interface["Shop.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @item.setter
             def item(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Shop.buy$Params.item")
+                self._set_text(0, value, "Shop.buy$Params.item")
 
             @property
             def count(self) -> int:
@@ -3139,8 +3120,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             @property
             def receipt(self) -> Numbers.Reader:
-                w = self._ptr + 0
-                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Numbers.Reader, self._depth, None)
+                return self._struct(0, Numbers.Reader, None)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -3396,8 +3376,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             @property
             def tree(self) -> Tree.Reader:
-                w = self._ptr + 0
-                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Tree.Reader, self._depth, None)
+                return self._struct(0, Tree.Reader, None)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -3713,8 +3692,7 @@ class Store(_t.Interface["Store.Client"]):
 
             @property
             def box(self) -> Box.Reader:
-                w = self._ptr + 1
-                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box.Reader, self._depth, None)
+                return self._struct(1, Box.Reader, None)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4097,13 +4075,11 @@ class Tree:
 
         @property
         def left(self) -> Tree.Reader:
-            w = self._ptr + 1
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Tree.Reader, self._depth, None)
+            return self._struct(1, Tree.Reader, None)
 
         @property
         def other(self) -> kitchen_other_capnp.Thing.Reader:
-            w = self._ptr + 2
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, kitchen_other_capnp.Thing.Reader, self._depth, None)
+            return self._struct(2, kitchen_other_capnp.Thing.Reader, None)
 
         @property
         def anything(self) -> _r.AnyPointer:
@@ -4249,18 +4225,15 @@ class Box_Text:
 
         @property
         def value(self) -> str:
-            w = self._ptr + 0
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(0, '')
 
         @property
         def next(self) -> Box_Text.Reader:
-            w = self._ptr + 1
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Text.Reader, self._depth, None)
+            return self._struct(1, Box_Text.Reader, None)
 
         @property
         def label(self) -> str:
-            w = self._ptr + 2
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(2, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4284,7 +4257,7 @@ class Box_Text:
             return _b.get_text(self._b, self._ptr + 0, '')
         @value.setter
         def value(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 0, value, "Box_Text.value")
+            self._set_text(0, value, "Box_Text.value")
 
         @property
         def next(self) -> Box_Text.Builder:
@@ -4304,7 +4277,7 @@ class Box_Text:
             return _b.get_text(self._b, self._ptr + 2, '')
         @label.setter
         def label(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 2, value, "Box_Text.label")
+            self._set_text(2, value, "Box_Text.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4374,13 +4347,11 @@ class Box_List_Int32:
 
         @property
         def next(self) -> Box_List_Int32.Reader:
-            w = self._ptr + 1
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_List_Int32.Reader, self._depth, None)
+            return self._struct(1, Box_List_Int32.Reader, None)
 
         @property
         def label(self) -> str:
-            w = self._ptr + 2
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(2, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4427,7 +4398,7 @@ class Box_List_Int32:
             return _b.get_text(self._b, self._ptr + 2, '')
         @label.setter
         def label(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 2, value, "Box_List_Int32.label")
+            self._set_text(2, value, "Box_List_Int32.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4492,18 +4463,15 @@ class Box_Tree:
 
         @property
         def value(self) -> Tree.Reader:
-            w = self._ptr + 0
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Tree.Reader, self._depth, None)
+            return self._struct(0, Tree.Reader, None)
 
         @property
         def next(self) -> Box_Tree.Reader:
-            w = self._ptr + 1
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Tree.Reader, self._depth, None)
+            return self._struct(1, Box_Tree.Reader, None)
 
         @property
         def label(self) -> str:
-            w = self._ptr + 2
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(2, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4553,7 +4521,7 @@ class Box_Tree:
             return _b.get_text(self._b, self._ptr + 2, '')
         @label.setter
         def label(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 2, value, "Box_Tree.label")
+            self._set_text(2, value, "Box_Tree.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4627,13 +4595,11 @@ class Box_Shop:
 
         @property
         def next(self) -> Box_Shop.Reader:
-            w = self._ptr + 1
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Shop.Reader, self._depth, None)
+            return self._struct(1, Box_Shop.Reader, None)
 
         @property
         def label(self) -> str:
-            w = self._ptr + 2
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(2, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4672,7 +4638,7 @@ class Box_Shop:
             return _b.get_text(self._b, self._ptr + 2, '')
         @label.setter
         def label(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 2, value, "Box_Shop.label")
+            self._set_text(2, value, "Box_Shop.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4742,13 +4708,11 @@ class Pair_Text_Box_Text:
 
         @property
         def key(self) -> str:
-            w = self._ptr + 0
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(0, '')
 
         @property
         def value(self) -> Box_Text.Reader:
-            w = self._ptr + 1
-            return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Text.Reader, self._depth, None)
+            return self._struct(1, Box_Text.Reader, None)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4770,7 +4734,7 @@ class Pair_Text_Box_Text:
             return _b.get_text(self._b, self._ptr + 0, '')
         @key.setter
         def key(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 0, value, "Pair_Text_Box_Text.key")
+            self._set_text(0, value, "Pair_Text_Box_Text.key")
 
         @property
         def value(self) -> Box_Text.Builder:
@@ -4855,8 +4819,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             @property
             def value(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4876,7 +4839,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @value.setter
             def value(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Store_Text.put$Params.value")
+                self._set_text(0, value, "Store_Text.put$Params.value")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -5073,13 +5036,11 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             @property
             def value(self) -> str:
-                w = self._ptr + 0
-                return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+                return self._text(0, '')
 
             @property
             def box(self) -> Box_Text.Reader:
-                w = self._ptr + 1
-                return _r.read_struct(self._msg, self._si, w if w < self._pend else -1, Box_Text.Reader, self._depth, None)
+                return self._struct(1, Box_Text.Reader, None)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -5101,7 +5062,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
                 return _b.get_text(self._b, self._ptr + 0, '')
             @value.setter
             def value(self, value: str) -> None:
-                _b.set_text(self._b, self._ptr + 0, value, "Store_Text.get$Results.value")
+                self._set_text(0, value, "Store_Text.get$Results.value")
 
             @property
             def box(self) -> Box_Text.Builder:

@@ -62,8 +62,7 @@ class Thing:
 
         @property
         def tag(self) -> str:
-            w = self._ptr + 0
-            return _r.read_text(self._msg, self._si, w if w < self._pend else -1, '')
+            return self._text(0, '')
 
         @property
         def kind(self) -> Thing.Kind:
@@ -99,7 +98,7 @@ class Thing:
             return _b.get_text(self._b, self._ptr + 0, '')
         @tag.setter
         def tag(self, value: str) -> None:
-            _b.set_text(self._b, self._ptr + 0, value, "Thing.tag")
+            self._set_text(0, value, "Thing.tag")
 
         @property
         def kind(self) -> Thing.Kind:
