@@ -22,6 +22,7 @@ from typing import Any
 
 import pyperf
 
+import capsvc
 from bench.serialization.generated import carsales_capnp
 from bench.serialization.schemas import load
 
@@ -202,6 +203,8 @@ def machine_state() -> dict[str, str]:
         "cpuidle_governor": read("/sys/devices/system/cpu/cpuidle/current_governor_ro"),
         "haltpoll_ns": read("/sys/module/haltpoll/parameters/guest_halt_poll_ns"),
         "loadavg": read("/proc/loadavg"),
+        # Which capsvc build ran: mypyc-compiled codec runtime, or pure Python (CAPSVC_PURE=1).
+        "capsvc_build": "compiled" if capsvc.COMPILED else "pure",
     }
 
 

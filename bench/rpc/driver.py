@@ -69,9 +69,13 @@ def capsvc_state() -> dict[str, Any]:
         done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
         return done.stdout.strip() if done.returncode == 0 else ""
 
+    import capsvc
+
     diff = git("diff", "HEAD", "--stat", "--", "capsvc")
     return {
         "commit": git("rev-parse", "--short", "HEAD") or "unknown",
+        # The build the servers and clients ran (they inherit CAPSVC_PURE): compiled or pure.
+        "build": "compiled" if capsvc.COMPILED else "pure",
         "capsvc_modified": bool(diff),
         "capsvc_diff_stat": diff.splitlines()[-1].strip() if diff else "",
     }

@@ -129,7 +129,15 @@ def machine_state(when: str) -> str:
         f"{read(idle + 'current_driver')}, governor {read(idle + 'current_governor_ro')}; "
         f"haltpoll guest_halt_poll_ns {read('/sys/module/haltpoll/parameters/guest_halt_poll_ns')}"
         f"; load average {' '.join(read('/proc/loadavg').split()[:3])}"
+        f"; capsvc build {_build_name()}"
     )
+
+
+def _build_name() -> str:
+    """mypyc-compiled or pure Python, as this process (and its children) run capsvc."""
+    import capsvc
+
+    return "compiled" if capsvc.COMPILED else "pure (CAPSVC_PURE=1 or no compiled build)"
 
 
 def _profile_pairing(

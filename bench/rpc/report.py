@@ -87,6 +87,8 @@ def markdown(results: Results, chart_dir: str | None) -> str:
     state = capsvc.get("commit", "?")
     if capsvc.get("capsvc_modified"):
         state += f" with uncommitted changes to capsvc/ ({capsvc.get('capsvc_diff_stat')})"
+    if "build" in capsvc:
+        state += f" ({capsvc['build']} build)"
     add(
         f"Run of {m.get('started', '?')}: {reps} repetition(s), rep-major, "
         f"{m.get('seconds', 0) / 60:.1f} min wall; capsvc at {state}; "

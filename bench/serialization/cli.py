@@ -456,7 +456,10 @@ def _describe(spec: Spec, depth: int) -> str:
 def _versions() -> dict[str, str]:
     import importlib.metadata
 
-    versions = {}
+    import capsvc
+
+    # Which capsvc build ran: mypyc-compiled codec runtime, or pure Python (CAPSVC_PURE=1).
+    versions = {"capsvc_build": "compiled" if capsvc.COMPILED else "pure"}
     for package in ("pycapnp", "msgpack", "trio", "pyperf"):
         try:
             versions[f"{package}_version"] = importlib.metadata.version(package)

@@ -3,6 +3,7 @@ read the same values, and each timed function runs (a few loops, no timing asser
 
 from __future__ import annotations
 
+import capsvc
 from bench import codec
 
 
@@ -23,10 +24,13 @@ def test_the_timed_functions_run() -> None:
             assert codec.field_reads(ref_reader, name)(3) >= 0
             assert codec.fast_reads(ref_reader, name)(3) >= 0
     assert codec.calls(codec.build_generated)(2) >= 0
-    assert set(codec.machine_state()) == {
+    state = codec.machine_state()
+    assert set(state) == {
         "cpu_model",
         "cpuidle_driver",
         "cpuidle_governor",
         "haltpoll_ns",
         "loadavg",
+        "capsvc_build",
     }
+    assert state["capsvc_build"] == ("compiled" if capsvc.COMPILED else "pure")
