@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import trio
 
+from capsvc._mypyc import mypyc_attr
 from capsvc.errors import Disconnected, FramingError, RpcError
 from capsvc.flusher import EndOfPassFlusher, current_flusher
 from capsvc.framing import FrameDecoder, FramingLimits
@@ -104,6 +105,8 @@ def _leave_to_writer(data: bytes) -> int:
     return 0
 
 
+# Compiled by mypyc: tests (and users) subclass Connection, so it must allow interpreted subclasses.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Connection:
     """One RPC connection over a trio Stream. Use ``run()`` inside a nursery."""
 
