@@ -31,11 +31,36 @@ from collections.abc import Sequence
 from types import ModuleType
 
 #: The modules compiled by mypyc: the codec runtime every generated reader and builder
-#: runs on (codegen.md §2). Packages' ``__init__`` modules stay Python.
+#: runs on (codegen.md §2), and the protocol engine and its trio driver, which every call
+#: crosses. Packages' ``__init__`` modules stay Python, and so do modules mypyc cannot
+#: compile or that must stay interpreted: api.py (async generators), rpc/rpc_capnp.py
+#: (generated; nested classes), client.py (``__getattr__``) and codec/pipeline.py
+#: (generated ``Promise`` classes take it and a generated base as bases), errors.py
+#: (exception classes users subclass), typed.py (generated code subclasses it).
 MODULES: tuple[str, ...] = (
     "capsvc.codec.reading",
     "capsvc.codec.building",
     "capsvc.codec.packing",
+    "capsvc.rpc.answers",
+    "capsvc.rpc.copying",
+    "capsvc.rpc.embargoes",
+    "capsvc.rpc.exports",
+    "capsvc.rpc.hooks",
+    "capsvc.rpc.ids",
+    "capsvc.rpc.imports",
+    "capsvc.rpc.lifecycle",
+    "capsvc.rpc.outbox",
+    "capsvc.rpc.payload",
+    "capsvc.rpc.pointers",
+    "capsvc.rpc.questions",
+    "capsvc.rpc.remote",
+    "capsvc.rpc.session",
+    "capsvc.rpc.wire",
+    "capsvc.framing",
+    "capsvc.flusher",
+    "capsvc.connection",
+    "capsvc.runtime",
+    "capsvc.server",
 )
 
 #: The shared library's module (mypyc's ``group_name``; the file adds ``__mypyc``).

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import trio
 
+from capsvc._mypyc import mypyc_attr
 from capsvc.errors import Disconnected, FramingError, RpcError
 from capsvc.flusher import EndOfPassFlusher, current_flusher
 from capsvc.framing import FrameDecoder, FramingLimits
@@ -104,6 +105,9 @@ def _leave_to_writer(data: bytes) -> int:
     return 0
 
 
+# Compiled by mypyc: tests (and users) subclass Connection, so it must allow interpreted
+# subclasses.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Connection:
     """One RPC connection over a trio Stream. Use ``run()`` inside a nursery."""
 
@@ -113,18 +117,28 @@ class Connection:
         bootstrap: Hook | None = None,
         *,
         limits: FramingLimits | None = None,
-        coalesce: bool = True,
-        max_buffered: int = DEFAULT_MAX_BUFFERED,
-        name: str = "connection",
-        busy_poll: float | None = DEFAULT_BUDGET,
+        coalesce: object = True,
+        max_buffered: object = DEFAULT_MAX_BUFFERED,
+        name: object = "connection",
+        busy_poll: object = DEFAULT_BUDGET,
     ) -> None:
+        """``coalesce`` (truth value), ``max_buffered`` (an int), ``name`` (a str) and
+        ``busy_poll`` (seconds, or None) come straight from users: typed ``object`` and
+        checked here, because compiled by mypyc a declared type is checked on entry with
+        mypyc's own TypeError, which names no argument."""
+        if not isinstance(max_buffered, int):
+            raise TypeError(f"max_buffered must be an int, got {max_buffered!r}")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        if busy_poll is not None and not isinstance(busy_poll, (int, float)):
+            raise TypeError(f"busy_poll must be a number of seconds or None, got {busy_poll!r}")
         self.stream = stream
         self.limits = limits or FramingLimits()
         self.session = RpcSession(bootstrap, limits=self.limits, on_output=self._on_output)
         self.session.backpressure = self
         #: The engine's outbox: what the writer takes, and the measure of backpressure.
         self.outbox = self.session.outbox
-        self.coalesce = coalesce
+        self.coalesce = bool(coalesce)
         self.max_buffered = max_buffered
         self.messages_per_pass = MESSAGES_PER_PASS
         self.name = name
@@ -146,7 +160,7 @@ class Connection:
         self._flusher: EndOfPassFlusher | None = None
         if isinstance(stream, FlusherSendStream):
             self._send_from_flusher = stream.send_from_flusher
-            self._flusher = current_flusher() if coalesce else None
+            self._flusher = current_flusher() if self.coalesce else None
         # Reads and the writer task's sends skip trio's extra scheduler pass when they can.
         self._receive_some: Callable[[int], Awaitable[bytes | bytearray]]
         self._send_all: Callable[[bytes], Awaitable[None]]
@@ -161,7 +175,7 @@ class Connection:
         # With TCP_NODELAY off, a Finish or Release written alone makes the next Call wait
         # for the peer's delayed ACK (Nagle): hold such housekeeping back (at most
         # HOLD_HOUSEKEEPING seconds) so that it travels with the next message.
-        self._hold_housekeeping = coalesce and _nagle_is_on(stream)
+        self._hold_housekeeping = self.coalesce and _nagle_is_on(stream)
         self._urgent_output = trio.Event()
         # Poll briefly for the peer's next message instead of sleeping, while that pays
         # (capsvc.transport.busypoll), on streams that support it (BusyPollingStream).

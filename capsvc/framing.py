@@ -45,10 +45,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import TypeAlias
 
 from capsvc.errors import FramingError, LocalProtocolError
+from capsvc.limits import FramingLimits
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -66,33 +66,6 @@ Segment: TypeAlias = bytes | bytearray | memoryview
 _WORD = 8
 _FIRST_WORD = struct.Struct("<II")  # segment count - 1, size of segment 0 (§1 items 1-2)
 _SMALL_BODY = 4096  # bodies up to this size are copied out through a bytearray slice
-
-
-@dataclass(frozen=True, slots=True)
-class FramingLimits:
-    """Receiver guards (rpc-protocol.md §1, C++ ``capnp::ReaderOptions`` defaults).
-
-    ``max_segments`` is inclusive: C++ ``readMessage`` requires *fewer than 512*
-    segments, i.e. at most 511. ``max_message_words`` bounds the sum of the segment
-    sizes (C++ uses the traversal limit, 8 Mi words = 64 MiB). The last two are handed to
-    pycapnp readers through :func:`read_limits_kwargs`.
-    """
-
-    max_segments: int = 511
-    max_message_words: int = 8 * 1024 * 1024
-    traversal_limit_words: int = 8 * 1024 * 1024
-    nesting_limit: int = 64
-
-    def __post_init__(self) -> None:
-        for name in ("max_segments", "traversal_limit_words", "nesting_limit"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"FramingLimits.{name} must be a positive int, got {value!r}")
-        if not isinstance(self.max_message_words, int) or self.max_message_words < 0:
-            raise ValueError(
-                "FramingLimits.max_message_words must be a non-negative int, "
-                f"got {self.max_message_words!r}"
-            )
 
 
 DEFAULT_LIMITS = FramingLimits()

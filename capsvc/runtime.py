@@ -9,6 +9,7 @@ the caller finishes the question early (rpc-protocol.md §4, callee step 4).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -34,20 +35,41 @@ async def wait_result(result: CallResult, on_cancel: Callable[[], None] | None =
     if result.done:
         await trio.lowlevel.checkpoint()
         return
-    task = trio.lowlevel.current_task()
+    waiter = _Waiter(trio.lowlevel.current_task(), result, on_cancel)
+    result.add_done_callback(waiter)
+    await trio.lowlevel.wait_task_rescheduled(waiter.abort)
 
-    def wake(_: CallResult) -> None:
-        trio.lowlevel.reschedule(task)
 
-    result.add_done_callback(wake)
+class _Waiter:
+    """The task ``wait_result`` parks: called when the result settles, it wakes the task;
+    ``abort`` gives up the wait.
 
-    def abort(_: Any) -> trio.lowlevel.Abort:
-        result.remove_done_callback(wake)
-        if on_cancel is not None:
-            on_cancel()
+    A class, not two closures: compiled by mypyc, a closure keeps the whole environment
+    of its function, and an ``abort`` naming a ``wake`` would put ``wake`` in that environment
+    too: a reference cycle that keeps ``on_cancel`` (a promise's bound method) alive until
+    the garbage collector runs, delaying the promise's release (and so its Finish).
+    """
+
+    __slots__ = ("on_cancel", "result", "task")
+
+    def __init__(
+        self,
+        task: trio.lowlevel.Task,
+        result: CallResult,
+        on_cancel: Callable[[], None] | None,
+    ) -> None:
+        self.task = task
+        self.result = result
+        self.on_cancel = on_cancel
+
+    def __call__(self, _: CallResult) -> None:
+        trio.lowlevel.reschedule(self.task)
+
+    def abort(self, _: Any) -> trio.lowlevel.Abort:
+        self.result.remove_done_callback(self)
+        if self.on_cancel is not None:
+            self.on_cancel()
         return trio.lowlevel.Abort.SUCCEEDED
-
-    await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 class TrioExecutor:
@@ -143,23 +165,26 @@ class _WorkerPool:
         else:
             trio.lowlevel.spawn_system_task(self._work, hook, name="capsvc call worker")
 
-    async def _work(self, hook: LocalServerHook) -> None:
+    async def _work(self, hook: LocalServerHook | None) -> None:
         me = trio.lowlevel.current_task()
-        while True:
+        while hook is not None:
             await _run_next_call(hook)
-            del hook  # an idle worker must not keep the last object it served alive
+            # An idle worker must not keep the last object it served alive. Rebound, not
+            # deleted: mypyc does not support `del` of a local in an async function.
+            hook = None
             if len(self.idle) >= self.MAX_IDLE:
                 return
             self.idle.append(me)
-
-            def abort(_: Any, worker: trio.lowlevel.Task = me) -> trio.lowlevel.Abort:
-                # Only the end of the trio run cancels an idle worker: let it go.
-                if worker in self.idle:
-                    self.idle.remove(worker)
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            await trio.lowlevel.wait_task_rescheduled(abort)
+            # A partial, not a closure: compiled by mypyc, a closure defined here would keep
+            # this coroutine's whole environment, and the environment the closure: a cycle.
+            await trio.lowlevel.wait_task_rescheduled(functools.partial(self._forget, me))
             hook = self.assigned.pop(me)
+
+    def _forget(self, worker: trio.lowlevel.Task, _: Any) -> trio.lowlevel.Abort:
+        # Only the end of the trio run cancels an idle worker: let it go.
+        if worker in self.idle:
+            self.idle.remove(worker)
+        return trio.lowlevel.Abort.SUCCEEDED
 
 
 _POOL: trio.lowlevel.RunVar[_WorkerPool] = trio.lowlevel.RunVar("capsvc_worker_pool")

@@ -19,10 +19,10 @@ runs inline only when no earlier call to the same object is still waiting to beg
 from __future__ import annotations
 
 import inspect
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
+from capsvc._mypyc import mypyc_attr
 from capsvc.rpc.hooks import Hook, LocalServerHook
 from capsvc.rpc.payload import BuiltPayload, Payload, new_return_payload
 from capsvc.runtime import TrioExecutor, unimplemented
@@ -32,13 +32,24 @@ from capsvc.structs import wrap_builder, wrap_reader
 _EXECUTOR = TrioExecutor()
 
 
+# Compiled by mypyc: every user implementation and generated code subclass Server, so it
+# must allow interpreted subclasses.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Server:
     """Base for capability implementations; see the module docstring."""
 
+    #: Not a test class, whatever a subclass is called: compiled by mypyc, Server has a
+    #: ``__new__`` of its own, for which pytest would warn about every ``Test*``-named
+    #: server in a test module. A ClassVar, so it is a class attribute there too.
+    __test__: ClassVar[bool] = False
     _capsvc_interface: ClassVar[InterfaceInfo | None] = None
     #: Per class: (interface ID, method ID) -> whether the method may run inline.
     _capsvc_inline: ClassVar[dict[tuple[int, int], bool]] = {}
-    _capsvc_hook: weakref.ref[Hook] | None = None
+    #: The hook standing for this object while anything wants it; the hook clears this
+    #: when its last owner lets go (LocalServerHook._dispose), so the link is no cycle
+    #: that outlives them. Not a weak reference: the hook's class is compiled by mypyc,
+    #: whose native classes support none.
+    _capsvc_live_hook: LocalServerHook | None = None
 
     def __init_subclass__(cls, interface: Any = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -48,12 +59,17 @@ class Server:
 
     def _new_hook(self) -> Hook:
         """A new reference to the hook for this object (one hook per live object)."""
-        current = self._capsvc_hook() if self._capsvc_hook is not None else None
+        current = self._capsvc_live_hook
         if current is not None and current.refs > 0:
             return current.add_ref()
         hook = LocalServerHook(self, _EXECUTOR)
-        self._capsvc_hook = weakref.ref(hook)
+        self._capsvc_live_hook = hook
         return hook
+
+    def _capsvc_forget_hook(self, hook: LocalServerHook) -> None:
+        """``hook``'s last owner let go (called by the hook)."""
+        if self._capsvc_live_hook is hook:
+            self._capsvc_live_hook = None
 
     # ------------------------------------------------------------------ dispatch
     def _runs_inline(self, interface_id: int, method_id: int) -> bool:

@@ -23,7 +23,6 @@ Theory of operation:
 from __future__ import annotations
 
 import inspect
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
@@ -148,7 +147,11 @@ class Server:
     _METHODS: ClassVar[dict[tuple[int, int], tuple[str, Any, Any]]] = {}
     #: The schema name of the interface (set by each generated Server).
     _INTERFACE_NAME: ClassVar[str] = ""
-    _capsvc_hook_ref: weakref.ref[Hook] | None = None
+    #: The hook standing for this object while anything wants it; the hook clears this
+    #: when its last owner lets go (LocalServerHook._dispose), so the link is no cycle
+    #: that outlives them. Not a weak reference: the hook's class is compiled by mypyc,
+    #: whose native classes support none.
+    _capsvc_live_hook: LocalServerHook | None = None
     _capsvc_inline: ClassVar[dict[tuple[int, int], bool]] = {}
     #: (interface ID, method ordinal) -> (method name, params, results), or None when
     #: the class does not implement it: found once per class, not per call.
@@ -161,12 +164,17 @@ class Server:
 
     def _new_hook(self) -> Hook:
         """A new reference to the hook for this object (one hook per live object)."""
-        current = self._capsvc_hook_ref() if self._capsvc_hook_ref is not None else None
+        current = self._capsvc_live_hook
         if current is not None and current.refs > 0:
             return current.add_ref()
         hook = LocalServerHook(self, _EXECUTOR)
-        self._capsvc_hook_ref = weakref.ref(hook)
+        self._capsvc_live_hook = hook
         return hook
+
+    def _capsvc_forget_hook(self, hook: LocalServerHook) -> None:
+        """``hook``'s last owner let go (called by the hook)."""
+        if self._capsvc_live_hook is hook:
+            self._capsvc_live_hook = None
 
     def _capsvc_hook(self) -> Hook:
         return self._new_hook()

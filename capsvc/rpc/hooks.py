@@ -34,7 +34,7 @@ Path = tuple[int, ...]
 class Hook:
     """One capability reference. Subclasses define ``call`` and what disposal means."""
 
-    __slots__ = ("__weakref__", "refs")
+    __slots__ = ("refs",)
 
     #: True for a hook whose target may still change (rpc-protocol.md §5: senderPromise).
     is_promise = False
@@ -130,6 +130,14 @@ class LocalServerHook(Hook):
     def call(self, call: OutgoingCall) -> None:
         self.pending.append(call)
         self.executor.start(self, call)
+
+    def _dispose(self) -> None:
+        # A server object keeps its live hook (capsvc.Server, capsvc.typed.Server: one hook
+        # per live object) and lets go of it here, so the two form no cycle once nobody
+        # wants the capability. Not a weak reference: mypyc's native classes have none.
+        forget = getattr(self.server, "_capsvc_forget_hook", None)
+        if forget is not None:
+            forget(self)
 
 
 class PromiseHook(Hook):

@@ -425,15 +425,33 @@ def scan_caps(
     overlapping objects never exceeds), so cycles and amplification stay bounded."""
     _check_loc(segments, start)
     budget = sum(len(s) >> 3 for s in segments) if traversal_limit is None else traversal_limit
-    found: Found = []
+    scan = _CapScan(segments, budget, nesting_limit)
+    scan.visit(start[0], start[1], (), 0)
+    return scan.found
 
-    def spend(words: int) -> None:
-        nonlocal budget
-        budget -= words
-        if budget < 0:
+
+class _CapScan:
+    """One ``scan_caps`` walk. A class rather than nested functions: compiled by mypyc, a
+    recursive closure is kept in its own environment, a cycle that leaves the walk (and
+    the segments it holds) for the garbage collector after every scan."""
+
+    __slots__ = ("budget", "found", "nesting_limit", "segments")
+
+    def __init__(self, segments: Segments, budget: int, nesting_limit: int) -> None:
+        self.segments = segments
+        self.budget = budget
+        self.nesting_limit = nesting_limit
+        self.found: Found = []
+
+    def spend(self, words: int) -> None:
+        self.budget -= words
+        if self.budget < 0:
             raise PointerError("traversal limit exceeded while scanning for capabilities")
 
-    def visit(si: int, wi: int, path: tuple[int, ...], depth: int) -> None:
+    def visit(self, si: int, wi: int, path: tuple[int, ...], depth: int) -> None:
+        segments = self.segments
+        nesting_limit = self.nesting_limit
+        found = self.found
         lo, hi = _read_list(segments[si], wi << 3)
         if not (lo or hi):
             return
@@ -453,24 +471,21 @@ def scan_caps(
             pc = word >> 48
             if cp < 0 or cp + dw + pc > len(segments[cs]) >> 3:
                 raise PointerError(f"struct at {(cs, cp)} (pointer {(si, wi)}) is out of bounds")
-            spend(dw + pc)
+            self.spend(dw + pc)
             for slot in range(pc):
-                visit(cs, cp + dw + slot, (*path, slot), depth + 1)
+                self.visit(cs, cp + dw + slot, (*path, slot), depth + 1)
             return
         cs, first, count, stride, dw, pc, composite = _open_list(segments, si, wi)
         if pc <= 0:
             return  # no pointers in the elements
-        spend(count * stride + composite)
+        self.spend(count * stride + composite)
         for i in range(count):
             at = first + i * stride + dw
             if composite:
                 for slot in range(pc):
-                    visit(cs, at + slot, (*path, ~i, slot), depth + 1)
+                    self.visit(cs, at + slot, (*path, ~i, slot), depth + 1)
             else:
-                visit(cs, at, (*path, ~i), depth + 1)
-
-    visit(start[0], start[1], (), 0)
-    return found
+                self.visit(cs, at, (*path, ~i), depth + 1)
 
 
 def field_path(struct_schema: Any, names: Sequence[str | int] | str) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ Theory of operation:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import capnp
 
@@ -565,7 +565,9 @@ class RpcSession:
         self.exports.close()
         self.answers.close()
 
-    _HANDLERS: dict[int, Callable[[RpcSession, Any, Segments], None]] = {}
+    #: Filled in below the class (its methods do not exist before). A ClassVar: mypyc
+    #: lets code outside the class assign only class attributes declared ClassVar.
+    _HANDLERS: ClassVar[dict[int, Callable[[RpcSession, Any, Segments], None]]] = {}
 
 
 RpcSession._HANDLERS = {
