@@ -198,54 +198,17 @@ class StructReader:
         reader._depth = depth
         return reader
 
-    # Pointer fields, for generated accessors: a method of the struct, so that in the
-    # compiled build the whole read, attribute loads included, runs natively. The common
-    # case is inlined here (as in read_text/read_struct); anything else goes to those.
+    # Pointer fields, for generated accessors: methods of the struct, so that in the
+    # compiled build the whole read, attribute loads included, runs natively (pure
+    # Python pays one call more than calling read_text/read_struct from the property).
     def _text(self, slot: int, default: str) -> str:
         w = self._ptr + slot
-        if w >= self._pend:
-            return default
-        msg = self._msg
-        segment = msg.segments[self._si]
-        (word,) = _u64(segment, w << 3)
-        if word & 0x7_0000_0003 == 0x2_0000_0001:  # a near byte list
-            count = word >> 35
-            start = (w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)) << 3
-            words = (count + 7) >> 3
-            budget = msg.budget - (words or 1)
-            end = start + count - 1
-            if (
-                count
-                and start >= 0
-                and start + (words << 3) <= msg.sizes[self._si] << 3
-                and budget >= 0
-                and segment[end] == 0
-            ):
-                msg.budget = budget
-                try:
-                    return str(segment[start:end], "utf-8")
-                except UnicodeDecodeError as error:
-                    raise DecodeError(f"Text is not valid UTF-8: {error.reason}") from None
-        return read_text(msg, self._si, w, default)
+        return read_text(self._msg, self._si, w if w < self._pend else -1, default)
 
     def _struct(self, slot: int, cls: type[R], default: Segments | None) -> R:
         w = self._ptr + slot
-        if w >= self._pend:
-            return read_struct(self._msg, self._si, -1, cls, self._depth, default)
-        msg = self._msg
-        si = self._si
-        (word,) = _u64(msg.segments[si], w << 3)
-        depth = self._depth
-        if word & 3 == 0 and word and depth > 0:  # a near struct pointer
-            data_words = (word >> 32) & 0xFFFF
-            pointers = word >> 48
-            start = w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
-            size = data_words + pointers
-            budget = msg.budget - (size or 1)
-            if start >= 0 and start + size <= msg.sizes[si] and budget >= 0:
-                msg.budget = budget
-                return cls._at(msg, si, start, data_words, pointers, depth - 1)
-        return read_struct(msg, si, w, cls, depth, default)
+        si, depth = self._si, self._depth
+        return read_struct(self._msg, si, w if w < self._pend else -1, cls, depth, default)
 
     @classmethod
     def _empty(cls: type[R], msg: MessageReader, depth: int = 0) -> R:
