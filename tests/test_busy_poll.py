@@ -10,7 +10,12 @@ import pytest
 import trio
 
 import capsvc
-from capsvc.transport.busypoll import DEFAULT_BUDGET, PROBE_EVERY, BusyPoll
+from capsvc.transport.busypoll import (
+    DEFAULT_BUDGET,
+    PROBE_EVERY,
+    SLEEP_PROBE_EVERY,
+    BusyPoll,
+)
 from capsvc.transport.fastsocket import FastSocketStream
 
 HERE = os.path.dirname(__file__)
@@ -39,6 +44,61 @@ def test_polling_starts_on_a_probe_hit_and_stops_after_misses() -> None:
     poll.polled(found=False)
     assert not poll.should_poll()
     assert (poll.hits, poll.misses) == (7, 4)
+
+
+def simulate(poll: BusyPoll, waits: int, poll_cycle: float, sleep_cycle: float) -> int:
+    """Drive the policy through ``waits`` cycles on a virtual clock, as the socket stream
+    does: a polled wait finds its data after 80% of a poll cycle; returns how many polled."""
+    clock = 0.0
+    polled = 0
+    for _ in range(waits):
+        poll.begin_wait(clock)
+        if poll.should_poll():
+            polled += 1
+            poll.polled(found=True, waited=0.8 * poll_cycle)
+            clock += poll_cycle
+        else:
+            poll.slept()
+            clock += sleep_cycle
+    return polled
+
+
+def test_polling_goes_on_where_a_wake_up_is_expensive() -> None:
+    # A halting vCPU: a cycle that slept takes 300 us, one that polled 120 us.
+    poll = BusyPoll(400e-6)
+    simulate(poll, 200, poll_cycle=120e-6, sleep_cycle=300e-6)  # learn both averages
+    assert poll.wake_ups_worth_polling()
+    polled = simulate(poll, 160, poll_cycle=120e-6, sleep_cycle=300e-6)
+    # Every wait polls but the sleep probes that keep the sleeping average current.
+    assert polled == 160 - 160 // SLEEP_PROBE_EVERY
+
+
+def test_polling_stops_where_a_wake_up_is_cheap() -> None:
+    # A vCPU that never halts: sleeping costs 5 us more per cycle, polling spins ~100 us.
+    poll = BusyPoll(400e-6)
+    simulate(poll, 200, poll_cycle=120e-6, sleep_cycle=125e-6)
+    assert not poll.wake_ups_worth_polling()
+    assert poll.score > 0  # polls still find data: rule 1 alone would poll every time
+    polled = simulate(poll, 160, poll_cycle=120e-6, sleep_cycle=125e-6)
+    assert polled <= 160 // PROBE_EVERY + 1  # only the probes that keep polling measured
+
+
+def test_polling_resumes_when_wake_ups_become_expensive() -> None:
+    poll = BusyPoll(400e-6)
+    simulate(poll, 200, poll_cycle=120e-6, sleep_cycle=125e-6)
+    assert not poll.wake_ups_worth_polling()
+    simulate(poll, 400, poll_cycle=120e-6, sleep_cycle=320e-6)
+    assert poll.wake_ups_worth_polling()
+    assert simulate(poll, 32, poll_cycle=120e-6, sleep_cycle=320e-6) >= 28
+
+
+def test_idle_periods_are_not_wake_up_samples() -> None:
+    # Cycles of 10 ms (an idle client) say nothing about wake-ups: with no samples, the
+    # wake-up rule does not stop polls that find data.
+    poll = BusyPoll(400e-6)
+    simulate(poll, 200, poll_cycle=120e-6, sleep_cycle=10e-3)
+    assert poll.sleep_cycle == 0.0
+    assert poll.wake_ups_worth_polling()
 
 
 def test_a_budget_must_be_positive() -> None:

@@ -173,8 +173,10 @@ class FastSocketStream(
         poll = self.busy_poll
         if poll is None:
             return await self._sleep_and_receive(size)
+        started = busypoll.now()
+        poll.begin_wait(started)
         if poll.should_poll():
-            deadline = busypoll.now() + poll.budget
+            deadline = started + poll.budget
             while True:
                 # One zero-timeout scheduler pass: other tasks run, output is flushed.
                 await trio.lowlevel.checkpoint()
@@ -188,8 +190,12 @@ class FastSocketStream(
                     continue
                 except OSError as error:
                     raise self._translate(error) from error
-                poll.polled(found=True)
+                poll.polled(found=True, waited=busypoll.now() - started)
                 return data
+            # Out of budget: this cycle's length is mostly the budget, not a wake-up's
+            # cost, so it is no sample for the policy's wake-up rule.
+            return await self._sleep_and_receive(size)
+        poll.slept()
         return await self._sleep_and_receive(size)
 
     async def _sleep_and_receive(self, size: int) -> bytes:
