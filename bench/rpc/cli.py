@@ -100,7 +100,7 @@ def _server(args: argparse.Namespace) -> int:
             dynamic=args.dynamic,
         )
     else:
-        servers.run_raw_server(args.listen)
+        servers.run_raw_server(args.listen, busy_poll=not args.no_busy_poll)
     return 0
 
 
@@ -165,7 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="tcp:127.0.0.1:0")
     p.add_argument("--no-nodelay", action="store_true")
     p.add_argument("--no-coalesce", action="store_true")
-    p.add_argument("--no-busy-poll", action="store_true")
+    p.add_argument(
+        "--no-busy-poll",
+        action="store_true",
+        help="sleep until readable (capsvc: busy_poll=None; raw: no fixed-budget polling)",
+    )
     p.add_argument("--dynamic", action="store_true", help="capsvc: the dynamic path")
     p.set_defaults(func=_server)
     p = sub.add_parser("nagle-client", help="(internal) one Nagle case's client")
