@@ -98,6 +98,7 @@ def _server(args: argparse.Namespace) -> int:
             coalesce=not args.no_coalesce,
             busy_poll=not args.no_busy_poll,
             dynamic=args.dynamic,
+            async_methods=args.async_methods,
         )
     else:
         servers.run_raw_server(args.listen, busy_poll=not args.no_busy_poll)
@@ -171,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="sleep until readable (capsvc: busy_poll=None; raw: no fixed-budget polling)",
     )
     p.add_argument("--dynamic", action="store_true", help="capsvc: the dynamic path")
+    p.add_argument(
+        "--async-methods", action="store_true", help="capsvc: async def methods (as pycapnp's)"
+    )
     p.set_defaults(func=_server)
     p = sub.add_parser("nagle-client", help="(internal) one Nagle case's client")
     p.add_argument("--connect", required=True)

@@ -41,6 +41,7 @@ class ServerKind:
     # the raw ping-pong a fixed-budget poll (servers.raw_receiver). pycapnp never polls.
     busy_poll: bool = True
     dynamic: bool = False  # capsvc: the dynamic path (load_schema), not the generated base
+    async_methods: bool = False  # capsvc: ``async def`` methods (as pycapnp's must be)
 
     @property
     def polls(self) -> bool:
@@ -56,6 +57,7 @@ SERVER_KINDS: dict[str, ServerKind] = {
         ServerKind("capsvc-tcp-nopoll", "capsvc", "tcp", busy_poll=False),
         ServerKind("capsvc-tcp-dynamic", "capsvc", "tcp", dynamic=True),
         ServerKind("capsvc-tcp-nopoll-dynamic", "capsvc", "tcp", busy_poll=False, dynamic=True),
+        ServerKind("capsvc-tcp-nopoll-async", "capsvc", "tcp", busy_poll=False, async_methods=True),
         ServerKind("pycapnp-tcp", "pycapnp", "tcp"),
         ServerKind("raw-tcp", "raw", "tcp", busy_poll=False),
         ServerKind("raw-unix", "raw", "unix", busy_poll=False),
@@ -129,6 +131,15 @@ PAIRINGS: dict[str, Pairing] = {
             "capsvc → capsvc, TCP, busy polling off, dynamic path",
             "capsvc",
         ),
+        # pycapnp's server methods are coroutines; capsvc's echo runs a plain ``def``
+        # inline. This one has ``async def`` methods, the like-with-like server.
+        Pairing(
+            "capsvc-tcp-nopoll-async",
+            "capsvc-nopoll",
+            "capsvc-tcp-nopoll-async",
+            "capsvc → capsvc, TCP, busy polling off, async def server",
+            "capsvc",
+        ),
         Pairing("capsvc-to-pycapnp", "capsvc", "pycapnp-tcp", "capsvc → pycapnp, TCP", "interop"),
         Pairing("pycapnp-to-capsvc", "pycapnp", "capsvc-tcp", "pycapnp → capsvc, TCP", "interop"),
     )
@@ -169,6 +180,7 @@ SMOKE = (
     "raw-trio-poll/c1-16B",
     "capsvc-tcp-dynamic/c12-16B",
     "capsvc-tcp-nopoll-dynamic/c1-16B",
+    "capsvc-tcp-nopoll-async/c12-16B",
     "capsvc-to-pycapnp/c1-4KiB",
     "pycapnp-to-capsvc/c1-16B",
 )

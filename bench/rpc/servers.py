@@ -10,8 +10,10 @@ a GIL or an event loop, as in capnp-rpc's echo_bench. Three programs:
   which extends the plain ``Echo``, so pycapnp's client calls it unchanged), written on
   the generated base (capsvc.generated.bench_echo_capnp: typed readers and builders);
   with ``--dynamic`` the same object on the dynamic path (``capsvc.load_schema``, pycapnp
-  readers and builders), so that the two can be compared in one run. TCP_NODELAY, write
-  coalescing and busy polling are the documented switches of ``capsvc.serve``.
+  readers and builders), so that the two can be compared in one run; with
+  ``--async-methods`` the generated base with ``async def`` methods (pycapnp's server
+  methods must be coroutines; capsvc runs a plain ``def`` inline in the reader). TCP_NODELAY,
+  write coalescing and busy polling are the documented switches of ``capsvc.serve``.
 - ``pycapnp``: tests/peers/pycapnp_server.py, the C++ reference's RPC (``--bootstrap echo``).
 - ``raw``: a trio ping-pong server, the ceiling for any trio RPC: it parses 8-byte frame
   headers (``body length, reply length``, little-endian u32s) and answers every whole
@@ -180,12 +182,16 @@ def _toggle_profiler(profiler: Any) -> Any:
     return None
 
 
-def typed_bench_echo() -> Any:
+def typed_bench_echo(async_methods: bool = False) -> Any:
     """The BenchEcho server object on the generated base (what users of ``capsvc gen`` write).
 
     Plain methods: an echo never waits, so it runs inline in the connection's reader
-    (capsvc.server). pycapnp's peer has no such option (its methods must be coroutines).
+    (capsvc.server). pycapnp's peer has no such option (its methods must be coroutines);
+    ``async_methods`` gives the same server with ``async def`` methods, which capsvc runs
+    as tasks, the like-with-like comparison with pycapnp's server.
     """
+    if async_methods:
+        return async_typed_bench_echo()
     from capsvc.generated.bench_echo_capnp import BenchEcho
     from capsvc.generated.echo_capnp import Echo
 
@@ -209,6 +215,33 @@ def typed_bench_echo() -> Any:
     return TypedBenchEcho()
 
 
+def async_typed_bench_echo() -> Any:
+    """The BenchEcho server on the generated base with ``async def`` methods."""
+    from capsvc.generated.bench_echo_capnp import BenchEcho
+    from capsvc.generated.echo_capnp import Echo
+
+    class AsyncTypedBenchEcho(BenchEcho.Server):
+        async def ping(
+            self, params: Echo.PingParams.Reader, results: Echo.PingResults.Builder
+        ) -> None:
+            results.reply = params.msg
+
+        async def pingData(
+            self, params: Echo.PingDataParams.Reader, results: Echo.PingDataResults.Builder
+        ) -> None:
+            results.data = params.data
+
+        async def pingCap(
+            self,
+            params: BenchEcho.PingCapParams.Reader,
+            results: BenchEcho.PingCapResults.Builder,
+        ) -> None:
+            results.reply = params.msg
+            results.set_cap(self)
+
+    return AsyncTypedBenchEcho()
+
+
 def dynamic_bench_echo() -> Any:
     """The same BenchEcho server on the dynamic path (``capsvc.load_schema``)."""
     import capsvc
@@ -230,17 +263,26 @@ def dynamic_bench_echo() -> Any:
 
 
 def run_capsvc_server(
-    listen: str, *, nodelay: bool, coalesce: bool, busy_poll: bool = True, dynamic: bool = False
+    listen: str,
+    *,
+    nodelay: bool,
+    coalesce: bool,
+    busy_poll: bool = True,
+    dynamic: bool = False,
+    async_methods: bool = False,
 ) -> None:
     """The capsvc BenchEcho server (blocks until SIGTERM/SIGINT); ``dynamic``: on the
-    dynamic path instead of the generated base."""
+    dynamic path instead of the generated base; ``async_methods``: ``async def`` methods
+    on the generated base."""
     import gc
 
     import trio
 
     import capsvc
 
-    server = dynamic_bench_echo() if dynamic else typed_bench_echo()
+    if dynamic and async_methods:
+        raise ValueError("the dynamic server has plain methods only")
+    server = dynamic_bench_echo() if dynamic else typed_bench_echo(async_methods)
 
     async def start(task_status: Any) -> None:
         await capsvc.serve(
@@ -371,6 +413,8 @@ class ServerProcess:
             command.append("--no-busy-poll")
         if kind.dynamic:
             command.append("--dynamic")
+        if kind.async_methods:
+            command.append("--async-methods")
         return command
 
     def start(self) -> ServerProcess:
