@@ -113,6 +113,8 @@ def markdown(results: Results, chart_dir: str | None) -> str:
         add("|---|---|---|---|")
         for goal in GOALS:
             value = goal.measure(results)
+            if value is None and goal.optional:
+                continue
             digits = 2 if goal.target and goal.target < 10 else 0
             target = ("≥ " if goal.at_least else "≤ ") + f"{goal.target:g}"
             add(f"| {goal.text} | {target} | {_cell(value, digits)} | {goal.verdict(value)} |")
