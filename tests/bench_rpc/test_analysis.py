@@ -244,3 +244,51 @@ def test_readme_section_is_replaced(results_dir: Path, tmp_path: Path) -> None:
     assert content.endswith(f"{report.END}\ntail\n")
     assert "old" not in content
     assert "### Goals" in content
+
+
+def test_report_puts_busy_polling_off_first_and_labels_polling_rows(tmp_path: Path) -> None:
+    _write_results(
+        tmp_path,
+        {
+            name: {"c1-16B": (1000,)}  # one repetition: cells without ranges
+            for name in ("capsvc-tcp", "pycapnp", "raw-trio", "capsvc-tcp-nopoll", "raw-trio-poll")
+        }
+        | {"capsvc-tcp-nopoll-async": {"c1-16B": (500,)}},
+    )
+    text = report.markdown(Results(str(tmp_path)), None)
+    table = text[text.index("### Echo calls per second") : text.index("Ratios")]
+    rows = [line.split(" | ")[0][2:] for line in table.splitlines() if line.startswith("| ")]
+    assert rows[1:] == [
+        "capsvc → capsvc, TCP, busy polling off",
+        "capsvc → capsvc, TCP, busy polling off, async def server",
+        "pycapnp → pycapnp, TCP",
+        "raw trio ping-pong, TCP",
+        "capsvc → capsvc, TCP (busy polling on)",
+        "raw trio ping-pong, TCP, busy polling",
+    ]
+    ratios = text[text.index("Ratios") :]
+    titles = [line.split(" | ")[0][2:] for line in ratios.splitlines() if line.startswith("| ")]
+    assert titles[1:5] == [
+        "capsvc→capsvc TCP, busy polling off ÷ pycapnp→pycapnp, calls/s",
+        "capsvc→capsvc TCP, busy polling off, async def server ÷ pycapnp→pycapnp, calls/s",
+        "capsvc nopoll ÷ raw trio (no polling), calls/s",
+        "capsvc nopoll ÷ raw trio (no polling), p99",
+    ]
+    assert "| capsvc (polling) ÷ raw trio (polling), calls/s | 1.00 |" in ratios
+    assert "| capsvc→capsvc TCP (busy polling on) ÷ pycapnp→pycapnp, calls/s | 1.00 |" in ratios
+    async_row = "capsvc→capsvc TCP, busy polling off, async def server ÷ pycapnp→pycapnp"
+    assert f"| {async_row}, calls/s | 0.50 |" in ratios
+    assert not any("busy polling on" in t for t in titles[1:6])
+
+
+def test_pairings_say_whether_they_busy_poll() -> None:
+    polling = {name for name, p in scenarios.PAIRINGS.items() if p.busy_poll}
+    assert polling == {
+        "capsvc-tcp",
+        "capsvc-unix",
+        "capsvc-tcp-dynamic",
+        "raw-trio-poll",
+        "capsvc-to-pycapnp",
+        "pycapnp-to-capsvc",
+    }
+    assert sorted(report.ordered(list(scenarios.PAIRINGS))) == sorted(scenarios.PAIRINGS)
