@@ -52,17 +52,18 @@ Receive = Callable[[int], Awaitable[bytes]]
 
 # ------------------------------------------------------------------------ in-process parts
 @contextlib.contextmanager
-def raw_receiver(stream: Any, busy_poll: bool) -> Iterator[Receive]:
+def raw_receiver(stream: Any, busy_poll: bool, budget: float | None = None) -> Iterator[Receive]:
     """The ``receive_some`` of the raw ping-pong's ``trio.SocketStream``, both ends.
 
     Without ``busy_poll``: the stream's own (a receive that finds nothing sleeps in
     ``epoll_wait`` until the socket is readable). With it, the ceiling of an RPC that
     busy-polls as capsvc does (capsvc.transport.fastsocket ``_wait_and_receive``): a
     receive that finds nothing keeps polling, one zero-timeout scheduler pass, a
-    non-blocking ``recv`` and a ``sched_yield`` at a time, until capsvc's default budget
-    (``capsvc.transport.busypoll.DEFAULT_BUDGET``, 400 µs) has passed, and only then
-    sleeps. No adaptive policy (the ceiling always polls, however often it misses), and
-    sends stay the stream's, so that the two variants differ in the polling only.
+    non-blocking ``recv`` and a ``sched_yield`` at a time, until ``budget`` seconds have
+    passed (default: capsvc's, ``capsvc.transport.busypoll.DEFAULT_BUDGET``, 400 µs), and
+    only then sleeps. No adaptive policy (the ceiling always polls, however often it
+    misses), and sends stay the stream's, so that the two variants differ in the polling
+    only.
     """
     if not busy_poll:
         yield stream.receive_some
@@ -71,6 +72,7 @@ def raw_receiver(stream: Any, busy_poll: bool) -> Iterator[Receive]:
 
     from capsvc.transport.busypoll import DEFAULT_BUDGET
 
+    budget = DEFAULT_BUDGET if budget is None else budget
     trio_socket = stream.socket
     # A second Python socket object on the stream's file descriptor, for synchronous
     # non-blocking recv calls (trio's socket has async ones only). It does not own the
@@ -93,7 +95,7 @@ def raw_receiver(stream: Any, busy_poll: bool) -> Iterator[Receive]:
             else:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return data
-            deadline = now() + DEFAULT_BUDGET
+            deadline = now() + budget
             while True:
                 await checkpoint()  # other tasks run (a c12 client's callers)
                 try:
