@@ -98,9 +98,10 @@ def _server(args: argparse.Namespace) -> int:
             coalesce=not args.no_coalesce,
             busy_poll=not args.no_busy_poll,
             dynamic=args.dynamic,
+            async_methods=args.async_methods,
         )
     else:
-        servers.run_raw_server(args.listen)
+        servers.run_raw_server(args.listen, busy_poll=not args.no_busy_poll)
     return 0
 
 
@@ -165,8 +166,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="tcp:127.0.0.1:0")
     p.add_argument("--no-nodelay", action="store_true")
     p.add_argument("--no-coalesce", action="store_true")
-    p.add_argument("--no-busy-poll", action="store_true")
+    p.add_argument(
+        "--no-busy-poll",
+        action="store_true",
+        help="sleep until readable (capsvc: busy_poll=None; raw: no fixed-budget polling)",
+    )
     p.add_argument("--dynamic", action="store_true", help="capsvc: the dynamic path")
+    p.add_argument(
+        "--async-methods", action="store_true", help="capsvc: async def methods (as pycapnp's)"
+    )
     p.set_defaults(func=_server)
     p = sub.add_parser("nagle-client", help="(internal) one Nagle case's client")
     p.add_argument("--connect", required=True)

@@ -22,7 +22,9 @@ The raw trio client is the ceiling: a request frame of the same size as capsvc's
 a reply of the same size as its Return (``frame_sizes`` measures them with capsvc over a
 memory stream), plain ``trio.SocketStream`` I/O. At concurrency 1 the task sends then reads
 its reply itself; at higher concurrency, sends are serialised by a lock and one reader
-task hands replies to the waiting callers in FIFO order.
+task hands replies to the waiting callers in FIFO order. Its ``raw-poll`` variant receives
+through ``servers.raw_receiver`` with busy polling, as its server does: the ceiling for
+capsvc with busy polling on.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
 from bench.rpc.scenarios import BENCH_ECHO_SCHEMA, ECHO_SCHEMA
-from bench.rpc.servers import FRAME_HEADER, PassCounter
+from bench.rpc.servers import FRAME_HEADER, PassCounter, raw_receiver
 
 OneCall = Callable[[], Awaitable[None]]
 
@@ -376,10 +378,14 @@ def frame_sizes(payload: int) -> tuple[int, int]:
 
 
 class RawClient(_TrioClient):
-    """The raw trio ping-pong client (see the module docstring)."""
+    """The raw trio ping-pong client (see the module docstring); ``busy_poll``: its
+    receives poll before they sleep, as its ``raw-tcp-poll`` server's do."""
 
-    def __init__(self, address: str, concurrency: int, payload: int) -> None:
+    def __init__(
+        self, address: str, concurrency: int, payload: int, *, busy_poll: bool = False
+    ) -> None:
         super().__init__(address, concurrency, payload)
+        self.busy_poll = busy_poll
         self.sizes = frame_sizes(payload)  # runs trio itself: before our loop starts
 
     def session(self) -> Any:
@@ -398,50 +404,51 @@ class RawClient(_TrioClient):
                 host, port = self.address[len("tcp:") :].rsplit(":", 1)
                 stream = await trio.open_tcp_stream(host, int(port))
             async with stream:
-                if self.concurrency == 1:
-                    buffer = bytearray()
+                with raw_receiver(stream, self.busy_poll) as receive:
+                    if self.concurrency == 1:
+                        buffer = bytearray()
 
-                    async def one_call() -> None:
-                        await stream.send_all(request)
-                        while len(buffer) < reply_size:
-                            data = await stream.receive_some(65536)
+                        async def one_call() -> None:
+                            await stream.send_all(request)
+                            while len(buffer) < reply_size:
+                                data = await receive(65536)
+                                if not data:
+                                    raise EOFError("raw server closed the connection")
+                                buffer.extend(data)
+                            del buffer[:reply_size]
+
+                        yield one_call
+                        return
+                    lock = trio.StrictFIFOLock()
+                    waiters: deque[Any] = deque()
+
+                    async def reader() -> None:
+                        buffer = bytearray()
+                        while True:
+                            data = await receive(65536)
                             if not data:
-                                raise EOFError("raw server closed the connection")
-                            buffer.extend(data)
-                        del buffer[:reply_size]
+                                return
+                            buffer += data
+                            offset = 0
+                            while len(buffer) - offset >= 8:
+                                body = struct.unpack_from("<I", buffer, offset)[0]
+                                if len(buffer) - offset < 8 + body:
+                                    break
+                                offset += 8 + body
+                                waiters.popleft().set()
+                            del buffer[:offset]
 
-                    yield one_call
-                    return
-                lock = trio.StrictFIFOLock()
-                waiters: deque[Any] = deque()
+                    async def pipelined_call() -> None:
+                        done = trio.Event()
+                        async with lock:
+                            waiters.append(done)
+                            await stream.send_all(request)
+                        await done.wait()
 
-                async def reader() -> None:
-                    buffer = bytearray()
-                    while True:
-                        data = await stream.receive_some(65536)
-                        if not data:
-                            return
-                        buffer += data
-                        offset = 0
-                        while len(buffer) - offset >= 8:
-                            body = struct.unpack_from("<I", buffer, offset)[0]
-                            if len(buffer) - offset < 8 + body:
-                                break
-                            offset += 8 + body
-                            waiters.popleft().set()
-                        del buffer[:offset]
-
-                async def pipelined_call() -> None:
-                    done = trio.Event()
-                    async with lock:
-                        waiters.append(done)
-                        await stream.send_all(request)
-                    await done.wait()
-
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(reader)
-                    yield pipelined_call
-                    nursery.cancel_scope.cancel()
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(reader)
+                        yield pipelined_call
+                        nursery.cancel_scope.cancel()
 
         return connected()
 
@@ -524,7 +531,7 @@ def make_client(
 ) -> EchoClient:
     """A not yet started client of implementation ``impl``: capsvc (generated stubs),
     capsvc-nopoll (busy polling off), capsvc-dynamic and capsvc-nopoll-dynamic (the dynamic
-    path), pycapnp or raw."""
+    path), pycapnp, raw or raw-poll (the raw ping-pong with busy polling)."""
     variants = {
         "capsvc": {},
         "capsvc-nopoll": {"busy_poll": False},
@@ -537,6 +544,6 @@ def make_client(
         raise ValueError(f"{impl} client takes no options {sorted(options)}")
     if impl == "pycapnp":
         return PycapnpClient(address, concurrency, payload)
-    if impl == "raw":
-        return RawClient(address, concurrency, payload)
+    if impl in ("raw", "raw-poll"):
+        return RawClient(address, concurrency, payload, busy_poll=impl == "raw-poll")
     raise ValueError(f"unknown client implementation {impl!r}")

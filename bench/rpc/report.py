@@ -14,6 +14,11 @@ installed (the ``bench`` extra), four charts next to it:
 With ``readme=PATH`` the same Markdown (chart links pointing into ``figures/`` beside the
 README, where the PNGs are copied) replaces the part of the README between the markers
 ``<!-- rpc-results:begin -->`` and ``<!-- rpc-results:end -->``.
+
+Busy polling buys latency with CPU and turns itself off on a busy machine, so the headline
+is without it (issue 10): every table lists the pairings where neither end polls first
+(capsvc's before the reference and the ceilings) and labels the others "(busy polling
+on)"; a polling capsvc is compared with the raw ping-pong that polls too.
 """
 
 from __future__ import annotations
@@ -46,12 +51,36 @@ COLOURS = {
     "capsvc-tcp": "#1f77b4",
     "capsvc-unix": "#6baed6",
     "capsvc-tcp-nopoll": "#9ecae1",
+    "capsvc-tcp-nopoll-async": "#17becf",
+    "capsvc-tcp-dynamic": "#393b79",
+    "capsvc-tcp-nopoll-dynamic": "#9c9ede",
     "pycapnp": "#d62728",
     "raw-trio": "#2ca02c",
     "raw-trio-unix": "#98df8a",
+    "raw-trio-poll": "#bcbd22",
     "capsvc-to-pycapnp": "#9467bd",
     "pycapnp-to-capsvc": "#ff7f0e",
 }
+
+
+ROLE_ORDER = ("capsvc", "reference", "ceiling", "interop")
+
+
+def ordered(pairings: list[str]) -> list[str]:
+    """Pairings in report order: without busy polling first, then by role, then suite order."""
+    suite = list(PAIRINGS)
+    return sorted(
+        pairings,
+        key=lambda p: (PAIRINGS[p].busy_poll, ROLE_ORDER.index(PAIRINGS[p].role), suite.index(p)),
+    )
+
+
+def row_title(pairing: str) -> str:
+    """A pairing's row title: those where an end busy-polls say so."""
+    p = PAIRINGS[pairing]
+    if p.busy_poll and "busy polling" not in p.title:
+        return p.title + " (busy polling on)"
+    return p.title
 
 
 def _cell(value: Spread | None, digits: int = 0, scale: float = 1.0, unit: str = "") -> str:
@@ -77,7 +106,7 @@ def _p99(figures: RepFigures) -> float | None:
 # ---------------------------------------------------------------------- markdown
 def markdown(results: Results, chart_dir: str | None) -> str:
     m = results.manifest
-    pairings = results.pairings()
+    pairings = ordered(results.pairings())
     loads = results.loads()
     reps = m.get("reps", 1)
     lines: list[str] = []
@@ -113,6 +142,8 @@ def markdown(results: Results, chart_dir: str | None) -> str:
         add("|---|---|---|---|")
         for goal in GOALS:
             value = goal.measure(results)
+            if value is None and goal.optional:
+                continue
             digits = 2 if goal.target and goal.target < 10 else 0
             target = ("≥ " if goal.at_least else "≤ ") + f"{goal.target:g}"
             add(f"| {goal.text} | {target} | {_cell(value, digits)} | {goal.verdict(value)} |")
@@ -138,22 +169,51 @@ def _throughput_tables(results: Results, pairings: list[str], loads: list[str], 
     add("|---|" + "---|" * len(loads))
     for pairing in pairings:
         cells = [_cell(results.figure(pairing, load, _calls)) for load in loads]
-        add(f"| {PAIRINGS[pairing].title} | " + " | ".join(cells) + " |")
+        add(f"| {row_title(pairing)} | " + " | ".join(cells) + " |")
     add("")
+    on = " (busy polling on)"
     ratios = [
-        ("capsvc→capsvc TCP ÷ pycapnp→pycapnp, calls/s", "capsvc-tcp", "pycapnp", _calls),
-        ("capsvc→capsvc Unix ÷ pycapnp→pycapnp, calls/s", "capsvc-unix", "pycapnp", _calls),
+        # Neither end polls: the headline.
         (
             "capsvc→capsvc TCP, busy polling off ÷ pycapnp→pycapnp, calls/s",
             "capsvc-tcp-nopoll",
             "pycapnp",
             _calls,
         ),
-        ("capsvc client (→ pycapnp) ÷ pycapnp→pycapnp", "capsvc-to-pycapnp", "pycapnp", _calls),
-        ("capsvc server (pycapnp →) ÷ pycapnp→pycapnp", "pycapnp-to-capsvc", "pycapnp", _calls),
-        ("capsvc→capsvc TCP ÷ raw trio ceiling, calls/s", "capsvc-tcp", "raw-trio", _calls),
-        ("capsvc→capsvc TCP ÷ raw trio ceiling, p99", "capsvc-tcp", "raw-trio", _p99),
-        ("pycapnp→pycapnp ÷ raw trio ceiling, p99", "pycapnp", "raw-trio", _p99),
+        (
+            "capsvc→capsvc TCP, busy polling off, async def server ÷ pycapnp→pycapnp, calls/s",
+            "capsvc-tcp-nopoll-async",
+            "pycapnp",
+            _calls,
+        ),
+        ("capsvc nopoll ÷ raw trio (no polling), calls/s", "capsvc-tcp-nopoll", "raw-trio", _calls),
+        ("capsvc nopoll ÷ raw trio (no polling), p99", "capsvc-tcp-nopoll", "raw-trio", _p99),
+        ("pycapnp→pycapnp ÷ raw trio (no polling), p99", "pycapnp", "raw-trio", _p99),
+        # capsvc polls at one end or both.
+        ("capsvc (polling) ÷ raw trio (polling), calls/s", "capsvc-tcp", "raw-trio-poll", _calls),
+        ("capsvc (polling) ÷ raw trio (polling), p99", "capsvc-tcp", "raw-trio-poll", _p99),
+        ("capsvc busy polling on ÷ off, calls/s", "capsvc-tcp", "capsvc-tcp-nopoll", _calls),
+        (f"capsvc→capsvc TCP{on} ÷ pycapnp→pycapnp, calls/s", "capsvc-tcp", "pycapnp", _calls),
+        (f"capsvc→capsvc Unix{on} ÷ pycapnp→pycapnp, calls/s", "capsvc-unix", "pycapnp", _calls),
+        (
+            "capsvc client (→ pycapnp, busy polling on) ÷ pycapnp→pycapnp",
+            "capsvc-to-pycapnp",
+            "pycapnp",
+            _calls,
+        ),
+        (
+            "capsvc server (pycapnp →, busy polling on) ÷ pycapnp→pycapnp",
+            "pycapnp-to-capsvc",
+            "pycapnp",
+            _calls,
+        ),
+        (
+            f"capsvc→capsvc TCP{on} ÷ raw trio (no polling), calls/s",
+            "capsvc-tcp",
+            "raw-trio",
+            _calls,
+        ),
+        (f"capsvc→capsvc TCP{on} ÷ raw trio (no polling), p99", "capsvc-tcp", "raw-trio", _p99),
     ]
     rows = []
     for title, a, b, pick in ratios:
@@ -184,7 +244,7 @@ def _latency_tables(results: Results, pairings: list[str], loads: list[str], add
                 continue
             cells = [_cell(results.figure(pairing, load, _lat(n)), 0, 1e6) for n in names]
             calls = sum(f.calls for f in reps.values())
-            add(f"| {PAIRINGS[pairing].title} | " + " | ".join(cells) + f" | {calls:,} |")
+            add(f"| {row_title(pairing)} | " + " | ".join(cells) + f" | {calls:,} |")
         add("")
 
 
@@ -211,7 +271,7 @@ def _cost_table(results: Results, pairings: list[str], loads: list[str], add: An
                 _cell(results.figure(pairing, load, _cost("client_passes")), 2),
                 _cell(results.figure(pairing, load, _cost("client_writes")), 2),
             ]
-            add(f"| {PAIRINGS[pairing].title} | {LOAD_TITLES[load]} | " + " | ".join(cells) + " |")
+            add(f"| {row_title(pairing)} | {LOAD_TITLES[load]} | " + " | ".join(cells) + " |")
     add("")
 
 
@@ -263,7 +323,7 @@ def charts(results: Results, out: str) -> list[str]:
         return []
     written: list[str | None] = []
     smoke = " (smoke run)" if results.manifest.get("smoke") else ""
-    pairings = results.pairings()
+    pairings = ordered(results.pairings())
     loads = results.loads()
     if pairings and loads:
         written.append(_chart_calls(plt, results, pairings, loads, out, smoke))
@@ -289,7 +349,7 @@ def _chart_calls(
             ys.append(value.median)
             lo.append(value.median - value.lo)
             hi.append(value.hi - value.median)
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=PAIRINGS[pairing].title,
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=row_title(pairing),
                color=COLOURS.get(pairing))  # fmt: skip
     ax.set_xticks(range(len(loads)), [LOAD_TITLES[load] for load in loads])
     ax.set_ylabel("calls/s (median, whiskers min-max over reps)")
@@ -315,7 +375,7 @@ def _chart_percentiles(
             if any(v is None for v in values):
                 continue
             ax.plot(names, [v.median * 1e6 for v in values if v], marker="o",
-                    label=PAIRINGS[pairing].title, color=COLOURS.get(pairing))  # fmt: skip
+                    label=row_title(pairing), color=COLOURS.get(pairing))  # fmt: skip
         ax.set_yscale("log")
         ax.set_title(LOAD_TITLES[load])
         ax.grid(alpha=0.3, which="both")
@@ -337,7 +397,8 @@ def _chart_histograms(
         return None
     fig, axes = plt.subplots(1, len(loads), figsize=(6 * len(loads), 4.2), dpi=110,
                              squeeze=False)  # fmt: skip
-    shown = [p for p in ("capsvc-tcp", "pycapnp", "raw-trio") if p in pairings] or pairings
+    headline = ("capsvc-tcp-nopoll", "pycapnp", "raw-trio", "capsvc-tcp", "raw-trio-poll")
+    shown = [p for p in headline if p in pairings] or pairings
     for ax, load in zip(axes[0], loads, strict=True):
         for pairing in shown:
             values = [v * 1e6 for v in results.latency_values(pairing, load)]
@@ -346,7 +407,7 @@ def _chart_histograms(
             lo, hi = max(min(values), 1.0), max(values)
             bins = [lo * (hi / lo) ** (i / 80) for i in range(81)] if hi > lo else 10
             ax.hist(values, bins=bins, histtype="step", density=False, linewidth=1.2,
-                    weights=[1 / len(values)] * len(values), label=PAIRINGS[pairing].title,
+                    weights=[1 / len(values)] * len(values), label=row_title(pairing),
                     color=COLOURS.get(pairing))  # fmt: skip
         ax.set_xscale("log")
         ax.set_xlabel("latency per call, µs (log)")

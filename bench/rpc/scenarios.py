@@ -37,8 +37,16 @@ class ServerKind:
     transport: str  # "tcp" | "unix"
     nodelay: bool = True
     coalesce: bool = True
-    busy_poll: bool = True  # capsvc's adaptive busy polling (capsvc.transport.busypoll)
+    # Busy polling of receives: capsvc's adaptive policy (capsvc.transport.busypoll); for
+    # the raw ping-pong a fixed-budget poll (servers.raw_receiver). pycapnp never polls.
+    busy_poll: bool = True
     dynamic: bool = False  # capsvc: the dynamic path (load_schema), not the generated base
+    async_methods: bool = False  # capsvc: ``async def`` methods (as pycapnp's must be)
+
+    @property
+    def polls(self) -> bool:
+        """Whether this server busy-polls its sockets."""
+        return self.busy_poll and self.impl != "pycapnp"
 
 
 SERVER_KINDS: dict[str, ServerKind] = {
@@ -49,9 +57,11 @@ SERVER_KINDS: dict[str, ServerKind] = {
         ServerKind("capsvc-tcp-nopoll", "capsvc", "tcp", busy_poll=False),
         ServerKind("capsvc-tcp-dynamic", "capsvc", "tcp", dynamic=True),
         ServerKind("capsvc-tcp-nopoll-dynamic", "capsvc", "tcp", busy_poll=False, dynamic=True),
+        ServerKind("capsvc-tcp-nopoll-async", "capsvc", "tcp", busy_poll=False, async_methods=True),
         ServerKind("pycapnp-tcp", "pycapnp", "tcp"),
-        ServerKind("raw-tcp", "raw", "tcp"),
-        ServerKind("raw-unix", "raw", "unix"),
+        ServerKind("raw-tcp", "raw", "tcp", busy_poll=False),
+        ServerKind("raw-unix", "raw", "unix", busy_poll=False),
+        ServerKind("raw-tcp-poll", "raw", "tcp"),
         # The Nagle experiment (TCP_NODELAY off on both ends).
         ServerKind("capsvc-tcp-nagle", "capsvc", "tcp", nodelay=False),
         ServerKind("capsvc-tcp-nagle-nocoalesce", "capsvc", "tcp", nodelay=False, coalesce=False),
@@ -65,10 +75,20 @@ class Pairing:
     """A client implementation talking to one kind of server."""
 
     name: str
-    client: str  # "capsvc" | "pycapnp" | "raw" and capsvc's variants (clients.make_client)
+    client: str  # "capsvc" | "pycapnp" | "raw" and their variants (clients.make_client)
     server: str  # a SERVER_KINDS key
     title: str
     role: str  # "capsvc" | "reference" | "interop" | "ceiling"
+
+    @property
+    def busy_poll(self) -> bool:
+        """Whether either end busy-polls (the report labels such rows: polling buys
+        latency with CPU, so the headline figures are those without it)."""
+        return self.client in POLLING_CLIENTS or SERVER_KINDS[self.server].polls
+
+
+# The client kinds of clients.make_client that busy-poll their socket.
+POLLING_CLIENTS = frozenset({"capsvc", "capsvc-dynamic", "raw-poll"})
 
 
 PAIRINGS: dict[str, Pairing] = {
@@ -86,6 +106,15 @@ PAIRINGS: dict[str, Pairing] = {
             "capsvc",
         ),
         Pairing("raw-trio-unix", "raw", "raw-unix", "raw trio ping-pong, Unix", "ceiling"),
+        # The ceiling of a trio RPC that busy-polls as capsvc does (fixed 400 µs budget on
+        # both ends): capsvc with polling on is compared with this, like with like.
+        Pairing(
+            "raw-trio-poll",
+            "raw-poll",
+            "raw-tcp-poll",
+            "raw trio ping-pong, TCP, busy polling",
+            "ceiling",
+        ),
         # capsvc on the dynamic path (load_schema) on both ends, beside the generated stubs
         # of the pairings above: the cost of not generating, in the same run.
         Pairing(
@@ -100,6 +129,15 @@ PAIRINGS: dict[str, Pairing] = {
             "capsvc-nopoll-dynamic",
             "capsvc-tcp-nopoll-dynamic",
             "capsvc → capsvc, TCP, busy polling off, dynamic path",
+            "capsvc",
+        ),
+        # pycapnp's server methods are coroutines; capsvc's echo runs a plain ``def``
+        # inline. This one has ``async def`` methods, the like-with-like server.
+        Pairing(
+            "capsvc-tcp-nopoll-async",
+            "capsvc-nopoll",
+            "capsvc-tcp-nopoll-async",
+            "capsvc → capsvc, TCP, busy polling off, async def server",
             "capsvc",
         ),
         Pairing("capsvc-to-pycapnp", "capsvc", "pycapnp-tcp", "capsvc → pycapnp, TCP", "interop"),
@@ -139,8 +177,10 @@ SMOKE = (
     "capsvc-unix/c12-16B",
     "capsvc-tcp-nopoll/c1-16B",
     "raw-trio-unix/c12-16B",
+    "raw-trio-poll/c1-16B",
     "capsvc-tcp-dynamic/c12-16B",
     "capsvc-tcp-nopoll-dynamic/c1-16B",
+    "capsvc-tcp-nopoll-async/c12-16B",
     "capsvc-to-pycapnp/c1-4KiB",
     "pycapnp-to-capsvc/c1-16B",
 )

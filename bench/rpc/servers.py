@@ -10,12 +10,16 @@ a GIL or an event loop, as in capnp-rpc's echo_bench. Three programs:
   which extends the plain ``Echo``, so pycapnp's client calls it unchanged), written on
   the generated base (capsvc.generated.bench_echo_capnp: typed readers and builders);
   with ``--dynamic`` the same object on the dynamic path (``capsvc.load_schema``, pycapnp
-  readers and builders), so that the two can be compared in one run. TCP_NODELAY and
-  write coalescing are the documented switches of ``capsvc.serve``.
+  readers and builders), so that the two can be compared in one run; with
+  ``--async-methods`` the generated base with ``async def`` methods (pycapnp's server
+  methods must be coroutines; capsvc runs a plain ``def`` inline in the reader). TCP_NODELAY,
+  write coalescing and busy polling are the documented switches of ``capsvc.serve``.
 - ``pycapnp``: tests/peers/pycapnp_server.py, the C++ reference's RPC (``--bootstrap echo``).
 - ``raw``: a trio ping-pong server, the ceiling for any trio RPC: it parses 8-byte frame
   headers (``body length, reply length``, little-endian u32s) and answers every whole
   request with a reply of the asked length, all replies of one read in one ``send_all``.
+  Unless ``--no-busy-poll``, it busy-polls its socket before sleeping (``raw_receiver``),
+  as capsvc does, so that capsvc with polling on has a ceiling measured the same way.
 
 Each program prints exactly one ``LISTENING <address>`` line when it accepts connections
 (``tcp:HOST:PORT`` or ``unix:PATH``; pycapnp's peer prints a bare port). The capsvc and raw
@@ -26,22 +30,95 @@ the profiling command uses to count per-call costs on the server side.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from typing import IO, Any
 
 from bench.rpc.scenarios import BENCH_ECHO_SCHEMA, PEERS, ROOT, ServerKind
 
 FRAME_HEADER = struct.Struct("<II")  # raw ping-pong: body length, reply length (bytes)
 
+Receive = Callable[[int], Awaitable[bytes]]
+
 
 # ------------------------------------------------------------------------ in-process parts
+@contextlib.contextmanager
+def raw_receiver(stream: Any, busy_poll: bool, budget: float | None = None) -> Iterator[Receive]:
+    """The ``receive_some`` of the raw ping-pong's ``trio.SocketStream``, both ends.
+
+    Without ``busy_poll``: the stream's own (a receive that finds nothing sleeps in
+    ``epoll_wait`` until the socket is readable). With it, the ceiling of an RPC that
+    busy-polls as capsvc does (capsvc.transport.fastsocket ``_wait_and_receive``): a
+    receive that finds nothing keeps polling, one zero-timeout scheduler pass, a
+    non-blocking ``recv`` and a ``sched_yield`` at a time, until ``budget`` seconds have
+    passed (default: capsvc's, ``capsvc.transport.busypoll.DEFAULT_BUDGET``, 400 µs), and
+    only then sleeps. No adaptive policy (the ceiling always polls, however often it
+    misses), and sends stay the stream's, so that the two variants differ in the polling
+    only.
+    """
+    if not busy_poll:
+        yield stream.receive_some
+        return
+    import trio
+
+    from capsvc.transport.busypoll import DEFAULT_BUDGET
+
+    budget = DEFAULT_BUDGET if budget is None else budget
+    trio_socket = stream.socket
+    # A second Python socket object on the stream's file descriptor, for synchronous
+    # non-blocking recv calls (trio's socket has async ones only). It does not own the
+    # descriptor: detached on the way out, so that only the stream closes it.
+    sock = socket.socket(trio_socket.family, trio_socket.type, trio_socket.proto,
+                         fileno=trio_socket.fileno())  # fmt: skip
+    sock.setblocking(False)  # already so (trio's); this sets the Python object's mode
+    now = time.perf_counter
+    sched_yield = os.sched_yield
+    checkpoint = trio.lowlevel.checkpoint
+
+    async def receive(max_bytes: int) -> bytes:
+        # As trio.SocketStream.receive_some when data is waiting: one recv, one pass.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            try:
+                data = sock.recv(max_bytes)
+            except BlockingIOError:
+                pass
+            else:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return data
+            deadline = now() + budget
+            while True:
+                await checkpoint()  # other tasks run (a c12 client's callers)
+                try:
+                    return sock.recv(max_bytes)
+                except BlockingIOError:
+                    if now() >= deadline:
+                        break
+                    sched_yield()
+            while True:
+                await trio.lowlevel.wait_readable(sock)
+                try:
+                    return sock.recv(max_bytes)
+                except BlockingIOError:
+                    continue
+        except OSError as error:
+            raise trio.BrokenResourceError(f"socket error: {error}") from error
+
+    try:
+        yield receive
+    finally:
+        sock.detach()
+
+
 class PassCounter:
     """A trio instrument that counts scheduler passes (one ``before_io_wait`` each)."""
 
@@ -107,12 +184,16 @@ def _toggle_profiler(profiler: Any) -> Any:
     return None
 
 
-def typed_bench_echo() -> Any:
+def typed_bench_echo(async_methods: bool = False) -> Any:
     """The BenchEcho server object on the generated base (what users of ``capsvc gen`` write).
 
     Plain methods: an echo never waits, so it runs inline in the connection's reader
-    (capsvc.server). pycapnp's peer has no such option (its methods must be coroutines).
+    (capsvc.server). pycapnp's peer has no such option (its methods must be coroutines);
+    ``async_methods`` gives the same server with ``async def`` methods, which capsvc runs
+    as tasks, the like-with-like comparison with pycapnp's server.
     """
+    if async_methods:
+        return async_typed_bench_echo()
     from capsvc.generated.bench_echo_capnp import BenchEcho
     from capsvc.generated.echo_capnp import Echo
 
@@ -136,6 +217,33 @@ def typed_bench_echo() -> Any:
     return TypedBenchEcho()
 
 
+def async_typed_bench_echo() -> Any:
+    """The BenchEcho server on the generated base with ``async def`` methods."""
+    from capsvc.generated.bench_echo_capnp import BenchEcho
+    from capsvc.generated.echo_capnp import Echo
+
+    class AsyncTypedBenchEcho(BenchEcho.Server):
+        async def ping(
+            self, params: Echo.PingParams.Reader, results: Echo.PingResults.Builder
+        ) -> None:
+            results.reply = params.msg
+
+        async def pingData(
+            self, params: Echo.PingDataParams.Reader, results: Echo.PingDataResults.Builder
+        ) -> None:
+            results.data = params.data
+
+        async def pingCap(
+            self,
+            params: BenchEcho.PingCapParams.Reader,
+            results: BenchEcho.PingCapResults.Builder,
+        ) -> None:
+            results.reply = params.msg
+            results.set_cap(self)
+
+    return AsyncTypedBenchEcho()
+
+
 def dynamic_bench_echo() -> Any:
     """The same BenchEcho server on the dynamic path (``capsvc.load_schema``)."""
     import capsvc
@@ -157,17 +265,26 @@ def dynamic_bench_echo() -> Any:
 
 
 def run_capsvc_server(
-    listen: str, *, nodelay: bool, coalesce: bool, busy_poll: bool = True, dynamic: bool = False
+    listen: str,
+    *,
+    nodelay: bool,
+    coalesce: bool,
+    busy_poll: bool = True,
+    dynamic: bool = False,
+    async_methods: bool = False,
 ) -> None:
     """The capsvc BenchEcho server (blocks until SIGTERM/SIGINT); ``dynamic``: on the
-    dynamic path instead of the generated base."""
+    dynamic path instead of the generated base; ``async_methods``: ``async def`` methods
+    on the generated base."""
     import gc
 
     import trio
 
     import capsvc
 
-    server = dynamic_bench_echo() if dynamic else typed_bench_echo()
+    if dynamic and async_methods:
+        raise ValueError("the dynamic server has plain methods only")
+    server = dynamic_bench_echo() if dynamic else typed_bench_echo(async_methods)
 
     async def start(task_status: Any) -> None:
         await capsvc.serve(
@@ -186,8 +303,9 @@ def run_capsvc_server(
     trio.run(_serve_until_signalled, start, PassCounter(), writes)
 
 
-def run_raw_server(listen: str) -> None:
-    """The raw trio ping-pong server (blocks until SIGTERM/SIGINT)."""
+def run_raw_server(listen: str, busy_poll: bool = False) -> None:
+    """The raw trio ping-pong server (blocks until SIGTERM/SIGINT); ``busy_poll``: its
+    receives poll before they sleep (``raw_receiver``)."""
     import trio
 
     replies: dict[int, bytes] = {}
@@ -198,12 +316,16 @@ def run_raw_server(listen: str) -> None:
             frame = replies[size] = FRAME_HEADER.pack(size - 8, 0) + bytes(size - 8)
         return frame
 
-    async def handle(stream: trio.abc.Stream) -> None:
+    async def handle(stream: trio.SocketStream) -> None:
+        with raw_receiver(stream, busy_poll) as receive:
+            await ping_pong(stream, receive)
+
+    async def ping_pong(stream: trio.SocketStream, receive: Receive) -> None:
         buffer = bytearray()
         header = FRAME_HEADER
         while True:
             try:
-                data = await stream.receive_some(65536)
+                data = await receive(65536)
             except trio.BrokenResourceError:
                 return
             if not data:
@@ -293,6 +415,8 @@ class ServerProcess:
             command.append("--no-busy-poll")
         if kind.dynamic:
             command.append("--dynamic")
+        if kind.async_methods:
+            command.append("--async-methods")
         return command
 
     def start(self) -> ServerProcess:
