@@ -41,6 +41,7 @@ MODULES: tuple[str, ...] = (
     "capsvc.codec.reading",
     "capsvc.codec.building",
     "capsvc.codec.packing",
+    "capsvc.codec.accessors",
     "capsvc.rpc.answers",
     "capsvc.rpc.copying",
     "capsvc.rpc.embargoes",

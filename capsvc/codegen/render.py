@@ -229,6 +229,7 @@ def _header(out: _Out, file: File, relative: bool) -> None:
     out.add("from typing import Any, ClassVar, Literal, Never")
     out.add("")
     out.add("from capsvc.codec import building as _b")
+    out.add("from capsvc.codec import descriptors as _d")
     out.add("from capsvc.codec import pipeline as _p")
     out.add("from capsvc.codec import reading as _r")
     if has_interfaces:
@@ -642,11 +643,46 @@ def _reader_field(out: _Out, node: Struct, field: Field, path: str, names: _Name
         return
     kind = field.type
     assert kind is not None
+    descriptor = _descriptor(field)
+    if descriptor is not None:
+        out.add(f"{name} = {descriptor}")
+        return
     out.add("@property")
     out.add(f"def {name}(self) -> {_reader_type(kind, names)}:")
     with out.indent():
         for line in _read_expression(node, field, path, names):
             out.add(line)
+
+
+def _descriptor(field: Field) -> str | None:
+    """A compiled field descriptor (capsvc.codec.accessors) for a Bool, number or Text
+    field: reading it is one C call instead of a property's Python frame. None for the
+    other kinds (enums, pointers but Text: their targets are defined later in the module,
+    or need a Python-level look-up)."""
+    kind = field.type
+    assert kind is not None
+    k = kind.kind
+    if k == "bool":
+        byte, bit = divmod(field.offset, 8)
+        return f"_d.Bool({byte}, {bit}, {bool(field.default)})"
+    if k in ("float32", "float64"):
+        bits = 32 if k == "float32" else 64
+        offset = field.offset * bits // 8
+        xor = _float_bits(field.default, bits) if field.default else 0
+        return f"_d.Float({bits}, {offset}, {xor:#x})" if xor else f"_d.Float({bits}, {offset})"
+    if k in NUMBERS:
+        _, bits, _ = NUMBERS[k]
+        offset = field.offset * bits // 8
+        xor = int(field.default or 0)  # type: ignore[call-overload]
+        width = _width(k)
+        tail = f", {xor}" if xor else ""
+        if width == "u8":
+            return f"_d.UInt8({offset}{tail})"
+        return f'_d.Int("{width}", {offset}{tail})'
+    if k == "text":
+        text = field.default if isinstance(field.default, str) else _NO_DEFAULT_TEXT
+        return f"_d.Text({field.offset}, {text!r})"
+    return None
 
 
 def _read_expression(node: Struct, field: Field, path: str, names: _Names) -> list[str]:
@@ -875,6 +911,39 @@ def _select(node: Struct, field: Field) -> list[str]:
     ]
 
 
+def _builder_descriptor(node: Struct, field: Field, label: str) -> str | None:
+    """A compiled builder property (capsvc.codec.accessors) for a Bool, number (not enum)
+    or Text field: its getter and setter run with no Python frame. None for other kinds."""
+    kind = field.type
+    assert kind is not None
+    k = kind.kind
+    select = ""
+    if field.discriminant is not None:
+        select = f", {node.discriminant_offset * 2}, {field.discriminant}"
+    if k == "bool":
+        byte, bit = divmod(field.offset, 8)
+        return f'_d.bool_property({byte}, {bit}, {bool(field.default)}, "{label}"{select})'
+    if k in ("float32", "float64"):
+        bits = 32 if k == "float32" else 64
+        offset = field.offset * bits // 8
+        xor = _float_bits(field.default, bits) if field.default else 0
+        return (
+            f'_d.float_property({bits}, {offset}, {xor:#x}, "{label}", "{SCHEMA_NAMES[k]}"{select})'
+        )
+    if k in NUMBERS:
+        _, bits, _ = NUMBERS[k]
+        offset = field.offset * bits // 8
+        xor = int(field.default or 0)  # type: ignore[call-overload]
+        return (
+            f'_d.int_property("{_width(k)}", {offset}, {xor}, "{label}", "{SCHEMA_NAMES[k]}"'
+            f"{select})"
+        )
+    if k == "text":
+        text = field.default if isinstance(field.default, str) else ""
+        return f'_d.text_property({field.offset}, {text!r}, "{label}"{select})'
+    return None
+
+
 def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Names) -> None:
     name = python_name(field.name)
     label = f"{node.scope}.{field.name}"
@@ -904,6 +973,11 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
             with out.indent():
                 for line in select:
                     out.add(line)
+        return
+    builder_descriptor = _builder_descriptor(node, field, label)
+    if builder_descriptor is not None:
+        out.add("")
+        out.add(f"{name} = {builder_descriptor}")
         return
     if k == "bool":
         byte, bit = divmod(field.offset, 8)

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc import typed as _t
@@ -49,9 +50,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def msg(self) -> str:
-                return self._text(0, '')
+            msg = _d.Text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -66,12 +65,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def msg(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @msg.setter
-            def msg(self, value: str) -> None:
-                self._set_text(0, value, "BenchEcho.pingCap$Params.msg")
+            msg = _d.text_property(0, '', "BenchEcho.pingCap$Params.msg")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -130,9 +124,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def reply(self) -> str:
-                return self._text(0, '')
+            reply = _d.Text(0, '')
 
             @property
             def cap(self) -> BenchEcho.Client:
@@ -152,12 +144,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def reply(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @reply.setter
-            def reply(self, value: str) -> None:
-                self._set_text(0, value, "BenchEcho.pingCap$Results.reply")
+            reply = _d.text_property(0, '', "BenchEcho.pingCap$Results.reply")
 
             def set_cap(self, value: BenchEcho.Client | BenchEcho.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc import typed as _t
@@ -107,18 +108,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def literal(self) -> float:
-                return get_f64(self._seg, self._data)[0]
+            literal = _d.Float(64, 0)
 
             @property
             def previousResult(self) -> Calculator.Value.Client:
                 w = self._ptr + 0
                 return _r.read_client(self._msg, self._si, w if w < self._pend else -1, Calculator.Value.Client)
 
-            @property
-            def parameter(self) -> int:
-                return get_u32(self._seg, self._data)[0]
+            parameter = _d.Int("u32", 0)
 
             @property
             def call(self) -> Calculator.Expression.Call.Reader:
@@ -148,32 +145,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def literal(self) -> float:
-                return get_f64(self._b.buf, self._data)[0]
-            @literal.setter
-            def literal(self, value: float) -> None:
-                try:
-                    set_f64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Calculator.Expression.literal", "Float64", "d") from None
-                set_u16(self._b.buf, self._data + 8, 0)
+            literal = _d.float_property(64, 0, 0x0, "Calculator.Expression.literal", "Float64", 8, 0)
 
             def set_previousResult(self, value: Calculator.Value.Client | Calculator.Value.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
                 set_u16(self._b.buf, self._data + 8, 1)
                 _b.set_client(self._b, self._ptr + 0, value, "Calculator.Expression.previousResult")
 
-            @property
-            def parameter(self) -> int:
-                return get_u32(self._b.buf, self._data)[0]
-            @parameter.setter
-            def parameter(self, value: int) -> None:
-                try:
-                    set_u32(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Calculator.Expression.parameter", "UInt32", "I") from None
-                set_u16(self._b.buf, self._data + 8, 2)
+            parameter = _d.int_property("u32", 0, 0, "Calculator.Expression.parameter", "UInt32", 8, 2)
 
             @property
             def call(self) -> Calculator.Expression.Call.Builder:
@@ -344,9 +323,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 _DATA_WORDS: ClassVar[int] = 1
                 _POINTERS: ClassVar[int] = 0
 
-                @property
-                def value(self) -> float:
-                    return get_f64(self._seg, self._data)[0]
+                value = _d.Float(64, 0)
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -360,15 +337,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 _DATA_WORDS: ClassVar[int] = 1
                 _POINTERS: ClassVar[int] = 0
 
-                @property
-                def value(self) -> float:
-                    return get_f64(self._b.buf, self._data)[0]
-                @value.setter
-                def value(self, value: float) -> None:
-                    try:
-                        set_f64(self._b.buf, self._data + 0, value)
-                    except (struct.error, TypeError):
-                        raise _b.bad_value(value, "Calculator.Function.call$Results.value", "Float64", "d") from None
+                value = _d.float_property(64, 0, 0x0, "Calculator.Function.call$Results.value", "Float64")
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -555,9 +524,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 _DATA_WORDS: ClassVar[int] = 1
                 _POINTERS: ClassVar[int] = 0
 
-                @property
-                def value(self) -> float:
-                    return get_f64(self._seg, self._data)[0]
+                value = _d.Float(64, 0)
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -571,15 +538,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 _DATA_WORDS: ClassVar[int] = 1
                 _POINTERS: ClassVar[int] = 0
 
-                @property
-                def value(self) -> float:
-                    return get_f64(self._b.buf, self._data)[0]
-                @value.setter
-                def value(self, value: float) -> None:
-                    try:
-                        set_f64(self._b.buf, self._data + 0, value)
-                    except (struct.error, TypeError):
-                        raise _b.bad_value(value, "Calculator.Value.read$Results.value", "Float64", "d") from None
+                value = _d.float_property(64, 0, 0x0, "Calculator.Value.read$Results.value", "Float64")
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -670,9 +629,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def paramCount(self) -> int:
-                return get_i32(self._seg, self._data)[0]
+            paramCount = _d.Int("i32", 0)
 
             @property
             def body(self) -> Calculator.Expression.Reader:
@@ -692,15 +649,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def paramCount(self) -> int:
-                return get_i32(self._b.buf, self._data)[0]
-            @paramCount.setter
-            def paramCount(self, value: int) -> None:
-                try:
-                    set_i32(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Calculator.defFunction$Params.paramCount", "Int32", "i") from None
+            paramCount = _d.int_property("i32", 0, 0, "Calculator.defFunction$Params.paramCount", "Int32")
 
             @property
             def body(self) -> Calculator.Expression.Builder:

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc import typed as _t
@@ -48,9 +49,7 @@ class Echo(_t.Interface["Echo.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def msg(self) -> str:
-                return self._text(0, '')
+            msg = _d.Text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -65,12 +64,7 @@ class Echo(_t.Interface["Echo.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def msg(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @msg.setter
-            def msg(self, value: str) -> None:
-                self._set_text(0, value, "Echo.ping$Params.msg")
+            msg = _d.text_property(0, '', "Echo.ping$Params.msg")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -129,9 +123,7 @@ class Echo(_t.Interface["Echo.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def reply(self) -> str:
-                return self._text(0, '')
+            reply = _d.Text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -146,12 +138,7 @@ class Echo(_t.Interface["Echo.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def reply(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @reply.setter
-            def reply(self, value: str) -> None:
-                self._set_text(0, value, "Echo.ping$Results.reply")
+            reply = _d.text_property(0, '', "Echo.ping$Results.reply")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

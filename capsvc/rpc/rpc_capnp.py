@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc.codec.fields import (
@@ -40,18 +41,14 @@ class Accept:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        questionId = _d.Int("u32", 0)
 
         @property
         def provision(self) -> _r.AnyPointer:
             w = self._ptr + 0
             return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
 
-        @property
-        def embargo(self) -> bool:
-            return self._seg[self._data + 4] >> 0 & 1 == 1
+        embargo = _d.Bool(4, 0, False)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -66,30 +63,13 @@ class Accept:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @questionId.setter
-        def questionId(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Accept.questionId", "UInt32", "I") from None
+        questionId = _d.int_property("u32", 0, 0, "Accept.questionId", "UInt32")
 
         def init_provision_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer provision."""
             return _b.init_struct(self, self._ptr + 0, cls)
 
-        @property
-        def embargo(self) -> bool:
-            return bool(self._b.buf[self._data + 4] >> 0 & 1 ^ 0)
-        @embargo.setter
-        def embargo(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Accept.embargo", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 4
-            buf[p] = buf[p] | 1 if value else buf[p] & 254
+        embargo = _d.bool_property(4, 0, False, "Accept.embargo")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -148,9 +128,7 @@ class Bootstrap:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        questionId = _d.Int("u32", 0)
 
         @property
         def deprecatedObjectId(self) -> _r.AnyPointer:
@@ -169,15 +147,7 @@ class Bootstrap:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @questionId.setter
-        def questionId(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Bootstrap.questionId", "UInt32", "I") from None
+        questionId = _d.int_property("u32", 0, 0, "Bootstrap.questionId", "UInt32")
 
         def init_deprecatedObjectId_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer deprecatedObjectId."""
@@ -325,33 +295,21 @@ class Call:
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 3
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        questionId = _d.Int("u32", 0)
 
         @property
         def target(self) -> MessageTarget.Reader:
             return self._struct(0, MessageTarget.Reader, None)
 
-        @property
-        def interfaceId(self) -> int:
-            return get_u64(self._seg, self._data + 8)[0]
+        interfaceId = _d.Int("u64", 8)
 
-        @property
-        def methodId(self) -> int:
-            return get_u16(self._seg, self._data + 4)[0]
+        methodId = _d.Int("u16", 4)
 
-        @property
-        def allowThirdPartyTailCall(self) -> bool:
-            return self._seg[self._data + 16] >> 0 & 1 == 1
+        allowThirdPartyTailCall = _d.Bool(16, 0, False)
 
-        @property
-        def noPromisePipelining(self) -> bool:
-            return self._seg[self._data + 16] >> 1 & 1 == 1
+        noPromisePipelining = _d.Bool(16, 1, False)
 
-        @property
-        def onlyPromisePipeline(self) -> bool:
-            return self._seg[self._data + 16] >> 2 & 1 == 1
+        onlyPromisePipeline = _d.Bool(16, 2, False)
 
         @property
         def params(self) -> Payload.Reader:
@@ -383,15 +341,7 @@ class Call:
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 3
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @questionId.setter
-        def questionId(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Call.questionId", "UInt32", "I") from None
+        questionId = _d.int_property("u32", 0, 0, "Call.questionId", "UInt32")
 
         @property
         def target(self) -> MessageTarget.Builder:
@@ -406,58 +356,15 @@ class Call:
             """A new, empty target struct."""
             return _b.init_struct(self, self._ptr + 0, MessageTarget.Builder)
 
-        @property
-        def interfaceId(self) -> int:
-            return get_u64(self._b.buf, self._data + 8)[0]
-        @interfaceId.setter
-        def interfaceId(self, value: int) -> None:
-            try:
-                set_u64(self._b.buf, self._data + 8, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Call.interfaceId", "UInt64", "Q") from None
+        interfaceId = _d.int_property("u64", 8, 0, "Call.interfaceId", "UInt64")
 
-        @property
-        def methodId(self) -> int:
-            return get_u16(self._b.buf, self._data + 4)[0]
-        @methodId.setter
-        def methodId(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 4, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Call.methodId", "UInt16", "H") from None
+        methodId = _d.int_property("u16", 4, 0, "Call.methodId", "UInt16")
 
-        @property
-        def allowThirdPartyTailCall(self) -> bool:
-            return bool(self._b.buf[self._data + 16] >> 0 & 1 ^ 0)
-        @allowThirdPartyTailCall.setter
-        def allowThirdPartyTailCall(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Call.allowThirdPartyTailCall", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 16
-            buf[p] = buf[p] | 1 if value else buf[p] & 254
+        allowThirdPartyTailCall = _d.bool_property(16, 0, False, "Call.allowThirdPartyTailCall")
 
-        @property
-        def noPromisePipelining(self) -> bool:
-            return bool(self._b.buf[self._data + 16] >> 1 & 1 ^ 0)
-        @noPromisePipelining.setter
-        def noPromisePipelining(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Call.noPromisePipelining", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 16
-            buf[p] = buf[p] | 2 if value else buf[p] & 253
+        noPromisePipelining = _d.bool_property(16, 1, False, "Call.noPromisePipelining")
 
-        @property
-        def onlyPromisePipeline(self) -> bool:
-            return bool(self._b.buf[self._data + 16] >> 2 & 1 ^ 0)
-        @onlyPromisePipeline.setter
-        def onlyPromisePipeline(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Call.onlyPromisePipeline", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 16
-            buf[p] = buf[p] | 4 if value else buf[p] & 251
+        onlyPromisePipeline = _d.bool_property(16, 2, False, "Call.onlyPromisePipeline")
 
         @property
         def params(self) -> Payload.Builder:
@@ -549,17 +456,11 @@ class CapDescriptor:
         def none(self) -> None:
             return None
 
-        @property
-        def senderHosted(self) -> int:
-            return get_u32(self._seg, self._data + 4)[0]
+        senderHosted = _d.Int("u32", 4)
 
-        @property
-        def senderPromise(self) -> int:
-            return get_u32(self._seg, self._data + 4)[0]
+        senderPromise = _d.Int("u32", 4)
 
-        @property
-        def receiverHosted(self) -> int:
-            return get_u32(self._seg, self._data + 4)[0]
+        receiverHosted = _d.Int("u32", 4)
 
         @property
         def receiverAnswer(self) -> PromisedAnswer.Reader:
@@ -569,9 +470,7 @@ class CapDescriptor:
         def thirdPartyHosted(self) -> ThirdPartyCapDescriptor.Reader:
             return self._struct(0, ThirdPartyCapDescriptor.Reader, None)
 
-        @property
-        def attachedFd(self) -> int:
-            return self._seg[self._data + 2] ^ 255
+        attachedFd = _d.UInt8(2, 255)
 
         def which(self) -> Literal["none", "senderHosted", "senderPromise", "receiverHosted", "receiverAnswer", "thirdPartyHosted"] | None:
             """The union member that is set (None: one this schema does not know)."""
@@ -614,38 +513,11 @@ class CapDescriptor:
             """Select the Void member none (assign None)."""
             set_u16(self._b.buf, self._data + 0, 0)
 
-        @property
-        def senderHosted(self) -> int:
-            return get_u32(self._b.buf, self._data + 4)[0]
-        @senderHosted.setter
-        def senderHosted(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 4, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "CapDescriptor.senderHosted", "UInt32", "I") from None
-            set_u16(self._b.buf, self._data + 0, 1)
+        senderHosted = _d.int_property("u32", 4, 0, "CapDescriptor.senderHosted", "UInt32", 0, 1)
 
-        @property
-        def senderPromise(self) -> int:
-            return get_u32(self._b.buf, self._data + 4)[0]
-        @senderPromise.setter
-        def senderPromise(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 4, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "CapDescriptor.senderPromise", "UInt32", "I") from None
-            set_u16(self._b.buf, self._data + 0, 2)
+        senderPromise = _d.int_property("u32", 4, 0, "CapDescriptor.senderPromise", "UInt32", 0, 2)
 
-        @property
-        def receiverHosted(self) -> int:
-            return get_u32(self._b.buf, self._data + 4)[0]
-        @receiverHosted.setter
-        def receiverHosted(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 4, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "CapDescriptor.receiverHosted", "UInt32", "I") from None
-            set_u16(self._b.buf, self._data + 0, 3)
+        receiverHosted = _d.int_property("u32", 4, 0, "CapDescriptor.receiverHosted", "UInt32", 0, 3)
 
         @property
         def receiverAnswer(self) -> PromisedAnswer.Builder:
@@ -679,15 +551,7 @@ class CapDescriptor:
             set_u16(self._b.buf, self._data + 0, 5)
             return _b.init_struct(self, self._ptr + 0, ThirdPartyCapDescriptor.Builder)
 
-        @property
-        def attachedFd(self) -> int:
-            return self._b.buf[self._data + 2] ^ 255
-        @attachedFd.setter
-        def attachedFd(self, value: int) -> None:
-            try:
-                set_u8(self._b.buf, self._data + 2, value ^ 255)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "CapDescriptor.attachedFd", "UInt8", "B") from None
+        attachedFd = _d.int_property("u8", 2, 255, "CapDescriptor.attachedFd", "UInt8")
 
         def which(self) -> Literal["none", "senderHosted", "senderPromise", "receiverHosted", "receiverAnswer", "thirdPartyHosted"] | None:
             """The union member that is set (None: one this schema does not know)."""
@@ -765,21 +629,15 @@ class Disembargo:
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def senderLoopback(self) -> int:
-                return get_u32(self._seg, self._data)[0]
+            senderLoopback = _d.Int("u32", 0)
 
-            @property
-            def receiverLoopback(self) -> int:
-                return get_u32(self._seg, self._data)[0]
+            receiverLoopback = _d.Int("u32", 0)
 
             @property
             def accept(self) -> None:
                 return None
 
-            @property
-            def provide(self) -> int:
-                return get_u32(self._seg, self._data)[0]
+            provide = _d.Int("u32", 0)
 
             def which(self) -> Literal["senderLoopback", "receiverLoopback", "accept", "provide"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -807,27 +665,9 @@ class Disembargo:
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def senderLoopback(self) -> int:
-                return get_u32(self._b.buf, self._data)[0]
-            @senderLoopback.setter
-            def senderLoopback(self, value: int) -> None:
-                try:
-                    set_u32(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Disembargo.context.senderLoopback", "UInt32", "I") from None
-                set_u16(self._b.buf, self._data + 4, 0)
+            senderLoopback = _d.int_property("u32", 0, 0, "Disembargo.context.senderLoopback", "UInt32", 4, 0)
 
-            @property
-            def receiverLoopback(self) -> int:
-                return get_u32(self._b.buf, self._data)[0]
-            @receiverLoopback.setter
-            def receiverLoopback(self, value: int) -> None:
-                try:
-                    set_u32(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Disembargo.context.receiverLoopback", "UInt32", "I") from None
-                set_u16(self._b.buf, self._data + 4, 1)
+            receiverLoopback = _d.int_property("u32", 0, 0, "Disembargo.context.receiverLoopback", "UInt32", 4, 1)
 
             @property
             def accept(self) -> None:
@@ -837,16 +677,7 @@ class Disembargo:
                 """Select the Void member accept (assign None)."""
                 set_u16(self._b.buf, self._data + 4, 2)
 
-            @property
-            def provide(self) -> int:
-                return get_u32(self._b.buf, self._data)[0]
-            @provide.setter
-            def provide(self, value: int) -> None:
-                try:
-                    set_u32(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Disembargo.context.provide", "UInt32", "I") from None
-                set_u16(self._b.buf, self._data + 4, 3)
+            provide = _d.int_property("u32", 0, 0, "Disembargo.context.provide", "UInt32", 4, 3)
 
             def which(self) -> Literal["senderLoopback", "receiverLoopback", "accept", "provide"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -994,25 +825,17 @@ class Exception:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
 
-        @property
-        def reason(self) -> str:
-            return self._text(0, '')
+        reason = _d.Text(0, '')
 
         @property
         def type(self) -> Exception.Type:
             return (_E_Exception_Type[v] if (v := get_u16(self._seg, self._data + 4)[0]) < 4 else Exception.Type(v))
 
-        @property
-        def obsoleteIsCallersFault(self) -> bool:
-            return self._seg[self._data + 0] >> 0 & 1 == 1
+        obsoleteIsCallersFault = _d.Bool(0, 0, False)
 
-        @property
-        def obsoleteDurability(self) -> int:
-            return get_u16(self._seg, self._data + 2)[0]
+        obsoleteDurability = _d.Int("u16", 2)
 
-        @property
-        def trace(self) -> str:
-            return self._text(1, '')
+        trace = _d.Text(1, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1032,12 +855,7 @@ class Exception:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
 
-        @property
-        def reason(self) -> str:
-            return _b.get_text(self._b, self._ptr + 0, '')
-        @reason.setter
-        def reason(self, value: str) -> None:
-            self._set_text(0, value, "Exception.reason")
+        reason = _d.text_property(0, '', "Exception.reason")
 
         @property
         def type(self) -> Exception.Type:
@@ -1049,33 +867,11 @@ class Exception:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Exception.type", "Exception.Type", "H") from None
 
-        @property
-        def obsoleteIsCallersFault(self) -> bool:
-            return bool(self._b.buf[self._data + 0] >> 0 & 1 ^ 0)
-        @obsoleteIsCallersFault.setter
-        def obsoleteIsCallersFault(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Exception.obsoleteIsCallersFault", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 0
-            buf[p] = buf[p] | 1 if value else buf[p] & 254
+        obsoleteIsCallersFault = _d.bool_property(0, 0, False, "Exception.obsoleteIsCallersFault")
 
-        @property
-        def obsoleteDurability(self) -> int:
-            return get_u16(self._b.buf, self._data + 2)[0]
-        @obsoleteDurability.setter
-        def obsoleteDurability(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 2, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Exception.obsoleteDurability", "UInt16", "H") from None
+        obsoleteDurability = _d.int_property("u16", 2, 0, "Exception.obsoleteDurability", "UInt16")
 
-        @property
-        def trace(self) -> str:
-            return _b.get_text(self._b, self._ptr + 1, '')
-        @trace.setter
-        def trace(self, value: str) -> None:
-            self._set_text(1, value, "Exception.trace")
+        trace = _d.text_property(1, '', "Exception.trace")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1134,17 +930,11 @@ class Finish:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        questionId = _d.Int("u32", 0)
 
-        @property
-        def releaseResultCaps(self) -> bool:
-            return not self._seg[self._data + 4] >> 0 & 1
+        releaseResultCaps = _d.Bool(4, 0, True)
 
-        @property
-        def requireEarlyCancellationWorkaround(self) -> bool:
-            return not self._seg[self._data + 4] >> 1 & 1
+        requireEarlyCancellationWorkaround = _d.Bool(4, 1, True)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1160,37 +950,11 @@ class Finish:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @questionId.setter
-        def questionId(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Finish.questionId", "UInt32", "I") from None
+        questionId = _d.int_property("u32", 0, 0, "Finish.questionId", "UInt32")
 
-        @property
-        def releaseResultCaps(self) -> bool:
-            return bool(self._b.buf[self._data + 4] >> 0 & 1 ^ 1)
-        @releaseResultCaps.setter
-        def releaseResultCaps(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Finish.releaseResultCaps", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 4
-            buf[p] = buf[p] | 1 if not value else buf[p] & 254
+        releaseResultCaps = _d.bool_property(4, 0, True, "Finish.releaseResultCaps")
 
-        @property
-        def requireEarlyCancellationWorkaround(self) -> bool:
-            return bool(self._b.buf[self._data + 4] >> 1 & 1 ^ 1)
-        @requireEarlyCancellationWorkaround.setter
-        def requireEarlyCancellationWorkaround(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Finish.requireEarlyCancellationWorkaround", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 4
-            buf[p] = buf[p] | 2 if not value else buf[p] & 253
+        requireEarlyCancellationWorkaround = _d.bool_property(4, 1, True, "Finish.requireEarlyCancellationWorkaround")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1249,9 +1013,7 @@ class Join:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        questionId = _d.Int("u32", 0)
 
         @property
         def target(self) -> MessageTarget.Reader:
@@ -1276,15 +1038,7 @@ class Join:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @questionId.setter
-        def questionId(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Join.questionId", "UInt32", "I") from None
+        questionId = _d.int_property("u32", 0, 0, "Join.questionId", "UInt32")
 
         @property
         def target(self) -> MessageTarget.Builder:
@@ -1789,9 +1543,7 @@ class MessageTarget:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def importedCap(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        importedCap = _d.Int("u32", 0)
 
         @property
         def promisedAnswer(self) -> PromisedAnswer.Reader:
@@ -1820,16 +1572,7 @@ class MessageTarget:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def importedCap(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @importedCap.setter
-        def importedCap(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "MessageTarget.importedCap", "UInt32", "I") from None
-            set_u16(self._b.buf, self._data + 4, 0)
+        importedCap = _d.int_property("u32", 0, 0, "MessageTarget.importedCap", "UInt32", 4, 0)
 
         @property
         def promisedAnswer(self) -> PromisedAnswer.Builder:
@@ -2011,9 +1754,7 @@ class PromisedAnswer:
             def noop(self) -> None:
                 return None
 
-            @property
-            def getPointerField(self) -> int:
-                return get_u16(self._seg, self._data + 2)[0]
+            getPointerField = _d.Int("u16", 2)
 
             def which(self) -> Literal["noop", "getPointerField"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -2045,16 +1786,7 @@ class PromisedAnswer:
                 """Select the Void member noop (assign None)."""
                 set_u16(self._b.buf, self._data + 0, 0)
 
-            @property
-            def getPointerField(self) -> int:
-                return get_u16(self._b.buf, self._data + 2)[0]
-            @getPointerField.setter
-            def getPointerField(self, value: int) -> None:
-                try:
-                    set_u16(self._b.buf, self._data + 2, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "PromisedAnswer.Op.getPointerField", "UInt16", "H") from None
-                set_u16(self._b.buf, self._data + 0, 1)
+            getPointerField = _d.int_property("u16", 2, 0, "PromisedAnswer.Op.getPointerField", "UInt16", 0, 1)
 
             def which(self) -> Literal["noop", "getPointerField"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -2114,9 +1846,7 @@ class PromisedAnswer:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        questionId = _d.Int("u32", 0)
 
         @property
         def transform(self) -> _r.ListReader[PromisedAnswer.Op.Reader]:
@@ -2137,15 +1867,7 @@ class PromisedAnswer:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @questionId.setter
-        def questionId(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "PromisedAnswer.questionId", "UInt32", "I") from None
+        questionId = _d.int_property("u32", 0, 0, "PromisedAnswer.questionId", "UInt32")
 
         def init_transform(self, count: int) -> _b.StructListBuilder[PromisedAnswer.Op.Builder]:
             """A new list of ``count`` elements in transform."""
@@ -2208,9 +1930,7 @@ class Provide:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        questionId = _d.Int("u32", 0)
 
         @property
         def target(self) -> MessageTarget.Reader:
@@ -2235,15 +1955,7 @@ class Provide:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
 
-        @property
-        def questionId(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @questionId.setter
-        def questionId(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Provide.questionId", "UInt32", "I") from None
+        questionId = _d.int_property("u32", 0, 0, "Provide.questionId", "UInt32")
 
         @property
         def target(self) -> MessageTarget.Builder:
@@ -2323,13 +2035,9 @@ class Release:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def id(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        id = _d.Int("u32", 0)
 
-        @property
-        def referenceCount(self) -> int:
-            return get_u32(self._seg, self._data + 4)[0]
+        referenceCount = _d.Int("u32", 4)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2344,25 +2052,9 @@ class Release:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def id(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @id.setter
-        def id(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Release.id", "UInt32", "I") from None
+        id = _d.int_property("u32", 0, 0, "Release.id", "UInt32")
 
-        @property
-        def referenceCount(self) -> int:
-            return get_u32(self._b.buf, self._data + 4)[0]
-        @referenceCount.setter
-        def referenceCount(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 4, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Release.referenceCount", "UInt32", "I") from None
+        referenceCount = _d.int_property("u32", 4, 0, "Release.referenceCount", "UInt32")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2421,9 +2113,7 @@ class Resolve:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def promiseId(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        promiseId = _d.Int("u32", 0)
 
         @property
         def cap(self) -> CapDescriptor.Reader:
@@ -2458,15 +2148,7 @@ class Resolve:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def promiseId(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @promiseId.setter
-        def promiseId(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Resolve.promiseId", "UInt32", "I") from None
+        promiseId = _d.int_property("u32", 0, 0, "Resolve.promiseId", "UInt32")
 
         @property
         def cap(self) -> CapDescriptor.Builder:
@@ -2571,17 +2253,11 @@ class Return:
         _DATA_WORDS: ClassVar[int] = 2
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def answerId(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        answerId = _d.Int("u32", 0)
 
-        @property
-        def releaseParamCaps(self) -> bool:
-            return not self._seg[self._data + 4] >> 0 & 1
+        releaseParamCaps = _d.Bool(4, 0, True)
 
-        @property
-        def noFinishNeeded(self) -> bool:
-            return self._seg[self._data + 4] >> 1 & 1 == 1
+        noFinishNeeded = _d.Bool(4, 1, False)
 
         @property
         def results(self) -> Payload.Reader:
@@ -2599,9 +2275,7 @@ class Return:
         def resultsSentElsewhere(self) -> None:
             return None
 
-        @property
-        def takeFromOtherQuestion(self) -> int:
-            return get_u32(self._seg, self._data + 8)[0]
+        takeFromOtherQuestion = _d.Int("u32", 8)
 
         @property
         def acceptFromThirdParty(self) -> _r.AnyPointer:
@@ -2641,37 +2315,11 @@ class Return:
         _DATA_WORDS: ClassVar[int] = 2
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def answerId(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @answerId.setter
-        def answerId(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Return.answerId", "UInt32", "I") from None
+        answerId = _d.int_property("u32", 0, 0, "Return.answerId", "UInt32")
 
-        @property
-        def releaseParamCaps(self) -> bool:
-            return bool(self._b.buf[self._data + 4] >> 0 & 1 ^ 1)
-        @releaseParamCaps.setter
-        def releaseParamCaps(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Return.releaseParamCaps", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 4
-            buf[p] = buf[p] | 1 if not value else buf[p] & 254
+        releaseParamCaps = _d.bool_property(4, 0, True, "Return.releaseParamCaps")
 
-        @property
-        def noFinishNeeded(self) -> bool:
-            return bool(self._b.buf[self._data + 4] >> 1 & 1 ^ 0)
-        @noFinishNeeded.setter
-        def noFinishNeeded(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Return.noFinishNeeded", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 4
-            buf[p] = buf[p] | 2 if value else buf[p] & 253
+        noFinishNeeded = _d.bool_property(4, 1, False, "Return.noFinishNeeded")
 
         @property
         def results(self) -> Payload.Builder:
@@ -2721,16 +2369,7 @@ class Return:
             """Select the Void member resultsSentElsewhere (assign None)."""
             set_u16(self._b.buf, self._data + 6, 3)
 
-        @property
-        def takeFromOtherQuestion(self) -> int:
-            return get_u32(self._b.buf, self._data + 8)[0]
-        @takeFromOtherQuestion.setter
-        def takeFromOtherQuestion(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 8, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Return.takeFromOtherQuestion", "UInt32", "I") from None
-            set_u16(self._b.buf, self._data + 6, 4)
+        takeFromOtherQuestion = _d.int_property("u32", 8, 0, "Return.takeFromOtherQuestion", "UInt32", 6, 4)
 
         def init_acceptFromThirdParty_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer acceptFromThirdParty."""
@@ -2813,9 +2452,7 @@ class ThirdPartyCapDescriptor:
             w = self._ptr + 0
             return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
 
-        @property
-        def vineId(self) -> int:
-            return get_u32(self._seg, self._data)[0]
+        vineId = _d.Int("u32", 0)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2833,15 +2470,7 @@ class ThirdPartyCapDescriptor:
             """Put a new struct of builder class ``cls`` in the AnyPointer id."""
             return _b.init_struct(self, self._ptr + 0, cls)
 
-        @property
-        def vineId(self) -> int:
-            return get_u32(self._b.buf, self._data)[0]
-        @vineId.setter
-        def vineId(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "ThirdPartyCapDescriptor.vineId", "UInt32", "I") from None
+        vineId = _d.int_property("u32", 0, 0, "ThirdPartyCapDescriptor.vineId", "UInt32")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

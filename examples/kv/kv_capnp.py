@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc import typed as _t
@@ -48,9 +49,7 @@ class Directory(_t.Interface["Directory.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def name(self) -> str:
-                return self._text(0, '')
+            name = _d.Text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -65,12 +64,7 @@ class Directory(_t.Interface["Directory.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def name(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @name.setter
-            def name(self, value: str) -> None:
-                self._set_text(0, value, "Directory.open$Params.name")
+            name = _d.text_property(0, '', "Directory.open$Params.name")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -253,9 +247,7 @@ class Store(_t.Interface["Store.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def key(self) -> str:
-                return self._text(0, '')
+            key = _d.Text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -270,12 +262,7 @@ class Store(_t.Interface["Store.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def key(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @key.setter
-            def key(self, value: str) -> None:
-                self._set_text(0, value, "Store.get$Params.key")
+            key = _d.text_property(0, '', "Store.get$Params.key")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -339,9 +326,7 @@ class Store(_t.Interface["Store.Client"]):
                 w = self._ptr + 0
                 return _r.read_data(self._msg, self._si, w if w < self._pend else -1, b'')
 
-            @property
-            def found(self) -> bool:
-                return self._seg[self._data + 0] >> 0 & 1 == 1
+            found = _d.Bool(0, 0, False)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -364,16 +349,7 @@ class Store(_t.Interface["Store.Client"]):
             def value(self, value: bytes | bytearray | memoryview) -> None:
                 _b.set_data(self._b, self._ptr + 0, value, "Store.get$Results.value")
 
-            @property
-            def found(self) -> bool:
-                return bool(self._b.buf[self._data + 0] >> 0 & 1 ^ 0)
-            @found.setter
-            def found(self, value: bool) -> None:
-                if value is not True and value is not False:
-                    raise _b.bad_type(value, "Store.get$Results.found", "bool (Bool)")
-                buf = self._b.buf
-                p = self._data + 0
-                buf[p] = buf[p] | 1 if value else buf[p] & 254
+            found = _d.bool_property(0, 0, False, "Store.get$Results.found")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -586,9 +562,7 @@ class Store(_t.Interface["Store.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def key(self) -> str:
-                return self._text(0, '')
+            key = _d.Text(0, '')
 
             @property
             def value(self) -> bytes:
@@ -610,12 +584,7 @@ class Store(_t.Interface["Store.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def key(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @key.setter
-            def key(self, value: str) -> None:
-                self._set_text(0, value, "Store.put$Params.key")
+            key = _d.text_property(0, '', "Store.put$Params.key")
 
             @property
             def value(self) -> bytes:
@@ -681,9 +650,7 @@ class Store(_t.Interface["Store.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def replaced(self) -> bool:
-                return self._seg[self._data + 0] >> 0 & 1 == 1
+            replaced = _d.Bool(0, 0, False)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -697,16 +664,7 @@ class Store(_t.Interface["Store.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def replaced(self) -> bool:
-                return bool(self._b.buf[self._data + 0] >> 0 & 1 ^ 0)
-            @replaced.setter
-            def replaced(self, value: bool) -> None:
-                if value is not True and value is not False:
-                    raise _b.bad_type(value, "Store.put$Results.replaced", "bool (Bool)")
-                buf = self._b.buf
-                p = self._data + 0
-                buf[p] = buf[p] | 1 if value else buf[p] & 254
+            replaced = _d.bool_property(0, 0, False, "Store.put$Results.replaced")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1022,9 +980,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def key(self) -> str:
-                return self._text(0, '')
+            key = _d.Text(0, '')
 
             @property
             def value(self) -> bytes:
@@ -1046,12 +1002,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def key(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @key.setter
-            def key(self, value: str) -> None:
-                self._set_text(0, value, "Watcher.changed$Params.key")
+            key = _d.text_property(0, '', "Watcher.changed$Params.key")
 
             @property
             def value(self) -> bytes:

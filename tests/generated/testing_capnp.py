@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc import typed as _t
@@ -48,9 +49,7 @@ class Callback(_t.Interface["Callback.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def value(self) -> int:
-                return get_i64(self._seg, self._data)[0]
+            value = _d.Int("i64", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -64,15 +63,7 @@ class Callback(_t.Interface["Callback.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def value(self) -> int:
-                return get_i64(self._b.buf, self._data)[0]
-            @value.setter
-            def value(self, value: int) -> None:
-                try:
-                    set_i64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Callback.notify$Params.value", "Int64", "q") from None
+            value = _d.int_property("i64", 0, 0, "Callback.notify$Params.value", "Int64")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -131,9 +122,7 @@ class Callback(_t.Interface["Callback.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def ack(self) -> int:
-                return get_i64(self._seg, self._data)[0]
+            ack = _d.Int("i64", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -147,15 +136,7 @@ class Callback(_t.Interface["Callback.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def ack(self) -> int:
-                return get_i64(self._b.buf, self._data)[0]
-            @ack.setter
-            def ack(self, value: int) -> None:
-                try:
-                    set_i64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Callback.notify$Results.ack", "Int64", "q") from None
+            ack = _d.int_property("i64", 0, 0, "Callback.notify$Results.ack", "Int64")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -323,9 +304,7 @@ class Counter(_t.Interface["Counter.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def value(self) -> int:
-                return get_i64(self._seg, self._data)[0]
+            value = _d.Int("i64", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -339,15 +318,7 @@ class Counter(_t.Interface["Counter.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def value(self) -> int:
-                return get_i64(self._b.buf, self._data)[0]
-            @value.setter
-            def value(self, value: int) -> None:
-                try:
-                    set_i64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Counter.get$Results.value", "Int64", "q") from None
+            value = _d.int_property("i64", 0, 0, "Counter.get$Results.value", "Int64")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -406,9 +377,7 @@ class Counter(_t.Interface["Counter.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def by(self) -> int:
-                return get_i64(self._seg, self._data)[0]
+            by = _d.Int("i64", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -422,15 +391,7 @@ class Counter(_t.Interface["Counter.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def by(self) -> int:
-                return get_i64(self._b.buf, self._data)[0]
-            @by.setter
-            def by(self, value: int) -> None:
-                try:
-                    set_i64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Counter.increment$Params.by", "Int64", "q") from None
+            by = _d.int_property("i64", 0, 0, "Counter.increment$Params.by", "Int64")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -489,9 +450,7 @@ class Counter(_t.Interface["Counter.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def value(self) -> int:
-                return get_i64(self._seg, self._data)[0]
+            value = _d.Int("i64", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -505,15 +464,7 @@ class Counter(_t.Interface["Counter.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def value(self) -> int:
-                return get_i64(self._b.buf, self._data)[0]
-            @value.setter
-            def value(self, value: int) -> None:
-                try:
-                    set_i64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Counter.increment$Results.value", "Int64", "q") from None
+            value = _d.int_property("i64", 0, 0, "Counter.increment$Results.value", "Int64")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -639,9 +590,7 @@ class Holder:
                 w = self._ptr + 5
                 return _r.read_client(self._msg, self._si, w if w < self._pend else -1, Counter.Client)
 
-            @property
-            def text(self) -> str:
-                return self._text(5, '')
+            text = _d.Text(5, '')
 
             def which(self) -> Literal["none", "counter", "text"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -679,13 +628,7 @@ class Holder:
                 set_u16(self._b.buf, self._data + 0, 1)
                 _b.set_client(self._b, self._ptr + 5, value, "Holder.choice.counter")
 
-            @property
-            def text(self) -> str:
-                return _b.get_text(self._b, self._ptr + 5, '')
-            @text.setter
-            def text(self, value: str) -> None:
-                set_u16(self._b.buf, self._data + 0, 2)
-                self._set_text(5, value, "Holder.choice.text")
+            text = _d.text_property(5, '', "Holder.choice.text", 0, 2)
 
             def which(self) -> Literal["none", "counter", "text"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -721,9 +664,7 @@ class Holder:
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 7
 
-            @property
-            def number(self) -> int:
-                return get_i32(self._seg, self._data + 4)[0]
+            number = _d.Int("i32", 4)
 
             @property
             def callback(self) -> Callback.Client:
@@ -742,15 +683,7 @@ class Holder:
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 7
 
-            @property
-            def number(self) -> int:
-                return get_i32(self._b.buf, self._data + 4)[0]
-            @number.setter
-            def number(self, value: int) -> None:
-                try:
-                    set_i32(self._b.buf, self._data + 4, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Holder.extra.number", "Int32", "i") from None
+            number = _d.int_property("i32", 4, 0, "Holder.extra.number", "Int32")
 
             def set_callback(self, value: Callback.Client | Callback.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
@@ -779,9 +712,7 @@ class Holder:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 7
 
-        @property
-        def name(self) -> str:
-            return self._text(0, '')
+        name = _d.Text(0, '')
 
         @property
         def cap(self) -> Counter.Client:
@@ -829,12 +760,7 @@ class Holder:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 7
 
-        @property
-        def name(self) -> str:
-            return _b.get_text(self._b, self._ptr + 0, '')
-        @name.setter
-        def name(self, value: str) -> None:
-            self._set_text(0, value, "Holder.name")
+        name = _d.text_property(0, '', "Holder.name")
 
         def set_cap(self, value: Counter.Client | Counter.Server | None) -> None:
             """Put a capability here: a client, or a server object (None: null)."""
@@ -962,9 +888,7 @@ class Tester(_t.Interface["Tester.Client"]):
                 w = self._ptr + 0
                 return _r.read_client(self._msg, self._si, w if w < self._pend else -1, Callback.Client)
 
-            @property
-            def value(self) -> int:
-                return get_i64(self._seg, self._data)[0]
+            value = _d.Int("i64", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -982,15 +906,7 @@ class Tester(_t.Interface["Tester.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.callBack$Params.cb")
 
-            @property
-            def value(self) -> int:
-                return get_i64(self._b.buf, self._data)[0]
-            @value.setter
-            def value(self, value: int) -> None:
-                try:
-                    set_i64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Tester.callBack$Params.value", "Int64", "q") from None
+            value = _d.int_property("i64", 0, 0, "Tester.callBack$Params.value", "Int64")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1054,9 +970,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def ack(self) -> int:
-                return get_i64(self._seg, self._data)[0]
+            ack = _d.Int("i64", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1070,15 +984,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def ack(self) -> int:
-                return get_i64(self._b.buf, self._data)[0]
-            @ack.setter
-            def ack(self, value: int) -> None:
-                try:
-                    set_i64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Tester.callBack$Results.ack", "Int64", "q") from None
+            ack = _d.int_property("i64", 0, 0, "Tester.callBack$Results.ack", "Int64")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1142,9 +1048,7 @@ class Tester(_t.Interface["Tester.Client"]):
                 w = self._ptr + 0
                 return _r.read_client(self._msg, self._si, w if w < self._pend else -1, Counter.Client)
 
-            @property
-            def by(self) -> int:
-                return get_i64(self._seg, self._data)[0]
+            by = _d.Int("i64", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1162,15 +1066,7 @@ class Tester(_t.Interface["Tester.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.callCounter$Params.counter")
 
-            @property
-            def by(self) -> int:
-                return get_i64(self._b.buf, self._data)[0]
-            @by.setter
-            def by(self, value: int) -> None:
-                try:
-                    set_i64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Tester.callCounter$Params.by", "Int64", "q") from None
+            by = _d.int_property("i64", 0, 0, "Tester.callCounter$Params.by", "Int64")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1234,9 +1130,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def value(self) -> int:
-                return get_i64(self._seg, self._data)[0]
+            value = _d.Int("i64", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1250,15 +1144,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def value(self) -> int:
-                return get_i64(self._b.buf, self._data)[0]
-            @value.setter
-            def value(self, value: int) -> None:
-                try:
-                    set_i64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Tester.callCounter$Results.value", "Int64", "q") from None
+            value = _d.int_property("i64", 0, 0, "Tester.callCounter$Results.value", "Int64")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1317,9 +1203,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def msg(self) -> str:
-                return self._text(0, '')
+            msg = _d.Text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1334,12 +1218,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def msg(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @msg.setter
-            def msg(self, value: str) -> None:
-                self._set_text(0, value, "Tester.echo$Params.msg")
+            msg = _d.text_property(0, '', "Tester.echo$Params.msg")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1398,9 +1277,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def reply(self) -> str:
-                return self._text(0, '')
+            reply = _d.Text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1415,12 +1292,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def reply(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @reply.setter
-            def reply(self, value: str) -> None:
-                self._set_text(0, value, "Tester.echo$Results.reply")
+            reply = _d.text_property(0, '', "Tester.echo$Results.reply")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1479,13 +1351,9 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def kind(self) -> str:
-                return self._text(0, '')
+            kind = _d.Text(0, '')
 
-            @property
-            def reason(self) -> str:
-                return self._text(1, '')
+            reason = _d.Text(1, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1502,19 +1370,9 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def kind(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @kind.setter
-            def kind(self, value: str) -> None:
-                self._set_text(0, value, "Tester.fail$Params.kind")
+            kind = _d.text_property(0, '', "Tester.fail$Params.kind")
 
-            @property
-            def reason(self) -> str:
-                return _b.get_text(self._b, self._ptr + 1, '')
-            @reason.setter
-            def reason(self, value: str) -> None:
-                self._set_text(1, value, "Tester.fail$Params.reason")
+            reason = _d.text_property(1, '', "Tester.fail$Params.reason")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1973,9 +1831,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def start(self) -> int:
-                return get_i64(self._seg, self._data)[0]
+            start = _d.Int("i64", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1989,15 +1845,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def start(self) -> int:
-                return get_i64(self._b.buf, self._data)[0]
-            @start.setter
-            def start(self, value: int) -> None:
-                try:
-                    set_i64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Tester.newCounter$Params.start", "Int64", "q") from None
+            start = _d.int_property("i64", 0, 0, "Tester.newCounter$Params.start", "Int64")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2302,9 +2150,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def ms(self) -> int:
-                return get_u32(self._seg, self._data)[0]
+            ms = _d.Int("u32", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2318,15 +2164,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def ms(self) -> int:
-                return get_u32(self._b.buf, self._data)[0]
-            @ms.setter
-            def ms(self, value: int) -> None:
-                try:
-                    set_u32(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Tester.slow$Params.ms", "UInt32", "I") from None
+            ms = _d.int_property("u32", 0, 0, "Tester.slow$Params.ms", "UInt32")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2385,9 +2223,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def done(self) -> bool:
-                return self._seg[self._data + 0] >> 0 & 1 == 1
+            done = _d.Bool(0, 0, False)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2401,16 +2237,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def done(self) -> bool:
-                return bool(self._b.buf[self._data + 0] >> 0 & 1 ^ 0)
-            @done.setter
-            def done(self, value: bool) -> None:
-                if value is not True and value is not False:
-                    raise _b.bad_type(value, "Tester.slow$Results.done", "bool (Bool)")
-                buf = self._b.buf
-                p = self._data + 0
-                buf[p] = buf[p] | 1 if value else buf[p] & 254
+            done = _d.bool_property(0, 0, False, "Tester.slow$Results.done")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2553,9 +2380,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def total(self) -> int:
-                return get_i64(self._seg, self._data)[0]
+            total = _d.Int("i64", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2569,15 +2394,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def total(self) -> int:
-                return get_i64(self._b.buf, self._data)[0]
-            @total.setter
-            def total(self, value: int) -> None:
-                try:
-                    set_i64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Tester.sum$Results.total", "Int64", "q") from None
+            total = _d.int_property("i64", 0, 0, "Tester.sum$Results.total", "Int64")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

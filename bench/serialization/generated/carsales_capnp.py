@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc.codec.fields import (
@@ -40,78 +41,48 @@ class Car:
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 4
 
-        @property
-        def make(self) -> str:
-            return self._text(0, '')
+        make = _d.Text(0, '')
 
-        @property
-        def model(self) -> str:
-            return self._text(1, '')
+        model = _d.Text(1, '')
 
         @property
         def color(self) -> Color:
             return (_E_Color[v] if (v := get_u16(self._seg, self._data)[0]) < 9 else Color(v))
 
-        @property
-        def seats(self) -> int:
-            return self._seg[self._data + 2]
+        seats = _d.UInt8(2)
 
-        @property
-        def doors(self) -> int:
-            return self._seg[self._data + 3]
+        doors = _d.UInt8(3)
 
         @property
         def wheels(self) -> _r.ListReader[Wheel.Reader]:
             w = self._ptr + 2
             return _L_Car_wheels(self._msg, self._si, w if w < self._pend else -1, self._depth)
 
-        @property
-        def length(self) -> int:
-            return get_u16(self._seg, self._data + 4)[0]
+        length = _d.Int("u16", 4)
 
-        @property
-        def width(self) -> int:
-            return get_u16(self._seg, self._data + 6)[0]
+        width = _d.Int("u16", 6)
 
-        @property
-        def height(self) -> int:
-            return get_u16(self._seg, self._data + 8)[0]
+        height = _d.Int("u16", 8)
 
-        @property
-        def weight(self) -> int:
-            return get_u32(self._seg, self._data + 12)[0]
+        weight = _d.Int("u32", 12)
 
         @property
         def engine(self) -> Engine.Reader:
             return self._struct(3, Engine.Reader, None)
 
-        @property
-        def fuelCapacity(self) -> float:
-            return get_f32(self._seg, self._data + 16)[0]
+        fuelCapacity = _d.Float(32, 16)
 
-        @property
-        def fuelLevel(self) -> float:
-            return get_f32(self._seg, self._data + 20)[0]
+        fuelLevel = _d.Float(32, 20)
 
-        @property
-        def hasPowerWindows(self) -> bool:
-            return self._seg[self._data + 10] >> 0 & 1 == 1
+        hasPowerWindows = _d.Bool(10, 0, False)
 
-        @property
-        def hasPowerSteering(self) -> bool:
-            return self._seg[self._data + 10] >> 1 & 1 == 1
+        hasPowerSteering = _d.Bool(10, 1, False)
 
-        @property
-        def hasCruiseControl(self) -> bool:
-            return self._seg[self._data + 10] >> 2 & 1 == 1
+        hasCruiseControl = _d.Bool(10, 2, False)
 
-        @property
-        def cupHolders(self) -> int:
-            return self._seg[self._data + 11]
+        cupHolders = _d.UInt8(11)
 
-        @property
-        def hasNavSystem(self) -> bool:
-            return self._seg[self._data + 10] >> 3 & 1 == 1
+        hasNavSystem = _d.Bool(10, 3, False)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -146,19 +117,9 @@ class Car:
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 4
 
-        @property
-        def make(self) -> str:
-            return _b.get_text(self._b, self._ptr + 0, '')
-        @make.setter
-        def make(self, value: str) -> None:
-            self._set_text(0, value, "Car.make")
+        make = _d.text_property(0, '', "Car.make")
 
-        @property
-        def model(self) -> str:
-            return _b.get_text(self._b, self._ptr + 1, '')
-        @model.setter
-        def model(self, value: str) -> None:
-            self._set_text(1, value, "Car.model")
+        model = _d.text_property(1, '', "Car.model")
 
         @property
         def color(self) -> Color:
@@ -170,69 +131,21 @@ class Car:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Car.color", "Color", "H") from None
 
-        @property
-        def seats(self) -> int:
-            return self._b.buf[self._data + 2]
-        @seats.setter
-        def seats(self, value: int) -> None:
-            try:
-                set_u8(self._b.buf, self._data + 2, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Car.seats", "UInt8", "B") from None
+        seats = _d.int_property("u8", 2, 0, "Car.seats", "UInt8")
 
-        @property
-        def doors(self) -> int:
-            return self._b.buf[self._data + 3]
-        @doors.setter
-        def doors(self, value: int) -> None:
-            try:
-                set_u8(self._b.buf, self._data + 3, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Car.doors", "UInt8", "B") from None
+        doors = _d.int_property("u8", 3, 0, "Car.doors", "UInt8")
 
         def init_wheels(self, count: int) -> _b.StructListBuilder[Wheel.Builder]:
             """A new list of ``count`` elements in wheels."""
             return _b.init_struct_list(self._b, self._ptr + 2, count, "Car.wheels", Wheel.Builder)
 
-        @property
-        def length(self) -> int:
-            return get_u16(self._b.buf, self._data + 4)[0]
-        @length.setter
-        def length(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 4, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Car.length", "UInt16", "H") from None
+        length = _d.int_property("u16", 4, 0, "Car.length", "UInt16")
 
-        @property
-        def width(self) -> int:
-            return get_u16(self._b.buf, self._data + 6)[0]
-        @width.setter
-        def width(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 6, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Car.width", "UInt16", "H") from None
+        width = _d.int_property("u16", 6, 0, "Car.width", "UInt16")
 
-        @property
-        def height(self) -> int:
-            return get_u16(self._b.buf, self._data + 8)[0]
-        @height.setter
-        def height(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 8, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Car.height", "UInt16", "H") from None
+        height = _d.int_property("u16", 8, 0, "Car.height", "UInt16")
 
-        @property
-        def weight(self) -> int:
-            return get_u32(self._b.buf, self._data + 12)[0]
-        @weight.setter
-        def weight(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 12, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Car.weight", "UInt32", "I") from None
+        weight = _d.int_property("u32", 12, 0, "Car.weight", "UInt32")
 
         @property
         def engine(self) -> Engine.Builder:
@@ -247,79 +160,19 @@ class Car:
             """A new, empty engine struct."""
             return _b.init_struct(self, self._ptr + 3, Engine.Builder)
 
-        @property
-        def fuelCapacity(self) -> float:
-            return get_f32(self._b.buf, self._data + 16)[0]
-        @fuelCapacity.setter
-        def fuelCapacity(self, value: float) -> None:
-            try:
-                set_f32(self._b.buf, self._data + 16, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Car.fuelCapacity", "Float32", "f") from None
+        fuelCapacity = _d.float_property(32, 16, 0x0, "Car.fuelCapacity", "Float32")
 
-        @property
-        def fuelLevel(self) -> float:
-            return get_f32(self._b.buf, self._data + 20)[0]
-        @fuelLevel.setter
-        def fuelLevel(self, value: float) -> None:
-            try:
-                set_f32(self._b.buf, self._data + 20, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Car.fuelLevel", "Float32", "f") from None
+        fuelLevel = _d.float_property(32, 20, 0x0, "Car.fuelLevel", "Float32")
 
-        @property
-        def hasPowerWindows(self) -> bool:
-            return bool(self._b.buf[self._data + 10] >> 0 & 1 ^ 0)
-        @hasPowerWindows.setter
-        def hasPowerWindows(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Car.hasPowerWindows", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 10
-            buf[p] = buf[p] | 1 if value else buf[p] & 254
+        hasPowerWindows = _d.bool_property(10, 0, False, "Car.hasPowerWindows")
 
-        @property
-        def hasPowerSteering(self) -> bool:
-            return bool(self._b.buf[self._data + 10] >> 1 & 1 ^ 0)
-        @hasPowerSteering.setter
-        def hasPowerSteering(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Car.hasPowerSteering", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 10
-            buf[p] = buf[p] | 2 if value else buf[p] & 253
+        hasPowerSteering = _d.bool_property(10, 1, False, "Car.hasPowerSteering")
 
-        @property
-        def hasCruiseControl(self) -> bool:
-            return bool(self._b.buf[self._data + 10] >> 2 & 1 ^ 0)
-        @hasCruiseControl.setter
-        def hasCruiseControl(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Car.hasCruiseControl", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 10
-            buf[p] = buf[p] | 4 if value else buf[p] & 251
+        hasCruiseControl = _d.bool_property(10, 2, False, "Car.hasCruiseControl")
 
-        @property
-        def cupHolders(self) -> int:
-            return self._b.buf[self._data + 11]
-        @cupHolders.setter
-        def cupHolders(self, value: int) -> None:
-            try:
-                set_u8(self._b.buf, self._data + 11, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Car.cupHolders", "UInt8", "B") from None
+        cupHolders = _d.int_property("u8", 11, 0, "Car.cupHolders", "UInt8")
 
-        @property
-        def hasNavSystem(self) -> bool:
-            return bool(self._b.buf[self._data + 10] >> 3 & 1 ^ 0)
-        @hasNavSystem.setter
-        def hasNavSystem(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Car.hasNavSystem", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 10
-            buf[p] = buf[p] | 8 if value else buf[p] & 247
+        hasNavSystem = _d.bool_property(10, 3, False, "Car.hasNavSystem")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -405,25 +258,15 @@ class Engine:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def horsepower(self) -> int:
-            return get_u16(self._seg, self._data)[0]
+        horsepower = _d.Int("u16", 0)
 
-        @property
-        def cylinders(self) -> int:
-            return self._seg[self._data + 2]
+        cylinders = _d.UInt8(2)
 
-        @property
-        def cc(self) -> int:
-            return get_u32(self._seg, self._data + 4)[0]
+        cc = _d.Int("u32", 4)
 
-        @property
-        def usesGas(self) -> bool:
-            return self._seg[self._data + 3] >> 0 & 1 == 1
+        usesGas = _d.Bool(3, 0, False)
 
-        @property
-        def usesElectric(self) -> bool:
-            return self._seg[self._data + 3] >> 1 & 1 == 1
+        usesElectric = _d.Bool(3, 1, False)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -441,57 +284,15 @@ class Engine:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def horsepower(self) -> int:
-            return get_u16(self._b.buf, self._data)[0]
-        @horsepower.setter
-        def horsepower(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Engine.horsepower", "UInt16", "H") from None
+        horsepower = _d.int_property("u16", 0, 0, "Engine.horsepower", "UInt16")
 
-        @property
-        def cylinders(self) -> int:
-            return self._b.buf[self._data + 2]
-        @cylinders.setter
-        def cylinders(self, value: int) -> None:
-            try:
-                set_u8(self._b.buf, self._data + 2, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Engine.cylinders", "UInt8", "B") from None
+        cylinders = _d.int_property("u8", 2, 0, "Engine.cylinders", "UInt8")
 
-        @property
-        def cc(self) -> int:
-            return get_u32(self._b.buf, self._data + 4)[0]
-        @cc.setter
-        def cc(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 4, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Engine.cc", "UInt32", "I") from None
+        cc = _d.int_property("u32", 4, 0, "Engine.cc", "UInt32")
 
-        @property
-        def usesGas(self) -> bool:
-            return bool(self._b.buf[self._data + 3] >> 0 & 1 ^ 0)
-        @usesGas.setter
-        def usesGas(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Engine.usesGas", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 3
-            buf[p] = buf[p] | 1 if value else buf[p] & 254
+        usesGas = _d.bool_property(3, 0, False, "Engine.usesGas")
 
-        @property
-        def usesElectric(self) -> bool:
-            return bool(self._b.buf[self._data + 3] >> 1 & 1 ^ 0)
-        @usesElectric.setter
-        def usesElectric(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Engine.usesElectric", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 3
-            buf[p] = buf[p] | 2 if value else buf[p] & 253
+        usesElectric = _d.bool_property(3, 1, False, "Engine.usesElectric")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -629,9 +430,7 @@ class TotalValue:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def amount(self) -> int:
-            return get_u64(self._seg, self._data)[0]
+        amount = _d.Int("u64", 0)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -645,15 +444,7 @@ class TotalValue:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def amount(self) -> int:
-            return get_u64(self._b.buf, self._data)[0]
-        @amount.setter
-        def amount(self, value: int) -> None:
-            try:
-                set_u64(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "TotalValue.amount", "UInt64", "Q") from None
+        amount = _d.int_property("u64", 0, 0, "TotalValue.amount", "UInt64")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -712,17 +503,11 @@ class Wheel:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def diameter(self) -> int:
-            return get_u16(self._seg, self._data)[0]
+        diameter = _d.Int("u16", 0)
 
-        @property
-        def airPressure(self) -> float:
-            return get_f32(self._seg, self._data + 4)[0]
+        airPressure = _d.Float(32, 4)
 
-        @property
-        def snowTires(self) -> bool:
-            return self._seg[self._data + 2] >> 0 & 1 == 1
+        snowTires = _d.Bool(2, 0, False)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -738,36 +523,11 @@ class Wheel:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def diameter(self) -> int:
-            return get_u16(self._b.buf, self._data)[0]
-        @diameter.setter
-        def diameter(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Wheel.diameter", "UInt16", "H") from None
+        diameter = _d.int_property("u16", 0, 0, "Wheel.diameter", "UInt16")
 
-        @property
-        def airPressure(self) -> float:
-            return get_f32(self._b.buf, self._data + 4)[0]
-        @airPressure.setter
-        def airPressure(self, value: float) -> None:
-            try:
-                set_f32(self._b.buf, self._data + 4, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Wheel.airPressure", "Float32", "f") from None
+        airPressure = _d.float_property(32, 4, 0x0, "Wheel.airPressure", "Float32")
 
-        @property
-        def snowTires(self) -> bool:
-            return bool(self._b.buf[self._data + 2] >> 0 & 1 ^ 0)
-        @snowTires.setter
-        def snowTires(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Wheel.snowTires", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 2
-            buf[p] = buf[p] | 1 if value else buf[p] & 254
+        snowTires = _d.bool_property(2, 0, False, "Wheel.snowTires")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc.codec.fields import (
@@ -40,17 +41,11 @@ class SearchResult:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
 
-        @property
-        def url(self) -> str:
-            return self._text(0, '')
+        url = _d.Text(0, '')
 
-        @property
-        def score(self) -> float:
-            return get_f64(self._seg, self._data)[0]
+        score = _d.Float(64, 0)
 
-        @property
-        def snippet(self) -> str:
-            return self._text(1, '')
+        snippet = _d.Text(1, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -68,29 +63,11 @@ class SearchResult:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
 
-        @property
-        def url(self) -> str:
-            return _b.get_text(self._b, self._ptr + 0, '')
-        @url.setter
-        def url(self, value: str) -> None:
-            self._set_text(0, value, "SearchResult.url")
+        url = _d.text_property(0, '', "SearchResult.url")
 
-        @property
-        def score(self) -> float:
-            return get_f64(self._b.buf, self._data)[0]
-        @score.setter
-        def score(self, value: float) -> None:
-            try:
-                set_f64(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "SearchResult.score", "Float64", "d") from None
+        score = _d.float_property(64, 0, 0x0, "SearchResult.score", "Float64")
 
-        @property
-        def snippet(self) -> str:
-            return _b.get_text(self._b, self._ptr + 1, '')
-        @snippet.setter
-        def snippet(self, value: str) -> None:
-            self._set_text(1, value, "SearchResult.snippet")
+        snippet = _d.text_property(1, '', "SearchResult.snippet")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

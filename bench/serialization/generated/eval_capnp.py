@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc.codec.fields import (
@@ -40,9 +41,7 @@ class EvaluationResult:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def value(self) -> int:
-            return get_i32(self._seg, self._data)[0]
+        value = _d.Int("i32", 0)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -56,15 +55,7 @@ class EvaluationResult:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def value(self) -> int:
-            return get_i32(self._b.buf, self._data)[0]
-        @value.setter
-        def value(self, value: int) -> None:
-            try:
-                set_i32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "EvaluationResult.value", "Int32", "i") from None
+        value = _d.int_property("i32", 0, 0, "EvaluationResult.value", "Int32")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -128,9 +119,7 @@ class Expression:
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def value(self) -> int:
-                return get_i32(self._seg, self._data + 4)[0]
+            value = _d.Int("i32", 4)
 
             @property
             def expression(self) -> Expression.Reader:
@@ -159,16 +148,7 @@ class Expression:
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def value(self) -> int:
-                return get_i32(self._b.buf, self._data + 4)[0]
-            @value.setter
-            def value(self, value: int) -> None:
-                try:
-                    set_i32(self._b.buf, self._data + 4, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Expression.left.value", "Int32", "i") from None
-                set_u16(self._b.buf, self._data + 2, 0)
+            value = _d.int_property("i32", 4, 0, "Expression.left.value", "Int32", 2, 0)
 
             @property
             def expression(self) -> Expression.Builder:
@@ -219,9 +199,7 @@ class Expression:
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def value(self) -> int:
-                return get_i32(self._seg, self._data + 8)[0]
+            value = _d.Int("i32", 8)
 
             @property
             def expression(self) -> Expression.Reader:
@@ -250,16 +228,7 @@ class Expression:
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def value(self) -> int:
-                return get_i32(self._b.buf, self._data + 8)[0]
-            @value.setter
-            def value(self, value: int) -> None:
-                try:
-                    set_i32(self._b.buf, self._data + 8, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Expression.right.value", "Int32", "i") from None
-                set_u16(self._b.buf, self._data + 12, 0)
+            value = _d.int_property("i32", 8, 0, "Expression.right.value", "Int32", 12, 0)
 
             @property
             def expression(self) -> Expression.Builder:

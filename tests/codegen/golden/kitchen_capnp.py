@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc import typed as _t
@@ -252,9 +253,7 @@ class Base(_t.Interface["Base.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def depth(self) -> int:
-                return get_u32(self._seg, self._data)[0]
+            depth = _d.Int("u32", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -268,15 +267,7 @@ class Base(_t.Interface["Base.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def depth(self) -> int:
-                return get_u32(self._b.buf, self._data)[0]
-            @depth.setter
-            def depth(self, value: int) -> None:
-                try:
-                    set_u32(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Base.depth$Results.depth", "UInt32", "I") from None
+            depth = _d.int_property("u32", 0, 0, "Base.depth$Results.depth", "UInt32")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -376,9 +367,7 @@ class Box:
         def next(self) -> Box.Reader:
             return self._struct(1, Box.Reader, None)
 
-        @property
-        def label(self) -> str:
-            return self._text(2, '')
+        label = _d.Text(2, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -412,12 +401,7 @@ class Box:
             """A new, empty next struct."""
             return _b.init_struct(self, self._ptr + 1, Box.Builder)
 
-        @property
-        def label(self) -> str:
-            return _b.get_text(self._b, self._ptr + 2, '')
-        @label.setter
-        def label(self, value: str) -> None:
-            self._set_text(2, value, "Box.label")
+        label = _d.text_property(2, '', "Box.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -703,57 +687,33 @@ class Defaults:
         _DATA_WORDS: ClassVar[int] = 6
         _POINTERS: ClassVar[int] = 5
 
-        @property
-        def b(self) -> bool:
-            return not self._seg[self._data + 0] >> 0 & 1
+        b = _d.Bool(0, 0, True)
 
-        @property
-        def i8(self) -> int:
-            return get_i8(self._seg, self._data + 1)[0] ^ -7
+        i8 = _d.Int("i8", 1, -7)
 
-        @property
-        def i16(self) -> int:
-            return get_i16(self._seg, self._data + 2)[0] ^ 1234
+        i16 = _d.Int("i16", 2, 1234)
 
-        @property
-        def i32(self) -> int:
-            return get_i32(self._seg, self._data + 4)[0] ^ -100000
+        i32 = _d.Int("i32", 4, -100000)
 
-        @property
-        def i64(self) -> int:
-            return get_i64(self._seg, self._data + 8)[0] ^ 1234567890123
+        i64 = _d.Int("i64", 8, 1234567890123)
 
-        @property
-        def u8(self) -> int:
-            return self._seg[self._data + 16] ^ 200
+        u8 = _d.UInt8(16, 200)
 
-        @property
-        def u16(self) -> int:
-            return get_u16(self._seg, self._data + 18)[0] ^ 65000
+        u16 = _d.Int("u16", 18, 65000)
 
-        @property
-        def u32(self) -> int:
-            return get_u32(self._seg, self._data + 20)[0] ^ 4000000000
+        u32 = _d.Int("u32", 20, 4000000000)
 
-        @property
-        def u64(self) -> int:
-            return get_u64(self._seg, self._data + 24)[0] ^ 18000000000000000000
+        u64 = _d.Int("u64", 24, 18000000000000000000)
 
-        @property
-        def f32(self) -> float:
-            return f32_from_bits(get_u32(self._seg, self._data + 32)[0] ^ 0x3fc00000)
+        f32 = _d.Float(32, 32, 0x3fc00000)
 
-        @property
-        def f64(self) -> float:
-            return f64_from_bits(get_u64(self._seg, self._data + 40)[0] ^ 0xc002000000000000)
+        f64 = _d.Float(64, 40, 0xc002000000000000)
 
         @property
         def color(self) -> Color:
             return (_E_Color[v] if (v := get_u16(self._seg, self._data + 36)[0] ^ 2) < 3 else Color(v))
 
-        @property
-        def text(self) -> str:
-            return self._text(0, 'hello')
+        text = _d.Text(0, 'hello')
 
         @property
         def data(self) -> bytes:
@@ -807,116 +767,27 @@ class Defaults:
         _DATA_WORDS: ClassVar[int] = 6
         _POINTERS: ClassVar[int] = 5
 
-        @property
-        def b(self) -> bool:
-            return bool(self._b.buf[self._data + 0] >> 0 & 1 ^ 1)
-        @b.setter
-        def b(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Defaults.b", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 0
-            buf[p] = buf[p] | 1 if not value else buf[p] & 254
+        b = _d.bool_property(0, 0, True, "Defaults.b")
 
-        @property
-        def i8(self) -> int:
-            return get_i8(self._b.buf, self._data + 1)[0] ^ -7
-        @i8.setter
-        def i8(self, value: int) -> None:
-            try:
-                set_i8(self._b.buf, self._data + 1, value ^ -7)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Defaults.i8", "Int8", "b") from None
+        i8 = _d.int_property("i8", 1, -7, "Defaults.i8", "Int8")
 
-        @property
-        def i16(self) -> int:
-            return get_i16(self._b.buf, self._data + 2)[0] ^ 1234
-        @i16.setter
-        def i16(self, value: int) -> None:
-            try:
-                set_i16(self._b.buf, self._data + 2, value ^ 1234)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Defaults.i16", "Int16", "h") from None
+        i16 = _d.int_property("i16", 2, 1234, "Defaults.i16", "Int16")
 
-        @property
-        def i32(self) -> int:
-            return get_i32(self._b.buf, self._data + 4)[0] ^ -100000
-        @i32.setter
-        def i32(self, value: int) -> None:
-            try:
-                set_i32(self._b.buf, self._data + 4, value ^ -100000)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Defaults.i32", "Int32", "i") from None
+        i32 = _d.int_property("i32", 4, -100000, "Defaults.i32", "Int32")
 
-        @property
-        def i64(self) -> int:
-            return get_i64(self._b.buf, self._data + 8)[0] ^ 1234567890123
-        @i64.setter
-        def i64(self, value: int) -> None:
-            try:
-                set_i64(self._b.buf, self._data + 8, value ^ 1234567890123)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Defaults.i64", "Int64", "q") from None
+        i64 = _d.int_property("i64", 8, 1234567890123, "Defaults.i64", "Int64")
 
-        @property
-        def u8(self) -> int:
-            return self._b.buf[self._data + 16] ^ 200
-        @u8.setter
-        def u8(self, value: int) -> None:
-            try:
-                set_u8(self._b.buf, self._data + 16, value ^ 200)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Defaults.u8", "UInt8", "B") from None
+        u8 = _d.int_property("u8", 16, 200, "Defaults.u8", "UInt8")
 
-        @property
-        def u16(self) -> int:
-            return get_u16(self._b.buf, self._data + 18)[0] ^ 65000
-        @u16.setter
-        def u16(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 18, value ^ 65000)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Defaults.u16", "UInt16", "H") from None
+        u16 = _d.int_property("u16", 18, 65000, "Defaults.u16", "UInt16")
 
-        @property
-        def u32(self) -> int:
-            return get_u32(self._b.buf, self._data + 20)[0] ^ 4000000000
-        @u32.setter
-        def u32(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 20, value ^ 4000000000)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Defaults.u32", "UInt32", "I") from None
+        u32 = _d.int_property("u32", 20, 4000000000, "Defaults.u32", "UInt32")
 
-        @property
-        def u64(self) -> int:
-            return get_u64(self._b.buf, self._data + 24)[0] ^ 18000000000000000000
-        @u64.setter
-        def u64(self, value: int) -> None:
-            try:
-                set_u64(self._b.buf, self._data + 24, value ^ 18000000000000000000)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Defaults.u64", "UInt64", "Q") from None
+        u64 = _d.int_property("u64", 24, 18000000000000000000, "Defaults.u64", "UInt64")
 
-        @property
-        def f32(self) -> float:
-            return f32_from_bits(get_u32(self._b.buf, self._data + 32)[0] ^ 0x3fc00000)
-        @f32.setter
-        def f32(self, value: float) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 32, f32_bits(value) ^ 0x3fc00000)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Defaults.f32", "Float32", "f") from None
+        f32 = _d.float_property(32, 32, 0x3fc00000, "Defaults.f32", "Float32")
 
-        @property
-        def f64(self) -> float:
-            return f64_from_bits(get_u64(self._b.buf, self._data + 40)[0] ^ 0xc002000000000000)
-        @f64.setter
-        def f64(self, value: float) -> None:
-            try:
-                set_u64(self._b.buf, self._data + 40, f64_bits(value) ^ 0xc002000000000000)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Defaults.f64", "Float64", "d") from None
+        f64 = _d.float_property(64, 40, 0xc002000000000000, "Defaults.f64", "Float64")
 
         @property
         def color(self) -> Color:
@@ -928,12 +799,7 @@ class Defaults:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Defaults.color", "Color", "H") from None
 
-        @property
-        def text(self) -> str:
-            return _b.get_text(self._b, self._ptr + 0, 'hello')
-        @text.setter
-        def text(self, value: str) -> None:
-            self._set_text(0, value, "Defaults.text")
+        text = _d.text_property(0, 'hello', "Defaults.text")
 
         @property
         def data(self) -> bytes:
@@ -1037,25 +903,15 @@ class Keywords:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def return_(self) -> int:
-            return get_i32(self._seg, self._data)[0]
+        return_ = _d.Int("i32", 0)
 
-        @property
-        def class_(self) -> str:
-            return self._text(0, '')
+        class_ = _d.Text(0, '')
 
-        @property
-        def from_(self) -> bool:
-            return self._seg[self._data + 4] >> 0 & 1 == 1
+        from_ = _d.Bool(4, 0, False)
 
-        @property
-        def which_(self) -> int:
-            return self._seg[self._data + 5]
+        which_ = _d.UInt8(5)
 
-        @property
-        def async_(self) -> int:
-            return get_i16(self._seg, self._data + 6)[0]
+        async_ = _d.Int("i16", 6)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1074,53 +930,15 @@ class Keywords:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def return_(self) -> int:
-            return get_i32(self._b.buf, self._data)[0]
-        @return_.setter
-        def return_(self, value: int) -> None:
-            try:
-                set_i32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Keywords.return", "Int32", "i") from None
+        return_ = _d.int_property("i32", 0, 0, "Keywords.return", "Int32")
 
-        @property
-        def class_(self) -> str:
-            return _b.get_text(self._b, self._ptr + 0, '')
-        @class_.setter
-        def class_(self, value: str) -> None:
-            self._set_text(0, value, "Keywords.class")
+        class_ = _d.text_property(0, '', "Keywords.class")
 
-        @property
-        def from_(self) -> bool:
-            return bool(self._b.buf[self._data + 4] >> 0 & 1 ^ 0)
-        @from_.setter
-        def from_(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Keywords.from", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 4
-            buf[p] = buf[p] | 1 if value else buf[p] & 254
+        from_ = _d.bool_property(4, 0, False, "Keywords.from")
 
-        @property
-        def which_(self) -> int:
-            return self._b.buf[self._data + 5]
-        @which_.setter
-        def which_(self, value: int) -> None:
-            try:
-                set_u8(self._b.buf, self._data + 5, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Keywords.which", "UInt8", "B") from None
+        which_ = _d.int_property("u8", 5, 0, "Keywords.which", "UInt8")
 
-        @property
-        def async_(self) -> int:
-            return get_i16(self._b.buf, self._data + 6)[0]
-        @async_.setter
-        def async_(self, value: int) -> None:
-            try:
-                set_i16(self._b.buf, self._data + 6, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Keywords.async", "Int16", "h") from None
+        async_ = _d.int_property("i16", 6, 0, "Keywords.async", "Int16")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1254,9 +1072,7 @@ class Left(_t.Interface["Left.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def side(self) -> str:
-                return self._text(0, '')
+            side = _d.Text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1271,12 +1087,7 @@ class Left(_t.Interface["Left.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def side(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @side.setter
-            def side(self, value: str) -> None:
-                self._set_text(0, value, "Left.left$Results.side")
+            side = _d.text_property(0, '', "Left.left$Results.side")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1732,57 +1543,33 @@ class Numbers:
         _DATA_WORDS: ClassVar[int] = 6
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def b(self) -> bool:
-            return self._seg[self._data + 0] >> 0 & 1 == 1
+        b = _d.Bool(0, 0, False)
 
-        @property
-        def i8(self) -> int:
-            return get_i8(self._seg, self._data + 1)[0]
+        i8 = _d.Int("i8", 1)
 
-        @property
-        def i16(self) -> int:
-            return get_i16(self._seg, self._data + 2)[0]
+        i16 = _d.Int("i16", 2)
 
-        @property
-        def i32(self) -> int:
-            return get_i32(self._seg, self._data + 4)[0]
+        i32 = _d.Int("i32", 4)
 
-        @property
-        def i64(self) -> int:
-            return get_i64(self._seg, self._data + 8)[0]
+        i64 = _d.Int("i64", 8)
 
-        @property
-        def u8(self) -> int:
-            return self._seg[self._data + 16]
+        u8 = _d.UInt8(16)
 
-        @property
-        def u16(self) -> int:
-            return get_u16(self._seg, self._data + 18)[0]
+        u16 = _d.Int("u16", 18)
 
-        @property
-        def u32(self) -> int:
-            return get_u32(self._seg, self._data + 20)[0]
+        u32 = _d.Int("u32", 20)
 
-        @property
-        def u64(self) -> int:
-            return get_u64(self._seg, self._data + 24)[0]
+        u64 = _d.Int("u64", 24)
 
-        @property
-        def f32(self) -> float:
-            return get_f32(self._seg, self._data + 32)[0]
+        f32 = _d.Float(32, 32)
 
-        @property
-        def f64(self) -> float:
-            return get_f64(self._seg, self._data + 40)[0]
+        f64 = _d.Float(64, 40)
 
         @property
         def color(self) -> Color:
             return (_E_Color[v] if (v := get_u16(self._seg, self._data + 36)[0]) < 3 else Color(v))
 
-        @property
-        def b2(self) -> bool:
-            return self._seg[self._data + 0] >> 1 & 1 == 1
+        b2 = _d.Bool(0, 1, False)
 
         @property
         def v(self) -> None:
@@ -1813,116 +1600,27 @@ class Numbers:
         _DATA_WORDS: ClassVar[int] = 6
         _POINTERS: ClassVar[int] = 0
 
-        @property
-        def b(self) -> bool:
-            return bool(self._b.buf[self._data + 0] >> 0 & 1 ^ 0)
-        @b.setter
-        def b(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Numbers.b", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 0
-            buf[p] = buf[p] | 1 if value else buf[p] & 254
+        b = _d.bool_property(0, 0, False, "Numbers.b")
 
-        @property
-        def i8(self) -> int:
-            return get_i8(self._b.buf, self._data + 1)[0]
-        @i8.setter
-        def i8(self, value: int) -> None:
-            try:
-                set_i8(self._b.buf, self._data + 1, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Numbers.i8", "Int8", "b") from None
+        i8 = _d.int_property("i8", 1, 0, "Numbers.i8", "Int8")
 
-        @property
-        def i16(self) -> int:
-            return get_i16(self._b.buf, self._data + 2)[0]
-        @i16.setter
-        def i16(self, value: int) -> None:
-            try:
-                set_i16(self._b.buf, self._data + 2, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Numbers.i16", "Int16", "h") from None
+        i16 = _d.int_property("i16", 2, 0, "Numbers.i16", "Int16")
 
-        @property
-        def i32(self) -> int:
-            return get_i32(self._b.buf, self._data + 4)[0]
-        @i32.setter
-        def i32(self, value: int) -> None:
-            try:
-                set_i32(self._b.buf, self._data + 4, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Numbers.i32", "Int32", "i") from None
+        i32 = _d.int_property("i32", 4, 0, "Numbers.i32", "Int32")
 
-        @property
-        def i64(self) -> int:
-            return get_i64(self._b.buf, self._data + 8)[0]
-        @i64.setter
-        def i64(self, value: int) -> None:
-            try:
-                set_i64(self._b.buf, self._data + 8, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Numbers.i64", "Int64", "q") from None
+        i64 = _d.int_property("i64", 8, 0, "Numbers.i64", "Int64")
 
-        @property
-        def u8(self) -> int:
-            return self._b.buf[self._data + 16]
-        @u8.setter
-        def u8(self, value: int) -> None:
-            try:
-                set_u8(self._b.buf, self._data + 16, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Numbers.u8", "UInt8", "B") from None
+        u8 = _d.int_property("u8", 16, 0, "Numbers.u8", "UInt8")
 
-        @property
-        def u16(self) -> int:
-            return get_u16(self._b.buf, self._data + 18)[0]
-        @u16.setter
-        def u16(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 18, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Numbers.u16", "UInt16", "H") from None
+        u16 = _d.int_property("u16", 18, 0, "Numbers.u16", "UInt16")
 
-        @property
-        def u32(self) -> int:
-            return get_u32(self._b.buf, self._data + 20)[0]
-        @u32.setter
-        def u32(self, value: int) -> None:
-            try:
-                set_u32(self._b.buf, self._data + 20, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Numbers.u32", "UInt32", "I") from None
+        u32 = _d.int_property("u32", 20, 0, "Numbers.u32", "UInt32")
 
-        @property
-        def u64(self) -> int:
-            return get_u64(self._b.buf, self._data + 24)[0]
-        @u64.setter
-        def u64(self, value: int) -> None:
-            try:
-                set_u64(self._b.buf, self._data + 24, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Numbers.u64", "UInt64", "Q") from None
+        u64 = _d.int_property("u64", 24, 0, "Numbers.u64", "UInt64")
 
-        @property
-        def f32(self) -> float:
-            return get_f32(self._b.buf, self._data + 32)[0]
-        @f32.setter
-        def f32(self, value: float) -> None:
-            try:
-                set_f32(self._b.buf, self._data + 32, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Numbers.f32", "Float32", "f") from None
+        f32 = _d.float_property(32, 32, 0x0, "Numbers.f32", "Float32")
 
-        @property
-        def f64(self) -> float:
-            return get_f64(self._b.buf, self._data + 40)[0]
-        @f64.setter
-        def f64(self, value: float) -> None:
-            try:
-                set_f64(self._b.buf, self._data + 40, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Numbers.f64", "Float64", "d") from None
+        f64 = _d.float_property(64, 40, 0x0, "Numbers.f64", "Float64")
 
         @property
         def color(self) -> Color:
@@ -1934,16 +1632,7 @@ class Numbers:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Numbers.color", "Color", "H") from None
 
-        @property
-        def b2(self) -> bool:
-            return bool(self._b.buf[self._data + 0] >> 1 & 1 ^ 0)
-        @b2.setter
-        def b2(self, value: bool) -> None:
-            if value is not True and value is not False:
-                raise _b.bad_type(value, "Numbers.b2", "bool (Bool)")
-            buf = self._b.buf
-            p = self._data + 0
-            buf[p] = buf[p] | 2 if value else buf[p] & 253
+        b2 = _d.bool_property(0, 1, False, "Numbers.b2")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2163,9 +1852,7 @@ class Right(_t.Interface["Right.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def side(self) -> str:
-                return self._text(0, '')
+            side = _d.Text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2180,12 +1867,7 @@ class Right(_t.Interface["Right.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def side(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @side.setter
-            def side(self, value: str) -> None:
-                self._set_text(0, value, "Right.right$Results.side")
+            side = _d.text_property(0, '', "Right.right$Results.side")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2283,25 +1965,15 @@ class Diamond(_t.Interface["Diamond.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def self_(self) -> str:
-                return self._text(0, '')
+            self_ = _d.Text(0, '')
 
-            @property
-            def request(self) -> int:
-                return self._seg[self._data]
+            request = _d.UInt8(0)
 
-            @property
-            def params(self) -> bool:
-                return self._seg[self._data + 1] >> 0 & 1 == 1
+            params = _d.Bool(1, 0, False)
 
-            @property
-            def unknown(self) -> int:
-                return get_i32(self._seg, self._data + 4)[0]
+            unknown = _d.Int("i32", 4)
 
-            @property
-            def from_(self) -> int:
-                return get_i16(self._seg, self._data + 2)[0]
+            from_ = _d.Int("i16", 2)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2320,53 +1992,15 @@ class Diamond(_t.Interface["Diamond.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def self_(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @self_.setter
-            def self_(self, value: str) -> None:
-                self._set_text(0, value, "Diamond.tricky$Params.self")
+            self_ = _d.text_property(0, '', "Diamond.tricky$Params.self")
 
-            @property
-            def request(self) -> int:
-                return self._b.buf[self._data]
-            @request.setter
-            def request(self, value: int) -> None:
-                try:
-                    set_u8(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Diamond.tricky$Params.request", "UInt8", "B") from None
+            request = _d.int_property("u8", 0, 0, "Diamond.tricky$Params.request", "UInt8")
 
-            @property
-            def params(self) -> bool:
-                return bool(self._b.buf[self._data + 1] >> 0 & 1 ^ 0)
-            @params.setter
-            def params(self, value: bool) -> None:
-                if value is not True and value is not False:
-                    raise _b.bad_type(value, "Diamond.tricky$Params.params", "bool (Bool)")
-                buf = self._b.buf
-                p = self._data + 1
-                buf[p] = buf[p] | 1 if value else buf[p] & 254
+            params = _d.bool_property(1, 0, False, "Diamond.tricky$Params.params")
 
-            @property
-            def unknown(self) -> int:
-                return get_i32(self._b.buf, self._data + 4)[0]
-            @unknown.setter
-            def unknown(self, value: int) -> None:
-                try:
-                    set_i32(self._b.buf, self._data + 4, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Diamond.tricky$Params.unknown", "Int32", "i") from None
+            unknown = _d.int_property("i32", 4, 0, "Diamond.tricky$Params.unknown", "Int32")
 
-            @property
-            def from_(self) -> int:
-                return get_i16(self._b.buf, self._data + 2)[0]
-            @from_.setter
-            def from_(self, value: int) -> None:
-                try:
-                    set_i16(self._b.buf, self._data + 2, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Diamond.tricky$Params.from", "Int16", "h") from None
+            from_ = _d.int_property("i16", 2, 0, "Diamond.tricky$Params.from", "Int16")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2425,9 +2059,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def return_(self) -> str:
-                return self._text(0, '')
+            return_ = _d.Text(0, '')
 
             @property
             def self_(self) -> Diamond.Client:
@@ -2447,12 +2079,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def return_(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @return_.setter
-            def return_(self, value: str) -> None:
-                self._set_text(0, value, "Diamond.tricky$Results.return")
+            return_ = _d.text_property(0, '', "Diamond.tricky$Results.return")
 
             def set_self(self, value: Diamond.Client | Diamond.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
@@ -2564,13 +2191,9 @@ class Shapes:
             _DATA_WORDS: ClassVar[int] = 3
             _POINTERS: ClassVar[int] = 3
 
-            @property
-            def side(self) -> float:
-                return get_f32(self._seg, self._data)[0]
+            side = _d.Float(32, 0)
 
-            @property
-            def label(self) -> str:
-                return self._text(1, '')
+            label = _d.Text(1, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2586,22 +2209,9 @@ class Shapes:
             _DATA_WORDS: ClassVar[int] = 3
             _POINTERS: ClassVar[int] = 3
 
-            @property
-            def side(self) -> float:
-                return get_f32(self._b.buf, self._data)[0]
-            @side.setter
-            def side(self, value: float) -> None:
-                try:
-                    set_f32(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Shapes.square.side", "Float32", "f") from None
+            side = _d.float_property(32, 0, 0x0, "Shapes.square.side", "Float32")
 
-            @property
-            def label(self) -> str:
-                return _b.get_text(self._b, self._ptr + 1, '')
-            @label.setter
-            def label(self, value: str) -> None:
-                self._set_text(1, value, "Shapes.square.label")
+            label = _d.text_property(1, '', "Shapes.square.label")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2699,9 +2309,7 @@ class Shapes:
                 def solid(self) -> None:
                     return None
 
-                @property
-                def pattern(self) -> str:
-                    return self._text(2, '')
+                pattern = _d.Text(2, '')
 
                 @property
                 def gradient(self) -> Shapes.Style.Fill.Gradient.Reader:
@@ -2740,13 +2348,7 @@ class Shapes:
                     """Select the Void member solid (assign None)."""
                     set_u16(self._b.buf, self._data + 12, 0)
 
-                @property
-                def pattern(self) -> str:
-                    return _b.get_text(self._b, self._ptr + 2, '')
-                @pattern.setter
-                def pattern(self, value: str) -> None:
-                    set_u16(self._b.buf, self._data + 12, 1)
-                    self._set_text(2, value, "Shapes.style.fill.pattern")
+                pattern = _d.text_property(2, '', "Shapes.style.fill.pattern", 12, 1)
 
                 @property
                 def gradient(self) -> Shapes.Style.Fill.Gradient.Builder:
@@ -2838,13 +2440,9 @@ class Shapes:
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 3
 
-        @property
-        def name(self) -> str:
-            return self._text(0, '')
+        name = _d.Text(0, '')
 
-        @property
-        def circle(self) -> float:
-            return get_f64(self._seg, self._data)[0]
+        circle = _d.Float(64, 0)
 
         @property
         def square(self) -> Shapes.Square.Reader:
@@ -2893,23 +2491,9 @@ class Shapes:
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 3
 
-        @property
-        def name(self) -> str:
-            return _b.get_text(self._b, self._ptr + 0, '')
-        @name.setter
-        def name(self, value: str) -> None:
-            self._set_text(0, value, "Shapes.name")
+        name = _d.text_property(0, '', "Shapes.name")
 
-        @property
-        def circle(self) -> float:
-            return get_f64(self._b.buf, self._data)[0]
-        @circle.setter
-        def circle(self, value: float) -> None:
-            try:
-                set_f64(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Shapes.circle", "Float64", "d") from None
-            set_u16(self._b.buf, self._data + 8, 0)
+        circle = _d.float_property(64, 0, 0x0, "Shapes.circle", "Float64", 8, 0)
 
         @property
         def square(self) -> Shapes.Square.Builder:
@@ -3018,13 +2602,9 @@ class Shop(_t.Interface["Shop.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def item(self) -> str:
-                return self._text(0, '')
+            item = _d.Text(0, '')
 
-            @property
-            def count(self) -> int:
-                return get_u32(self._seg, self._data)[0]
+            count = _d.Int("u32", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -3040,22 +2620,9 @@ class Shop(_t.Interface["Shop.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def item(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @item.setter
-            def item(self, value: str) -> None:
-                self._set_text(0, value, "Shop.buy$Params.item")
+            item = _d.text_property(0, '', "Shop.buy$Params.item")
 
-            @property
-            def count(self) -> int:
-                return get_u32(self._b.buf, self._data)[0]
-            @count.setter
-            def count(self, value: int) -> None:
-                try:
-                    set_u32(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Shop.buy$Params.count", "UInt32", "I") from None
+            count = _d.int_property("u32", 0, 0, "Shop.buy$Params.count", "UInt32")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -3114,9 +2681,7 @@ class Shop(_t.Interface["Shop.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def total(self) -> float:
-                return get_f64(self._seg, self._data)[0]
+            total = _d.Float(64, 0)
 
             @property
             def receipt(self) -> Numbers.Reader:
@@ -3136,15 +2701,7 @@ class Shop(_t.Interface["Shop.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def total(self) -> float:
-                return get_f64(self._b.buf, self._data)[0]
-            @total.setter
-            def total(self, value: float) -> None:
-                try:
-                    set_f64(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Shop.buy$Results.total", "Float64", "d") from None
+            total = _d.float_property(64, 0, 0x0, "Shop.buy$Results.total", "Float64")
 
             @property
             def receipt(self) -> Numbers.Builder:
@@ -3986,9 +3543,7 @@ class Tree:
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def x(self) -> int:
-                return self._seg[self._data]
+            x = _d.UInt8(0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4002,15 +3557,7 @@ class Tree:
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def x(self) -> int:
-                return self._b.buf[self._data]
-            @x.setter
-            def x(self, value: int) -> None:
-                try:
-                    set_u8(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Tree.Reader.x", "UInt8", "B") from None
+            x = _d.int_property("u8", 0, 0, "Tree.Reader.x", "UInt8")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4064,9 +3611,7 @@ class Tree:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 4
 
-        @property
-        def value(self) -> int:
-            return get_i32(self._seg, self._data)[0]
+        value = _d.Int("i32", 0)
 
         @property
         def children(self) -> _r.ListReader[Tree.Reader]:
@@ -4104,15 +3649,7 @@ class Tree:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 4
 
-        @property
-        def value(self) -> int:
-            return get_i32(self._b.buf, self._data)[0]
-        @value.setter
-        def value(self, value: int) -> None:
-            try:
-                set_i32(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Tree.value", "Int32", "i") from None
+        value = _d.int_property("i32", 0, 0, "Tree.value", "Int32")
 
         def init_children(self, count: int) -> _b.StructListBuilder[Tree.Builder]:
             """A new list of ``count`` elements in children."""
@@ -4223,17 +3760,13 @@ class Box_Text:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
 
-        @property
-        def value(self) -> str:
-            return self._text(0, '')
+        value = _d.Text(0, '')
 
         @property
         def next(self) -> Box_Text.Reader:
             return self._struct(1, Box_Text.Reader, None)
 
-        @property
-        def label(self) -> str:
-            return self._text(2, '')
+        label = _d.Text(2, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4252,12 +3785,7 @@ class Box_Text:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
 
-        @property
-        def value(self) -> str:
-            return _b.get_text(self._b, self._ptr + 0, '')
-        @value.setter
-        def value(self, value: str) -> None:
-            self._set_text(0, value, "Box_Text.value")
+        value = _d.text_property(0, '', "Box_Text.value")
 
         @property
         def next(self) -> Box_Text.Builder:
@@ -4272,12 +3800,7 @@ class Box_Text:
             """A new, empty next struct."""
             return _b.init_struct(self, self._ptr + 1, Box_Text.Builder)
 
-        @property
-        def label(self) -> str:
-            return _b.get_text(self._b, self._ptr + 2, '')
-        @label.setter
-        def label(self, value: str) -> None:
-            self._set_text(2, value, "Box_Text.label")
+        label = _d.text_property(2, '', "Box_Text.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4349,9 +3872,7 @@ class Box_List_Int32:
         def next(self) -> Box_List_Int32.Reader:
             return self._struct(1, Box_List_Int32.Reader, None)
 
-        @property
-        def label(self) -> str:
-            return self._text(2, '')
+        label = _d.Text(2, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4393,12 +3914,7 @@ class Box_List_Int32:
             """A new, empty next struct."""
             return _b.init_struct(self, self._ptr + 1, Box_List_Int32.Builder)
 
-        @property
-        def label(self) -> str:
-            return _b.get_text(self._b, self._ptr + 2, '')
-        @label.setter
-        def label(self, value: str) -> None:
-            self._set_text(2, value, "Box_List_Int32.label")
+        label = _d.text_property(2, '', "Box_List_Int32.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4469,9 +3985,7 @@ class Box_Tree:
         def next(self) -> Box_Tree.Reader:
             return self._struct(1, Box_Tree.Reader, None)
 
-        @property
-        def label(self) -> str:
-            return self._text(2, '')
+        label = _d.Text(2, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4516,12 +4030,7 @@ class Box_Tree:
             """A new, empty next struct."""
             return _b.init_struct(self, self._ptr + 1, Box_Tree.Builder)
 
-        @property
-        def label(self) -> str:
-            return _b.get_text(self._b, self._ptr + 2, '')
-        @label.setter
-        def label(self, value: str) -> None:
-            self._set_text(2, value, "Box_Tree.label")
+        label = _d.text_property(2, '', "Box_Tree.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4597,9 +4106,7 @@ class Box_Shop:
         def next(self) -> Box_Shop.Reader:
             return self._struct(1, Box_Shop.Reader, None)
 
-        @property
-        def label(self) -> str:
-            return self._text(2, '')
+        label = _d.Text(2, '')
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4633,12 +4140,7 @@ class Box_Shop:
             """A new, empty next struct."""
             return _b.init_struct(self, self._ptr + 1, Box_Shop.Builder)
 
-        @property
-        def label(self) -> str:
-            return _b.get_text(self._b, self._ptr + 2, '')
-        @label.setter
-        def label(self, value: str) -> None:
-            self._set_text(2, value, "Box_Shop.label")
+        label = _d.text_property(2, '', "Box_Shop.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4706,9 +4208,7 @@ class Pair_Text_Box_Text:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 2
 
-        @property
-        def key(self) -> str:
-            return self._text(0, '')
+        key = _d.Text(0, '')
 
         @property
         def value(self) -> Box_Text.Reader:
@@ -4729,12 +4229,7 @@ class Pair_Text_Box_Text:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 2
 
-        @property
-        def key(self) -> str:
-            return _b.get_text(self._b, self._ptr + 0, '')
-        @key.setter
-        def key(self, value: str) -> None:
-            self._set_text(0, value, "Pair_Text_Box_Text.key")
+        key = _d.text_property(0, '', "Pair_Text_Box_Text.key")
 
         @property
         def value(self) -> Box_Text.Builder:
@@ -4817,9 +4312,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def value(self) -> str:
-                return self._text(0, '')
+            value = _d.Text(0, '')
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4834,12 +4327,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def value(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @value.setter
-            def value(self, value: str) -> None:
-                self._set_text(0, value, "Store_Text.put$Params.value")
+            value = _d.text_property(0, '', "Store_Text.put$Params.value")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -5034,9 +4522,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def value(self) -> str:
-                return self._text(0, '')
+            value = _d.Text(0, '')
 
             @property
             def box(self) -> Box_Text.Reader:
@@ -5057,12 +4543,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
-            @property
-            def value(self) -> str:
-                return _b.get_text(self._b, self._ptr + 0, '')
-            @value.setter
-            def value(self, value: str) -> None:
-                self._set_text(0, value, "Store_Text.get$Results.value")
+            value = _d.text_property(0, '', "Store_Text.get$Results.value")
 
             @property
             def box(self) -> Box_Text.Builder:
@@ -5267,9 +4748,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def count(self) -> int:
-                return get_u32(self._seg, self._data)[0]
+            count = _d.Int("u32", 0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -5283,15 +4762,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def count(self) -> int:
-                return get_u32(self._b.buf, self._data)[0]
-            @count.setter
-            def count(self, value: int) -> None:
-                try:
-                    set_u32(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "TextStore.size$Results.count", "UInt32", "I") from None
+            count = _d.int_property("u32", 0, 0, "TextStore.size$Results.count", "UInt32")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, ClassVar, Literal, Never
 
 from capsvc.codec import building as _b
+from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import reading as _r
 from capsvc.codec.fields import (
@@ -56,13 +57,9 @@ class Thing:
         _DATA_WORDS: ClassVar[int] = 2
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def id(self) -> int:
-            return get_u64(self._seg, self._data)[0]
+        id = _d.Int("u64", 0)
 
-        @property
-        def tag(self) -> str:
-            return self._text(0, '')
+        tag = _d.Text(0, '')
 
         @property
         def kind(self) -> Thing.Kind:
@@ -83,22 +80,9 @@ class Thing:
         _DATA_WORDS: ClassVar[int] = 2
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def id(self) -> int:
-            return get_u64(self._b.buf, self._data)[0]
-        @id.setter
-        def id(self, value: int) -> None:
-            try:
-                set_u64(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Thing.id", "UInt64", "Q") from None
+        id = _d.int_property("u64", 0, 0, "Thing.id", "UInt64")
 
-        @property
-        def tag(self) -> str:
-            return _b.get_text(self._b, self._ptr + 0, '')
-        @tag.setter
-        def tag(self, value: str) -> None:
-            self._set_text(0, value, "Thing.tag")
+        tag = _d.text_property(0, '', "Thing.tag")
 
         @property
         def kind(self) -> Thing.Kind:

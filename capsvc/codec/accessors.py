@@ -1,0 +1,371 @@
+"""Field descriptors of generated readers: a data or Text field read in compiled code.
+
+Theory of operation
+-------------------
+A generated reader used to read each field through a ``property``: every read was a
+Python-level call (a frame, then the ``unpack_from``), about 0.25 µs even with the codec
+runtime compiled. A descriptor whose ``__get__`` is compiled by mypyc is called by the
+interpreter's attribute lookup directly (the type's ``tp_descr_get`` slot), so a read is
+one C call: the generated class says ``seats = UInt8(2)`` and ``reader.seats`` runs
+:meth:`UInt8.__get__` natively, attribute loads of the reader included.
+
+Readers are immutable views, so only ``__get__`` exists (non-data descriptors: there is
+no instance ``__dict__`` to shadow them, readers have ``__slots__``). mypyc gives a class
+no ``__set__`` slot, so a builder field is a ``property`` whose getter and setter are
+compiled callable objects (``*_property`` below): ``builder.seats = 4`` then runs
+``property.__set__`` and the compiled setter, again with no Python frame. A setter checks
+and reports exactly as the generated properties did (``building.bad_value`` /
+``bad_type``: a ``TypeError`` or ``ValueError`` naming the field and its schema type), and
+a setter of a union member also selects it (writes the discriminant).
+
+``__get__`` returns ``object`` here because mypyc (1.15) emits a wrong C return type for
+a ``__get__`` returning an unboxed ``int``/``float``/``bool``; the typed view generated
+code and users see is :mod:`capsvc.codec.descriptors`. Offsets are byte offsets into the
+data section (``_data``), which is always at least as long as the schema's (see
+``StructReader``), so no read needs a bounds check; values are stored XOR their schema
+default (rpc.capnp/encoding: "default values are XORed"), hence ``xor``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any, Final
+
+from capsvc.codec.building import StructBuilder, bad_type, bad_value, get_text
+from capsvc.codec.reading import StructReader
+
+_Unpack = Callable[[Any, int], tuple[Any, ...]]
+_Pack = Callable[[Any, int, Any], None]
+
+_FORMATS: Final = {
+    "i8": "<b", "i16": "<h", "i32": "<i", "i64": "<q",
+    "u8": "<B", "u16": "<H", "u32": "<I", "u64": "<Q",
+}  # fmt: skip
+_F32: Final = struct.Struct("<f")
+_F64: Final = struct.Struct("<d")
+_U16: Final = struct.Struct("<H")
+_U32: Final = struct.Struct("<I")
+_U64: Final = struct.Struct("<Q")
+
+
+class UInt8:
+    """A UInt8 field at byte ``offset`` of the data section."""
+
+    __slots__ = ("offset", "xor")
+
+    def __init__(self, offset: int, xor: int = 0) -> None:
+        self.offset = offset
+        self.xor = xor
+
+    def __get__(self, obj: StructReader | None, owner: object = None) -> object:
+        if obj is None:
+            return self
+        value: int = obj._seg[obj._data + self.offset]
+        return value ^ self.xor if self.xor else value
+
+
+class Int:
+    """An integer field of ``width`` (``i8`` … ``u64``) at byte ``offset``."""
+
+    __slots__ = ("offset", "unpack", "width", "xor")
+
+    def __init__(self, width: str, offset: int, xor: int = 0) -> None:
+        fmt = _FORMATS.get(width)
+        if fmt is None:
+            raise ValueError(f"no integer width {width!r}")
+        self.width = width
+        self.offset = offset
+        self.xor = xor
+        self.unpack: _Unpack = struct.Struct(fmt).unpack_from
+
+    def __get__(self, obj: StructReader | None, owner: object = None) -> object:
+        if obj is None:
+            return self
+        value: int = self.unpack(obj._seg, obj._data + self.offset)[0]
+        return value ^ self.xor if self.xor else value
+
+
+class Float:
+    """A Float32 (``bits`` 32) or Float64 field at byte ``offset``; ``xor`` is the default's
+    bit pattern."""
+
+    __slots__ = ("bits", "offset", "xor")
+
+    def __init__(self, bits: int, offset: int, xor: int = 0) -> None:
+        if bits not in (32, 64):
+            raise ValueError(f"no float of {bits} bits")
+        self.bits = bits
+        self.offset = offset
+        self.xor = xor
+
+    def __get__(self, obj: StructReader | None, owner: object = None) -> object:
+        if obj is None:
+            return self
+        at = obj._data + self.offset
+        if self.bits == 32:
+            if not self.xor:
+                return _F32.unpack_from(obj._seg, at)[0]
+            raw: int = _U32.unpack_from(obj._seg, at)[0]
+            return _F32.unpack(_U32.pack(raw ^ self.xor))[0]
+        if not self.xor:
+            return _F64.unpack_from(obj._seg, at)[0]
+        raw = _U64.unpack_from(obj._seg, at)[0]
+        return _F64.unpack(_U64.pack(raw ^ self.xor))[0]
+
+
+class Bool:
+    """A Bool field: bit ``bit`` of byte ``byte``; ``default`` is the schema's."""
+
+    __slots__ = ("bit", "byte", "default")
+
+    def __init__(self, byte: int, bit: int, default: bool = False) -> None:
+        self.byte = byte
+        self.bit = bit
+        self.default = default
+
+    def __get__(self, obj: StructReader | None, owner: object = None) -> object:
+        if obj is None:
+            return self
+        value: int = obj._seg[obj._data + self.byte]
+        return (value >> self.bit & 1 == 1) != self.default
+
+
+class Text:
+    """A Text field in pointer ``slot``; ``default`` when the pointer is null."""
+
+    __slots__ = ("default", "slot")
+
+    def __init__(self, slot: int, default: str = "") -> None:
+        self.slot = slot
+        self.default = default
+
+    def __get__(self, obj: StructReader | None, owner: object = None) -> object:
+        if obj is None:
+            return self
+        return obj._text(self.slot, self.default)
+
+
+# ----------------------------------------------------------------------------- builders
+def _select(obj: StructBuilder, disc_at: int, disc: int) -> None:
+    """Make this field the union's member: write ``disc`` at byte ``disc_at`` (if any)."""
+    if disc_at >= 0:
+        _U16.pack_into(obj._b.buf, obj._data + disc_at, disc)
+
+
+class _IntGet:
+    __slots__ = ("offset", "unpack", "xor")
+
+    def __init__(self, unpack: _Unpack, offset: int, xor: int) -> None:
+        self.unpack = unpack
+        self.offset = offset
+        self.xor = xor
+
+    def __call__(self, obj: StructBuilder) -> object:
+        value: int = self.unpack(obj._b.buf, obj._data + self.offset)[0]
+        return value ^ self.xor if self.xor else value
+
+
+class _IntSet:
+    __slots__ = ("disc", "disc_at", "fmt", "label", "offset", "pack", "schema_type", "xor")
+
+    def __init__(
+        self, fmt: str, offset: int, xor: int, label: str, schema_type: str, disc_at: int, disc: int
+    ) -> None:
+        self.pack: _Pack = struct.Struct("<" + fmt).pack_into
+        self.fmt = fmt
+        self.offset = offset
+        self.xor = xor
+        self.label = label
+        self.schema_type = schema_type
+        self.disc_at = disc_at
+        self.disc = disc
+
+    def __call__(self, obj: StructBuilder, value: object) -> None:
+        try:
+            stored: Any = value
+            self.pack(
+                obj._b.buf, obj._data + self.offset, stored ^ self.xor if self.xor else stored
+            )
+        except (struct.error, TypeError):
+            raise bad_value(value, self.label, self.schema_type, self.fmt) from None
+        _select(obj, self.disc_at, self.disc)
+
+
+def int_property(
+    width: str,
+    offset: int,
+    xor: int,
+    label: str,
+    schema_type: str,
+    disc_at: int = -1,
+    disc: int = 0,
+) -> property:
+    """The builder property of an integer field (``label``: ``Struct.field``)."""
+    fmt = _FORMATS.get(width)
+    if fmt is None:
+        raise ValueError(f"no integer width {width!r}")
+    getter = _IntGet(struct.Struct(fmt).unpack_from, offset, xor)
+    return property(getter, _IntSet(fmt[1:], offset, xor, label, schema_type, disc_at, disc))
+
+
+class _FloatGet:
+    __slots__ = ("bits", "offset", "xor")
+
+    def __init__(self, bits: int, offset: int, xor: int) -> None:
+        self.bits = bits
+        self.offset = offset
+        self.xor = xor
+
+    def __call__(self, obj: StructBuilder) -> object:
+        buf = obj._b.buf
+        at = obj._data + self.offset
+        if self.bits == 32:
+            if not self.xor:
+                return _F32.unpack_from(buf, at)[0]
+            raw: int = _U32.unpack_from(buf, at)[0]
+            return _F32.unpack(_U32.pack(raw ^ self.xor))[0]
+        if not self.xor:
+            return _F64.unpack_from(buf, at)[0]
+        raw = _U64.unpack_from(buf, at)[0]
+        return _F64.unpack(_U64.pack(raw ^ self.xor))[0]
+
+
+class _FloatSet:
+    __slots__ = ("bits", "disc", "disc_at", "label", "offset", "schema_type", "xor")
+
+    def __init__(
+        self,
+        bits: int,
+        offset: int,
+        xor: int,
+        label: str,
+        schema_type: str,
+        disc_at: int,
+        disc: int,
+    ) -> None:
+        self.bits = bits
+        self.offset = offset
+        self.xor = xor
+        self.label = label
+        self.schema_type = schema_type
+        self.disc_at = disc_at
+        self.disc = disc
+
+    def __call__(self, obj: StructBuilder, value: object) -> None:
+        buf = obj._b.buf
+        at = obj._data + self.offset
+        try:
+            if self.bits == 32:
+                if self.xor:
+                    bits: int = _U32.unpack(_F32.pack(value))[0]
+                    _U32.pack_into(buf, at, bits ^ self.xor)
+                else:
+                    _F32.pack_into(buf, at, value)
+            elif self.xor:
+                bits = _U64.unpack(_F64.pack(value))[0]
+                _U64.pack_into(buf, at, bits ^ self.xor)
+            else:
+                _F64.pack_into(buf, at, value)
+        except (struct.error, TypeError):
+            raise bad_value(
+                value, self.label, self.schema_type, "f" if self.bits == 32 else "d"
+            ) from None
+        _select(obj, self.disc_at, self.disc)
+
+
+def float_property(
+    bits: int,
+    offset: int,
+    xor: int,
+    label: str,
+    schema_type: str,
+    disc_at: int = -1,
+    disc: int = 0,
+) -> property:
+    """The builder property of a Float32/Float64 field (``xor``: the default's bits)."""
+    if bits not in (32, 64):
+        raise ValueError(f"no float of {bits} bits")
+    return property(
+        _FloatGet(bits, offset, xor),
+        _FloatSet(bits, offset, xor, label, schema_type, disc_at, disc),
+    )
+
+
+class _BoolGet:
+    __slots__ = ("bit", "byte", "default")
+
+    def __init__(self, byte: int, bit: int, default: bool) -> None:
+        self.byte = byte
+        self.bit = bit
+        self.default = default
+
+    def __call__(self, obj: StructBuilder) -> object:
+        value: int = obj._b.buf[obj._data + self.byte]
+        return (value >> self.bit & 1 == 1) != self.default
+
+
+class _BoolSet:
+    __slots__ = ("bit", "byte", "default", "disc", "disc_at", "label")
+
+    def __init__(
+        self, byte: int, bit: int, default: bool, label: str, disc_at: int, disc: int
+    ) -> None:
+        self.byte = byte
+        self.bit = bit
+        self.default = default
+        self.label = label
+        self.disc_at = disc_at
+        self.disc = disc
+
+    def __call__(self, obj: StructBuilder, value: object) -> None:
+        if value is not True and value is not False:
+            raise bad_type(value, self.label, "bool (Bool)")
+        buf = obj._b.buf
+        at = obj._data + self.byte
+        if (value is True) != self.default:
+            buf[at] = buf[at] | 1 << self.bit
+        else:
+            buf[at] = buf[at] & (0xFF ^ 1 << self.bit)
+        _select(obj, self.disc_at, self.disc)
+
+
+def bool_property(
+    byte: int, bit: int, default: bool, label: str, disc_at: int = -1, disc: int = 0
+) -> property:
+    """The builder property of a Bool field: bit ``bit`` of byte ``byte``."""
+    return property(
+        _BoolGet(byte, bit, default), _BoolSet(byte, bit, default, label, disc_at, disc)
+    )
+
+
+class _TextGet:
+    __slots__ = ("default", "slot")
+
+    def __init__(self, slot: int, default: str) -> None:
+        self.slot = slot
+        self.default = default
+
+    def __call__(self, obj: StructBuilder) -> object:
+        return get_text(obj._b, obj._ptr + self.slot, self.default)
+
+
+class _TextSet:
+    __slots__ = ("disc", "disc_at", "label", "slot")
+
+    def __init__(self, slot: int, label: str, disc_at: int, disc: int) -> None:
+        self.slot = slot
+        self.label = label
+        self.disc_at = disc_at
+        self.disc = disc
+
+    def __call__(self, obj: StructBuilder, value: object) -> None:
+        _select(obj, self.disc_at, self.disc)
+        obj._set_text(self.slot, value, self.label)
+
+
+def text_property(
+    slot: int, default: str, label: str, disc_at: int = -1, disc: int = 0
+) -> property:
+    """The builder property of a Text field in pointer ``slot``."""
+    return property(_TextGet(slot, default), _TextSet(slot, label, disc_at, disc))

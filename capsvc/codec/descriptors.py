@@ -1,0 +1,142 @@
+"""The typed view of :mod:`capsvc.codec.accessors`, the field descriptors of generated
+readers.
+
+The implementation's ``__get__`` returns ``object`` (see accessors.py: a mypyc
+limitation); this module gives the type checker what a read really returns, so that
+``reader.seats`` is an ``int`` and ``reader.make`` a ``str`` to mypy. At run time it is
+the implementation itself (compiled where capsvc is).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Generic, Self, TypeVar, overload
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+__all__ = [
+    "Bool",
+    "Float",
+    "Int",
+    "Text",
+    "UInt8",
+    "bool_property",
+    "float_property",
+    "int_property",
+    "text_property",
+]
+
+if TYPE_CHECKING:
+
+    class UInt8:
+        def __init__(self, offset: int, xor: int = 0) -> None:
+            raise NotImplementedError
+
+        @overload
+        def __get__(self, obj: None, owner: object = None) -> Self: ...
+        @overload
+        def __get__(self, obj: object, owner: object = None) -> int: ...
+        def __get__(self, obj: object, owner: object = None) -> Self | int:
+            raise NotImplementedError
+
+    class Int:
+        def __init__(self, width: str, offset: int, xor: int = 0) -> None:
+            raise NotImplementedError
+
+        @overload
+        def __get__(self, obj: None, owner: object = None) -> Self: ...
+        @overload
+        def __get__(self, obj: object, owner: object = None) -> int: ...
+        def __get__(self, obj: object, owner: object = None) -> Self | int:
+            raise NotImplementedError
+
+    class Float:
+        def __init__(self, bits: int, offset: int, xor: int = 0) -> None:
+            raise NotImplementedError
+
+        @overload
+        def __get__(self, obj: None, owner: object = None) -> Self: ...
+        @overload
+        def __get__(self, obj: object, owner: object = None) -> float: ...
+        def __get__(self, obj: object, owner: object = None) -> Self | float:
+            raise NotImplementedError
+
+    class Bool:
+        def __init__(self, byte: int, bit: int, default: bool = False) -> None:
+            raise NotImplementedError
+
+        @overload
+        def __get__(self, obj: None, owner: object = None) -> Self: ...
+        @overload
+        def __get__(self, obj: object, owner: object = None) -> bool: ...
+        def __get__(self, obj: object, owner: object = None) -> Self | bool:
+            raise NotImplementedError
+
+    class Text:
+        def __init__(self, slot: int, default: str = "") -> None:
+            raise NotImplementedError
+
+        @overload
+        def __get__(self, obj: None, owner: object = None) -> Self: ...
+        @overload
+        def __get__(self, obj: object, owner: object = None) -> str: ...
+        def __get__(self, obj: object, owner: object = None) -> Self | str:
+            raise NotImplementedError
+
+    class Field(Generic[T, S]):
+        """A builder field: reads as ``T``, takes ``S``."""
+
+        @overload
+        def __get__(self, obj: None, owner: object = None) -> Self: ...
+        @overload
+        def __get__(self, obj: object, owner: object = None) -> T: ...
+        def __get__(self, obj: object, owner: object = None) -> Self | T:
+            raise NotImplementedError
+
+        def __set__(self, obj: object, value: S) -> None:
+            raise NotImplementedError
+
+    def int_property(
+        width: str,
+        offset: int,
+        xor: int,
+        label: str,
+        schema_type: str,
+        disc_at: int = -1,
+        disc: int = 0,
+    ) -> Field[int, int]:
+        raise NotImplementedError
+
+    def float_property(
+        bits: int,
+        offset: int,
+        xor: int,
+        label: str,
+        schema_type: str,
+        disc_at: int = -1,
+        disc: int = 0,
+    ) -> Field[float, float]:
+        raise NotImplementedError
+
+    def bool_property(
+        byte: int, bit: int, default: bool, label: str, disc_at: int = -1, disc: int = 0
+    ) -> Field[bool, bool]:
+        raise NotImplementedError
+
+    def text_property(
+        slot: int, default: str, label: str, disc_at: int = -1, disc: int = 0
+    ) -> Field[str, str]:
+        raise NotImplementedError
+
+else:
+    from capsvc.codec.accessors import (
+        Bool,
+        Float,
+        Int,
+        Text,
+        UInt8,
+        bool_property,
+        float_property,
+        int_property,
+        text_property,
+    )
