@@ -4,12 +4,18 @@ readers.
 The implementation's ``__get__`` returns ``object`` (see accessors.py: a mypyc
 limitation); this module gives the type checker what a read really returns, so that
 ``reader.seats`` is an ``int`` and ``reader.make`` a ``str`` to mypy. At run time it is
-the implementation itself (compiled where capsvc is).
+the compiled implementation in the compiled build; in pure Python, where a descriptor's
+``__get__`` or a callable's ``__call__`` would be a Python frame *more* than a property's
+getter, the same names make ``property`` objects over closures
+(:mod:`capsvc.codec._pure_descriptors`), as fast as the properties generated code used to
+spell out.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Generic, Self, TypeVar, overload
+
+from capsvc._build import COMPILED
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -128,8 +134,20 @@ if TYPE_CHECKING:
     ) -> Field[str, str]:
         raise NotImplementedError
 
-else:
+elif COMPILED:
     from capsvc.codec.accessors import (
+        Bool,
+        Float,
+        Int,
+        Text,
+        UInt8,
+        bool_property,
+        float_property,
+        int_property,
+        text_property,
+    )
+else:
+    from capsvc.codec._pure_descriptors import (
         Bool,
         Float,
         Int,
