@@ -34,63 +34,8 @@ __all__ = [
 
 if TYPE_CHECKING:
 
-    class UInt8:
-        def __init__(self, offset: int, xor: int = 0) -> None:
-            raise NotImplementedError
-
-        @overload
-        def __get__(self, obj: None, owner: object = None) -> Self: ...
-        @overload
-        def __get__(self, obj: object, owner: object = None) -> int: ...
-        def __get__(self, obj: object, owner: object = None) -> Self | int:
-            raise NotImplementedError
-
-    class Int:
-        def __init__(self, width: str, offset: int, xor: int = 0) -> None:
-            raise NotImplementedError
-
-        @overload
-        def __get__(self, obj: None, owner: object = None) -> Self: ...
-        @overload
-        def __get__(self, obj: object, owner: object = None) -> int: ...
-        def __get__(self, obj: object, owner: object = None) -> Self | int:
-            raise NotImplementedError
-
-    class Float:
-        def __init__(self, bits: int, offset: int, xor: int = 0) -> None:
-            raise NotImplementedError
-
-        @overload
-        def __get__(self, obj: None, owner: object = None) -> Self: ...
-        @overload
-        def __get__(self, obj: object, owner: object = None) -> float: ...
-        def __get__(self, obj: object, owner: object = None) -> Self | float:
-            raise NotImplementedError
-
-    class Bool:
-        def __init__(self, byte: int, bit: int, default: bool = False) -> None:
-            raise NotImplementedError
-
-        @overload
-        def __get__(self, obj: None, owner: object = None) -> Self: ...
-        @overload
-        def __get__(self, obj: object, owner: object = None) -> bool: ...
-        def __get__(self, obj: object, owner: object = None) -> Self | bool:
-            raise NotImplementedError
-
-    class Text:
-        def __init__(self, slot: int, default: str = "") -> None:
-            raise NotImplementedError
-
-        @overload
-        def __get__(self, obj: None, owner: object = None) -> Self: ...
-        @overload
-        def __get__(self, obj: object, owner: object = None) -> str: ...
-        def __get__(self, obj: object, owner: object = None) -> Self | str:
-            raise NotImplementedError
-
-    class Field(Generic[T, S]):
-        """A builder field: reads as ``T``, takes ``S``."""
+    class _ReaderField(Generic[T]):
+        """A field that reads as ``T`` on an instance (the descriptor itself on the class)."""
 
         @overload
         def __get__(self, obj: None, owner: object = None) -> Self: ...
@@ -98,6 +43,29 @@ if TYPE_CHECKING:
         def __get__(self, obj: object, owner: object = None) -> T: ...
         def __get__(self, obj: object, owner: object = None) -> Self | T:
             raise NotImplementedError
+
+    class UInt8(_ReaderField[int]):
+        def __init__(self, offset: int, xor: int = 0) -> None:
+            raise NotImplementedError
+
+    class Int(_ReaderField[int]):
+        def __init__(self, width: str, offset: int, xor: int = 0) -> None:
+            raise NotImplementedError
+
+    class Float(_ReaderField[float]):
+        def __init__(self, bits: int, offset: int, xor: int = 0) -> None:
+            raise NotImplementedError
+
+    class Bool(_ReaderField[bool]):
+        def __init__(self, byte: int, bit: int, default: bool = False) -> None:
+            raise NotImplementedError
+
+    class Text(_ReaderField[str]):
+        def __init__(self, slot: int, default: str = "") -> None:
+            raise NotImplementedError
+
+    class Field(_ReaderField[T], Generic[T, S]):
+        """A builder field: reads as ``T``, takes ``S``."""
 
         def __set__(self, obj: object, value: S) -> None:
             raise NotImplementedError

@@ -159,6 +159,9 @@ async def call(shop: k.Shop.Client, store: k.TextStore.Client) -> None:
     await shop.buy(item=3)
     await shop.buy(itme="pen")
     number: int = (await store.get()).value
+
+def read(numbers: k.Numbers.Reader) -> str:
+    return numbers.u16
 """
 TYPE_ERRORS = {
     5: 'Incompatible types in assignment (expression has type "str"',
@@ -166,6 +169,7 @@ TYPE_ERRORS = {
     12: 'Argument "item" to "buy" of "Client" has incompatible type "int"',
     13: 'Argument "itme" to "buy" of "Client" has incompatible type "str"; expected "Never"',
     14: 'Incompatible types in assignment (expression has type "str", variable has type "int")',
+    17: 'Incompatible return value type (got "int", expected "str")',  # a compiled descriptor
 }
 
 
