@@ -665,24 +665,31 @@ def _descriptor(field: Field) -> str | None:
     if k == "bool":
         byte, bit = divmod(field.offset, 8)
         return f"_d.Bool({byte}, {bit}, {bool(field.default)})"
-    if k in ("float32", "float64"):
-        bits = 32 if k == "float32" else 64
-        offset = field.offset * bits // 8
-        xor = _float_bits(field.default, bits) if field.default else 0
-        return f"_d.Float({bits}, {offset}, {xor:#x})" if xor else f"_d.Float({bits}, {offset})"
     if k in NUMBERS:
-        _, bits, _ = NUMBERS[k]
-        offset = field.offset * bits // 8
-        xor = int(field.default or 0)  # type: ignore[call-overload]
-        width = _width(k)
+        bits, offset, xor = _number_layout(field)
+        if k in ("float32", "float64"):
+            return f"_d.Float({bits}, {offset}, {xor:#x})" if xor else f"_d.Float({bits}, {offset})"
         tail = f", {xor}" if xor else ""
-        if width == "u8":
+        if _width(k) == "u8":
             return f"_d.UInt8({offset}{tail})"
-        return f'_d.Int("{width}", {offset}{tail})'
+        return f'_d.Int("{_width(k)}", {offset}{tail})'
     if k == "text":
         text = field.default if isinstance(field.default, str) else _NO_DEFAULT_TEXT
         return f"_d.Text({field.offset}, {text!r})"
     return None
+
+
+def _number_layout(field: Field) -> tuple[int, int, int]:
+    """A number field's width in bits, byte offset and stored XOR (the default, for a float
+    its bit pattern: the encoding stores every data field XOR its default)."""
+    kind = field.type
+    assert kind is not None
+    _, bits, _ = NUMBERS[kind.kind]
+    if kind.kind in ("float32", "float64"):
+        xor = _float_bits(field.default, bits) if field.default else 0
+    else:
+        xor = int(field.default or 0)  # type: ignore[call-overload]
+    return bits, field.offset * bits // 8, xor
 
 
 def _read_expression(node: Struct, field: Field, path: str, names: _Names) -> list[str]:
@@ -923,21 +930,12 @@ def _builder_descriptor(node: Struct, field: Field, label: str) -> str | None:
     if k == "bool":
         byte, bit = divmod(field.offset, 8)
         return f'_d.bool_property({byte}, {bit}, {bool(field.default)}, "{label}"{select})'
-    if k in ("float32", "float64"):
-        bits = 32 if k == "float32" else 64
-        offset = field.offset * bits // 8
-        xor = _float_bits(field.default, bits) if field.default else 0
-        return (
-            f'_d.float_property({bits}, {offset}, {xor:#x}, "{label}", "{SCHEMA_NAMES[k]}"{select})'
-        )
     if k in NUMBERS:
-        _, bits, _ = NUMBERS[k]
-        offset = field.offset * bits // 8
-        xor = int(field.default or 0)  # type: ignore[call-overload]
-        return (
-            f'_d.int_property("{_width(k)}", {offset}, {xor}, "{label}", "{SCHEMA_NAMES[k]}"'
-            f"{select})"
-        )
+        bits, offset, xor = _number_layout(field)
+        names = f'"{label}", "{SCHEMA_NAMES[k]}"{select}'
+        if k in ("float32", "float64"):
+            return f"_d.float_property({bits}, {offset}, {xor:#x}, {names})"
+        return f'_d.int_property("{_width(k)}", {offset}, {xor}, {names})'
     if k == "text":
         text = field.default if isinstance(field.default, str) else ""
         return f'_d.text_property({field.offset}, {text!r}, "{label}"{select})'
