@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import repeat
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from capsvc._mypyc import mypyc_attr
@@ -100,6 +99,16 @@ def write_list_pointer(buf: bytearray, at: int, target: int, code: int, count: i
     _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | 1 | ((count << 3 | code) << 32))
 
 
+def new_builder(cls: type[B], builder: MessageBuilder, start: int) -> B:
+    """A ``cls`` builder of the struct at word ``start`` (``cls()``: see
+    ``reading.new_reader``)."""
+    view = cls()
+    view._b = builder
+    view._data = start << 3
+    view._ptr = start + cls._DATA_WORDS
+    return view
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class StructBuilder:
     """A struct being built. Generated subclasses add one property per field."""
@@ -115,16 +124,12 @@ class StructBuilder:
 
     @classmethod
     def _at(cls: type[B], builder: MessageBuilder, start: int) -> B:
-        view = cls.__new__(cls)
-        view._b = builder
-        view._data = start << 3
-        view._ptr = start + cls._DATA_WORDS
-        return view
+        return new_builder(cls, builder, start)
 
     @classmethod
     def _view(cls: type[B], parent: StructBuilder) -> B:
         """A group: the same sections as the struct it is part of."""
-        view = cls.__new__(cls)
+        view = cls()
         view._b = parent._b
         view._data = parent._data
         view._ptr = parent._ptr
@@ -136,7 +141,7 @@ class StructBuilder:
         builder = MessageBuilder()
         start = builder.alloc(cls._DATA_WORDS + cls._POINTERS)
         write_struct_pointer(builder.buf, 0, start, cls._DATA_WORDS, cls._POINTERS)
-        return cls._at(builder, start)
+        return new_builder(cls, builder, start)
 
     def to_segments(self) -> list[bytearray]:
         """The message's segments (one), as a reader or the framing takes them."""
@@ -172,7 +177,7 @@ def init_struct(parent: StructBuilder | ListBuilder, at: int, cls: type[B]) -> B
     buf += bytes((data_words + pointers) << 3)
     offset = start - at - 1
     _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | (data_words << 32) | (pointers << 48))
-    view = cls.__new__(cls)
+    view = cls()
     view._b = builder
     view._data = start << 3
     view._ptr = start + data_words
@@ -193,7 +198,7 @@ def struct_field(
         copy_default(default, parent._b, at)
         (word,) = _get_u64(buf, at << 3)
     offset = (((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2
-    return cls._at(parent._b, at + 1 + offset)
+    return new_builder(cls, parent._b, at + 1 + offset)
 
 
 #: The NUL and zero padding that end a Text of ``n`` bytes, by ``n & 7``.
@@ -397,14 +402,35 @@ class StructListBuilder(ListBuilder, Generic[B]):
         cls = self._cls
         if not 0 <= index < self._count:
             index = self._index(index)
-        return cls._at(self._b, self._start + index * (cls._DATA_WORDS + cls._POINTERS))
+        return new_builder(cls, self._b, self._start + index * (cls._DATA_WORDS + cls._POINTERS))
 
     def __iter__(self) -> Iterator[B]:
-        cls = self._cls
-        size = cls._DATA_WORDS + cls._POINTERS
-        start = self._start
-        # One builder per element, made by ``map`` (no generator frame per element).
-        return map(cls._at, repeat(self._b), range(start, start + self._count * size, size))
+        return StructBuilders(self)
+
+
+class StructBuilders(Generic[B]):
+    """Iteration over a struct list being built: one builder per element, made by a
+    compiled ``__next__`` (no Python call per element)."""
+
+    __slots__ = ("_at", "_b", "_cls", "_step", "_stop")
+
+    def __init__(self, elements: StructListBuilder[B]) -> None:
+        cls = elements._cls
+        self._cls = cls
+        self._b = elements._b
+        self._step = cls._DATA_WORDS + cls._POINTERS
+        self._at = elements._start
+        self._stop = elements._start + elements._count * self._step
+
+    def __iter__(self) -> StructBuilders[B]:
+        return self
+
+    def __next__(self) -> B:
+        at = self._at
+        if at >= self._stop:
+            raise StopIteration
+        self._at = at + self._step
+        return new_builder(self._cls, self._b, at)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

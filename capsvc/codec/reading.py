@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from itertools import repeat
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
 from capsvc._mypyc import mypyc_attr
@@ -131,6 +130,39 @@ def _offset(word: int) -> int:
     return (((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2
 
 
+def new_reader(
+    cls: type[R],
+    msg: MessageReader,
+    si: int,
+    start: int,
+    data_words: int,
+    pointers: int,
+    depth: int,
+) -> R:
+    """A ``cls`` reader of the struct at word ``start`` of segment ``si`` with the given
+    section sizes (a module function, so compiled callers reach it with no Python call).
+
+    ``cls()`` rather than ``cls.__new__(cls)``: the type call goes straight to the slot
+    (``tp_new``), about 100 ns less per reader than looking ``__new__`` up and calling it.
+    """
+    reader = cls()
+    reader._msg = msg
+    reader._si = si
+    if data_words >= cls._DATA_WORDS:
+        reader._seg = msg.segments[si]
+        reader._data = start << 3
+    else:
+        segment = msg.segments[si]
+        reader._seg = bytes(segment[start << 3 : (start + data_words) << 3]) + bytes(
+            (cls._DATA_WORDS - data_words) << 3
+        )
+        reader._data = 0
+    reader._ptr = start + data_words
+    reader._pend = start + data_words + pointers
+    reader._depth = depth
+    return reader
+
+
 # ---------------------------------------------------------------------- structs
 @mypyc_attr(allow_interpreted_subclasses=True)
 class StructReader:
@@ -167,28 +199,13 @@ class StructReader:
         pointers: int,
         depth: int,
     ) -> R:
-        reader = cls.__new__(cls)
-        reader._msg = msg
-        reader._si = si
-        if data_words >= cls._DATA_WORDS:
-            reader._seg = msg.segments[si]
-            reader._data = start << 3
-        else:
-            segment = msg.segments[si]
-            reader._seg = bytes(segment[start << 3 : (start + data_words) << 3]) + bytes(
-                (cls._DATA_WORDS - data_words) << 3
-            )
-            reader._data = 0
-        reader._ptr = start + data_words
-        reader._pend = start + data_words + pointers
-        reader._depth = depth
-        return reader
+        return new_reader(cls, msg, si, start, data_words, pointers, depth)
 
     @classmethod
     def _padded(cls: type[R], msg: MessageReader, si: int, data: bytes, depth: int) -> R:
         """A struct whose data section is ``data`` (a sub-word list element) and which
         has no pointers."""
-        reader = cls.__new__(cls)
+        reader = cls()
         reader._msg = msg
         reader._si = si
         reader._seg = data + bytes(max(0, (cls._DATA_WORDS << 3) - len(data)))
@@ -213,11 +230,11 @@ class StructReader:
     @classmethod
     def _empty(cls: type[R], msg: MessageReader, depth: int = 0) -> R:
         """The struct a null pointer stands for: every field at its default."""
-        return cls._at(msg, 0, 0, 0, 0, depth) if msg.segments else cls._nothing()
+        return new_reader(cls, msg, 0, 0, 0, 0, depth) if msg.segments else cls._nothing()
 
     @classmethod
     def _nothing(cls: type[R]) -> R:
-        return cls._at(_NO_MESSAGE, 0, 0, 0, 0, 0)
+        return new_reader(cls, _NO_MESSAGE, 0, 0, 0, 0, 0)
 
     @classmethod
     def read(
@@ -238,7 +255,7 @@ class StructReader:
     @classmethod
     def _view(cls: type[R], parent: StructReader) -> R:
         """A group: the same sections as the struct it is part of."""
-        reader = cls.__new__(cls)
+        reader = cls()
         reader._msg = parent._msg
         reader._si = parent._si
         reader._seg = parent._seg
@@ -253,7 +270,7 @@ class StructReader:
         """A reader of a struct being built (its message as it is now)."""
         msg = MessageReader([bytes(builder._b.buf)])
         start = builder._data >> 3
-        return cls._at(msg, 0, start, cls._DATA_WORDS, cls._POINTERS, DEFAULT_NESTING_LIMIT)
+        return new_reader(cls, msg, 0, start, cls._DATA_WORDS, cls._POINTERS, DEFAULT_NESTING_LIMIT)
 
     def _has(self, slot: int) -> bool:
         """True if pointer ``slot`` is present and not null."""
@@ -300,7 +317,7 @@ def read_struct(
             budget = msg.budget - (size or 1)
             if start >= 0 and start + size <= msg.sizes[si] and budget >= 0:
                 msg.budget = budget
-                return cls._at(msg, si, start, data_words, pointers, depth - 1)
+                return new_reader(cls, msg, si, start, data_words, pointers, depth - 1)
     found = _resolve(msg, si, w) if w >= 0 else None
     if found is None:
         if default is not None:
@@ -318,7 +335,7 @@ def read_struct(
     if start < 0 or start + data_words + pointers > msg.sizes[si]:
         raise DecodeError("struct pointer out of bounds")
     msg.charge(data_words + pointers)
-    return cls._at(msg, si, start, data_words, pointers, depth - 1)
+    return new_reader(cls, msg, si, start, data_words, pointers, depth - 1)
 
 
 def _kind_name(word: int) -> str:
@@ -681,25 +698,49 @@ class StructList(ListReader[R]):
             first = (shape.start << 3) + ((index * shape.step_bits) >> 3)
             data = bytes(self._seg[first : first + (shape.step_bits >> 3)])
             return self._cls._padded(self._msg, shape.si, data, self._depth)
-        return self._cls._at(
-            self._msg, self._si, self._start + index * words, self._dw, self._pc, self._depth
+        return new_reader(
+            self._cls,
+            self._msg,
+            self._si,
+            self._start + index * words,
+            self._dw,
+            self._pc,
+            self._depth,
         )
 
     def __iter__(self) -> Iterator[R]:
         words = self._words
         if not words:
             return super().__iter__()
-        # One reader per element, made by ``map`` (no generator frame per element).
-        start = self._start
-        return map(
-            self._cls._at,
-            repeat(self._msg),
-            repeat(self._si),
-            range(start, start + self._count * words, words),
-            repeat(self._dw),
-            repeat(self._pc),
-            repeat(self._depth),
-        )
+        return StructElements(self, words)
+
+
+class StructElements(Generic[R]):
+    """Iteration over a struct list of whole-word elements: one reader per element,
+    made by a compiled ``__next__`` (no Python call, no argument parsing per element)."""
+
+    __slots__ = ("_at", "_cls", "_depth", "_dw", "_msg", "_pc", "_si", "_step", "_stop")
+
+    def __init__(self, elements: StructList[R], words: int) -> None:
+        self._cls = elements._cls
+        self._msg = elements._msg
+        self._si = elements._si
+        self._at = elements._start
+        self._stop = elements._start + elements._count * words
+        self._step = words
+        self._dw = elements._dw
+        self._pc = elements._pc
+        self._depth = elements._depth
+
+    def __iter__(self) -> StructElements[R]:
+        return self
+
+    def __next__(self) -> R:
+        at = self._at
+        if at >= self._stop:
+            raise StopIteration
+        self._at = at + self._step
+        return new_reader(self._cls, self._msg, self._si, at, self._dw, self._pc, self._depth)
 
 
 def _composite(

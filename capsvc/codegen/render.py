@@ -50,6 +50,7 @@ RESERVED = frozenset(
         "Client",
         "Server",
         "init",
+        "assign",
         "read",
         "new_message",
         "from_bytes",
@@ -448,22 +449,26 @@ def _keyword_fields(struct: Struct, names: _Names) -> list[tuple[Field, str, str
     return fields
 
 
-def _keyword_setter(field: Field, default: str, names: _Names) -> list[str]:
+def _keyword_setter(
+    field: Field, default: str, names: _Names, target: str = "_params"
+) -> list[str]:
+    """The lines setting ``field`` of builder ``target`` from its keyword argument."""
     name = python_name(field.name)
     assert field.type is not None
     k = field.type.kind
     if k in NUMBERS or k in ("bool", "enum"):
-        return [f"_params.{name} = {name}"]
+        return [f"{target}.{name} = {name}"]
     if k in ("text", "data"):
-        return [f"if {name} != {default}:", f"    _params.{name} = {name}"]
+        return [f"if {name} != {default}:", f"    {target}.{name} = {name}"]
     if k == "struct":
         return [
             f"if {name} is not None:",
-            f"    _b.copy_struct(_params, {field.offset}, {name})",
+            f"    _b.copy_struct({target}, {field.offset}, {name})",
         ]
     if k == "interface":
-        return [f"if {name} is not None:", f"    _params.set_{field.name}({name})"]
-    return [f"if {name} is not None:", f"    _params.set_{field.name}(list({name}))"]
+        return [f"if {name} is not None:", f"    {target}.set_{field.name}({name})"]
+    # A list display, not list(): the field itself may be called "list".
+    return [f"if {name} is not None:", f"    {target}.set_{field.name}([*{name}])"]
 
 
 def _pipeline(out: _Out, node: Struct, path: str, names: _Names) -> None:
@@ -899,6 +904,7 @@ def _builder(out: _Out, node: Struct, path: str, names: _Names) -> None:
         if node.discriminant_count:
             out.add("")
             _which(out, node, "_b.buf", check_bounds=False)
+        _assign(out, node, names)
         out.add("")
         out.add("def init(self, name: str, *args: int) -> Any:")
         out.add('    """``init_<name>(*args)``, by name (as pycapnp builders take it)."""')
@@ -907,6 +913,122 @@ def _builder(out: _Out, node: Struct, path: str, names: _Names) -> None:
         out.add(f"def as_reader(self) -> {path}.Reader:")
         out.add('    """A reader of this struct as built so far."""')
         out.add(f"    return {path}.Reader._of_builder(self)")
+
+
+def _assign(out: _Out, node: Struct, names: _Names) -> None:
+    """``assign(**fields)``: the whole struct at once, as a constructor would set it.
+
+    Every field a keyword can express (``_keyword_fields``: not group or union members)
+    is a keyword defaulting to the schema default. One ``pack_into`` writes the data
+    section (bytes of bools combined, ints XOR their defaults) and zeroes everything else
+    of the struct: union members and groups go to their defaults and every pointer to
+    null, so assign leaves a struct as ``init_*`` makes it, plus the given values (the
+    given pointer fields are set after). A value the pack
+    refuses (wrong type, out of range, a non-bool for a Bool) takes the per-field
+    setters, whose errors name the field and its schema type.
+    """
+    fields = _keyword_fields(node, names)
+    if not fields:
+        return
+    layout = _AssignLayout(node, [field for field, _, _ in fields])
+    if layout.fmt:
+        out.add("")
+        out.add(f"_ASSIGN: ClassVar[Any] = struct.Struct({layout.fmt!r}).pack_into")
+    signature = ["self", "/", "*"]
+    for field, annotation, default in fields:
+        assert field.type is not None
+        if field.type.kind in ("text", "data"):  # None: null (reads as the default)
+            annotation, default = f"{annotation} | None", "None"
+        signature.append(f"{python_name(field.name)}: {annotation} = {default}")
+    out.add("")
+    out.add(f"def assign({', '.join(signature)}) -> None:")
+    with out.indent():
+        out.add('"""Set the whole struct, as a constructor would: each field named takes its')
+        out.add("value, every other field its default (a pointer field: null). Set group and")
+        out.add('union members after, with their own setters."""')
+        clear = (
+            f"self._b.buf[self._data : (self._ptr + {node.pointers}) << 3]"
+            f" = bytes({(node.data_words + node.pointers) * 8})"
+        )
+        if layout.fmt:
+            # One pack writes the data section and zeroes the rest of it and the pointers.
+            pack = f"self._ASSIGN(self._b.buf, self._data, {', '.join(layout.values)})"
+            setters = [f"self.{python_name(f.name)} = {python_name(f.name)}" for f in layout.packed]
+            out.add("try:")
+            if layout.bools:
+                out.add(f"    if not ({' and '.join(layout.bools)}):")
+                out.add("        raise TypeError  # a Bool that is not a bool")
+            out.add(f"    {pack}")
+            out.add("except (struct.error, TypeError, OverflowError):")
+            out.add("    # The setters say which field is wrong, and why.")
+            out.add(f"    {clear}")
+            for line in setters:
+                out.add(f"    {line}")
+        else:
+            out.add(clear)
+        for field in layout.after:
+            out.add(f"self.{python_name(field.name)} = {python_name(field.name)}")
+        for field, _, default in fields:
+            assert field.type is not None
+            name = python_name(field.name)
+            if field.type.kind == "text":  # straight to the runtime: no property on the way
+                out.add(f"if {name} is not None:")
+                out.add(f'    self._set_text({field.offset}, {name}, "{node.scope}.{field.name}")')
+            elif field.type.kind == "data":
+                out.add(f"if {name} is not None:")
+                out.add(f"    self.{name} = {name}")
+            elif field.type.is_pointer:
+                for line in _keyword_setter(field, default, names, "self"):
+                    out.add(line)
+
+
+class _AssignLayout:
+    """The data section of ``assign``: one ``struct`` format over the data and pointer
+    sections (pad bytes zero what no field covers, the pointers included), the value
+    expression of each item, the checks that every Bool is a bool, and the fields
+    left to their setters (floats with a non-zero default: their XOR is on the bits)."""
+
+    def __init__(self, node: Struct, fields: list[Field]) -> None:
+        items: list[tuple[int, int, str, str]] = []  # (byte, size, format, value)
+        bools: dict[int, list[str]] = {}
+        self.bools: list[str] = []
+        self.packed: list[Field] = []
+        self.after: list[Field] = []
+        for field in fields:
+            kind = field.type
+            assert kind is not None
+            name = python_name(field.name)
+            if kind.kind == "bool":
+                byte, bit = divmod(field.offset, 8)
+                stored = f"(not {name})" if field.default else name
+                bools.setdefault(byte, []).append(f"{stored} << {bit}" if bit else stored)
+                self.bools.append(f"({name} is True or {name} is False)")
+                self.packed.append(field)
+            elif kind.kind in NUMBERS or kind.kind == "enum":
+                letter, bits, _ = NUMBERS.get(kind.kind, ("H", 16, 3))
+                offset = field.offset * bits // 8
+                if kind.kind.startswith("float") and field.default:
+                    self.after.append(field)
+                    continue
+                default = 0 if kind.kind.startswith("float") else int(field.default or 0)  # type: ignore[call-overload]
+                value = f"{name} ^ {default}" if default else name
+                items.append((offset, bits // 8, letter, value))
+                self.packed.append(field)
+        for byte, parts in bools.items():
+            items.append((byte, 1, "B", " | ".join(parts)))
+        items.sort()
+        fmt, values, at = "<", [], 0
+        for byte, size, letter, value in items:
+            if byte > at:
+                fmt += f"{byte - at}x"
+            fmt += letter
+            values.append(value)
+            at = byte + size
+        end = (node.data_words + node.pointers) * 8  # through the pointer section
+        if end > at:
+            fmt += f"{end - at}x"
+        self.fmt = fmt if values else ""
+        self.values = values
 
 
 def _select(node: Struct, field: Field) -> list[str]:

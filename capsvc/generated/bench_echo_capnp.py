@@ -67,6 +67,14 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
             msg = _d.text_property(0, '', "BenchEcho.pingCap$Params.msg")
 
+            def assign(self, /, *, msg: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if msg is not None:
+                    self._set_text(0, msg, "BenchEcho.pingCap$Params.msg")
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -149,6 +157,16 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             def set_cap(self, value: BenchEcho.Client | BenchEcho.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 1, value, "BenchEcho.pingCap$Results.cap")
+
+            def assign(self, /, *, reply: str | None = None, cap: BenchEcho.Client | BenchEcho.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
+                if reply is not None:
+                    self._set_text(0, reply, "BenchEcho.pingCap$Results.reply")
+                if cap is not None:
+                    self.set_cap(cap)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

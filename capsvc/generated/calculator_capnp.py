@@ -85,6 +85,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     """A new list of ``count`` elements in params."""
                     return _b.init_struct_list(self._b, self._ptr + 1, count, "Calculator.Expression.call.params", Calculator.Expression.Builder)
 
+                def assign(self, /, *, function: Calculator.Function.Client | Calculator.Function.Server | None = None) -> None:
+                    """Set the whole struct, as a constructor would: each field named takes its
+                    value, every other field its default (a pointer field: null). Set group and
+                    union members after, with their own setters."""
+                    self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(32)
+                    if function is not None:
+                        self.set_function(function)
+
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                     return getattr(self, "init_" + name)(*args)
@@ -266,6 +274,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     target = _b.init_primitive_list(self._b, self._ptr + 0, len(items), "Calculator.Function.call$Params.params", "d", 5, "Float64")
                     target.set_all(items)
 
+                def assign(self, /, *, params: Sequence[float] | None = None) -> None:
+                    """Set the whole struct, as a constructor would: each field named takes its
+                    value, every other field its default (a pointer field: null). Set group and
+                    union members after, with their own setters."""
+                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                    if params is not None:
+                        self.set_params([*params])
+
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                     return getattr(self, "init_" + name)(*args)
@@ -339,6 +355,19 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 value = _d.float_property(64, 0, 0x0, "Calculator.Function.call$Results.value", "Float64")
 
+                _ASSIGN: ClassVar[Any] = struct.Struct('<d').pack_into
+
+                def assign(self, /, *, value: float = 0.0) -> None:
+                    """Set the whole struct, as a constructor would: each field named takes its
+                    value, every other field its default (a pointer field: null). Set group and
+                    union members after, with their own setters."""
+                    try:
+                        self._ASSIGN(self._b.buf, self._data, value)
+                    except (struct.error, TypeError, OverflowError):
+                        # The setters say which field is wrong, and why.
+                        self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                        self.value = value
+
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                     return getattr(self, "init_" + name)(*args)
@@ -403,7 +432,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 _request = self.call_request()
                 _params = _request.params
                 if params is not None:
-                    _params.set_params(list(params))
+                    _params.set_params([*params])
                 return _request.send()
 
             def call_request(self) -> _t.Request[Calculator.Function.CallParams.Builder, Calculator.Function.CallResults.Promise]:
@@ -540,6 +569,19 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 value = _d.float_property(64, 0, 0x0, "Calculator.Value.read$Results.value", "Float64")
 
+                _ASSIGN: ClassVar[Any] = struct.Struct('<d').pack_into
+
+                def assign(self, /, *, value: float = 0.0) -> None:
+                    """Set the whole struct, as a constructor would: each field named takes its
+                    value, every other field its default (a pointer field: null). Set group and
+                    union members after, with their own setters."""
+                    try:
+                        self._ASSIGN(self._b.buf, self._data, value)
+                    except (struct.error, TypeError, OverflowError):
+                        # The setters say which field is wrong, and why.
+                        self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                        self.value = value
+
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                     return getattr(self, "init_" + name)(*args)
@@ -664,6 +706,21 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """A new, empty body struct."""
                 return _b.init_struct(self, self._ptr + 0, Calculator.Expression.Builder)
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<i12x').pack_into
+
+            def assign(self, /, *, paramCount: int = 0, body: Calculator.Expression.Reader | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, paramCount)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                    self.paramCount = paramCount
+                if body is not None:
+                    _b.copy_struct(self, 0, body)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -744,6 +801,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             def set_func(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Calculator.defFunction$Results.func")
+
+            def assign(self, /, *, func: Calculator.Function.Client | Calculator.Function.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if func is not None:
+                    self.set_func(func)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -837,6 +902,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """A new, empty expression struct."""
                 return _b.init_struct(self, self._ptr + 0, Calculator.Expression.Builder)
 
+            def assign(self, /, *, expression: Calculator.Expression.Reader | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if expression is not None:
+                    _b.copy_struct(self, 0, expression)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -917,6 +990,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             def set_value(self, value: Calculator.Value.Client | Calculator.Value.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Calculator.evaluate$Results.value")
+
+            def assign(self, /, *, value: Calculator.Value.Client | Calculator.Value.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if value is not None:
+                    self.set_value(value)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1006,6 +1087,19 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 except (struct.error, TypeError):
                     raise _b.bad_value(value, "Calculator.getOperator$Params.op", "Calculator.Operator", "H") from None
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<H6x').pack_into
+
+            def assign(self, /, *, op: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, op)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.op = op
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -1082,6 +1176,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             def set_func(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Calculator.getOperator$Results.func")
+
+            def assign(self, /, *, func: Calculator.Function.Client | Calculator.Function.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if func is not None:
+                    self.set_func(func)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

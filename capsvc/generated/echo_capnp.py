@@ -66,6 +66,14 @@ class Echo(_t.Interface["Echo.Client"]):
 
             msg = _d.text_property(0, '', "Echo.ping$Params.msg")
 
+            def assign(self, /, *, msg: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if msg is not None:
+                    self._set_text(0, msg, "Echo.ping$Params.msg")
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -139,6 +147,14 @@ class Echo(_t.Interface["Echo.Client"]):
             _POINTERS: ClassVar[int] = 1
 
             reply = _d.text_property(0, '', "Echo.ping$Results.reply")
+
+            def assign(self, /, *, reply: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if reply is not None:
+                    self._set_text(0, reply, "Echo.ping$Results.reply")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -222,6 +238,14 @@ class Echo(_t.Interface["Echo.Client"]):
             def data(self, value: bytes | bytearray | memoryview) -> None:
                 _b.set_data(self._b, self._ptr + 0, value, "Echo.pingData$Params.data")
 
+            def assign(self, /, *, data: bytes | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if data is not None:
+                    self.data = data
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -303,6 +327,14 @@ class Echo(_t.Interface["Echo.Client"]):
             @data.setter
             def data(self, value: bytes | bytearray | memoryview) -> None:
                 _b.set_data(self._b, self._ptr + 0, value, "Echo.pingData$Results.data")
+
+            def assign(self, /, *, data: bytes | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if data is not None:
+                    self.data = data
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

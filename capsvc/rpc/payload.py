@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import capnp.lib.capnp as capnp_lib
 
-from capsvc.codec.building import MessageBuilder, StructBuilder, init_struct
+from capsvc.codec.building import MessageBuilder, StructBuilder, init_struct, new_builder
 from capsvc.codec.reading import (
     DEFAULT_NESTING_LIMIT,
     MessageReader,
@@ -519,7 +519,7 @@ def _from_template(content: type[B], kind: _Kind) -> tuple[CodecPayload, B]:
     builder = MessageBuilder.__new__(MessageBuilder)
     builder.buf = bytearray(data)
     builder.caps = []
-    body = kind.body.Builder._at(builder, body_at)
-    holder = rpc_capnp.Payload.Builder._at(builder, holder_at)
+    body = new_builder(kind.body.Builder, builder, body_at)
+    holder = new_builder(rpc_capnp.Payload.Builder, builder, holder_at)
     payload = CodecPayload(builder, body, holder, kind.content_path, holder._ptr)
-    return payload, content._at(builder, content_at)
+    return payload, new_builder(content, builder, content_at)

@@ -71,6 +71,22 @@ class Accept:
 
         embargo = _d.bool_property(4, 0, False, "Accept.embargo")
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<IB11x').pack_into
+
+        def assign(self, /, *, questionId: int = 0, embargo: bool = False) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                if not ((embargo is True or embargo is False)):
+                    raise TypeError  # a Bool that is not a bool
+                self._ASSIGN(self._b.buf, self._data, questionId, embargo)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                self.questionId = questionId
+                self.embargo = embargo
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -152,6 +168,19 @@ class Bootstrap:
         def init_deprecatedObjectId_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer deprecatedObjectId."""
             return _b.init_struct(self, self._ptr + 0, cls)
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<I12x').pack_into
+
+        def assign(self, /, *, questionId: int = 0) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, questionId)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                self.questionId = questionId
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -383,6 +412,30 @@ class Call:
         def sendResultsTo(self) -> Call.SendResultsTo.Builder:
             return Call.SendResultsTo.Builder._view(self)
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<IH2xQB31x').pack_into
+
+        def assign(self, /, *, questionId: int = 0, target: MessageTarget.Reader | None = None, interfaceId: int = 0, methodId: int = 0, allowThirdPartyTailCall: bool = False, noPromisePipelining: bool = False, onlyPromisePipeline: bool = False, params: Payload.Reader | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                if not ((allowThirdPartyTailCall is True or allowThirdPartyTailCall is False) and (noPromisePipelining is True or noPromisePipelining is False) and (onlyPromisePipeline is True or onlyPromisePipeline is False)):
+                    raise TypeError  # a Bool that is not a bool
+                self._ASSIGN(self._b.buf, self._data, questionId, methodId, interfaceId, allowThirdPartyTailCall | noPromisePipelining << 1 | onlyPromisePipeline << 2)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(48)
+                self.questionId = questionId
+                self.interfaceId = interfaceId
+                self.methodId = methodId
+                self.allowThirdPartyTailCall = allowThirdPartyTailCall
+                self.noPromisePipelining = noPromisePipelining
+                self.onlyPromisePipeline = onlyPromisePipeline
+            if target is not None:
+                _b.copy_struct(self, 0, target)
+            if params is not None:
+                _b.copy_struct(self, 1, params)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -558,6 +611,19 @@ class CapDescriptor:
             d = get_u16(self._b.buf, self._data + 0)[0]
             names: tuple[Any, ...] = ("none", "senderHosted", "senderPromise", "receiverHosted", "receiverAnswer", "thirdPartyHosted",)
             return names[d] if d < len(names) else None
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<2xB13x').pack_into
+
+        def assign(self, /, *, attachedFd: int = 255) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, attachedFd ^ 255)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                self.attachedFd = attachedFd
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -742,6 +808,14 @@ class Disembargo:
         def context(self) -> Disembargo.Context.Builder:
             return Disembargo.Context.Builder._view(self)
 
+        def assign(self, /, *, target: MessageTarget.Reader | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+            if target is not None:
+                _b.copy_struct(self, 0, target)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -873,6 +947,27 @@ class Exception:
 
         trace = _d.text_property(1, '', "Exception.trace")
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<B1xHH18x').pack_into
+
+        def assign(self, /, *, reason: str | None = None, type: int = 0, obsoleteIsCallersFault: bool = False, obsoleteDurability: int = 0, trace: str | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                if not ((obsoleteIsCallersFault is True or obsoleteIsCallersFault is False)):
+                    raise TypeError  # a Bool that is not a bool
+                self._ASSIGN(self._b.buf, self._data, obsoleteIsCallersFault, obsoleteDurability, type)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(24)
+                self.type = type
+                self.obsoleteIsCallersFault = obsoleteIsCallersFault
+                self.obsoleteDurability = obsoleteDurability
+            if reason is not None:
+                self._set_text(0, reason, "Exception.reason")
+            if trace is not None:
+                self._set_text(1, trace, "Exception.trace")
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -955,6 +1050,23 @@ class Finish:
         releaseResultCaps = _d.bool_property(4, 0, True, "Finish.releaseResultCaps")
 
         requireEarlyCancellationWorkaround = _d.bool_property(4, 1, True, "Finish.requireEarlyCancellationWorkaround")
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<IB3x').pack_into
+
+        def assign(self, /, *, questionId: int = 0, releaseResultCaps: bool = True, requireEarlyCancellationWorkaround: bool = True) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                if not ((releaseResultCaps is True or releaseResultCaps is False) and (requireEarlyCancellationWorkaround is True or requireEarlyCancellationWorkaround is False)):
+                    raise TypeError  # a Bool that is not a bool
+                self._ASSIGN(self._b.buf, self._data, questionId, (not releaseResultCaps) | (not requireEarlyCancellationWorkaround) << 1)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                self.questionId = questionId
+                self.releaseResultCaps = releaseResultCaps
+                self.requireEarlyCancellationWorkaround = requireEarlyCancellationWorkaround
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1056,6 +1168,21 @@ class Join:
         def init_keyPart_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer keyPart."""
             return _b.init_struct(self, self._ptr + 1, cls)
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<I20x').pack_into
+
+        def assign(self, /, *, questionId: int = 0, target: MessageTarget.Reader | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, questionId)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(24)
+                self.questionId = questionId
+            if target is not None:
+                _b.copy_struct(self, 0, target)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1873,6 +2000,19 @@ class PromisedAnswer:
             """A new list of ``count`` elements in transform."""
             return _b.init_struct_list(self._b, self._ptr + 0, count, "PromisedAnswer.transform", PromisedAnswer.Op.Builder)
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<I12x').pack_into
+
+        def assign(self, /, *, questionId: int = 0) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, questionId)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                self.questionId = questionId
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -1974,6 +2114,21 @@ class Provide:
             """Put a new struct of builder class ``cls`` in the AnyPointer recipient."""
             return _b.init_struct(self, self._ptr + 1, cls)
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<I20x').pack_into
+
+        def assign(self, /, *, questionId: int = 0, target: MessageTarget.Reader | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, questionId)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(24)
+                self.questionId = questionId
+            if target is not None:
+                _b.copy_struct(self, 0, target)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -2055,6 +2210,20 @@ class Release:
         id = _d.int_property("u32", 0, 0, "Release.id", "UInt32")
 
         referenceCount = _d.int_property("u32", 4, 0, "Release.referenceCount", "UInt32")
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<II').pack_into
+
+        def assign(self, /, *, id: int = 0, referenceCount: int = 0) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, id, referenceCount)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                self.id = id
+                self.referenceCount = referenceCount
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2187,6 +2356,19 @@ class Resolve:
             d = get_u16(self._b.buf, self._data + 4)[0]
             names: tuple[Any, ...] = ("cap", "exception",)
             return names[d] if d < len(names) else None
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<I12x').pack_into
+
+        def assign(self, /, *, promiseId: int = 0) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, promiseId)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                self.promiseId = promiseId
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2382,6 +2564,23 @@ class Return:
             names: tuple[Any, ...] = ("results", "exception", "canceled", "resultsSentElsewhere", "takeFromOtherQuestion", "acceptFromThirdParty",)
             return names[d] if d < len(names) else None
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<IB19x').pack_into
+
+        def assign(self, /, *, answerId: int = 0, releaseParamCaps: bool = True, noFinishNeeded: bool = False) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                if not ((releaseParamCaps is True or releaseParamCaps is False) and (noFinishNeeded is True or noFinishNeeded is False)):
+                    raise TypeError  # a Bool that is not a bool
+                self._ASSIGN(self._b.buf, self._data, answerId, (not releaseParamCaps) | noFinishNeeded << 1)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(24)
+                self.answerId = answerId
+                self.releaseParamCaps = releaseParamCaps
+                self.noFinishNeeded = noFinishNeeded
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -2471,6 +2670,19 @@ class ThirdPartyCapDescriptor:
             return _b.init_struct(self, self._ptr + 0, cls)
 
         vineId = _d.int_property("u32", 0, 0, "ThirdPartyCapDescriptor.vineId", "UInt32")
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<I12x').pack_into
+
+        def assign(self, /, *, vineId: int = 0) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, vineId)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                self.vineId = vineId
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

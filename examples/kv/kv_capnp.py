@@ -66,6 +66,14 @@ class Directory(_t.Interface["Directory.Client"]):
 
             name = _d.text_property(0, '', "Directory.open$Params.name")
 
+            def assign(self, /, *, name: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if name is not None:
+                    self._set_text(0, name, "Directory.open$Params.name")
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -142,6 +150,14 @@ class Directory(_t.Interface["Directory.Client"]):
             def set_store(self, value: Store.Client | Store.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Directory.open$Results.store")
+
+            def assign(self, /, *, store: Store.Client | Store.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if store is not None:
+                    self.set_store(store)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -264,6 +280,14 @@ class Store(_t.Interface["Store.Client"]):
 
             key = _d.text_property(0, '', "Store.get$Params.key")
 
+            def assign(self, /, *, key: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if key is not None:
+                    self._set_text(0, key, "Store.get$Params.key")
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -350,6 +374,23 @@ class Store(_t.Interface["Store.Client"]):
                 _b.set_data(self._b, self._ptr + 0, value, "Store.get$Results.value")
 
             found = _d.bool_property(0, 0, False, "Store.get$Results.found")
+
+            _ASSIGN: ClassVar[Any] = struct.Struct('<B15x').pack_into
+
+            def assign(self, /, *, value: bytes | None = None, found: bool = False) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    if not ((found is True or found is False)):
+                        raise TypeError  # a Bool that is not a bool
+                    self._ASSIGN(self._b.buf, self._data, found)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                    self.found = found
+                if value is not None:
+                    self.value = value
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -505,6 +546,14 @@ class Store(_t.Interface["Store.Client"]):
                 for index, item in enumerate(items):
                     target[index] = item
 
+            def assign(self, /, *, keys: Sequence[str] | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if keys is not None:
+                    self.set_keys([*keys])
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -593,6 +642,16 @@ class Store(_t.Interface["Store.Client"]):
             def value(self, value: bytes | bytearray | memoryview) -> None:
                 _b.set_data(self._b, self._ptr + 1, value, "Store.put$Params.value")
 
+            def assign(self, /, *, key: str | None = None, value: bytes | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
+                if key is not None:
+                    self._set_text(0, key, "Store.put$Params.key")
+                if value is not None:
+                    self.value = value
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -665,6 +724,21 @@ class Store(_t.Interface["Store.Client"]):
             _POINTERS: ClassVar[int] = 0
 
             replaced = _d.bool_property(0, 0, False, "Store.put$Results.replaced")
+
+            _ASSIGN: ClassVar[Any] = struct.Struct('<B7x').pack_into
+
+            def assign(self, /, *, replaced: bool = False) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    if not ((replaced is True or replaced is False)):
+                        raise TypeError  # a Bool that is not a bool
+                    self._ASSIGN(self._b.buf, self._data, replaced)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.replaced = replaced
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -742,6 +816,14 @@ class Store(_t.Interface["Store.Client"]):
             def set_watcher(self, value: Watcher.Client | Watcher.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Store.watch$Params.watcher")
+
+            def assign(self, /, *, watcher: Watcher.Client | Watcher.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if watcher is not None:
+                    self.set_watcher(watcher)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1010,6 +1092,16 @@ class Watcher(_t.Interface["Watcher.Client"]):
             @value.setter
             def value(self, value: bytes | bytearray | memoryview) -> None:
                 _b.set_data(self._b, self._ptr + 1, value, "Watcher.changed$Params.value")
+
+            def assign(self, /, *, key: str | None = None, value: bytes | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
+                if key is not None:
+                    self._set_text(0, key, "Watcher.changed$Params.key")
+                if value is not None:
+                    self.value = value
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

@@ -65,6 +65,19 @@ class Callback(_t.Interface["Callback.Client"]):
 
             value = _d.int_property("i64", 0, 0, "Callback.notify$Params.value", "Int64")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
+
+            def assign(self, /, *, value: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, value)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.value = value
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -137,6 +150,19 @@ class Callback(_t.Interface["Callback.Client"]):
             _POINTERS: ClassVar[int] = 0
 
             ack = _d.int_property("i64", 0, 0, "Callback.notify$Results.ack", "Int64")
+
+            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
+
+            def assign(self, /, *, ack: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, ack)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.ack = ack
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -320,6 +346,19 @@ class Counter(_t.Interface["Counter.Client"]):
 
             value = _d.int_property("i64", 0, 0, "Counter.get$Results.value", "Int64")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
+
+            def assign(self, /, *, value: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, value)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.value = value
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -393,6 +432,19 @@ class Counter(_t.Interface["Counter.Client"]):
 
             by = _d.int_property("i64", 0, 0, "Counter.increment$Params.by", "Int64")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
+
+            def assign(self, /, *, by: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, by)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.by = by
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -465,6 +517,19 @@ class Counter(_t.Interface["Counter.Client"]):
             _POINTERS: ClassVar[int] = 0
 
             value = _d.int_property("i64", 0, 0, "Counter.increment$Results.value", "Int64")
+
+            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
+
+            def assign(self, /, *, value: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, value)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.value = value
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -689,6 +754,21 @@ class Holder:
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 6, value, "Holder.extra.callback")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<4xi56x').pack_into
+
+            def assign(self, /, *, number: int = 0, callback: Callback.Client | Callback.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, number)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 7) << 3] = bytes(64)
+                    self.number = number
+                if callback is not None:
+                    self.set_callback(callback)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -802,6 +882,20 @@ class Holder:
         def extra(self) -> Holder.Extra.Builder:
             return Holder.Extra.Builder._view(self)
 
+        def assign(self, /, *, name: str | None = None, cap: Counter.Client | Counter.Server | None = None, inner: Holder.Reader | None = None, caps: Sequence[Counter.Client | Counter.Server | None] | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 7) << 3] = bytes(64)
+            if name is not None:
+                self._set_text(0, name, "Holder.name")
+            if cap is not None:
+                self.set_cap(cap)
+            if inner is not None:
+                _b.copy_struct(self, 2, inner)
+            if caps is not None:
+                self.set_caps([*caps])
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -908,6 +1002,21 @@ class Tester(_t.Interface["Tester.Client"]):
 
             value = _d.int_property("i64", 0, 0, "Tester.callBack$Params.value", "Int64")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<q8x').pack_into
+
+            def assign(self, /, *, cb: Callback.Client | Callback.Server | None = None, value: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, value)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                    self.value = value
+                if cb is not None:
+                    self.set_cb(cb)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -985,6 +1094,19 @@ class Tester(_t.Interface["Tester.Client"]):
             _POINTERS: ClassVar[int] = 0
 
             ack = _d.int_property("i64", 0, 0, "Tester.callBack$Results.ack", "Int64")
+
+            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
+
+            def assign(self, /, *, ack: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, ack)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.ack = ack
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1068,6 +1190,21 @@ class Tester(_t.Interface["Tester.Client"]):
 
             by = _d.int_property("i64", 0, 0, "Tester.callCounter$Params.by", "Int64")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<q8x').pack_into
+
+            def assign(self, /, *, counter: Counter.Client | Counter.Server | None = None, by: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, by)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                    self.by = by
+                if counter is not None:
+                    self.set_counter(counter)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -1146,6 +1283,19 @@ class Tester(_t.Interface["Tester.Client"]):
 
             value = _d.int_property("i64", 0, 0, "Tester.callCounter$Results.value", "Int64")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
+
+            def assign(self, /, *, value: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, value)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.value = value
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -1220,6 +1370,14 @@ class Tester(_t.Interface["Tester.Client"]):
 
             msg = _d.text_property(0, '', "Tester.echo$Params.msg")
 
+            def assign(self, /, *, msg: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if msg is not None:
+                    self._set_text(0, msg, "Tester.echo$Params.msg")
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -1293,6 +1451,14 @@ class Tester(_t.Interface["Tester.Client"]):
             _POINTERS: ClassVar[int] = 1
 
             reply = _d.text_property(0, '', "Tester.echo$Results.reply")
+
+            def assign(self, /, *, reply: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if reply is not None:
+                    self._set_text(0, reply, "Tester.echo$Results.reply")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1373,6 +1539,16 @@ class Tester(_t.Interface["Tester.Client"]):
             kind = _d.text_property(0, '', "Tester.fail$Params.kind")
 
             reason = _d.text_property(1, '', "Tester.fail$Params.reason")
+
+            def assign(self, /, *, kind: str | None = None, reason: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
+                if kind is not None:
+                    self._set_text(0, kind, "Tester.fail$Params.kind")
+                if reason is not None:
+                    self._set_text(1, reason, "Tester.fail$Params.reason")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1587,6 +1763,14 @@ class Tester(_t.Interface["Tester.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.getSelf$Results.self")
 
+            def assign(self, /, *, self_: Tester.Client | Tester.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if self_ is not None:
+                    self.set_self(self_)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -1679,6 +1863,14 @@ class Tester(_t.Interface["Tester.Client"]):
                 """A new, empty holder struct."""
                 return _b.init_struct(self, self._ptr + 0, Holder.Builder)
 
+            def assign(self, /, *, holder: Holder.Reader | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if holder is not None:
+                    _b.copy_struct(self, 0, holder)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -1770,6 +1962,14 @@ class Tester(_t.Interface["Tester.Client"]):
                 """A new, empty holder struct."""
                 return _b.init_struct(self, self._ptr + 0, Holder.Builder)
 
+            def assign(self, /, *, holder: Holder.Reader | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if holder is not None:
+                    _b.copy_struct(self, 0, holder)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -1847,6 +2047,19 @@ class Tester(_t.Interface["Tester.Client"]):
 
             start = _d.int_property("i64", 0, 0, "Tester.newCounter$Params.start", "Int64")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
+
+            def assign(self, /, *, start: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, start)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.start = start
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -1923,6 +2136,14 @@ class Tester(_t.Interface["Tester.Client"]):
             def set_counter(self, value: Counter.Client | Counter.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.newCounter$Results.counter")
+
+            def assign(self, /, *, counter: Counter.Client | Counter.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if counter is not None:
+                    self.set_counter(counter)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2006,6 +2227,14 @@ class Tester(_t.Interface["Tester.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.reflect$Params.cap")
 
+            def assign(self, /, *, cap: Counter.Client | Counter.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if cap is not None:
+                    self.set_cap(cap)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -2088,6 +2317,14 @@ class Tester(_t.Interface["Tester.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.reflect$Results.cap")
 
+            def assign(self, /, *, cap: Counter.Client | Counter.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if cap is not None:
+                    self.set_cap(cap)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -2166,6 +2403,19 @@ class Tester(_t.Interface["Tester.Client"]):
 
             ms = _d.int_property("u32", 0, 0, "Tester.slow$Params.ms", "UInt32")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<I4x').pack_into
+
+            def assign(self, /, *, ms: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, ms)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.ms = ms
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -2238,6 +2488,21 @@ class Tester(_t.Interface["Tester.Client"]):
             _POINTERS: ClassVar[int] = 0
 
             done = _d.bool_property(0, 0, False, "Tester.slow$Results.done")
+
+            _ASSIGN: ClassVar[Any] = struct.Struct('<B7x').pack_into
+
+            def assign(self, /, *, done: bool = False) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    if not ((done is True or done is False)):
+                        raise TypeError  # a Bool that is not a bool
+                    self._ASSIGN(self._b.buf, self._data, done)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.done = done
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2323,6 +2588,14 @@ class Tester(_t.Interface["Tester.Client"]):
                 for index, item in enumerate(items):
                     target[index] = item
 
+            def assign(self, /, *, counters: Sequence[Counter.Client | Counter.Server | None] | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if counters is not None:
+                    self.set_counters([*counters])
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -2395,6 +2668,19 @@ class Tester(_t.Interface["Tester.Client"]):
             _POINTERS: ClassVar[int] = 0
 
             total = _d.int_property("i64", 0, 0, "Tester.sum$Results.total", "Int64")
+
+            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
+
+            def assign(self, /, *, total: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, total)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.total = total
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2612,7 +2898,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _request = self.sum_request()
             _params = _request.params
             if counters is not None:
-                _params.set_counters(list(counters))
+                _params.set_counters([*counters])
             return _request.send()
 
         def sum_request(self) -> _t.Request[Tester.SumParams.Builder, Tester.SumResults.Promise]:

@@ -174,6 +174,40 @@ class Car:
 
         hasNavSystem = _d.bool_property(10, 3, False, "Car.hasNavSystem")
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<HBBHHHBBIff32x').pack_into
+
+        def assign(self, /, *, make: str | None = None, model: str | None = None, color: int = 0, seats: int = 0, doors: int = 0, length: int = 0, width: int = 0, height: int = 0, weight: int = 0, engine: Engine.Reader | None = None, fuelCapacity: float = 0.0, fuelLevel: float = 0.0, hasPowerWindows: bool = False, hasPowerSteering: bool = False, hasCruiseControl: bool = False, cupHolders: int = 0, hasNavSystem: bool = False) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                if not ((hasPowerWindows is True or hasPowerWindows is False) and (hasPowerSteering is True or hasPowerSteering is False) and (hasCruiseControl is True or hasCruiseControl is False) and (hasNavSystem is True or hasNavSystem is False)):
+                    raise TypeError  # a Bool that is not a bool
+                self._ASSIGN(self._b.buf, self._data, color, seats, doors, length, width, height, hasPowerWindows | hasPowerSteering << 1 | hasCruiseControl << 2 | hasNavSystem << 3, cupHolders, weight, fuelCapacity, fuelLevel)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 4) << 3] = bytes(56)
+                self.color = color
+                self.seats = seats
+                self.doors = doors
+                self.length = length
+                self.width = width
+                self.height = height
+                self.weight = weight
+                self.fuelCapacity = fuelCapacity
+                self.fuelLevel = fuelLevel
+                self.hasPowerWindows = hasPowerWindows
+                self.hasPowerSteering = hasPowerSteering
+                self.hasCruiseControl = hasCruiseControl
+                self.cupHolders = cupHolders
+                self.hasNavSystem = hasNavSystem
+            if make is not None:
+                self._set_text(0, make, "Car.make")
+            if model is not None:
+                self._set_text(1, model, "Car.model")
+            if engine is not None:
+                _b.copy_struct(self, 3, engine)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -293,6 +327,25 @@ class Engine:
         usesGas = _d.bool_property(3, 0, False, "Engine.usesGas")
 
         usesElectric = _d.bool_property(3, 1, False, "Engine.usesElectric")
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<HBBI').pack_into
+
+        def assign(self, /, *, horsepower: int = 0, cylinders: int = 0, cc: int = 0, usesGas: bool = False, usesElectric: bool = False) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                if not ((usesGas is True or usesGas is False) and (usesElectric is True or usesElectric is False)):
+                    raise TypeError  # a Bool that is not a bool
+                self._ASSIGN(self._b.buf, self._data, horsepower, cylinders, usesGas | usesElectric << 1, cc)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                self.horsepower = horsepower
+                self.cylinders = cylinders
+                self.cc = cc
+                self.usesGas = usesGas
+                self.usesElectric = usesElectric
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -446,6 +499,19 @@ class TotalValue:
 
         amount = _d.int_property("u64", 0, 0, "TotalValue.amount", "UInt64")
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<Q').pack_into
+
+        def assign(self, /, *, amount: int = 0) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, amount)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                self.amount = amount
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -528,6 +594,23 @@ class Wheel:
         airPressure = _d.float_property(32, 4, 0x0, "Wheel.airPressure", "Float32")
 
         snowTires = _d.bool_property(2, 0, False, "Wheel.snowTires")
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<HB1xf').pack_into
+
+        def assign(self, /, *, diameter: int = 0, airPressure: float = 0.0, snowTires: bool = False) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                if not ((snowTires is True or snowTires is False)):
+                    raise TypeError  # a Bool that is not a bool
+                self._ASSIGN(self._b.buf, self._data, diameter, snowTires, airPressure)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                self.diameter = diameter
+                self.airPressure = airPressure
+                self.snowTires = snowTires
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

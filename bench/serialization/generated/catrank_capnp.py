@@ -69,6 +69,23 @@ class SearchResult:
 
         snippet = _d.text_property(1, '', "SearchResult.snippet")
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<d16x').pack_into
+
+        def assign(self, /, *, url: str | None = None, score: float = 0.0, snippet: str | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, score)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(24)
+                self.score = score
+            if url is not None:
+                self._set_text(0, url, "SearchResult.url")
+            if snippet is not None:
+                self._set_text(1, snippet, "SearchResult.snippet")
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)

@@ -57,6 +57,19 @@ class EvaluationResult:
 
         value = _d.int_property("i32", 0, 0, "EvaluationResult.value", "Int32")
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<i4x').pack_into
+
+        def assign(self, /, *, value: int = 0) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, value)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                self.value = value
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -317,6 +330,19 @@ class Expression:
         @property
         def right(self) -> Expression.Right.Builder:
             return Expression.Right.Builder._view(self)
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<H30x').pack_into
+
+        def assign(self, /, *, op: int = 0) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, op)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(32)
+                self.op = op
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 This is the code a user of ``capsvc gen`` writes: ``ParkingLot.new_message()``,
-``init_cars(n)``, one property assignment per field, ``init_wheels(4)`` and
-``init_engine()``; the server and the client's read-back (upstream reads every car back,
+``init_cars(n)``, then per car one ``assign(...)`` (the generated constructor-style setter:
+the whole data section in one pack), ``init_wheels(4)`` and ``init_engine()`` with an
+``assign`` each; the server and the client's read-back (upstream reads every car back,
 specs/benchmarks.md §2 "Request") use the generated readers' properties. No offsets, no
 ``struct`` formats: everything below the generated API is capsvc's runtime.
 """
@@ -63,45 +64,24 @@ class CapsvcCarsales:
             length, width, height, horsepower, cylinders, cc, uses_electric,
             capacity, level, windows, steering, cruise, cups, nav,
         ) in zip(cars, inputs, strict=True):  # fmt: skip
-            car.make = make
-            car.model = model
-            car.color = color
-            car.seats = seats
-            car.doors = doors
-            wheels = car.init_wheels(4)
-            wheel = wheels[0]
-            wheel.diameter = d0
-            wheel.airPressure = p0
-            wheel.snowTires = s0
-            wheel = wheels[1]
-            wheel.diameter = d1
-            wheel.airPressure = p1
-            wheel.snowTires = s1
-            wheel = wheels[2]
-            wheel.diameter = d2
-            wheel.airPressure = p2
-            wheel.snowTires = s2
-            wheel = wheels[3]
-            wheel.diameter = d3
-            wheel.airPressure = p3
-            wheel.snowTires = s3
-            car.length = length
-            car.width = width
-            car.height = height
-            car.weight = length * width * height // 200  # no draw (§2 row 9)
-            engine = car.init_engine()
-            engine.horsepower = horsepower
-            engine.cylinders = cylinders
-            engine.cc = cc
-            engine.usesGas = True  # no draw (§2 row 10)
-            engine.usesElectric = uses_electric
-            car.fuelCapacity = capacity
-            car.fuelLevel = level
-            car.hasPowerWindows = windows
-            car.hasPowerSteering = steering
-            car.hasCruiseControl = cruise
-            car.cupHolders = cups
-            car.hasNavSystem = nav
+            car.assign(
+                make=make, model=model, color=color, seats=seats, doors=doors,
+                length=length, width=width, height=height,
+                weight=length * width * height // 200,  # no draw (§2 row 9)
+                fuelCapacity=capacity, fuelLevel=level, hasPowerWindows=windows,
+                hasPowerSteering=steering, hasCruiseControl=cruise, cupHolders=cups,
+                hasNavSystem=nav,
+            )  # fmt: skip
+            wheel0, wheel1, wheel2, wheel3 = car.init_wheels(4)
+            wheel0.assign(diameter=d0, airPressure=p0, snowTires=s0)
+            wheel1.assign(diameter=d1, airPressure=p1, snowTires=s1)
+            wheel2.assign(diameter=d2, airPressure=p2, snowTires=s2)
+            wheel3.assign(diameter=d3, airPressure=p3, snowTires=s3)
+            car.init_engine().assign(
+                horsepower=horsepower, cylinders=cylinders, cc=cc,
+                usesGas=True,  # no draw (§2 row 10)
+                usesElectric=uses_electric,
+            )  # fmt: skip
         # Upstream reads each car back from the builder (§2 "Request"): here once the lot
         # is complete, through a reader of the finished message.
         return lot, lot_value(lot.as_reader())

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-What a user of ``capsvc gen`` writes: ``init_results(n)`` and one property assignment per
-field on the client; on the server one pass over the request's results reading each
+What a user of ``capsvc gen`` writes: ``init_results(n)`` and one ``assign(...)`` per
+result on the client; on the server one pass over the request's results reading each
 snippet once (specs/benchmarks.md §10 item 3) as a ``str``, the shared scoring rules of
 catrank.py (multiply, then divide, only where the word occurs; one key sort, descending),
 then a response list whose urls and snippets are set from the request's readers. The
@@ -33,9 +33,8 @@ class CapsvcCatrank:
         message = SearchResultList.new_message()
         out = message.init_results(len(results))
         for result, score, (url, snippet) in zip(out, scores(len(results)), results, strict=True):
-            result.score = score  # §3 step 1, then url and snippet in draw order
-            result.url = url
-            result.snippet = snippet
+            # §3: the score, url and snippet drawn for this result, in one assign.
+            result.assign(score=score, url=url, snippet=snippet)
         return message, good
 
     def handle(self, request: SearchResultList.Reader) -> SearchResultList.Builder:
@@ -53,9 +52,7 @@ class CapsvcCatrank:
         response = SearchResultList.new_message()
         out = response.init_results(len(scored))
         for target, (score, snippet, result) in zip(out, scored, strict=True):
-            target.url = result.url
-            target.score = score
-            target.snippet = snippet
+            target.assign(url=result.url, score=score, snippet=snippet)
         return response
 
     def check(self, response: SearchResultList.Reader, expectation: int) -> None:

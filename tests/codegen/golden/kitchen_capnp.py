@@ -111,6 +111,18 @@ class Anything:
             for index, item in enumerate(items):
                 target[index] = item
 
+        def assign(self, /, *, capability: _t.Client | _t.Server | None = None, shop: Shop.Client | Shop.Server | None = None, shops: Sequence[Shop.Client | Shop.Server | None] | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 6) << 3] = bytes(48)
+            if capability is not None:
+                self.set_capability(capability)
+            if shop is not None:
+                self.set_shop(shop)
+            if shops is not None:
+                self.set_shops([*shops])
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -269,6 +281,19 @@ class Base(_t.Interface["Base.Client"]):
 
             depth = _d.int_property("u32", 0, 0, "Base.depth$Results.depth", "UInt32")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<I4x').pack_into
+
+            def assign(self, /, *, depth: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, depth)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.depth = depth
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -402,6 +427,16 @@ class Box:
             return _b.init_struct(self, self._ptr + 1, Box.Builder)
 
         label = _d.text_property(2, '', "Box.label")
+
+        def assign(self, /, *, next: Box.Reader | None = None, label: str | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(24)
+            if next is not None:
+                _b.copy_struct(self, 1, next)
+            if label is not None:
+                self._set_text(2, label, "Box.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -588,6 +623,24 @@ class Boxes:
         def init_bare(self) -> Box.Builder:
             """A new, empty bare struct."""
             return _b.init_struct(self, self._ptr + 5, Box.Builder)
+
+        def assign(self, /, *, texts: Box_Text.Reader | None = None, numbers: Box_List_Int32.Reader | None = None, trees: Box_Tree.Reader | None = None, shops: Box_Shop.Reader | None = None, pair: Pair_Text_Box_Text.Reader | None = None, bare: Box.Reader | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 6) << 3] = bytes(48)
+            if texts is not None:
+                _b.copy_struct(self, 0, texts)
+            if numbers is not None:
+                _b.copy_struct(self, 1, numbers)
+            if trees is not None:
+                _b.copy_struct(self, 2, trees)
+            if shops is not None:
+                _b.copy_struct(self, 3, shops)
+            if pair is not None:
+                _b.copy_struct(self, 4, pair)
+            if bare is not None:
+                _b.copy_struct(self, 5, bare)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -842,6 +895,42 @@ class Defaults:
             for index, item in enumerate(items):
                 target[index] = item
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<BbhiqB1xHIQ4xH50x').pack_into
+
+        def assign(self, /, *, b: bool = True, i8: int = -7, i16: int = 1234, i32: int = -100000, i64: int = 1234567890123, u8: int = 200, u16: int = 65000, u32: int = 4000000000, u64: int = 18000000000000000000, f32: float = 1.5, f64: float = -2.25, color: int = 2, text: str | None = None, data: bytes | None = None, numbers: Numbers.Reader | None = None, list: Sequence[int] | None = None, texts: Sequence[str] | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                if not ((b is True or b is False)):
+                    raise TypeError  # a Bool that is not a bool
+                self._ASSIGN(self._b.buf, self._data, (not b), i8 ^ -7, i16 ^ 1234, i32 ^ -100000, i64 ^ 1234567890123, u8 ^ 200, u16 ^ 65000, u32 ^ 4000000000, u64 ^ 18000000000000000000, color ^ 2)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 5) << 3] = bytes(88)
+                self.b = b
+                self.i8 = i8
+                self.i16 = i16
+                self.i32 = i32
+                self.i64 = i64
+                self.u8 = u8
+                self.u16 = u16
+                self.u32 = u32
+                self.u64 = u64
+                self.color = color
+            self.f32 = f32
+            self.f64 = f64
+            if text is not None:
+                self._set_text(0, text, "Defaults.text")
+            if data is not None:
+                self.data = data
+            if numbers is not None:
+                _b.copy_struct(self, 2, numbers)
+            if list is not None:
+                self.set_list([*list])
+            if texts is not None:
+                self.set_texts([*texts])
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -939,6 +1028,26 @@ class Keywords:
         which_ = _d.int_property("u8", 5, 0, "Keywords.which", "UInt8")
 
         async_ = _d.int_property("i16", 6, 0, "Keywords.async", "Int16")
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<iBBh8x').pack_into
+
+        def assign(self, /, *, return_: int = 0, class_: str | None = None, from_: bool = False, which_: int = 0, async_: int = 0) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                if not ((from_ is True or from_ is False)):
+                    raise TypeError  # a Bool that is not a bool
+                self._ASSIGN(self._b.buf, self._data, return_, from_, which_, async_)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                self.return_ = return_
+                self.from_ = from_
+                self.which_ = which_
+                self.async_ = async_
+            if class_ is not None:
+                self._set_text(0, class_, "Keywords.class")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1088,6 +1197,14 @@ class Left(_t.Interface["Left.Client"]):
             _POINTERS: ClassVar[int] = 1
 
             side = _d.text_property(0, '', "Left.left$Results.side")
+
+            def assign(self, /, *, side: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if side is not None:
+                    self._set_text(0, side, "Left.left$Results.side")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1486,6 +1603,40 @@ class Lists:
             """A new list of ``count`` elements in deep."""
             return _b.init_list_list(self._b, self._ptr + 18, count, "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8")))
 
+        def assign(self, /, *, bools: Sequence[bool] | None = None, i8s: Sequence[int] | None = None, i16s: Sequence[int] | None = None, i32s: Sequence[int] | None = None, i64s: Sequence[int] | None = None, u8s: Sequence[int] | None = None, u16s: Sequence[int] | None = None, u32s: Sequence[int] | None = None, u64s: Sequence[int] | None = None, f32s: Sequence[float] | None = None, f64s: Sequence[float] | None = None, texts: Sequence[str] | None = None, datas: Sequence[bytes] | None = None, colors: Sequence[int] | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 19) << 3] = bytes(152)
+            if bools is not None:
+                self.set_bools([*bools])
+            if i8s is not None:
+                self.set_i8s([*i8s])
+            if i16s is not None:
+                self.set_i16s([*i16s])
+            if i32s is not None:
+                self.set_i32s([*i32s])
+            if i64s is not None:
+                self.set_i64s([*i64s])
+            if u8s is not None:
+                self.set_u8s([*u8s])
+            if u16s is not None:
+                self.set_u16s([*u16s])
+            if u32s is not None:
+                self.set_u32s([*u32s])
+            if u64s is not None:
+                self.set_u64s([*u64s])
+            if f32s is not None:
+                self.set_f32s([*f32s])
+            if f64s is not None:
+                self.set_f64s([*f64s])
+            if texts is not None:
+                self.set_texts([*texts])
+            if datas is not None:
+                self.set_datas([*datas])
+            if colors is not None:
+                self.set_colors([*colors])
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -1633,6 +1784,33 @@ class Numbers:
                 raise _b.bad_value(value, "Numbers.color", "Color", "H") from None
 
         b2 = _d.bool_property(0, 1, False, "Numbers.b2")
+
+        _ASSIGN: ClassVar[Any] = struct.Struct('<BbhiqB1xHIQfH2xd').pack_into
+
+        def assign(self, /, *, b: bool = False, i8: int = 0, i16: int = 0, i32: int = 0, i64: int = 0, u8: int = 0, u16: int = 0, u32: int = 0, u64: int = 0, f32: float = 0.0, f64: float = 0.0, color: int = 0, b2: bool = False) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                if not ((b is True or b is False) and (b2 is True or b2 is False)):
+                    raise TypeError  # a Bool that is not a bool
+                self._ASSIGN(self._b.buf, self._data, b | b2 << 1, i8, i16, i32, i64, u8, u16, u32, u64, f32, color, f64)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(48)
+                self.b = b
+                self.i8 = i8
+                self.i16 = i16
+                self.i32 = i32
+                self.i64 = i64
+                self.u8 = u8
+                self.u16 = u16
+                self.u32 = u32
+                self.u64 = u64
+                self.f32 = f32
+                self.f64 = f64
+                self.color = color
+                self.b2 = b2
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1869,6 +2047,14 @@ class Right(_t.Interface["Right.Client"]):
 
             side = _d.text_property(0, '', "Right.right$Results.side")
 
+            def assign(self, /, *, side: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if side is not None:
+                    self._set_text(0, side, "Right.right$Results.side")
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -2002,6 +2188,26 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
             from_ = _d.int_property("i16", 2, 0, "Diamond.tricky$Params.from", "Int16")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<BBhi8x').pack_into
+
+            def assign(self, /, *, self_: str | None = None, request: int = 0, params: bool = False, unknown: int = 0, from_: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    if not ((params is True or params is False)):
+                        raise TypeError  # a Bool that is not a bool
+                    self._ASSIGN(self._b.buf, self._data, request, params, from_, unknown)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                    self.request = request
+                    self.params = params
+                    self.unknown = unknown
+                    self.from_ = from_
+                if self_ is not None:
+                    self._set_text(0, self_, "Diamond.tricky$Params.self")
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -2084,6 +2290,16 @@ class Diamond(_t.Interface["Diamond.Client"]):
             def set_self(self, value: Diamond.Client | Diamond.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 1, value, "Diamond.tricky$Results.self")
+
+            def assign(self, /, *, return_: str | None = None, self_: Diamond.Client | Diamond.Server | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
+                if return_ is not None:
+                    self._set_text(0, return_, "Diamond.tricky$Results.return")
+                if self_ is not None:
+                    self.set_self(self_)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2213,6 +2429,21 @@ class Shapes:
 
             label = _d.text_property(1, '', "Shapes.square.label")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<f44x').pack_into
+
+            def assign(self, /, *, side: float = 0.0, label: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, side)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(48)
+                    self.side = side
+                if label is not None:
+                    self._set_text(1, label, "Shapes.square.label")
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -2286,6 +2517,20 @@ class Shapes:
                             set_u16(self._b.buf, self._data + 16, value)
                         except (struct.error, TypeError):
                             raise _b.bad_value(value, "Shapes.style.fill.gradient.to", "Color", "H") from None
+
+                    _ASSIGN: ClassVar[Any] = struct.Struct('<14xHH30x').pack_into
+
+                    def assign(self, /, *, from_: int = 0, to: int = 0) -> None:
+                        """Set the whole struct, as a constructor would: each field named takes its
+                        value, every other field its default (a pointer field: null). Set group and
+                        union members after, with their own setters."""
+                        try:
+                            self._ASSIGN(self._b.buf, self._data, from_, to)
+                        except (struct.error, TypeError, OverflowError):
+                            # The setters say which field is wrong, and why.
+                            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(48)
+                            self.from_ = from_
+                            self.to = to
 
                     def init(self, name: str, *args: int) -> Any:
                         """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2418,6 +2663,19 @@ class Shapes:
             def fill(self) -> Shapes.Style.Fill.Builder:
                 return Shapes.Style.Fill.Builder._view(self)
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<10xH36x').pack_into
+
+            def assign(self, /, *, color: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, color)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(48)
+                    self.color = color
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -2530,6 +2788,14 @@ class Shapes:
             names: tuple[Any, ...] = ("circle", "square", "nothing", "points",)
             return names[d] if d < len(names) else None
 
+        def assign(self, /, *, name: str | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(48)
+            if name is not None:
+                self._set_text(0, name, "Shapes.name")
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -2624,6 +2890,21 @@ class Shop(_t.Interface["Shop.Client"]):
 
             count = _d.int_property("u32", 0, 0, "Shop.buy$Params.count", "UInt32")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<I12x').pack_into
+
+            def assign(self, /, *, item: str | None = None, count: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, count)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                    self.count = count
+                if item is not None:
+                    self._set_text(0, item, "Shop.buy$Params.item")
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -2715,6 +2996,21 @@ class Shop(_t.Interface["Shop.Client"]):
             def init_receipt(self) -> Numbers.Builder:
                 """A new, empty receipt struct."""
                 return _b.init_struct(self, self._ptr + 0, Numbers.Builder)
+
+            _ASSIGN: ClassVar[Any] = struct.Struct('<d8x').pack_into
+
+            def assign(self, /, *, total: float = 0.0, receipt: Numbers.Reader | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, total)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
+                    self.total = total
+                if receipt is not None:
+                    _b.copy_struct(self, 0, receipt)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2874,6 +3170,14 @@ class Shop(_t.Interface["Shop.Client"]):
                 for index, item in enumerate(items):
                     target[index] = item
 
+            def assign(self, /, *, items: Sequence[str] | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if items is not None:
+                    self.set_items([*items])
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -2960,6 +3264,14 @@ class Shop(_t.Interface["Shop.Client"]):
             def init_tree(self) -> Tree.Builder:
                 """A new, empty tree struct."""
                 return _b.init_struct(self, self._ptr + 0, Tree.Builder)
+
+            def assign(self, /, *, tree: Tree.Reader | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if tree is not None:
+                    _b.copy_struct(self, 0, tree)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -3281,6 +3593,14 @@ class Store(_t.Interface["Store.Client"]):
                 """A new, empty box struct."""
                 return _b.init_struct(self, self._ptr + 1, Box.Builder)
 
+            def assign(self, /, *, box: Box.Reader | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
+                if box is not None:
+                    _b.copy_struct(self, 1, box)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -3559,6 +3879,19 @@ class Tree:
 
             x = _d.int_property("u8", 0, 0, "Tree.Reader.x", "UInt8")
 
+            _ASSIGN: ClassVar[Any] = struct.Struct('<B7x').pack_into
+
+            def assign(self, /, *, x: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, x)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.x = x
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -3685,6 +4018,23 @@ class Tree:
             """Put a new struct of builder class ``cls`` in the AnyPointer anything."""
             return _b.init_struct(self, self._ptr + 3, cls)
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<i36x').pack_into
+
+        def assign(self, /, *, value: int = 0, left: Tree.Reader | None = None, other: kitchen_other_capnp.Thing.Reader | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, value)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 4) << 3] = bytes(40)
+                self.value = value
+            if left is not None:
+                _b.copy_struct(self, 1, left)
+            if other is not None:
+                _b.copy_struct(self, 2, other)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -3802,6 +4152,18 @@ class Box_Text:
 
         label = _d.text_property(2, '', "Box_Text.label")
 
+        def assign(self, /, *, value: str | None = None, next: Box_Text.Reader | None = None, label: str | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(24)
+            if value is not None:
+                self._set_text(0, value, "Box_Text.value")
+            if next is not None:
+                _b.copy_struct(self, 1, next)
+            if label is not None:
+                self._set_text(2, label, "Box_Text.label")
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -3915,6 +4277,18 @@ class Box_List_Int32:
             return _b.init_struct(self, self._ptr + 1, Box_List_Int32.Builder)
 
         label = _d.text_property(2, '', "Box_List_Int32.label")
+
+        def assign(self, /, *, value: Sequence[int] | None = None, next: Box_List_Int32.Reader | None = None, label: str | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(24)
+            if value is not None:
+                self.set_value([*value])
+            if next is not None:
+                _b.copy_struct(self, 1, next)
+            if label is not None:
+                self._set_text(2, label, "Box_List_Int32.label")
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4032,6 +4406,18 @@ class Box_Tree:
 
         label = _d.text_property(2, '', "Box_Tree.label")
 
+        def assign(self, /, *, value: Tree.Reader | None = None, next: Box_Tree.Reader | None = None, label: str | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(24)
+            if value is not None:
+                _b.copy_struct(self, 0, value)
+            if next is not None:
+                _b.copy_struct(self, 1, next)
+            if label is not None:
+                self._set_text(2, label, "Box_Tree.label")
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -4142,6 +4528,18 @@ class Box_Shop:
 
         label = _d.text_property(2, '', "Box_Shop.label")
 
+        def assign(self, /, *, value: Shop.Client | Shop.Server | None = None, next: Box_Shop.Reader | None = None, label: str | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(24)
+            if value is not None:
+                self.set_value(value)
+            if next is not None:
+                _b.copy_struct(self, 1, next)
+            if label is not None:
+                self._set_text(2, label, "Box_Shop.label")
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -4244,6 +4642,16 @@ class Pair_Text_Box_Text:
             """A new, empty value struct."""
             return _b.init_struct(self, self._ptr + 1, Box_Text.Builder)
 
+        def assign(self, /, *, key: str | None = None, value: Box_Text.Reader | None = None) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
+            if key is not None:
+                self._set_text(0, key, "Pair_Text_Box_Text.key")
+            if value is not None:
+                _b.copy_struct(self, 1, value)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -4328,6 +4736,14 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             _POINTERS: ClassVar[int] = 1
 
             value = _d.text_property(0, '', "Store_Text.put$Params.value")
+
+            def assign(self, /, *, value: str | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
+                if value is not None:
+                    self._set_text(0, value, "Store_Text.put$Params.value")
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4558,6 +4974,16 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
                 """A new, empty box struct."""
                 return _b.init_struct(self, self._ptr + 1, Box_Text.Builder)
 
+            def assign(self, /, *, value: str | None = None, box: Box_Text.Reader | None = None) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
+                if value is not None:
+                    self._set_text(0, value, "Store_Text.get$Results.value")
+                if box is not None:
+                    _b.copy_struct(self, 1, box)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -4763,6 +5189,19 @@ class TextStore(_t.Interface["TextStore.Client"]):
             _POINTERS: ClassVar[int] = 0
 
             count = _d.int_property("u32", 0, 0, "TextStore.size$Results.count", "UInt32")
+
+            _ASSIGN: ClassVar[Any] = struct.Struct('<I4x').pack_into
+
+            def assign(self, /, *, count: int = 0) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value, every other field its default (a pointer field: null). Set group and
+                union members after, with their own setters."""
+                try:
+                    self._ASSIGN(self._b.buf, self._data, count)
+                except (struct.error, TypeError, OverflowError):
+                    # The setters say which field is wrong, and why.
+                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
+                    self.count = count
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

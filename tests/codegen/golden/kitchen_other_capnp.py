@@ -94,6 +94,22 @@ class Thing:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Thing.kind", "Thing.Kind", "H") from None
 
+        _ASSIGN: ClassVar[Any] = struct.Struct('<QH14x').pack_into
+
+        def assign(self, /, *, id: int = 0, tag: str | None = None, kind: int = 0) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value, every other field its default (a pointer field: null). Set group and
+            union members after, with their own setters."""
+            try:
+                self._ASSIGN(self._b.buf, self._data, id, kind)
+            except (struct.error, TypeError, OverflowError):
+                # The setters say which field is wrong, and why.
+                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(24)
+                self.id = id
+                self.kind = kind
+            if tag is not None:
+                self._set_text(0, tag, "Thing.tag")
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
