@@ -923,9 +923,9 @@ def _assign(out: _Out, node: Struct, names: _Names) -> None:
     section (bytes of bools combined, ints XOR their defaults) and zeroes everything else
     of the struct: union members and groups go to their defaults and every pointer to
     null, so assign leaves a struct as ``init_*`` makes it, plus the given values (the
-    given pointer fields are set after). A value the pack
-    refuses (wrong type, out of range, a non-bool for a Bool) takes the per-field
-    setters, whose errors name the field and its schema type.
+    given pointer fields are set after). A value the pack refuses (wrong type, out of
+    range, a non-bool for a Bool) takes the per-field setters, whose errors name the
+    field and its schema type.
     """
     fields = _keyword_fields(node, names)
     if not fields:
