@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from capsvc.codec.building import bad_type, bad_value, get_text
+from capsvc.codec.reading import StructReader, read_struct, read_struct_list
 
 _FORMATS = {
     "i8": "<b", "i16": "<h", "i32": "<i", "i64": "<q",
@@ -67,6 +68,63 @@ def Bool(byte: int, bit: int, default: bool = False) -> property:
 
 def Text(slot: int, default: str = "") -> property:
     return property(lambda self: self._text(slot, default))
+
+
+class _Late(property):
+    """A property whose getter reads a type the module binds after the class (see
+    accessors.Struct): ``bind`` fills the list the getter's closure holds."""
+
+    def __init__(self, fget: Callable[[Any], Any], bound: list[Any]) -> None:
+        super().__init__(fget)
+        self._bound = bound
+
+    def bind(self, *values: Any) -> None:
+        self._bound[: len(values)] = values
+
+
+def Struct(slot: int) -> _Late:
+    bound: list[Any] = [StructReader, None]  # the reader class, the encoded default
+
+    def get(self: Any) -> Any:
+        w = self._ptr + slot
+        at = w if w < self._pend else -1
+        return read_struct(self._msg, self._si, at, bound[0], self._depth, bound[1])
+
+    return _Late(get, bound)
+
+
+def StructList(slot: int) -> _Late:
+    bound: list[Any] = [StructReader]
+
+    def get(self: Any) -> Any:
+        w = self._ptr + slot
+        return read_struct_list(
+            self._msg, self._si, w if w < self._pend else -1, self._depth, bound[0]
+        )
+
+    return _Late(get, bound)
+
+
+def List(slot: int) -> _Late:
+    bound: list[Any] = [None]  # the list maker
+
+    def get(self: Any) -> Any:
+        w = self._ptr + slot
+        return bound[0](self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+    return _Late(get, bound)
+
+
+def Enum(offset: int, xor: int = 0) -> _Late:
+    bound: list[Any] = [int, ()]  # the enum class, its members by code
+    unpack = _U16.unpack_from
+
+    def get(self: Any) -> Any:
+        code = unpack(self._seg, self._data + offset)[0] ^ xor
+        members = bound[1]
+        return members[code] if code < len(members) else bound[0](code)
+
+    return _Late(get, bound)
 
 
 def _float_getter(bits: int, offset: int, xor: int, buffer: str) -> Callable[[Any], float]:

@@ -29,11 +29,19 @@ default (rpc.capnp/encoding: "default values are XORed"), hence ``xor``.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from librt.strings import read_f32_le, read_f64_le, read_i16_le, read_i32_le, read_i64_le
+
 from capsvc.codec.building import StructBuilder, bad_type, bad_value, get_text
-from capsvc.codec.reading import StructReader
+from capsvc.codec.reading import (
+    MessageReader,
+    StructReader,
+    read_struct,
+    read_struct_list,
+    read_text,
+)
 
 _Unpack = Callable[[Any, int], tuple[Any, ...]]
 _Pack = Callable[[Any, int, Any], None]
@@ -47,6 +55,7 @@ _F64: Final = struct.Struct("<d")
 _U16: Final = struct.Struct("<H")
 _U32: Final = struct.Struct("<I")
 _U64: Final = struct.Struct("<Q")
+_WORD: Final = 1 << 64
 
 
 class UInt8:
@@ -65,24 +74,53 @@ class UInt8:
         return value ^ self.xor if self.xor else value
 
 
-class Int:
-    """An integer field of ``width`` (``i8`` … ``u64``) at byte ``offset``."""
+#: Integer widths, as ``Int`` dispatches on them.
+_WIDTHS: Final = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 
-    __slots__ = ("offset", "unpack", "width", "xor")
+
+class Int:
+    """An integer field of ``width`` (``i8`` … ``u64``) at byte ``offset``.
+
+    Read with librt.strings' native little-endian reads (a ``bytes`` segment, always:
+    see ``MessageReader``): no Python call and no tuple per read, unlike
+    ``struct.unpack_from``. Those reads are signed; an unsigned width masks the value.
+    """
+
+    __slots__ = ("code", "offset", "width", "xor")
 
     def __init__(self, width: str, offset: int, xor: int = 0) -> None:
-        fmt = _FORMATS.get(width)
-        if fmt is None:
+        if width not in _WIDTHS:
             raise ValueError(f"no integer width {width!r}")
         self.width = width
+        self.code = _WIDTHS.index(width)
         self.offset = offset
         self.xor = xor
-        self.unpack: _Unpack = struct.Struct(fmt).unpack_from
 
     def __get__(self, obj: StructReader | None, owner: object = None) -> object:
         if obj is None:
             return self
-        value: int = self.unpack(obj._seg, obj._data + self.offset)[0]
+        seg = obj._seg
+        at = obj._data + self.offset
+        code = self.code
+        value: int
+        if code == 5:
+            value = int(read_i16_le(seg, at)) & 0xFFFF
+        elif code == 6:
+            value = int(read_i32_le(seg, at)) & 0xFFFFFFFF
+        elif code == 2:
+            value = read_i32_le(seg, at)
+        elif code == 1:
+            value = read_i16_le(seg, at)
+        elif code == 3:
+            value = read_i64_le(seg, at)
+        elif code == 7:
+            word = read_i64_le(seg, at)
+            value = int(word) if word >= 0 else int(word) + _WORD
+        elif code == 4:
+            value = seg[at]
+        else:
+            value = seg[at]
+            value = value - 256 if value >= 128 else value
         return value ^ self.xor if self.xor else value
 
 
@@ -105,11 +143,11 @@ class Float:
         at = obj._data + self.offset
         if self.bits == 32:
             if not self.xor:
-                return _F32.unpack_from(obj._seg, at)[0]
+                return read_f32_le(obj._seg, at)
             raw: int = _U32.unpack_from(obj._seg, at)[0]
             return _F32.unpack(_U32.pack(raw ^ self.xor))[0]
         if not self.xor:
-            return _F64.unpack_from(obj._seg, at)[0]
+            return read_f64_le(obj._seg, at)
         raw = _U64.unpack_from(obj._seg, at)[0]
         return _F64.unpack(_U64.pack(raw ^ self.xor))[0]
 
@@ -143,7 +181,105 @@ class Text:
     def __get__(self, obj: StructReader | None, owner: object = None) -> object:
         if obj is None:
             return self
-        return obj._text(self.slot, self.default)
+        # read_text itself, not the reader's ``_text``: a method of a class that allows
+        # interpreted subclasses is called through the Python method protocol.
+        w = obj._ptr + self.slot
+        return read_text(obj._msg, obj._si, w if w < obj._pend else -1, self.default)
+
+
+# Fields whose type the generated module defines after the class that has the field (a
+# struct, list or enum type; possibly the class itself): the class body makes the
+# descriptor with what it knows, and the module's tail calls ``bind`` with the type once
+# every class is defined. Before that, a read gives a plain reader or the raw number.
+class Struct:
+    """A struct field in pointer ``slot``, read as ``cls``; ``default`` (an encoded struct)
+    when the pointer is null, or every field at its default if there is none."""
+
+    __slots__ = ("cls", "default", "slot")
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.cls: type[StructReader] = StructReader
+        self.default: Sequence[bytes] | None = None
+
+    def bind(self, cls: type[StructReader], default: Sequence[bytes] | None = None) -> None:
+        self.cls = cls
+        self.default = default
+
+    def __get__(self, obj: StructReader | None, owner: object = None) -> object:
+        if obj is None:
+            return self
+        w = obj._ptr + self.slot
+        at = w if w < obj._pend else -1
+        return read_struct(obj._msg, obj._si, at, self.cls, obj._depth, self.default)
+
+
+class StructList:
+    """A List of structs in pointer ``slot``, of element type ``cls``."""
+
+    __slots__ = ("cls", "slot")
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.cls: type[StructReader] = StructReader
+
+    def bind(self, cls: type[StructReader]) -> None:
+        self.cls = cls
+
+    def __get__(self, obj: StructReader | None, owner: object = None) -> object:
+        if obj is None:
+            return self
+        w = obj._ptr + self.slot
+        return read_struct_list(obj._msg, obj._si, w if w < obj._pend else -1, obj._depth, self.cls)
+
+
+class List:
+    """A List field (of any element type but structs) in pointer ``slot``, read by ``make``
+    (a list maker of capsvc.codec.reading)."""
+
+    __slots__ = ("make", "slot")
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.make: Callable[[MessageReader, int, int, int], object] = _unbound_list
+
+    def bind(self, make: Callable[[MessageReader, int, int, int], object]) -> None:
+        self.make = make
+
+    def __get__(self, obj: StructReader | None, owner: object = None) -> object:
+        if obj is None:
+            return self
+        w = obj._ptr + self.slot
+        return self.make(obj._msg, obj._si, w if w < obj._pend else -1, obj._depth)
+
+
+def _unbound_list(msg: MessageReader, si: int, w: int, depth: int) -> object:
+    raise TypeError("a List field read before its module bound its element type")
+
+
+class Enum:
+    """An enum field at byte ``offset`` (stored XOR ``xor``, the default's code): the
+    member of ``cls`` whose code it holds, from the ``members`` tuple for the codes the
+    schema knows (an IntEnum call costs several times the read), else ``cls(code)``."""
+
+    __slots__ = ("cls", "members", "offset", "xor")
+
+    def __init__(self, offset: int, xor: int = 0) -> None:
+        self.offset = offset
+        self.xor = xor
+        self.cls: Callable[[int], object] = int
+        self.members: tuple[object, ...] = ()
+
+    def bind(self, cls: Callable[[int], object], members: tuple[object, ...]) -> None:
+        self.cls = cls
+        self.members = members
+
+    def __get__(self, obj: StructReader | None, owner: object = None) -> object:
+        if obj is None:
+            return self
+        code = (int(read_i16_le(obj._seg, obj._data + self.offset)) & 0xFFFF) ^ self.xor
+        members = self.members
+        return members[code] if code < len(members) else self.cls(code)
 
 
 # ----------------------------------------------------------------------------- builders

@@ -228,17 +228,35 @@ def set_data(builder: MessageBuilder, at: int, value: object, field: str) -> Non
     write_list_pointer(buf, at, start, 2, size)
 
 
+def _byte_list_at(builder: MessageBuilder, at: int, what: str) -> tuple[int, int] | None:
+    """(first byte, length) of the byte list pointer word ``at`` of the message being built
+    leads to; None for a null pointer. Read in place: a builder's one segment holds only
+    near pointers this module wrote (copies are re-encoded, see ``copy_pointer``)."""
+    (word,) = _get_u64(builder.buf, at << 3)
+    if word == 0:
+        return None
+    if word & 0x7_0000_0003 != 0x2_0000_0001:
+        raise DecodeError(f"expected {what} (a byte list pointer) at word {at}")
+    start = (at + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)) << 3
+    return start, word >> 35
+
+
 def get_text(builder: MessageBuilder, at: int, default: str) -> str:
     """Read back the Text at pointer word ``at`` of the message being built."""
-    from capsvc.codec.reading import MessageReader, read_text
-
-    return read_text(MessageReader([builder.buf]), 0, at, default)
+    found = _byte_list_at(builder, at, "Text")
+    if found is None:
+        return default
+    start, count = found
+    return builder.buf[start : start + count - 1].decode()
 
 
 def get_data(builder: MessageBuilder, at: int, default: bytes) -> bytes:
-    from capsvc.codec.reading import MessageReader, read_data
-
-    return read_data(MessageReader([builder.buf]), 0, at, default)
+    """Read back the Data at pointer word ``at`` of the message being built."""
+    found = _byte_list_at(builder, at, "Data")
+    if found is None:
+        return default
+    start, count = found
+    return bytes(builder.buf[start : start + count])
 
 
 class Capability(Protocol):
@@ -651,7 +669,7 @@ class _ReaderView(Protocol):
 
     _msg: MessageReader
     _si: int
-    _seg: bytes | bytearray | memoryview
+    _seg: bytes
     _data: int
     _ptr: int
     _pend: int

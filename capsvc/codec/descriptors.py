@@ -19,11 +19,16 @@ from capsvc._build import COMPILED
 
 T = TypeVar("T")
 S = TypeVar("S")
+R = TypeVar("R", bound="StructReader")
 
 __all__ = [
     "Bool",
+    "Enum",
     "Float",
     "Int",
+    "List",
+    "Struct",
+    "StructList",
     "Text",
     "UInt8",
     "bool_property",
@@ -33,6 +38,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from capsvc.codec.reading import ListReader, MessageReader, StructReader
 
     class _ReaderField(Generic[T]):
         """A field that reads as ``T`` on an instance (the descriptor itself on the class)."""
@@ -62,6 +70,36 @@ if TYPE_CHECKING:
 
     class Text(_ReaderField[str]):
         def __init__(self, slot: int, default: str = "") -> None:
+            raise NotImplementedError
+
+    class Struct(_ReaderField[R]):
+        """A struct field; the module binds its reader class (and encoded default)."""
+
+        def __init__(self, slot: int) -> None:
+            raise NotImplementedError
+
+        def bind(self, cls: type[R], default: Sequence[bytes] | None = None) -> None:
+            raise NotImplementedError
+
+    class StructList(_ReaderField[ListReader[R]]):
+        def __init__(self, slot: int) -> None:
+            raise NotImplementedError
+
+        def bind(self, cls: type[R]) -> None:
+            raise NotImplementedError
+
+    class List(_ReaderField[T]):
+        def __init__(self, slot: int) -> None:
+            raise NotImplementedError
+
+        def bind(self, make: Callable[[MessageReader, int, int, int], T]) -> None:
+            raise NotImplementedError
+
+    class Enum(_ReaderField[T]):
+        def __init__(self, offset: int, xor: int = 0) -> None:
+            raise NotImplementedError
+
+        def bind(self, cls: Callable[[int], T], members: tuple[T, ...]) -> None:
             raise NotImplementedError
 
     class Field(_ReaderField[T], Generic[T, S]):
@@ -105,8 +143,12 @@ if TYPE_CHECKING:
 elif COMPILED:
     from capsvc.codec.accessors import (
         Bool,
+        Enum,
         Float,
         Int,
+        List,
+        Struct,
+        StructList,
         Text,
         UInt8,
         bool_property,
@@ -117,8 +159,12 @@ elif COMPILED:
 else:
     from capsvc.codec._pure_descriptors import (
         Bool,
+        Enum,
         Float,
         Int,
+        List,
+        Struct,
+        StructList,
         Text,
         UInt8,
         bool_property,

@@ -29,6 +29,8 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
+from librt.strings import read_i64_le
+
 from capsvc._mypyc import mypyc_attr
 from capsvc.errors import DecodeError
 
@@ -38,7 +40,14 @@ Segments = Sequence[bytes | bytearray | memoryview]
 DEFAULT_TRAVERSAL_LIMIT: Final = 8 * 1024 * 1024
 DEFAULT_NESTING_LIMIT: Final = 64
 
-_u64: Callable[[Any, int], tuple[int]] = struct.Struct("<Q").unpack_from
+_WORD: Final = 1 << 64
+
+
+def _word(segment: bytes, at: int) -> int:
+    """The 64-bit word at byte ``at``, unsigned (the slow paths' view of a pointer)."""
+    word = read_i64_le(segment, at)
+    return int(word) if word >= 0 else int(word) + _WORD
+
 
 #: Bits per element for the list element size codes 0..6 (7, composite, stands apart).
 _ELEMENT_BITS: Final = (0, 1, 8, 16, 32, 64, 64)
@@ -66,7 +75,13 @@ class MessageReader:
         caps: Sequence[Any] = (),
         keep: object = None,
     ) -> None:
-        self.segments = segments
+        #: The segments as ``bytes``, whatever kind of buffer they came in: the compiled
+        #: readers read words and bytes of a ``bytes`` object natively (librt.strings),
+        #: with no Python call and no tuple per read. A ``bytes`` segment is kept as it
+        #: is; a bytearray or memoryview one is copied once here.
+        self.segments: list[bytes] = [
+            segment if type(segment) is bytes else bytes(segment) for segment in segments
+        ]
         #: The capabilities capability pointers index (an RPC payload's cap table, as
         #: hooks): what an interface field reads as (``read_client``).
         self.caps = caps
@@ -74,7 +89,7 @@ class MessageReader:
         #: that owns the payload, for an RPC message).
         self.keep = keep
         #: Whole words in each segment (a trailing partial word does not count).
-        self.sizes = [len(segment) >> 3 for segment in segments]
+        self.sizes = [len(segment) >> 3 for segment in self.segments]
         self.budget = traversal_limit_words
         self.nesting_limit = nesting_limit
 
@@ -95,7 +110,7 @@ def _resolve(msg: MessageReader, si: int, w: int) -> tuple[int, int, int] | None
     word ``position + 1 + offset`` of ``segment``, offset and kind coming from ``word``, a
     near pointer (far pointers are followed here).
     """
-    (word,) = _u64(msg.segments[si], w << 3)
+    word = _word(msg.segments[si], w << 3)
     if word == 0:
         return None
     if word & 3 != 2:
@@ -108,14 +123,14 @@ def _resolve(msg: MessageReader, si: int, w: int) -> tuple[int, int, int] | None
     if pad + (2 if double else 1) > msg.sizes[target]:
         raise DecodeError(f"far pointer's landing pad is outside segment {target}")
     segment = msg.segments[target]
-    (landing,) = _u64(segment, pad << 3)
+    landing = _word(segment, pad << 3)
     if not double:
         if landing & 3 == 2:
             raise DecodeError("far pointer lands on another far pointer")
         return target, pad, landing
     if landing & 7 != 2:
         raise DecodeError("double-far pointer's landing pad is not a single far pointer")
-    (tag,) = _u64(segment, (pad + 1) << 3)
+    tag = _word(segment, (pad + 1) << 3)
     if tag & 3 == 2 or tag & 0xFFFFFFFC:
         raise DecodeError("double-far pointer's tag word is not an offset-0 pointer")
     content = landing >> 32
@@ -183,7 +198,7 @@ class StructReader:
 
     _msg: MessageReader
     _si: int
-    _seg: bytes | bytearray | memoryview
+    _seg: bytes
     _data: int
     _ptr: int
     _pend: int
@@ -276,7 +291,7 @@ class StructReader:
         """True if pointer ``slot`` is present and not null."""
         w = self._ptr + slot
         # The segment itself: ``_seg`` may be a padded copy of the data section only.
-        return w < self._pend and _u64(self._msg.segments[self._si], w << 3)[0] != 0
+        return w < self._pend and read_i64_le(self._msg.segments[self._si], w << 3) != 0
 
     def _pointer(self, slot: int) -> int:
         """The word index of pointer ``slot``, or -1 when the writer had no such slot."""
@@ -307,12 +322,12 @@ def read_struct(
 ) -> R:
     """The struct the pointer at (``si``, ``w``) leads to (``w`` < 0: an absent slot)."""
     if w >= 0:
-        (word,) = _u64(msg.segments[si], w << 3)
-        if word & 3 == 0 and word and depth > 0:
+        near = read_i64_le(msg.segments[si], w << 3)  # i64, signed: mask what a shift brings
+        if near & 3 == 0 and near != 0 and depth > 0:
             # The common case, inline: a near struct pointer within bounds and budget.
-            data_words = (word >> 32) & 0xFFFF
-            pointers = word >> 48
-            start = w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
+            data_words = (near >> 32) & 0xFFFF
+            pointers = (near >> 48) & 0xFFFF
+            start = w + 1 + ((((near & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
             size = data_words + pointers
             budget = msg.budget - (size or 1)
             if start >= 0 and start + size <= msg.sizes[si] and budget >= 0:
@@ -343,9 +358,7 @@ def _kind_name(word: int) -> str:
 
 
 # ---------------------------------------------------------------------- text and data
-def _byte_list(
-    msg: MessageReader, si: int, w: int, what: str
-) -> tuple[bytes | bytearray | memoryview, int, int] | None:
+def _byte_list(msg: MessageReader, si: int, w: int, what: str) -> tuple[bytes, int, int] | None:
     """(segment, first byte, length) of the byte list the pointer at (si, w) leads to."""
     found = _resolve(msg, si, w) if w >= 0 else None
     if found is None:
@@ -369,9 +382,9 @@ def _byte_list(
 def read_text(msg: MessageReader, si: int, w: int, default: str) -> str:
     if w >= 0:
         segment = msg.segments[si]
-        (word,) = _u64(segment, w << 3)
+        word = read_i64_le(segment, w << 3)  # signed: mask what a shift brings
         if word & 0x7_0000_0003 == 0x2_0000_0001:  # the common case, inline: a near byte list
-            count = word >> 35
+            count = (word >> 35) & 0x1FFFFFFF
             start = (w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)) << 3
             words = (count + 7) >> 3
             budget = msg.budget - (words or 1)
@@ -385,7 +398,7 @@ def read_text(msg: MessageReader, si: int, w: int, default: str) -> str:
             ):
                 msg.budget = budget
                 try:
-                    return str(segment[start:end], "utf-8")
+                    return segment[start:end].decode()
                 except UnicodeDecodeError as error:
                     raise DecodeError(f"Text is not valid UTF-8: {error.reason}") from None
     found = _byte_list(msg, si, w, "Text")
@@ -442,7 +455,7 @@ class _ListShape:
 def _open_list(msg: MessageReader, si: int, w: int, depth: int) -> _ListShape | None:
     if w < 0:
         return None
-    (word,) = _u64(msg.segments[si], w << 3)
+    word = _word(msg.segments[si], w << 3)
     if word & 3 == 2:
         found = _resolve(msg, si, w)
         assert found is not None
@@ -471,7 +484,7 @@ def _open_list(msg: MessageReader, si: int, w: int, depth: int) -> _ListShape | 
     # Composite: ``count`` is the words of the elements; a tag word comes first.
     if start < 0 or start + 1 + count > msg.sizes[si]:
         raise DecodeError("composite list out of bounds")
-    (tag,) = _u64(msg.segments[si], start << 3)
+    tag = _word(msg.segments[si], start << 3)
     if tag & 3 != 0:
         raise DecodeError("composite list's tag is not struct-shaped")
     elements = (tag & 0xFFFFFFFF) >> 2
@@ -750,17 +763,18 @@ def _composite(
     structs, within bounds and budget; None for anything else (the general path decides)."""
     if w < 0 or depth <= 0:
         return None
-    (word,) = _u64(msg.segments[si], w << 3)
+    segment = msg.segments[si]
+    word = read_i64_le(segment, w << 3)  # signed: mask what a shift brings
     if word & 3 != 1 or (word >> 32) & 7 != _COMPOSITE:
         return None
-    total = word >> 35
+    total = (word >> 35) & 0x1FFFFFFF
     start = w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
     if start < 0 or start + 1 + total > msg.sizes[si]:
         return None
-    (tag,) = _u64(msg.segments[si], start << 3)
+    tag = read_i64_le(segment, start << 3)
     elements = (tag & 0xFFFFFFFF) >> 2
     data_words = (tag >> 32) & 0xFFFF
-    pointers = tag >> 48
+    pointers = (tag >> 48) & 0xFFFF
     size = data_words + pointers
     budget = msg.budget - elements * size
     if tag & 3 or not size or elements * size > total or budget < 0:
@@ -773,7 +787,7 @@ def _composite(
     lst._depth = depth - 1
     lst._count = elements
     lst._si = si
-    lst._seg = msg.segments[si]
+    lst._seg = segment
     lst._start = start + 1
     lst._words = size
     lst._dw = data_words
@@ -823,7 +837,7 @@ def read_capability(msg: MessageReader, si: int, w: int) -> int | None:
     """The cap-table index of the capability pointer at (si, w); None for a null one."""
     if w < 0:
         return None
-    (word,) = _u64(msg.segments[si], w << 3)
+    word = _word(msg.segments[si], w << 3)
     if word == 0:
         return None
     if word & 0xFFFFFFFF != 3:
@@ -850,12 +864,19 @@ def simple_list(
     return make
 
 
+def read_struct_list(
+    msg: MessageReader, si: int, w: int, depth: int, cls: type[R]
+) -> StructList[R]:
+    """The list of ``cls`` structs the pointer at (``si``, ``w``) leads to."""
+    found = _composite(msg, si, w, depth, cls)
+    if found is not None:
+        return found
+    return StructList(msg, _open_list(msg, si, w, depth), depth - 1, cls)
+
+
 def struct_list(cls: type[R]) -> Callable[[MessageReader, int, int, int], StructList[R]]:
     def make(msg: MessageReader, si: int, w: int, depth: int) -> StructList[R]:
-        found = _composite(msg, si, w, depth, cls)
-        if found is not None:
-            return found
-        return StructList(msg, _open_list(msg, si, w, depth), depth - 1, cls)
+        return read_struct_list(msg, si, w, depth, cls)
 
     return make
 
@@ -919,7 +940,7 @@ class AnyPointerList(_PointerElements[AnyPointer]):
 
 
 def is_null(msg: MessageReader, si: int, w: int) -> bool:
-    return w < 0 or _u64(msg.segments[si], w << 3)[0] == 0
+    return w < 0 or read_i64_le(msg.segments[si], w << 3) == 0
 
 
 def list_or_default(

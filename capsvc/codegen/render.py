@@ -652,6 +652,11 @@ def _reader_field(out: _Out, node: Struct, field: Field, path: str, names: _Name
     if descriptor is not None:
         out.add(f"{name} = {descriptor}")
         return
+    late = _late_descriptor(field, names)
+    if late is not None:
+        annotation, value = late
+        out.add(f"{name}: {annotation} = {value}")
+        return
     out.add("@property")
     out.add(f"def {name}(self) -> {_reader_type(kind, names)}:")
     with out.indent():
@@ -682,6 +687,58 @@ def _descriptor(field: Field) -> str | None:
         text = field.default if isinstance(field.default, str) else _NO_DEFAULT_TEXT
         return f"_d.Text({field.offset}, {text!r})"
     return None
+
+
+def _late_descriptor(field: Field, names: _Names) -> tuple[str, str] | None:
+    """(annotation, value) of a compiled descriptor for an enum, struct or list field,
+    whose type the module defines later: the module's tail binds it (``_late_bindings``).
+    None for a list with a default (it stays a property)."""
+    kind = field.type
+    assert kind is not None
+    k = kind.kind
+    if k == "enum":
+        enum = names.of(kind.target)
+        xor = int(field.default or 0)  # type: ignore[call-overload]
+        tail = f", {xor}" if xor else ""
+        return f"_d.Enum[{enum}]", f"_d.Enum({field.offset * 2}{tail})"
+    if k == "struct":
+        return f"_d.Struct[{names.of(kind.target)}.Reader]", f"_d.Struct({field.offset})"
+    if k == "list" and field.default is None:
+        element = kind.element
+        assert element is not None
+        if element.kind == "struct":
+            target = names.of(element.target)
+            return f"_d.StructList[{target}.Reader]", f"_d.StructList({field.offset})"
+        return f"_d.List[{_reader_type(kind, names)}]", f"_d.List({field.offset})"
+    return None
+
+
+def _late_bindings(file: File, names: _Names) -> list[str]:
+    """The ``bind`` calls of every late descriptor (``_late_descriptor``), once the
+    module has defined every class, enum table, list maker and default."""
+    lines = []
+    for node in file.nodes:
+        if not isinstance(node, Struct):
+            continue
+        path = names.local[node.id]
+        for field in node.fields:
+            kind = field.type
+            if field.group is not None or kind is None:
+                continue
+            if _late_descriptor(field, names) is None:
+                continue
+            target = f"{path}.Reader.{python_name(field.name)}"
+            if kind.kind == "enum":
+                enum = names.of(kind.target)
+                lines.append(f"{target}.bind({enum}, _E_{enum.replace('.', '_')})")
+            elif kind.kind == "struct":
+                default = f", {_default_name(path, field)}" if field.default is not None else ""
+                lines.append(f"{target}.bind({names.of(kind.target)}.Reader{default})")
+            elif kind.element is not None and kind.element.kind == "struct":
+                lines.append(f"{target}.bind({names.of(kind.element.target)}.Reader)")
+            else:
+                lines.append(f"{target}.bind({_list_name(path, field)})")
+    return lines
 
 
 def _number_layout(field: Field) -> tuple[int, int, int]:
@@ -1380,7 +1437,9 @@ def _lists(out: _Out, file: File, names: _Names) -> None:
         for field in node.fields:
             if field.type is not None and field.type.kind == "list":
                 assert field.type.element is not None
-                lines.append(f"{_list_name(path, field)} = {_maker(field.type.element, names)}")
+                if field.type.element.kind != "struct" or field.default is not None:
+                    # (a struct list without a default reads through StructList alone)
+                    lines.append(f"{_list_name(path, field)} = {_maker(field.type.element, names)}")
             if (
                 field.type is not None
                 and field.type.is_pointer
@@ -1389,6 +1448,7 @@ def _lists(out: _Out, file: File, names: _Names) -> None:
             ):
                 segments = ", ".join(f"bytes.fromhex({s.hex()!r})" for s in field.default)  # type: ignore[attr-defined]
                 lines.append(f"{_default_name(path, field)} = [{segments}]")
+    lines.extend(_late_bindings(file, names))
     if lines:
         out.add("")
         out.add("")

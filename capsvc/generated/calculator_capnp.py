@@ -59,10 +59,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     w = self._ptr + 0
                     return _r.read_client(self._msg, self._si, w if w < self._pend else -1, Calculator.Function.Client)
 
-                @property
-                def params(self) -> _r.ListReader[Calculator.Expression.Reader]:
-                    w = self._ptr + 1
-                    return _L_Calculator_Expression_Call_params(self._msg, self._si, w if w < self._pend else -1, self._depth)
+                params: _d.StructList[Calculator.Expression.Reader] = _d.StructList(1)
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -246,10 +243,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 _DATA_WORDS: ClassVar[int] = 0
                 _POINTERS: ClassVar[int] = 1
 
-                @property
-                def params(self) -> _r.ListReader[float]:
-                    w = self._ptr + 0
-                    return _L_Calculator_Function_CallParams_params(self._msg, self._si, w if w < self._pend else -1, self._depth)
+                params: _d.List[_r.ListReader[float]] = _d.List(0)
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -673,9 +667,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             paramCount = _d.Int("i32", 0)
 
-            @property
-            def body(self) -> Calculator.Expression.Reader:
-                return self._struct(0, Calculator.Expression.Reader, None)
+            body: _d.Struct[Calculator.Expression.Reader] = _d.Struct(0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -872,9 +864,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def expression(self) -> Calculator.Expression.Reader:
-                return self._struct(0, Calculator.Expression.Reader, None)
+            expression: _d.Struct[Calculator.Expression.Reader] = _d.Struct(0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1061,9 +1051,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
 
-            @property
-            def op(self) -> Calculator.Operator:
-                return (_E_Calculator_Operator[v] if (v := get_u16(self._seg, self._data)[0]) < 4 else Calculator.Operator(v))
+            op: _d.Enum[Calculator.Operator] = _d.Enum(0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1319,8 +1307,12 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Calculator_Operator = tuple(Calculator.Operator)
-_L_Calculator_Expression_Call_params = _r.struct_list(Calculator.Expression.Reader)
 _L_Calculator_Function_CallParams_params = _r.primitive_list("d")
+Calculator.DefFunctionParams.Reader.body.bind(Calculator.Expression.Reader)
+Calculator.EvaluateParams.Reader.expression.bind(Calculator.Expression.Reader)
+Calculator.GetOperatorParams.Reader.op.bind(Calculator.Operator, _E_Calculator_Operator)
+Calculator.Expression.Call.Reader.params.bind(Calculator.Expression.Reader)
+Calculator.Function.CallParams.Reader.params.bind(_L_Calculator_Function_CallParams_params)
 
 
 Calculator.METHODS = {"evaluate": (0, Calculator.EvaluateParams, Calculator.EvaluateResults), "defFunction": (1, Calculator.DefFunctionParams, Calculator.DefFunctionResults), "getOperator": (2, Calculator.GetOperatorParams, Calculator.GetOperatorResults)}

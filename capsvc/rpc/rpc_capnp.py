@@ -326,9 +326,7 @@ class Call:
 
         questionId = _d.Int("u32", 0)
 
-        @property
-        def target(self) -> MessageTarget.Reader:
-            return self._struct(0, MessageTarget.Reader, None)
+        target: _d.Struct[MessageTarget.Reader] = _d.Struct(0)
 
         interfaceId = _d.Int("u64", 8)
 
@@ -340,9 +338,7 @@ class Call:
 
         onlyPromisePipeline = _d.Bool(16, 2, False)
 
-        @property
-        def params(self) -> Payload.Reader:
-            return self._struct(1, Payload.Reader, None)
+        params: _d.Struct[Payload.Reader] = _d.Struct(1)
 
         @property
         def sendResultsTo(self) -> Call.SendResultsTo.Reader:
@@ -515,13 +511,9 @@ class CapDescriptor:
 
         receiverHosted = _d.Int("u32", 4)
 
-        @property
-        def receiverAnswer(self) -> PromisedAnswer.Reader:
-            return self._struct(0, PromisedAnswer.Reader, None)
+        receiverAnswer: _d.Struct[PromisedAnswer.Reader] = _d.Struct(0)
 
-        @property
-        def thirdPartyHosted(self) -> ThirdPartyCapDescriptor.Reader:
-            return self._struct(0, ThirdPartyCapDescriptor.Reader, None)
+        thirdPartyHosted: _d.Struct[ThirdPartyCapDescriptor.Reader] = _d.Struct(0)
 
         attachedFd = _d.UInt8(2, 255)
 
@@ -769,9 +761,7 @@ class Disembargo:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def target(self) -> MessageTarget.Reader:
-            return self._struct(0, MessageTarget.Reader, None)
+        target: _d.Struct[MessageTarget.Reader] = _d.Struct(0)
 
         @property
         def context(self) -> Disembargo.Context.Reader:
@@ -901,9 +891,7 @@ class Exception:
 
         reason = _d.Text(0, '')
 
-        @property
-        def type(self) -> Exception.Type:
-            return (_E_Exception_Type[v] if (v := get_u16(self._seg, self._data + 4)[0]) < 4 else Exception.Type(v))
+        type: _d.Enum[Exception.Type] = _d.Enum(4)
 
         obsoleteIsCallersFault = _d.Bool(0, 0, False)
 
@@ -1127,9 +1115,7 @@ class Join:
 
         questionId = _d.Int("u32", 0)
 
-        @property
-        def target(self) -> MessageTarget.Reader:
-            return self._struct(0, MessageTarget.Reader, None)
+        target: _d.Struct[MessageTarget.Reader] = _d.Struct(0)
 
         @property
         def keyPart(self) -> _r.AnyPointer:
@@ -1245,41 +1231,23 @@ class Message:
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def unimplemented(self) -> Message.Reader:
-            return self._struct(0, Message.Reader, None)
+        unimplemented: _d.Struct[Message.Reader] = _d.Struct(0)
 
-        @property
-        def abort(self) -> Exception.Reader:
-            return self._struct(0, Exception.Reader, None)
+        abort: _d.Struct[Exception.Reader] = _d.Struct(0)
 
-        @property
-        def bootstrap(self) -> Bootstrap.Reader:
-            return self._struct(0, Bootstrap.Reader, None)
+        bootstrap: _d.Struct[Bootstrap.Reader] = _d.Struct(0)
 
-        @property
-        def call(self) -> Call.Reader:
-            return self._struct(0, Call.Reader, None)
+        call: _d.Struct[Call.Reader] = _d.Struct(0)
 
-        @property
-        def return_(self) -> Return.Reader:
-            return self._struct(0, Return.Reader, None)
+        return_: _d.Struct[Return.Reader] = _d.Struct(0)
 
-        @property
-        def finish(self) -> Finish.Reader:
-            return self._struct(0, Finish.Reader, None)
+        finish: _d.Struct[Finish.Reader] = _d.Struct(0)
 
-        @property
-        def resolve(self) -> Resolve.Reader:
-            return self._struct(0, Resolve.Reader, None)
+        resolve: _d.Struct[Resolve.Reader] = _d.Struct(0)
 
-        @property
-        def release(self) -> Release.Reader:
-            return self._struct(0, Release.Reader, None)
+        release: _d.Struct[Release.Reader] = _d.Struct(0)
 
-        @property
-        def disembargo(self) -> Disembargo.Reader:
-            return self._struct(0, Disembargo.Reader, None)
+        disembargo: _d.Struct[Disembargo.Reader] = _d.Struct(0)
 
         @property
         def obsoleteSave(self) -> _r.AnyPointer:
@@ -1291,17 +1259,11 @@ class Message:
             w = self._ptr + 0
             return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
 
-        @property
-        def provide(self) -> Provide.Reader:
-            return self._struct(0, Provide.Reader, None)
+        provide: _d.Struct[Provide.Reader] = _d.Struct(0)
 
-        @property
-        def accept(self) -> Accept.Reader:
-            return self._struct(0, Accept.Reader, None)
+        accept: _d.Struct[Accept.Reader] = _d.Struct(0)
 
-        @property
-        def join(self) -> Join.Reader:
-            return self._struct(0, Join.Reader, None)
+        join: _d.Struct[Join.Reader] = _d.Struct(0)
 
         def which(self) -> Literal["unimplemented", "abort", "call", "return", "finish", "resolve", "release", "obsoleteSave", "bootstrap", "obsoleteDelete", "provide", "accept", "join", "disembargo"] | None:
             """The union member that is set (None: one this schema does not know)."""
@@ -1672,9 +1634,7 @@ class MessageTarget:
 
         importedCap = _d.Int("u32", 0)
 
-        @property
-        def promisedAnswer(self) -> PromisedAnswer.Reader:
-            return self._struct(0, PromisedAnswer.Reader, None)
+        promisedAnswer: _d.Struct[PromisedAnswer.Reader] = _d.Struct(0)
 
         def which(self) -> Literal["importedCap", "promisedAnswer"] | None:
             """The union member that is set (None: one this schema does not know)."""
@@ -1789,10 +1749,7 @@ class Payload:
             w = self._ptr + 0
             return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
 
-        @property
-        def capTable(self) -> _r.ListReader[CapDescriptor.Reader]:
-            w = self._ptr + 1
-            return _L_Payload_capTable(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        capTable: _d.StructList[CapDescriptor.Reader] = _d.StructList(1)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1975,10 +1932,7 @@ class PromisedAnswer:
 
         questionId = _d.Int("u32", 0)
 
-        @property
-        def transform(self) -> _r.ListReader[PromisedAnswer.Op.Reader]:
-            w = self._ptr + 0
-            return _L_PromisedAnswer_transform(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        transform: _d.StructList[PromisedAnswer.Op.Reader] = _d.StructList(0)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2072,9 +2026,7 @@ class Provide:
 
         questionId = _d.Int("u32", 0)
 
-        @property
-        def target(self) -> MessageTarget.Reader:
-            return self._struct(0, MessageTarget.Reader, None)
+        target: _d.Struct[MessageTarget.Reader] = _d.Struct(0)
 
         @property
         def recipient(self) -> _r.AnyPointer:
@@ -2284,13 +2236,9 @@ class Resolve:
 
         promiseId = _d.Int("u32", 0)
 
-        @property
-        def cap(self) -> CapDescriptor.Reader:
-            return self._struct(0, CapDescriptor.Reader, None)
+        cap: _d.Struct[CapDescriptor.Reader] = _d.Struct(0)
 
-        @property
-        def exception(self) -> Exception.Reader:
-            return self._struct(0, Exception.Reader, None)
+        exception: _d.Struct[Exception.Reader] = _d.Struct(0)
 
         def which(self) -> Literal["cap", "exception"] | None:
             """The union member that is set (None: one this schema does not know)."""
@@ -2441,13 +2389,9 @@ class Return:
 
         noFinishNeeded = _d.Bool(4, 1, False)
 
-        @property
-        def results(self) -> Payload.Reader:
-            return self._struct(0, Payload.Reader, None)
+        results: _d.Struct[Payload.Reader] = _d.Struct(0)
 
-        @property
-        def exception(self) -> Exception.Reader:
-            return self._struct(0, Exception.Reader, None)
+        exception: _d.Struct[Exception.Reader] = _d.Struct(0)
 
         @property
         def canceled(self) -> None:
@@ -2734,5 +2678,30 @@ class ThirdPartyCapDescriptor:
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Exception_Type = tuple(Exception.Type)
-_L_Payload_capTable = _r.struct_list(CapDescriptor.Reader)
-_L_PromisedAnswer_transform = _r.struct_list(PromisedAnswer.Op.Reader)
+Call.Reader.target.bind(MessageTarget.Reader)
+Call.Reader.params.bind(Payload.Reader)
+CapDescriptor.Reader.receiverAnswer.bind(PromisedAnswer.Reader)
+CapDescriptor.Reader.thirdPartyHosted.bind(ThirdPartyCapDescriptor.Reader)
+Disembargo.Reader.target.bind(MessageTarget.Reader)
+Exception.Reader.type.bind(Exception.Type, _E_Exception_Type)
+Join.Reader.target.bind(MessageTarget.Reader)
+Message.Reader.unimplemented.bind(Message.Reader)
+Message.Reader.abort.bind(Exception.Reader)
+Message.Reader.call.bind(Call.Reader)
+Message.Reader.return_.bind(Return.Reader)
+Message.Reader.finish.bind(Finish.Reader)
+Message.Reader.resolve.bind(Resolve.Reader)
+Message.Reader.release.bind(Release.Reader)
+Message.Reader.bootstrap.bind(Bootstrap.Reader)
+Message.Reader.provide.bind(Provide.Reader)
+Message.Reader.accept.bind(Accept.Reader)
+Message.Reader.join.bind(Join.Reader)
+Message.Reader.disembargo.bind(Disembargo.Reader)
+MessageTarget.Reader.promisedAnswer.bind(PromisedAnswer.Reader)
+Payload.Reader.capTable.bind(CapDescriptor.Reader)
+PromisedAnswer.Reader.transform.bind(PromisedAnswer.Op.Reader)
+Provide.Reader.target.bind(MessageTarget.Reader)
+Resolve.Reader.cap.bind(CapDescriptor.Reader)
+Resolve.Reader.exception.bind(Exception.Reader)
+Return.Reader.results.bind(Payload.Reader)
+Return.Reader.exception.bind(Exception.Reader)

@@ -517,10 +517,7 @@ class Store(_t.Interface["Store.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def keys(self) -> _r.ListReader[str]:
-                w = self._ptr + 0
-                return _L_Store_KeysResults_keys(self._msg, self._si, w if w < self._pend else -1, self._depth)
+            keys: _d.List[_r.ListReader[str]] = _d.List(0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1258,6 +1255,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _L_Store_KeysResults_keys = _r.simple_list(_r.TextList)
+Store.KeysResults.Reader.keys.bind(_L_Store_KeysResults_keys)
 
 
 Directory.METHODS = {"open": (0, Directory.OpenParams, Directory.OpenResults)}

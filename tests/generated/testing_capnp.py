@@ -799,19 +799,11 @@ class Holder:
             w = self._ptr + 1
             return _r.read_client(self._msg, self._si, w if w < self._pend else -1, Counter.Client)
 
-        @property
-        def inner(self) -> Holder.Reader:
-            return self._struct(2, Holder.Reader, None)
+        inner: _d.Struct[Holder.Reader] = _d.Struct(2)
 
-        @property
-        def caps(self) -> _r.ListReader[Counter.Client]:
-            w = self._ptr + 3
-            return _L_Holder_caps(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        caps: _d.List[_r.ListReader[Counter.Client]] = _d.List(3)
 
-        @property
-        def items(self) -> _r.ListReader[Holder.Reader]:
-            w = self._ptr + 4
-            return _L_Holder_items(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        items: _d.StructList[Holder.Reader] = _d.StructList(4)
 
         @property
         def choice(self) -> Holder.Choice.Reader:
@@ -1833,9 +1825,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def holder(self) -> Holder.Reader:
-                return self._struct(0, Holder.Reader, None)
+            holder: _d.Struct[Holder.Reader] = _d.Struct(0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1932,9 +1922,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def holder(self) -> Holder.Reader:
-                return self._struct(0, Holder.Reader, None)
+            holder: _d.Struct[Holder.Reader] = _d.Struct(0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2561,10 +2549,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def counters(self) -> _r.ListReader[Counter.Client]:
-                w = self._ptr + 0
-                return _L_Tester_SumParams_counters(self._msg, self._si, w if w < self._pend else -1, self._depth)
+            counters: _d.List[_r.ListReader[Counter.Client]] = _d.List(0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -3139,8 +3124,13 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _L_Holder_caps = _r.client_list(Counter.Client)
-_L_Holder_items = _r.struct_list(Holder.Reader)
 _L_Tester_SumParams_counters = _r.client_list(Counter.Client)
+Holder.Reader.inner.bind(Holder.Reader)
+Holder.Reader.caps.bind(_L_Holder_caps)
+Holder.Reader.items.bind(Holder.Reader)
+Tester.HoldCapsParams.Reader.holder.bind(Holder.Reader)
+Tester.HoldCapsResults.Reader.holder.bind(Holder.Reader)
+Tester.SumParams.Reader.counters.bind(_L_Tester_SumParams_counters)
 
 
 Callback.METHODS = {"notify": (0, Callback.NotifyParams, Callback.NotifyResults)}

@@ -45,18 +45,13 @@ class Car:
 
         model = _d.Text(1, '')
 
-        @property
-        def color(self) -> Color:
-            return (_E_Color[v] if (v := get_u16(self._seg, self._data)[0]) < 9 else Color(v))
+        color: _d.Enum[Color] = _d.Enum(0)
 
         seats = _d.UInt8(2)
 
         doors = _d.UInt8(3)
 
-        @property
-        def wheels(self) -> _r.ListReader[Wheel.Reader]:
-            w = self._ptr + 2
-            return _L_Car_wheels(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        wheels: _d.StructList[Wheel.Reader] = _d.StructList(2)
 
         length = _d.Int("u16", 4)
 
@@ -66,9 +61,7 @@ class Car:
 
         weight = _d.Int("u32", 12)
 
-        @property
-        def engine(self) -> Engine.Reader:
-            return self._struct(3, Engine.Reader, None)
+        engine: _d.Struct[Engine.Reader] = _d.Struct(3)
 
         fuelCapacity = _d.Float(32, 16)
 
@@ -404,10 +397,7 @@ class ParkingLot:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def cars(self) -> _r.ListReader[Car.Reader]:
-            w = self._ptr + 0
-            return _L_ParkingLot_cars(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        cars: _d.StructList[Car.Reader] = _d.StructList(0)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -662,5 +652,7 @@ class Wheel:
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Color = tuple(Color)
-_L_Car_wheels = _r.struct_list(Wheel.Reader)
-_L_ParkingLot_cars = _r.struct_list(Car.Reader)
+Car.Reader.color.bind(Color, _E_Color)
+Car.Reader.wheels.bind(Wheel.Reader)
+Car.Reader.engine.bind(Engine.Reader)
+ParkingLot.Reader.cars.bind(Car.Reader)

@@ -143,10 +143,7 @@ class SearchResultList:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
 
-        @property
-        def results(self) -> _r.ListReader[SearchResult.Reader]:
-            w = self._ptr + 0
-            return _L_SearchResultList_results(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        results: _d.StructList[SearchResult.Reader] = _d.StructList(0)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -214,4 +211,4 @@ class SearchResultList:
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
-_L_SearchResultList_results = _r.struct_list(SearchResult.Reader)
+SearchResultList.Reader.results.bind(SearchResult.Reader)

@@ -134,9 +134,7 @@ class Expression:
 
             value = _d.Int("i32", 4)
 
-            @property
-            def expression(self) -> Expression.Reader:
-                return self._struct(0, Expression.Reader, None)
+            expression: _d.Struct[Expression.Reader] = _d.Struct(0)
 
             def which(self) -> Literal["value", "expression"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -214,9 +212,7 @@ class Expression:
 
             value = _d.Int("i32", 8)
 
-            @property
-            def expression(self) -> Expression.Reader:
-                return self._struct(1, Expression.Reader, None)
+            expression: _d.Struct[Expression.Reader] = _d.Struct(1)
 
             def which(self) -> Literal["value", "expression"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -287,9 +283,7 @@ class Expression:
         _DATA_WORDS: ClassVar[int] = 2
         _POINTERS: ClassVar[int] = 2
 
-        @property
-        def op(self) -> Operation:
-            return (_E_Operation[v] if (v := get_u16(self._seg, self._data)[0]) < 5 else Operation(v))
+        op: _d.Enum[Operation] = _d.Enum(0)
 
         @property
         def left(self) -> Expression.Left.Reader:
@@ -421,3 +415,6 @@ class Operation(enum.IntEnum):
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Operation = tuple(Operation)
+Expression.Reader.op.bind(Operation, _E_Operation)
+Expression.Left.Reader.expression.bind(Expression.Reader)
+Expression.Right.Reader.expression.bind(Expression.Reader)

@@ -68,10 +68,7 @@ class Anything:
             w = self._ptr + 4
             return _r.read_client(self._msg, self._si, w if w < self._pend else -1, Shop.Client)
 
-        @property
-        def shops(self) -> _r.ListReader[Shop.Client]:
-            w = self._ptr + 5
-            return _L_Anything_shops(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        shops: _d.List[_r.ListReader[Shop.Client]] = _d.List(5)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -388,9 +385,7 @@ class Box:
             w = self._ptr + 0
             return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
 
-        @property
-        def next(self) -> Box.Reader:
-            return self._struct(1, Box.Reader, None)
+        next: _d.Struct[Box.Reader] = _d.Struct(1)
 
         label = _d.Text(2, '')
 
@@ -499,29 +494,17 @@ class Boxes:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 6
 
-        @property
-        def texts(self) -> Box_Text.Reader:
-            return self._struct(0, Box_Text.Reader, None)
+        texts: _d.Struct[Box_Text.Reader] = _d.Struct(0)
 
-        @property
-        def numbers(self) -> Box_List_Int32.Reader:
-            return self._struct(1, Box_List_Int32.Reader, None)
+        numbers: _d.Struct[Box_List_Int32.Reader] = _d.Struct(1)
 
-        @property
-        def trees(self) -> Box_Tree.Reader:
-            return self._struct(2, Box_Tree.Reader, None)
+        trees: _d.Struct[Box_Tree.Reader] = _d.Struct(2)
 
-        @property
-        def shops(self) -> Box_Shop.Reader:
-            return self._struct(3, Box_Shop.Reader, None)
+        shops: _d.Struct[Box_Shop.Reader] = _d.Struct(3)
 
-        @property
-        def pair(self) -> Pair_Text_Box_Text.Reader:
-            return self._struct(4, Pair_Text_Box_Text.Reader, None)
+        pair: _d.Struct[Pair_Text_Box_Text.Reader] = _d.Struct(4)
 
-        @property
-        def bare(self) -> Box.Reader:
-            return self._struct(5, Box.Reader, None)
+        bare: _d.Struct[Box.Reader] = _d.Struct(5)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -762,9 +745,7 @@ class Defaults:
 
         f64 = _d.Float(64, 40, 0xc002000000000000)
 
-        @property
-        def color(self) -> Color:
-            return (_E_Color[v] if (v := get_u16(self._seg, self._data + 36)[0] ^ 2) < 3 else Color(v))
+        color: _d.Enum[Color] = _d.Enum(36, 2)
 
         text = _d.Text(0, 'hello')
 
@@ -773,9 +754,7 @@ class Defaults:
             w = self._ptr + 1
             return _r.read_data(self._msg, self._si, w if w < self._pend else -1, b'\x01\x02\xfe')
 
-        @property
-        def numbers(self) -> Numbers.Reader:
-            return self._struct(2, Numbers.Reader, _D_Defaults_numbers)
+        numbers: _d.Struct[Numbers.Reader] = _d.Struct(2)
 
         @property
         def list(self) -> _r.ListReader[int]:
@@ -1295,100 +1274,43 @@ class Lists:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 19
 
-        @property
-        def voids(self) -> _r.ListReader[None]:
-            w = self._ptr + 0
-            return _L_Lists_voids(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        voids: _d.List[_r.ListReader[None]] = _d.List(0)
 
-        @property
-        def bools(self) -> _r.ListReader[bool]:
-            w = self._ptr + 1
-            return _L_Lists_bools(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        bools: _d.List[_r.ListReader[bool]] = _d.List(1)
 
-        @property
-        def i8s(self) -> _r.ListReader[int]:
-            w = self._ptr + 2
-            return _L_Lists_i8s(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        i8s: _d.List[_r.ListReader[int]] = _d.List(2)
 
-        @property
-        def i16s(self) -> _r.ListReader[int]:
-            w = self._ptr + 3
-            return _L_Lists_i16s(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        i16s: _d.List[_r.ListReader[int]] = _d.List(3)
 
-        @property
-        def i32s(self) -> _r.ListReader[int]:
-            w = self._ptr + 4
-            return _L_Lists_i32s(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        i32s: _d.List[_r.ListReader[int]] = _d.List(4)
 
-        @property
-        def i64s(self) -> _r.ListReader[int]:
-            w = self._ptr + 5
-            return _L_Lists_i64s(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        i64s: _d.List[_r.ListReader[int]] = _d.List(5)
 
-        @property
-        def u8s(self) -> _r.ListReader[int]:
-            w = self._ptr + 6
-            return _L_Lists_u8s(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        u8s: _d.List[_r.ListReader[int]] = _d.List(6)
 
-        @property
-        def u16s(self) -> _r.ListReader[int]:
-            w = self._ptr + 7
-            return _L_Lists_u16s(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        u16s: _d.List[_r.ListReader[int]] = _d.List(7)
 
-        @property
-        def u32s(self) -> _r.ListReader[int]:
-            w = self._ptr + 8
-            return _L_Lists_u32s(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        u32s: _d.List[_r.ListReader[int]] = _d.List(8)
 
-        @property
-        def u64s(self) -> _r.ListReader[int]:
-            w = self._ptr + 9
-            return _L_Lists_u64s(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        u64s: _d.List[_r.ListReader[int]] = _d.List(9)
 
-        @property
-        def f32s(self) -> _r.ListReader[float]:
-            w = self._ptr + 10
-            return _L_Lists_f32s(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        f32s: _d.List[_r.ListReader[float]] = _d.List(10)
 
-        @property
-        def f64s(self) -> _r.ListReader[float]:
-            w = self._ptr + 11
-            return _L_Lists_f64s(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        f64s: _d.List[_r.ListReader[float]] = _d.List(11)
 
-        @property
-        def texts(self) -> _r.ListReader[str]:
-            w = self._ptr + 12
-            return _L_Lists_texts(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        texts: _d.List[_r.ListReader[str]] = _d.List(12)
 
-        @property
-        def datas(self) -> _r.ListReader[bytes]:
-            w = self._ptr + 13
-            return _L_Lists_datas(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        datas: _d.List[_r.ListReader[bytes]] = _d.List(13)
 
-        @property
-        def structs(self) -> _r.ListReader[Numbers.Reader]:
-            w = self._ptr + 14
-            return _L_Lists_structs(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        structs: _d.StructList[Numbers.Reader] = _d.StructList(14)
 
-        @property
-        def colors(self) -> _r.ListReader[Color]:
-            w = self._ptr + 15
-            return _L_Lists_colors(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        colors: _d.List[_r.ListReader[Color]] = _d.List(15)
 
-        @property
-        def nested(self) -> _r.ListReader[_r.ListReader[int]]:
-            w = self._ptr + 16
-            return _L_Lists_nested(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        nested: _d.List[_r.ListReader[_r.ListReader[int]]] = _d.List(16)
 
-        @property
-        def nestedTexts(self) -> _r.ListReader[_r.ListReader[str]]:
-            w = self._ptr + 17
-            return _L_Lists_nestedTexts(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        nestedTexts: _d.List[_r.ListReader[_r.ListReader[str]]] = _d.List(17)
 
-        @property
-        def deep(self) -> _r.ListReader[_r.ListReader[_r.ListReader[int]]]:
-            w = self._ptr + 18
-            return _L_Lists_deep(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        deep: _d.List[_r.ListReader[_r.ListReader[_r.ListReader[int]]]] = _d.List(18)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1716,9 +1638,7 @@ class Numbers:
 
         f64 = _d.Float(64, 40)
 
-        @property
-        def color(self) -> Color:
-            return (_E_Color[v] if (v := get_u16(self._seg, self._data + 36)[0]) < 3 else Color(v))
+        color: _d.Enum[Color] = _d.Enum(36)
 
         b2 = _d.Bool(0, 1, False)
 
@@ -2477,13 +2397,9 @@ class Shapes:
                     _DATA_WORDS: ClassVar[int] = 3
                     _POINTERS: ClassVar[int] = 3
 
-                    @property
-                    def from_(self) -> Color:
-                        return (_E_Color[v] if (v := get_u16(self._seg, self._data + 14)[0]) < 3 else Color(v))
+                    from_: _d.Enum[Color] = _d.Enum(14)
 
-                    @property
-                    def to(self) -> Color:
-                        return (_E_Color[v] if (v := get_u16(self._seg, self._data + 16)[0]) < 3 else Color(v))
+                    to: _d.Enum[Color] = _d.Enum(16)
 
                     def to_dict(self) -> dict[str, Any]:
                         """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2628,9 +2544,7 @@ class Shapes:
             _DATA_WORDS: ClassVar[int] = 3
             _POINTERS: ClassVar[int] = 3
 
-            @property
-            def color(self) -> Color:
-                return (_E_Color[v] if (v := get_u16(self._seg, self._data + 10)[0]) < 3 else Color(v))
+            color: _d.Enum[Color] = _d.Enum(10)
 
             @property
             def fill(self) -> Shapes.Style.Fill.Reader:
@@ -2710,10 +2624,7 @@ class Shapes:
         def nothing(self) -> None:
             return None
 
-        @property
-        def points(self) -> _r.ListReader[int]:
-            w = self._ptr + 1
-            return _L_Shapes_points(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        points: _d.List[_r.ListReader[int]] = _d.List(1)
 
         @property
         def style(self) -> Shapes.Style.Reader:
@@ -2964,9 +2875,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             total = _d.Float(64, 0)
 
-            @property
-            def receipt(self) -> Numbers.Reader:
-                return self._struct(0, Numbers.Reader, None)
+            receipt: _d.Struct[Numbers.Reader] = _d.Struct(0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -3141,10 +3050,7 @@ class Shop(_t.Interface["Shop.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def items(self) -> _r.ListReader[str]:
-                w = self._ptr + 0
-                return _L_Shop_ListResults_items(self._msg, self._si, w if w < self._pend else -1, self._depth)
+            items: _d.List[_r.ListReader[str]] = _d.List(0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -3235,9 +3141,7 @@ class Shop(_t.Interface["Shop.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            @property
-            def tree(self) -> Tree.Reader:
-                return self._struct(0, Tree.Reader, None)
+            tree: _d.Struct[Tree.Reader] = _d.Struct(0)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -3559,9 +3463,7 @@ class Store(_t.Interface["Store.Client"]):
                 w = self._ptr + 0
                 return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
 
-            @property
-            def box(self) -> Box.Reader:
-                return self._struct(1, Box.Reader, None)
+            box: _d.Struct[Box.Reader] = _d.Struct(1)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -3946,18 +3848,11 @@ class Tree:
 
         value = _d.Int("i32", 0)
 
-        @property
-        def children(self) -> _r.ListReader[Tree.Reader]:
-            w = self._ptr + 0
-            return _L_Tree_children(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        children: _d.StructList[Tree.Reader] = _d.StructList(0)
 
-        @property
-        def left(self) -> Tree.Reader:
-            return self._struct(1, Tree.Reader, None)
+        left: _d.Struct[Tree.Reader] = _d.Struct(1)
 
-        @property
-        def other(self) -> kitchen_other_capnp.Thing.Reader:
-            return self._struct(2, kitchen_other_capnp.Thing.Reader, None)
+        other: _d.Struct[kitchen_other_capnp.Thing.Reader] = _d.Struct(2)
 
         @property
         def anything(self) -> _r.AnyPointer:
@@ -4112,9 +4007,7 @@ class Box_Text:
 
         value = _d.Text(0, '')
 
-        @property
-        def next(self) -> Box_Text.Reader:
-            return self._struct(1, Box_Text.Reader, None)
+        next: _d.Struct[Box_Text.Reader] = _d.Struct(1)
 
         label = _d.Text(2, '')
 
@@ -4225,14 +4118,9 @@ class Box_List_Int32:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
 
-        @property
-        def value(self) -> _r.ListReader[int]:
-            w = self._ptr + 0
-            return _L_Box_List_Int32_value(self._msg, self._si, w if w < self._pend else -1, self._depth)
+        value: _d.List[_r.ListReader[int]] = _d.List(0)
 
-        @property
-        def next(self) -> Box_List_Int32.Reader:
-            return self._struct(1, Box_List_Int32.Reader, None)
+        next: _d.Struct[Box_List_Int32.Reader] = _d.Struct(1)
 
         label = _d.Text(2, '')
 
@@ -4351,13 +4239,9 @@ class Box_Tree:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
 
-        @property
-        def value(self) -> Tree.Reader:
-            return self._struct(0, Tree.Reader, None)
+        value: _d.Struct[Tree.Reader] = _d.Struct(0)
 
-        @property
-        def next(self) -> Box_Tree.Reader:
-            return self._struct(1, Box_Tree.Reader, None)
+        next: _d.Struct[Box_Tree.Reader] = _d.Struct(1)
 
         label = _d.Text(2, '')
 
@@ -4488,9 +4372,7 @@ class Box_Shop:
             w = self._ptr + 0
             return _r.read_client(self._msg, self._si, w if w < self._pend else -1, Shop.Client)
 
-        @property
-        def next(self) -> Box_Shop.Reader:
-            return self._struct(1, Box_Shop.Reader, None)
+        next: _d.Struct[Box_Shop.Reader] = _d.Struct(1)
 
         label = _d.Text(2, '')
 
@@ -4608,9 +4490,7 @@ class Pair_Text_Box_Text:
 
         key = _d.Text(0, '')
 
-        @property
-        def value(self) -> Box_Text.Reader:
-            return self._struct(1, Box_Text.Reader, None)
+        value: _d.Struct[Box_Text.Reader] = _d.Struct(1)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -4940,9 +4820,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             value = _d.Text(0, '')
 
-            @property
-            def box(self) -> Box_Text.Reader:
-                return self._struct(1, Box_Text.Reader, None)
+            box: _d.Struct[Box_Text.Reader] = _d.Struct(1)
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -5305,15 +5183,62 @@ _L_Lists_f32s = _r.primitive_list("f")
 _L_Lists_f64s = _r.primitive_list("d")
 _L_Lists_texts = _r.simple_list(_r.TextList)
 _L_Lists_datas = _r.simple_list(_r.DataList)
-_L_Lists_structs = _r.struct_list(Numbers.Reader)
 _L_Lists_colors = _r.primitive_list("H", Color)
 _L_Lists_nested = _r.list_list(_r.primitive_list("i"))
 _L_Lists_nestedTexts = _r.list_list(_r.simple_list(_r.TextList))
 _L_Lists_deep = _r.list_list(_r.list_list(_r.primitive_list("B")))
 _L_Shapes_points = _r.primitive_list("i")
-_L_Tree_children = _r.struct_list(Tree.Reader)
 _L_Shop_ListResults_items = _r.simple_list(_r.TextList)
 _L_Box_List_Int32_value = _r.primitive_list("i")
+Anything.Reader.shops.bind(_L_Anything_shops)
+Box.Reader.next.bind(Box.Reader)
+Boxes.Reader.texts.bind(Box_Text.Reader)
+Boxes.Reader.numbers.bind(Box_List_Int32.Reader)
+Boxes.Reader.trees.bind(Box_Tree.Reader)
+Boxes.Reader.shops.bind(Box_Shop.Reader)
+Boxes.Reader.pair.bind(Pair_Text_Box_Text.Reader)
+Boxes.Reader.bare.bind(Box.Reader)
+Defaults.Reader.color.bind(Color, _E_Color)
+Defaults.Reader.numbers.bind(Numbers.Reader, _D_Defaults_numbers)
+Lists.Reader.voids.bind(_L_Lists_voids)
+Lists.Reader.bools.bind(_L_Lists_bools)
+Lists.Reader.i8s.bind(_L_Lists_i8s)
+Lists.Reader.i16s.bind(_L_Lists_i16s)
+Lists.Reader.i32s.bind(_L_Lists_i32s)
+Lists.Reader.i64s.bind(_L_Lists_i64s)
+Lists.Reader.u8s.bind(_L_Lists_u8s)
+Lists.Reader.u16s.bind(_L_Lists_u16s)
+Lists.Reader.u32s.bind(_L_Lists_u32s)
+Lists.Reader.u64s.bind(_L_Lists_u64s)
+Lists.Reader.f32s.bind(_L_Lists_f32s)
+Lists.Reader.f64s.bind(_L_Lists_f64s)
+Lists.Reader.texts.bind(_L_Lists_texts)
+Lists.Reader.datas.bind(_L_Lists_datas)
+Lists.Reader.structs.bind(Numbers.Reader)
+Lists.Reader.colors.bind(_L_Lists_colors)
+Lists.Reader.nested.bind(_L_Lists_nested)
+Lists.Reader.nestedTexts.bind(_L_Lists_nestedTexts)
+Lists.Reader.deep.bind(_L_Lists_deep)
+Numbers.Reader.color.bind(Color, _E_Color)
+Shapes.Reader.points.bind(_L_Shapes_points)
+Tree.Reader.children.bind(Tree.Reader)
+Tree.Reader.left.bind(Tree.Reader)
+Tree.Reader.other.bind(kitchen_other_capnp.Thing.Reader)
+Shapes.Style.Reader.color.bind(Color, _E_Color)
+Shop.BuyResults.Reader.receipt.bind(Numbers.Reader)
+Shop.ListResults.Reader.items.bind(_L_Shop_ListResults_items)
+Shop.PeekParams.Reader.tree.bind(Tree.Reader)
+Store.GetResults.Reader.box.bind(Box.Reader)
+Shapes.Style.Fill.Gradient.Reader.from_.bind(Color, _E_Color)
+Shapes.Style.Fill.Gradient.Reader.to.bind(Color, _E_Color)
+Box_Text.Reader.next.bind(Box_Text.Reader)
+Box_List_Int32.Reader.value.bind(_L_Box_List_Int32_value)
+Box_List_Int32.Reader.next.bind(Box_List_Int32.Reader)
+Box_Tree.Reader.value.bind(Tree.Reader)
+Box_Tree.Reader.next.bind(Box_Tree.Reader)
+Box_Shop.Reader.next.bind(Box_Shop.Reader)
+Pair_Text_Box_Text.Reader.value.bind(Box_Text.Reader)
+Store_Text.GetResults.Reader.box.bind(Box_Text.Reader)
 
 
 Base.METHODS = {"depth": (0, Base.DepthParams, Base.DepthResults)}

@@ -61,9 +61,7 @@ class Thing:
 
         tag = _d.Text(0, '')
 
-        @property
-        def kind(self) -> Thing.Kind:
-            return (_E_Thing_Kind[v] if (v := get_u16(self._seg, self._data + 8)[0]) < 2 else Thing.Kind(v))
+        kind: _d.Enum[Thing.Kind] = _d.Enum(8)
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -160,3 +158,4 @@ class Thing:
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Thing_Kind = tuple(Thing.Kind)
+Thing.Reader.kind.bind(Thing.Kind, _E_Thing_Kind)
