@@ -15,8 +15,10 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from capsvc.codec.building import bad_type, bad_value, get_text
+from capsvc.codec.building import StructBuilder, bad_type, bad_value, get_text
+from capsvc.codec.building import group_view as building_group_view
 from capsvc.codec.reading import StructReader, read_struct, read_struct_list
+from capsvc.codec.reading import group_view as reading_group_view
 
 _FORMATS = {
     "i8": "<b", "i16": "<h", "i32": "<i", "i64": "<q",
@@ -111,6 +113,26 @@ def List(slot: int) -> _Late:
     def get(self: Any) -> Any:
         w = self._ptr + slot
         return bound[0](self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+    return _Late(get, bound)
+
+
+def Group() -> _Late:
+    bound: list[Any] = [StructReader]
+
+    def get(self: Any) -> Any:
+        return reading_group_view(bound[0], self)
+
+    return _Late(get, bound)
+
+
+def BuilderGroup(disc_at: int = -1, disc: int = 0) -> _Late:
+    bound: list[Any] = [StructBuilder]
+
+    def get(self: Any) -> Any:
+        if disc_at >= 0:
+            _U16.pack_into(self._b.buf, self._data + disc_at, disc)
+        return building_group_view(bound[0], self)
 
     return _Late(get, bound)
 

@@ -35,6 +35,7 @@ from typing import Any, Final
 from librt.strings import read_f32_le, read_f64_le, read_i16_le, read_i32_le, read_i64_le
 
 from capsvc.codec.building import StructBuilder, bad_type, bad_value, get_text
+from capsvc.codec.building import group_view as building_group_view
 from capsvc.codec.reading import (
     MessageReader,
     StructReader,
@@ -42,6 +43,7 @@ from capsvc.codec.reading import (
     read_struct_list,
     read_text,
 )
+from capsvc.codec.reading import group_view as reading_group_view
 
 _Unpack = Callable[[Any, int], tuple[Any, ...]]
 _Pack = Callable[[Any, int, Any], None]
@@ -255,6 +257,44 @@ class List:
 
 def _unbound_list(msg: MessageReader, si: int, w: int, depth: int) -> object:
     raise TypeError("a List field read before its module bound its element type")
+
+
+class Group:
+    """A group of a reader: a ``cls`` reader of the same sections."""
+
+    __slots__ = ("cls",)
+
+    def __init__(self) -> None:
+        self.cls: type[StructReader] = StructReader
+
+    def bind(self, cls: type[StructReader]) -> None:
+        self.cls = cls
+
+    def __get__(self, obj: StructReader | None, owner: object = None) -> object:
+        if obj is None:
+            return self
+        return reading_group_view(self.cls, obj)
+
+
+class BuilderGroup:
+    """A group of a builder; a group that is a union member is selected by the access, as
+    generated setters select theirs (``disc_at`` < 0: not a union member)."""
+
+    __slots__ = ("cls", "disc", "disc_at")
+
+    def __init__(self, disc_at: int = -1, disc: int = 0) -> None:
+        self.disc_at = disc_at
+        self.disc = disc
+        self.cls: type[StructBuilder] = StructBuilder
+
+    def bind(self, cls: type[StructBuilder]) -> None:
+        self.cls = cls
+
+    def __get__(self, obj: StructBuilder | None, owner: object = None) -> object:
+        if obj is None:
+            return self
+        _select(obj, self.disc_at, self.disc)
+        return building_group_view(self.cls, obj)
 
 
 class Enum:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from capsvc._mypyc import mypyc_attr
+from capsvc.codec.reading import SHORT_LIST
 from capsvc.errors import DecodeError
 from capsvc.framing import encode_message
 
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 B = TypeVar("B", bound="StructBuilder")
 
 _set_u64 = struct.Struct("<Q").pack_into
+#: A pointer word as its two 32-bit halves: the values stay small ints (a whole word with
+#: bits 62 and up set would be a Python long, made and freed per pointer written).
+_set_halves = struct.Struct("<II").pack_into
+_ZERO_WORD = bytes(8)
 _get_u64: Callable[[Any, int], tuple[int]] = struct.Struct("<Q").unpack_from
 
 #: (struct format letter, Cap'n Proto name) of each number type, for the messages of errors.
@@ -64,7 +69,6 @@ def bad_type(value: object, field: str, expected: str) -> TypeError:
     return TypeError(f"{field}: expected {expected}, got {type(value).__name__}")
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class MessageBuilder:
     """One message being built: a single segment that grows at the end."""
 
@@ -80,7 +84,7 @@ class MessageBuilder:
         """Allocate ``words`` zeroed words; returns the first one's index."""
         buf = self.buf
         start = len(buf) >> 3
-        buf += bytes(words << 3)
+        buf += _ZERO_WORD * words  # (a bytes repeat is native; bytes(n) is a type call)
         return start
 
     def segments(self) -> list[bytearray]:
@@ -91,12 +95,12 @@ def write_struct_pointer(
     buf: bytearray, at: int, target: int, data_words: int, pointers: int
 ) -> None:
     offset = target - at - 1
-    _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | (data_words << 32) | (pointers << 48))
+    _set_halves(buf, at << 3, (offset << 2) & 0xFFFFFFFF, data_words | pointers << 16)
 
 
 def write_list_pointer(buf: bytearray, at: int, target: int, code: int, count: int) -> None:
     offset = target - at - 1
-    _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | 1 | ((count << 3 | code) << 32))
+    _set_halves(buf, at << 3, (offset << 2) & 0xFFFFFFFF | 1, count << 3 | code)
 
 
 def new_builder(cls: type[B], builder: MessageBuilder, start: int) -> B:
@@ -106,6 +110,15 @@ def new_builder(cls: type[B], builder: MessageBuilder, start: int) -> B:
     view._b = builder
     view._data = start << 3
     view._ptr = start + cls._DATA_WORDS
+    return view
+
+
+def group_view(cls: type[B], parent: StructBuilder) -> B:
+    """A group of ``parent``: a ``cls`` builder of the same sections."""
+    view = cls()
+    view._b = parent._b
+    view._data = parent._data
+    view._ptr = parent._ptr
     return view
 
 
@@ -128,12 +141,7 @@ class StructBuilder:
 
     @classmethod
     def _view(cls: type[B], parent: StructBuilder) -> B:
-        """A group: the same sections as the struct it is part of."""
-        view = cls()
-        view._b = parent._b
-        view._data = parent._data
-        view._ptr = parent._ptr
-        return view
+        return group_view(cls, parent)
 
     @classmethod
     def new_message(cls: type[B]) -> B:
@@ -174,9 +182,9 @@ def init_struct(parent: StructBuilder | ListBuilder, at: int, cls: type[B]) -> B
     data_words = cls._DATA_WORDS
     pointers = cls._POINTERS
     start = len(buf) >> 3
-    buf += bytes((data_words + pointers) << 3)
+    buf += _ZERO_WORD * (data_words + pointers)
     offset = start - at - 1
-    _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | (data_words << 32) | (pointers << 48))
+    _set_halves(buf, at << 3, (offset << 2) & 0xFFFFFFFF, data_words | pointers << 16)
     view = cls()
     view._b = builder
     view._data = start << 3
@@ -215,7 +223,7 @@ def set_text(builder: MessageBuilder, at: int, value: object, field: str) -> Non
     buf += encoded
     buf += _TEXT_ENDS[size - 1 & 7]
     offset = start - at - 1
-    _set_u64(buf, at << 3, ((offset << 2) & 0xFFFFFFFF) | 1 | ((size << 3 | 2) << 32))
+    _set_halves(buf, at << 3, (offset << 2) & 0xFFFFFFFF | 1, size << 3 | 2)
 
 
 def set_data(builder: MessageBuilder, at: int, value: object, field: str) -> None:
@@ -423,6 +431,12 @@ class StructListBuilder(ListBuilder, Generic[B]):
         return new_builder(cls, self._b, self._start + index * (cls._DATA_WORDS + cls._POINTERS))
 
     def __iter__(self) -> Iterator[B]:
+        if self._count <= SHORT_LIST:  # all at once: see reading.StructList.__iter__
+            cls, builder = self._cls, self._b
+            step = cls._DATA_WORDS + cls._POINTERS
+            start = self._start
+            stop = start + self._count * step
+            return iter([new_builder(cls, builder, at) for at in range(start, stop, step)])
         return StructBuilders(self)
 
 
@@ -552,10 +566,12 @@ def init_struct_list(
     builder: MessageBuilder, at: int, count: object, field: str, cls: type[B]
 ) -> StructListBuilder[B]:
     n = _check_count(count, field)
-    size = cls._DATA_WORDS + cls._POINTERS
+    data_words = cls._DATA_WORDS
+    pointers = cls._POINTERS
+    size = data_words + pointers
     start = builder.alloc(1 + n * size)
     buf = builder.buf
-    _set_u64(buf, start << 3, (n << 2) | (cls._DATA_WORDS << 32) | (cls._POINTERS << 48))
+    _set_halves(buf, start << 3, n << 2, data_words | pointers << 16)
     write_list_pointer(buf, at, start, 7, n * size)
     return StructListBuilder(builder, start + 1, n, field, cls)
 

@@ -23,8 +23,10 @@ R = TypeVar("R", bound="StructReader")
 
 __all__ = [
     "Bool",
+    "BuilderGroup",
     "Enum",
     "Float",
+    "Group",
     "Int",
     "List",
     "Struct",
@@ -95,6 +97,20 @@ if TYPE_CHECKING:
         def bind(self, make: Callable[[MessageReader, int, int, int], T]) -> None:
             raise NotImplementedError
 
+    class Group(_ReaderField[T]):
+        def __init__(self) -> None:
+            raise NotImplementedError
+
+        def bind(self, cls: type[T]) -> None:
+            raise NotImplementedError
+
+    class BuilderGroup(_ReaderField[T]):
+        def __init__(self, disc_at: int = -1, disc: int = 0) -> None:
+            raise NotImplementedError
+
+        def bind(self, cls: type[T]) -> None:
+            raise NotImplementedError
+
     class Enum(_ReaderField[T]):
         def __init__(self, offset: int, xor: int = 0) -> None:
             raise NotImplementedError
@@ -143,8 +159,10 @@ if TYPE_CHECKING:
 elif COMPILED:
     from capsvc.codec.accessors import (
         Bool,
+        BuilderGroup,
         Enum,
         Float,
+        Group,
         Int,
         List,
         Struct,
@@ -159,8 +177,10 @@ elif COMPILED:
 else:
     from capsvc.codec._pure_descriptors import (
         Bool,
+        BuilderGroup,
         Enum,
         Float,
+        Group,
         Int,
         List,
         Struct,

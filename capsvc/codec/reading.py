@@ -60,7 +60,6 @@ C = TypeVar("C", covariant=True)
 E = TypeVar("E")
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class MessageReader:
     """The segments of one message and what reading them may still cost."""
 
@@ -178,6 +177,19 @@ def new_reader(
     return reader
 
 
+def group_view(cls: type[R], parent: StructReader) -> R:
+    """A group of ``parent``: a ``cls`` reader of the same sections."""
+    reader = cls()
+    reader._msg = parent._msg
+    reader._si = parent._si
+    reader._seg = parent._seg
+    reader._data = parent._data
+    reader._ptr = parent._ptr
+    reader._pend = parent._pend
+    reader._depth = parent._depth
+    return reader
+
+
 # ---------------------------------------------------------------------- structs
 @mypyc_attr(allow_interpreted_subclasses=True)
 class StructReader:
@@ -269,16 +281,7 @@ class StructReader:
 
     @classmethod
     def _view(cls: type[R], parent: StructReader) -> R:
-        """A group: the same sections as the struct it is part of."""
-        reader = cls()
-        reader._msg = parent._msg
-        reader._si = parent._si
-        reader._seg = parent._seg
-        reader._data = parent._data
-        reader._ptr = parent._ptr
-        reader._pend = parent._pend
-        reader._depth = parent._depth
-        return reader
+        return group_view(cls, parent)
 
     @classmethod
     def _of_builder(cls: type[R], builder: Any) -> R:
@@ -422,7 +425,6 @@ def read_data(msg: MessageReader, si: int, w: int, default: bytes) -> bytes:
 
 
 # ---------------------------------------------------------------------- lists
-@mypyc_attr(allow_interpreted_subclasses=True)
 class _ListShape:
     """Where a list's elements are: what ``_open_list`` found behind a list pointer.
 
@@ -725,7 +727,29 @@ class StructList(ListReader[R]):
         words = self._words
         if not words:
             return super().__iter__()
+        if self._count <= SHORT_LIST:
+            # Every reader at once: a list iterator ends without an exception, while a
+            # compiled __next__'s StopIteration gets a traceback entry (a code object and
+            # a frame, about 2,000 instructions: more than four readers cost).
+            cls, msg, si, dw, pc, depth = (
+                self._cls,
+                self._msg,
+                self._si,
+                self._dw,
+                self._pc,
+                self._depth,
+            )
+            start = self._start
+            stop = start + self._count * words
+            return iter(
+                [new_reader(cls, msg, si, at, dw, pc, depth) for at in range(start, stop, words)]
+            )
         return StructElements(self, words)
+
+
+#: Struct lists up to this long are iterated over a list of all their readers, made at
+#: once (see ``StructList.__iter__``); longer ones one reader at a time.
+SHORT_LIST: Final = 64
 
 
 class StructElements(Generic[R]):
@@ -780,11 +804,7 @@ def _composite(
     if tag & 3 or not size or elements * size > total or budget < 0:
         return None
     msg.budget = budget
-    lst: StructList[R] = StructList.__new__(StructList)
-    lst._cls = cls
-    lst._msg = msg
-    lst._shape = None
-    lst._depth = depth - 1
+    lst = StructList(msg, None, depth - 1, cls)  # an empty list, filled in below
     lst._count = elements
     lst._si = si
     lst._seg = segment

@@ -640,11 +640,9 @@ def _which(out: _Out, node: Struct, buffer: str, *, check_bounds: bool) -> None:
 
 def _reader_field(out: _Out, node: Struct, field: Field, path: str, names: _Names) -> None:
     name = python_name(field.name)
-    if field.group is not None:
+    if field.group is not None:  # bound at the module's end (_late_bindings)
         group = names.of(field.group)
-        out.add("@property")
-        out.add(f"def {name}(self) -> {group}.Reader:")
-        out.add(f"    return {group}.Reader._view(self)")
+        out.add(f"{name}: _d.Group[{group}.Reader] = _d.Group()")
         return
     kind = field.type
     assert kind is not None
@@ -723,9 +721,13 @@ def _late_bindings(file: File, names: _Names) -> list[str]:
         path = names.local[node.id]
         for field in node.fields:
             kind = field.type
-            if field.group is not None or kind is None:
+            if field.group is not None:
+                group = names.of(field.group)
+                name = python_name(field.name)
+                lines.append(f"{path}.Reader.{name}.bind({group}.Reader)")
+                lines.append(f"{path}.Builder.{name}.bind({group}.Builder)")
                 continue
-            if _late_descriptor(field, names) is None:
+            if kind is None or _late_descriptor(field, names) is None:
                 continue
             target = f"{path}.Reader.{python_name(field.name)}"
             if kind.kind == "enum":
@@ -1124,15 +1126,13 @@ def _builder_descriptor(node: Struct, field: Field, label: str) -> str | None:
 def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Names) -> None:
     name = python_name(field.name)
     label = f"{node.scope}.{field.name}"
-    if field.group is not None:
+    if field.group is not None:  # bound at the module's end (_late_bindings)
         group = names.of(field.group)
+        where = ""
+        if field.discriminant is not None:
+            where = f"{node.discriminant_offset * 2}, {field.discriminant}"
         out.add("")
-        out.add("@property")
-        out.add(f"def {name}(self) -> {group}.Builder:")
-        with out.indent():
-            for line in _select(node, field):
-                out.add(line)
-            out.add(f"return {group}.Builder._view(self)")
+        out.add(f"{name}: _d.BuilderGroup[{group}.Builder] = _d.BuilderGroup({where})")
         return
     kind = field.type
     assert kind is not None

@@ -122,9 +122,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             parameter = _d.Int("u32", 0)
 
-            @property
-            def call(self) -> Calculator.Expression.Call.Reader:
-                return Calculator.Expression.Call.Reader._view(self)
+            call: _d.Group[Calculator.Expression.Call.Reader] = _d.Group()
 
             def which(self) -> Literal["literal", "previousResult", "parameter", "call"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -159,10 +157,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             parameter = _d.int_property("u32", 0, 0, "Calculator.Expression.parameter", "UInt32", 8, 2)
 
-            @property
-            def call(self) -> Calculator.Expression.Call.Builder:
-                set_u16(self._b.buf, self._data + 8, 3)
-                return Calculator.Expression.Call.Builder._view(self)
+            call: _d.BuilderGroup[Calculator.Expression.Call.Builder] = _d.BuilderGroup(8, 3)
 
             def which(self) -> Literal["literal", "previousResult", "parameter", "call"] | None:
                 """The union member that is set (None: one this schema does not know)."""
@@ -1308,6 +1303,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Calculator_Operator = tuple(Calculator.Operator)
 _L_Calculator_Function_CallParams_params = _r.primitive_list("d")
+Calculator.Expression.Reader.call.bind(Calculator.Expression.Call.Reader)
+Calculator.Expression.Builder.call.bind(Calculator.Expression.Call.Builder)
 Calculator.DefFunctionParams.Reader.body.bind(Calculator.Expression.Reader)
 Calculator.EvaluateParams.Reader.expression.bind(Calculator.Expression.Reader)
 Calculator.GetOperatorParams.Reader.op.bind(Calculator.Operator, _E_Calculator_Operator)

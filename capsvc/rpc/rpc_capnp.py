@@ -340,9 +340,7 @@ class Call:
 
         params: _d.Struct[Payload.Reader] = _d.Struct(1)
 
-        @property
-        def sendResultsTo(self) -> Call.SendResultsTo.Reader:
-            return Call.SendResultsTo.Reader._view(self)
+        sendResultsTo: _d.Group[Call.SendResultsTo.Reader] = _d.Group()
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -404,9 +402,7 @@ class Call:
             """A new, empty params struct."""
             return _b.init_struct(self, self._ptr + 1, Payload.Builder)
 
-        @property
-        def sendResultsTo(self) -> Call.SendResultsTo.Builder:
-            return Call.SendResultsTo.Builder._view(self)
+        sendResultsTo: _d.BuilderGroup[Call.SendResultsTo.Builder] = _d.BuilderGroup()
 
         _ASSIGN: ClassVar[Any] = struct.Struct('<IH2xQB31x').pack_into
 
@@ -763,9 +759,7 @@ class Disembargo:
 
         target: _d.Struct[MessageTarget.Reader] = _d.Struct(0)
 
-        @property
-        def context(self) -> Disembargo.Context.Reader:
-            return Disembargo.Context.Reader._view(self)
+        context: _d.Group[Disembargo.Context.Reader] = _d.Group()
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -794,9 +788,7 @@ class Disembargo:
             """A new, empty target struct."""
             return _b.init_struct(self, self._ptr + 0, MessageTarget.Builder)
 
-        @property
-        def context(self) -> Disembargo.Context.Builder:
-            return Disembargo.Context.Builder._view(self)
+        context: _d.BuilderGroup[Disembargo.Context.Builder] = _d.BuilderGroup()
 
         def assign(self, /, *, target: MessageTarget.Reader | None = None) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -2680,9 +2672,13 @@ class ThirdPartyCapDescriptor:
 _E_Exception_Type = tuple(Exception.Type)
 Call.Reader.target.bind(MessageTarget.Reader)
 Call.Reader.params.bind(Payload.Reader)
+Call.Reader.sendResultsTo.bind(Call.SendResultsTo.Reader)
+Call.Builder.sendResultsTo.bind(Call.SendResultsTo.Builder)
 CapDescriptor.Reader.receiverAnswer.bind(PromisedAnswer.Reader)
 CapDescriptor.Reader.thirdPartyHosted.bind(ThirdPartyCapDescriptor.Reader)
 Disembargo.Reader.target.bind(MessageTarget.Reader)
+Disembargo.Reader.context.bind(Disembargo.Context.Reader)
+Disembargo.Builder.context.bind(Disembargo.Context.Builder)
 Exception.Reader.type.bind(Exception.Type, _E_Exception_Type)
 Join.Reader.target.bind(MessageTarget.Reader)
 Message.Reader.unimplemented.bind(Message.Reader)

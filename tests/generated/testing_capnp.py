@@ -805,13 +805,9 @@ class Holder:
 
         items: _d.StructList[Holder.Reader] = _d.StructList(4)
 
-        @property
-        def choice(self) -> Holder.Choice.Reader:
-            return Holder.Choice.Reader._view(self)
+        choice: _d.Group[Holder.Choice.Reader] = _d.Group()
 
-        @property
-        def extra(self) -> Holder.Extra.Reader:
-            return Holder.Extra.Reader._view(self)
+        extra: _d.Group[Holder.Extra.Reader] = _d.Group()
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -866,13 +862,9 @@ class Holder:
             """A new list of ``count`` elements in items."""
             return _b.init_struct_list(self._b, self._ptr + 4, count, "Holder.items", Holder.Builder)
 
-        @property
-        def choice(self) -> Holder.Choice.Builder:
-            return Holder.Choice.Builder._view(self)
+        choice: _d.BuilderGroup[Holder.Choice.Builder] = _d.BuilderGroup()
 
-        @property
-        def extra(self) -> Holder.Extra.Builder:
-            return Holder.Extra.Builder._view(self)
+        extra: _d.BuilderGroup[Holder.Extra.Builder] = _d.BuilderGroup()
 
         def assign(self, /, *, name: str | None = None, cap: Counter.Client | Counter.Server | None = None, inner: Holder.Reader | None = None, caps: Sequence[Counter.Client | Counter.Server | None] | None = None) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -3128,6 +3120,10 @@ _L_Tester_SumParams_counters = _r.client_list(Counter.Client)
 Holder.Reader.inner.bind(Holder.Reader)
 Holder.Reader.caps.bind(_L_Holder_caps)
 Holder.Reader.items.bind(Holder.Reader)
+Holder.Reader.choice.bind(Holder.Choice.Reader)
+Holder.Builder.choice.bind(Holder.Choice.Builder)
+Holder.Reader.extra.bind(Holder.Extra.Reader)
+Holder.Builder.extra.bind(Holder.Extra.Builder)
 Tester.HoldCapsParams.Reader.holder.bind(Holder.Reader)
 Tester.HoldCapsResults.Reader.holder.bind(Holder.Reader)
 Tester.SumParams.Reader.counters.bind(_L_Tester_SumParams_counters)

@@ -285,13 +285,9 @@ class Expression:
 
         op: _d.Enum[Operation] = _d.Enum(0)
 
-        @property
-        def left(self) -> Expression.Left.Reader:
-            return Expression.Left.Reader._view(self)
+        left: _d.Group[Expression.Left.Reader] = _d.Group()
 
-        @property
-        def right(self) -> Expression.Right.Reader:
-            return Expression.Right.Reader._view(self)
+        right: _d.Group[Expression.Right.Reader] = _d.Group()
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -317,13 +313,9 @@ class Expression:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Expression.op", "Operation", "H") from None
 
-        @property
-        def left(self) -> Expression.Left.Builder:
-            return Expression.Left.Builder._view(self)
+        left: _d.BuilderGroup[Expression.Left.Builder] = _d.BuilderGroup()
 
-        @property
-        def right(self) -> Expression.Right.Builder:
-            return Expression.Right.Builder._view(self)
+        right: _d.BuilderGroup[Expression.Right.Builder] = _d.BuilderGroup()
 
         _ASSIGN: ClassVar[Any] = struct.Struct('<H30x').pack_into
 
@@ -416,5 +408,9 @@ class Operation(enum.IntEnum):
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Operation = tuple(Operation)
 Expression.Reader.op.bind(Operation, _E_Operation)
+Expression.Reader.left.bind(Expression.Left.Reader)
+Expression.Builder.left.bind(Expression.Left.Builder)
+Expression.Reader.right.bind(Expression.Right.Reader)
+Expression.Builder.right.bind(Expression.Right.Builder)
 Expression.Left.Reader.expression.bind(Expression.Reader)
 Expression.Right.Reader.expression.bind(Expression.Reader)

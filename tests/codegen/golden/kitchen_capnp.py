@@ -2472,9 +2472,7 @@ class Shapes:
 
                 pattern = _d.Text(2, '')
 
-                @property
-                def gradient(self) -> Shapes.Style.Fill.Gradient.Reader:
-                    return Shapes.Style.Fill.Gradient.Reader._view(self)
+                gradient: _d.Group[Shapes.Style.Fill.Gradient.Reader] = _d.Group()
 
                 def which(self) -> Literal["solid", "pattern", "gradient"] | None:
                     """The union member that is set (None: one this schema does not know)."""
@@ -2511,10 +2509,7 @@ class Shapes:
 
                 pattern = _d.text_property(2, '', "Shapes.style.fill.pattern", 12, 1)
 
-                @property
-                def gradient(self) -> Shapes.Style.Fill.Gradient.Builder:
-                    set_u16(self._b.buf, self._data + 12, 2)
-                    return Shapes.Style.Fill.Gradient.Builder._view(self)
+                gradient: _d.BuilderGroup[Shapes.Style.Fill.Gradient.Builder] = _d.BuilderGroup(12, 2)
 
                 def which(self) -> Literal["solid", "pattern", "gradient"] | None:
                     """The union member that is set (None: one this schema does not know)."""
@@ -2546,9 +2541,7 @@ class Shapes:
 
             color: _d.Enum[Color] = _d.Enum(10)
 
-            @property
-            def fill(self) -> Shapes.Style.Fill.Reader:
-                return Shapes.Style.Fill.Reader._view(self)
+            fill: _d.Group[Shapes.Style.Fill.Reader] = _d.Group()
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2573,9 +2566,7 @@ class Shapes:
                 except (struct.error, TypeError):
                     raise _b.bad_value(value, "Shapes.style.color", "Color", "H") from None
 
-            @property
-            def fill(self) -> Shapes.Style.Fill.Builder:
-                return Shapes.Style.Fill.Builder._view(self)
+            fill: _d.BuilderGroup[Shapes.Style.Fill.Builder] = _d.BuilderGroup()
 
             _ASSIGN: ClassVar[Any] = struct.Struct('<10xH36x').pack_into
 
@@ -2616,9 +2607,7 @@ class Shapes:
 
         circle = _d.Float(64, 0)
 
-        @property
-        def square(self) -> Shapes.Square.Reader:
-            return Shapes.Square.Reader._view(self)
+        square: _d.Group[Shapes.Square.Reader] = _d.Group()
 
         @property
         def nothing(self) -> None:
@@ -2626,9 +2615,7 @@ class Shapes:
 
         points: _d.List[_r.ListReader[int]] = _d.List(1)
 
-        @property
-        def style(self) -> Shapes.Style.Reader:
-            return Shapes.Style.Reader._view(self)
+        style: _d.Group[Shapes.Style.Reader] = _d.Group()
 
         def which(self) -> Literal["circle", "square", "nothing", "points"] | None:
             """The union member that is set (None: one this schema does not know)."""
@@ -2664,10 +2651,7 @@ class Shapes:
 
         circle = _d.float_property(64, 0, 0x0, "Shapes.circle", "Float64", 8, 0)
 
-        @property
-        def square(self) -> Shapes.Square.Builder:
-            set_u16(self._b.buf, self._data + 8, 1)
-            return Shapes.Square.Builder._view(self)
+        square: _d.BuilderGroup[Shapes.Square.Builder] = _d.BuilderGroup(8, 1)
 
         @property
         def nothing(self) -> None:
@@ -2689,9 +2673,7 @@ class Shapes:
             target = _b.init_primitive_list(self._b, self._ptr + 1, len(items), "Shapes.points", "i", 4, "Int32")
             target.set_all(items)
 
-        @property
-        def style(self) -> Shapes.Style.Builder:
-            return Shapes.Style.Builder._view(self)
+        style: _d.BuilderGroup[Shapes.Style.Builder] = _d.BuilderGroup()
 
         def which(self) -> Literal["circle", "square", "nothing", "points"] | None:
             """The union member that is set (None: one this schema does not know)."""
@@ -5220,15 +5202,23 @@ Lists.Reader.nested.bind(_L_Lists_nested)
 Lists.Reader.nestedTexts.bind(_L_Lists_nestedTexts)
 Lists.Reader.deep.bind(_L_Lists_deep)
 Numbers.Reader.color.bind(Color, _E_Color)
+Shapes.Reader.square.bind(Shapes.Square.Reader)
+Shapes.Builder.square.bind(Shapes.Square.Builder)
 Shapes.Reader.points.bind(_L_Shapes_points)
+Shapes.Reader.style.bind(Shapes.Style.Reader)
+Shapes.Builder.style.bind(Shapes.Style.Builder)
 Tree.Reader.children.bind(Tree.Reader)
 Tree.Reader.left.bind(Tree.Reader)
 Tree.Reader.other.bind(kitchen_other_capnp.Thing.Reader)
 Shapes.Style.Reader.color.bind(Color, _E_Color)
+Shapes.Style.Reader.fill.bind(Shapes.Style.Fill.Reader)
+Shapes.Style.Builder.fill.bind(Shapes.Style.Fill.Builder)
 Shop.BuyResults.Reader.receipt.bind(Numbers.Reader)
 Shop.ListResults.Reader.items.bind(_L_Shop_ListResults_items)
 Shop.PeekParams.Reader.tree.bind(Tree.Reader)
 Store.GetResults.Reader.box.bind(Box.Reader)
+Shapes.Style.Fill.Reader.gradient.bind(Shapes.Style.Fill.Gradient.Reader)
+Shapes.Style.Fill.Builder.gradient.bind(Shapes.Style.Fill.Gradient.Builder)
 Shapes.Style.Fill.Gradient.Reader.from_.bind(Color, _E_Color)
 Shapes.Style.Fill.Gradient.Reader.to.bind(Color, _E_Color)
 Box_Text.Reader.next.bind(Box_Text.Reader)
