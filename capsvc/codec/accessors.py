@@ -192,7 +192,8 @@ class Text:
 # Fields whose type the generated module defines after the class that has the field (a
 # struct, list or enum type; possibly the class itself): the class body makes the
 # descriptor with what it knows, and the module's tail calls ``bind`` with the type once
-# every class is defined. Before that, a read gives a plain reader or the raw number.
+# every class is defined. Before that, a read gives a plain reader or the raw code (a
+# List field raises TypeError).
 class Struct:
     """A struct field in pointer ``slot``, read as ``cls``; ``default`` (an encoded struct)
     when the pointer is null, or every field at its default if there is none."""

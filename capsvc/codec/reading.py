@@ -242,17 +242,10 @@ class StructReader:
         reader._depth = depth
         return reader
 
-    # Pointer fields, for generated accessors: methods of the struct, so that in the
-    # compiled build the whole read, attribute loads included, runs natively (pure
-    # Python pays one call more than calling read_text/read_struct from the property).
     def _text(self, slot: int, default: str) -> str:
+        """The Text in pointer ``slot`` (the pure build's Text fields read through it)."""
         w = self._ptr + slot
         return read_text(self._msg, self._si, w if w < self._pend else -1, default)
-
-    def _struct(self, slot: int, cls: type[R], default: Segments | None) -> R:
-        w = self._ptr + slot
-        si, depth = self._si, self._depth
-        return read_struct(self._msg, si, w if w < self._pend else -1, cls, depth, default)
 
     @classmethod
     def _empty(cls: type[R], msg: MessageReader, depth: int = 0) -> R:

@@ -757,47 +757,29 @@ def _number_layout(field: Field) -> tuple[int, int, int]:
 
 
 def _read_expression(node: Struct, field: Field, path: str, names: _Names) -> list[str]:
+    """The getter of a reader field no descriptor serves (``_descriptor`` and
+    ``_late_descriptor`` take every other kind): Void, Data, a list with a default, an
+    interface, AnyPointer."""
     kind = field.type
     assert kind is not None
     k = kind.kind
     if k == "void":
         return ["return None"]
-    if k == "bool":
-        byte, bit = divmod(field.offset, 8)
-        default = 1 if field.default else 0
-        if default:
-            return [f"return not self._seg[self._data + {byte}] >> {bit} & 1"]
-        return [f"return self._seg[self._data + {byte}] >> {bit} & 1 == 1"]
-    if k in NUMBERS or k == "enum":
-        _, bits, _ = NUMBERS.get(k, ("H", 16, 3))
-        offset = field.offset * bits // 8
-        value = _xor_read(k, _width(k), field.default or 0, offset)
-        if k == "enum":
-            value = _enum_of(names.of(kind.target), value, len(_enumerants(kind, names)))
-        return [f"return {value}"]
     pointer = f"w = self._ptr + {field.offset}"
     where = "self._msg, self._si, w if w < self._pend else -1"
-    if k == "text":
-        text = field.default if isinstance(field.default, str) else _NO_DEFAULT_TEXT
-        return [f"return self._text({field.offset}, {text!r})"]
     if k == "data":
         data = field.default if isinstance(field.default, bytes) else b""
         return [pointer, f"return _r.read_data({where}, {data!r})"]
-    if k == "struct":
-        target = names.of(kind.target)
-        encoded = _default_name(path, field) if field.default is not None else "None"
-        return [f"return self._struct({field.offset}, {target}.Reader, {encoded})"]
     if k == "list":
-        maker = _list_name(path, field)
-        if field.default is not None:
-            return [
-                pointer,
-                f"return _r.list_or_default({maker}, {where}, self._depth,"
-                f" {_default_name(path, field)})",
-            ]
-        return [pointer, f"return {maker}({where}, self._depth)"]
+        assert field.default is not None, "a list without a default is a List descriptor"
+        return [
+            pointer,
+            f"return _r.list_or_default({_list_name(path, field)}, {where}, self._depth,"
+            f" {_default_name(path, field)})",
+        ]
     if k == "interface":
         return [pointer, f"return _r.read_client({where}, {names.of(kind.target)}.Client)"]
+    assert k == "anyPointer", f"no reader getter for {k}"
     return [pointer, f"return _r.AnyPointer({where}, self._depth)"]
 
 
@@ -820,13 +802,6 @@ def _xor_read(kind: str, width: str, default: object, offset: int, buf: str = "s
     if default and kind not in ("float32", "float64"):
         return f"{raw} ^ {int(default)}"  # type: ignore[call-overload]
     return raw
-
-
-def _enum_of(enum: str, value: str, count: int) -> str:
-    """An enum member from its code: a tuple index for the known codes (an IntEnum call
-    costs several times the read)."""
-    table = f"_E_{enum.replace('.', '_')}"
-    return f"({table}[v] if (v := {value}) < {count} else {enum}(v))"
 
 
 def _enumerants(kind: Type, names: _Names) -> tuple[str, ...]:
