@@ -19,6 +19,7 @@ from capsvc.errors import Disconnected as Disconnected
 from capsvc.errors import ExceptionType as ExceptionType
 from capsvc.errors import Failed as Failed
 from capsvc.errors import FramingError as FramingError
+from capsvc.errors import LimitExceeded as LimitExceeded
 from capsvc.errors import LocalProtocolError as LocalProtocolError
 from capsvc.errors import Overloaded as Overloaded
 from capsvc.errors import ProtocolError as ProtocolError
@@ -26,7 +27,8 @@ from capsvc.errors import RemoteProtocolError as RemoteProtocolError
 from capsvc.errors import RpcError as RpcError
 from capsvc.errors import SchemaError as SchemaError
 from capsvc.errors import Unimplemented as Unimplemented
-from capsvc.framing import FramingLimits as FramingLimits
+from capsvc.limits import FramingLimits as FramingLimits
+from capsvc.limits import Limits as Limits
 from capsvc.schema import load_schema as load_schema
 from capsvc.server import Server as Server
 from capsvc.transport.busypoll import DEFAULT_BUSY_POLL as DEFAULT_BUSY_POLL

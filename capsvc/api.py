@@ -3,12 +3,16 @@
 Theory of operation: both open transport streams (capsvc.transport) and run one
 ``Connection`` per stream. ``serve`` gives every connection the same bootstrap object;
 connections are independent, so one that breaks (or is aborted for a protocol violation)
-never disturbs the others.
+never disturbs the others. ``serve`` holds at most ``max_connections`` at once: one more
+is refused cleanly (an Abort of type overloaded naming the limit, then a close), and the
+log names every aborted or refused connection's peer with how many that peer holds.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,12 +20,18 @@ from typing import Any
 import trio
 
 from capsvc.connection import Connection
-from capsvc.framing import FramingLimits
+from capsvc.errors import ExceptionType
+from capsvc.framing import encode_message
+from capsvc.limits import DEFAULT_MAX_CONNECTIONS, Limits
+from capsvc.rpc import wire
 from capsvc.rpc.hooks import Hook
 from capsvc.transport import listener_address, open_listeners, open_stream
 from capsvc.transport.busypoll import DEFAULT_BUDGET
 
 log = logging.getLogger("capsvc")
+
+#: How long a refused connection gets to read its Abort before we close it.
+_REFUSE_SECONDS = 1.0
 
 
 def _bootstrap_hook(bootstrap: Any) -> Hook | None:
@@ -36,7 +46,7 @@ async def connect(
     *,
     bootstrap: Any = None,
     nodelay: bool = True,
-    limits: FramingLimits | None = None,
+    limits: Limits | None = None,
     coalesce: bool = True,
     busy_poll: float | None = DEFAULT_BUDGET,
 ) -> AsyncIterator[Connection]:
@@ -45,7 +55,8 @@ async def connect(
     Args:
         bootstrap: a capability (Server object or Client) the peer may ask us for.
         nodelay: TCP_NODELAY (on by default; coalesced writes make it matter little).
-        limits: framing and traversal limits for what the peer sends.
+        limits: every bound and timeout of the connection (capsvc.Limits; README
+            "Limits and timeouts").
         coalesce: write each scheduler pass's messages at once (off only for experiments).
         busy_poll: how long (seconds) to keep polling for the peer's next message before
             sleeping, when recent messages came that fast (capsvc.transport.busypoll);
@@ -63,7 +74,7 @@ async def open_connection(
     stream: trio.abc.Stream,
     *,
     bootstrap: Any = None,
-    limits: FramingLimits | None = None,
+    limits: Limits | None = None,
     coalesce: bool = True,
     busy_poll: float | None = DEFAULT_BUDGET,
 ) -> AsyncIterator[Connection]:
@@ -85,36 +96,69 @@ async def serve(
     bootstrap: Any,
     *,
     nodelay: bool = True,
-    limits: FramingLimits | None = None,
+    limits: Limits | None = None,
     coalesce: bool = True,
     busy_poll: float | None = DEFAULT_BUDGET,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``bootstrap`` on ``address`` until cancelled (options as for ``connect``).
 
+    ``max_connections`` bounds the connections held at once (module docstring).
     ``task_status.started`` receives the address actually bound (``tcp:127.0.0.1:40123``
     when port 0 was asked), so ``await nursery.start(capsvc.serve, ...)`` returns it.
     """
+    if not isinstance(max_connections, int) or max_connections < 1:
+        raise ValueError(f"max_connections must be a positive int, got {max_connections!r}")
     listeners = await open_listeners(address, nodelay=nodelay)
     bound = listener_address(listeners[0])
     hook = _bootstrap_hook(bootstrap)
+    per_peer: Counter[str] = Counter()
+    held = 0
 
     async def handle(stream: trio.abc.Stream) -> None:
+        nonlocal held
+        peer = peer_name(stream)
+        if held >= max_connections:
+            log.warning(
+                "refused a connection from %s: %d connections held, the limit "
+                "(max_connections); that peer holds %d",
+                peer,
+                held,
+                per_peer[peer],
+            )
+            await refuse(
+                stream, f"the server is at its limit of {held} connections (max_connections)"
+            )
+            return
+        held += 1
+        per_peer[peer] += 1
+        log.debug("connection from %s (%d from that peer, %d in all)", peer, per_peer[peer], held)
         conn = Connection(
             stream,
             hook.add_ref() if hook is not None else None,
             limits=limits,
             coalesce=coalesce,
             busy_poll=busy_poll,
+            served=True,
         )
         try:
             await conn.run()
         finally:
+            held -= 1
+            per_peer[peer] -= 1
+            if not per_peer[peer]:
+                del per_peer[peer]
             reason = conn.close_reason
             if conn.session.abort_reason is not None:
-                log.warning("connection aborted: %s", conn.session.abort_reason)
+                log.warning(
+                    "connection from %s aborted: %s (%d more from that peer)",
+                    peer,
+                    conn.session.abort_reason,
+                    per_peer[peer],
+                )
             else:
-                log.debug("connection closed: %s", reason)
+                log.debug("connection from %s closed: %s", peer, reason)
 
     log.info("listening on %s", bound)
     task_status.started(bound)
@@ -123,3 +167,41 @@ async def serve(
     finally:
         if hook is not None:
             hook.release()
+
+
+def peer_name(stream: trio.abc.Stream) -> str:
+    """The peer's address for logs: ``HOST:PORT`` for TCP, ``unix`` for a Unix socket."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        return type(stream).__name__
+    try:
+        if sock.family == socket.AF_UNIX:
+            return "unix"
+        name = sock.getpeername()
+    except OSError:
+        return "unknown"
+    host, port = name[0], name[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def refuse(stream: trio.abc.Stream, reason: str) -> None:
+    """Tell a connection we will not serve it (an Abort of type overloaded), then close.
+
+    Half-close and read a little before closing: closing with unread input sends a reset,
+    which can destroy the Abort before the peer reads it (see Connection's lingering close).
+    """
+    message = wire.Message.new_message()
+    body = message.init("abort")
+    body.reason = reason
+    body.type = int(ExceptionType.OVERLOADED)
+    with trio.move_on_after(_REFUSE_SECONDS):
+        try:
+            await stream.send_all(encode_message(message.to_segments()))
+            if isinstance(stream, trio.abc.HalfCloseableStream):
+                await stream.send_eof()
+                for _ in range(16):  # bounded: at most 1 MiB is read and dropped
+                    if not await stream.receive_some(65536):
+                        break
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+    await trio.aclose_forcefully(stream)

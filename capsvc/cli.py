@@ -33,10 +33,13 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
+
+from capsvc.limits import DEFAULT_MAX_CONNECTIONS
 
 log = logging.getLogger("capsvc.cli")
 
@@ -170,7 +173,9 @@ def _describe(bootstrap: Any) -> str:
     return f"{name} ({generated})" if generated else name
 
 
-async def _serve(address: str, target: Any, spec: str | None) -> None:
+async def _serve(
+    address: str, target: Any, spec: str | None, limits: Any, max_connections: int
+) -> None:
     import capsvc
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -181,7 +186,15 @@ async def _serve(address: str, target: Any, spec: str | None) -> None:
             bootstrap = await _make_bootstrap(target, spec)
             label = _describe(bootstrap)
         async with trio.open_nursery() as nursery:
-            bound = await nursery.start(capsvc.serve, address, bootstrap)
+            bound = await nursery.start(
+                partial(
+                    capsvc.serve,
+                    address,
+                    bootstrap,
+                    limits=limits,
+                    max_connections=max_connections,
+                )
+            )
             _say(f"capsvc: serving {label}, listening on {bound} (Ctrl-C to stop)")
             async for signum in signals:
                 log.info("received %s, stopping", signal.Signals(signum).name)
@@ -197,6 +210,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         parse_address(args.listen)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    limits = _limits(args.limit)
+    if args.max_connections < 1:
+        raise UsageError(f"--max-connections must be at least 1, got {args.max_connections}")
     if args.app is None:
         from capsvc import demo
 
@@ -204,12 +220,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         target = load_app(args.app, args.app_dir)
     try:
-        _run_trio(_serve, args.listen, target, args.app)
+        _run_trio(_serve, args.listen, target, args.app, limits, args.max_connections)
     except OSError as error:
         _error(f"cannot listen on {args.listen}: {_os_reason(error)}")
         return EXIT_FAILURE
     _say("capsvc: stopped")
     return EXIT_OK
+
+
+def _limits(settings: list[str]) -> Any:
+    """``capsvc.Limits`` from ``--limit NAME=VALUE`` flags (the defaults for the rest)."""
+    from capsvc.limits import Limits, parse_limit
+
+    changes: dict[str, Any] = {}
+    try:
+        for text in settings:
+            name, value = parse_limit(text)
+            changes[name] = value
+        return Limits(**changes)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 # ------------------------------------------------------------------------------ call
@@ -298,6 +328,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=".",
         metavar="DIR",
         help="directory put first on sys.path to import APP from (default: .)",
+    )
+    serve.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set one of capsvc.Limits for every connection, e.g. max_answers=1000 or "
+        "idle_timeout=300 (a timeout: seconds, or none); repeat for more. The names and "
+        "defaults are in the README, 'Limits and timeouts'",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help=f"connections held at once; more are refused (default {DEFAULT_MAX_CONNECTIONS})",
     )
     serve.set_defaults(handler=cmd_serve)
 

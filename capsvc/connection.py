@@ -15,9 +15,18 @@ Theory of operation (DESIGN.md, "Buffered framing"):
   yields: the replies to the first calls leave at the end of that pass while the rest are
   still being read, so with many calls in flight both peers work at once instead of
   taking turns (measured: ~11k -> ~17k echo calls/s at concurrency 12).
-- The outbox is bounded: when it holds more than ``max_buffered`` bytes the reader stops
-  reading (so the peer's calls cannot make us produce more) and callers that use
-  ``wait_writable`` wait (backpressure).
+- The outbox is bounded: when it holds more than ``max_buffered`` bytes
+  (``Limits.max_queued_bytes``) the reader stops reading (so the peer's calls cannot make
+  us produce more) and callers that use ``wait_writable`` wait (backpressure).
+- Flow control (``Limits.max_calls_in_flight`` / ``max_call_bytes_in_flight``): while the
+  peer has more calls in flight than the budget, the reader stops delivering and reading
+  until Returns drain them (``RpcSession.flow_blocked`` says when that is safe), so a peer
+  that floods calls is held to the budget instead of buffered without bound.
+- Timeouts (``Limits``): a watchdog task aborts a served connection whose first message
+  does not arrive in time, any connection with a message begun and not finished in time
+  (slowloris), and, if asked, one idle for too long. It sleeps until the nearest deadline
+  but at most a quarter of the shortest timeout, so a deadline that a new frame starts is
+  met within 25%; nothing is timed per read.
 - With TCP_NODELAY off, a lone Finish or Release (housekeeping the peer never answers) is
   held for up to ``HOLD_HOUSEKEEPING`` so it leaves with the next message: written alone,
   it would make the next Call wait for the peer's delayed ACK (Nagle).
@@ -39,9 +48,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import trio
 
 from capsvc._mypyc import mypyc_attr
-from capsvc.errors import Disconnected, FramingError, RpcError
+from capsvc.errors import Disconnected, ExceptionType, FramingError, RpcError
 from capsvc.flusher import EndOfPassFlusher, current_flusher
-from capsvc.framing import FrameDecoder, FramingLimits
+from capsvc.framing import FrameDecoder
+from capsvc.limits import Limits
 from capsvc.rpc.hooks import Hook
 from capsvc.rpc.session import RpcSession
 from capsvc.runtime import handoff_count
@@ -116,16 +126,22 @@ class Connection:
         stream: trio.abc.Stream,
         bootstrap: Hook | None = None,
         *,
-        limits: FramingLimits | None = None,
+        limits: Limits | None = None,
         coalesce: object = True,
-        max_buffered: object = DEFAULT_MAX_BUFFERED,
+        max_buffered: object = None,
         name: object = "connection",
         busy_poll: object = DEFAULT_BUDGET,
+        served: object = False,
     ) -> None:
         """``coalesce`` (truth value), ``max_buffered`` (an int), ``name`` (a str) and
         ``busy_poll`` (seconds, or None) come straight from users: typed ``object`` and
         checked here, because compiled by mypyc a declared type is checked on entry with
-        mypyc's own TypeError, which names no argument."""
+        mypyc's own TypeError, which names no argument. ``max_buffered`` defaults to
+        ``limits.max_queued_bytes``; ``served`` says a server accepted this connection (the
+        first-message timeout applies)."""
+        self.limits = limits or Limits()
+        if max_buffered is None:
+            max_buffered = self.limits.max_queued_bytes
         if not isinstance(max_buffered, int):
             raise TypeError(f"max_buffered must be an int, got {max_buffered!r}")
         if not isinstance(name, str):
@@ -133,9 +149,18 @@ class Connection:
         if busy_poll is not None and not isinstance(busy_poll, (int, float)):
             raise TypeError(f"busy_poll must be a number of seconds or None, got {busy_poll!r}")
         self.stream = stream
-        self.limits = limits or FramingLimits()
         self.session = RpcSession(bootstrap, limits=self.limits, on_output=self._on_output)
         self.session.backpressure = self
+        self.session.on_flow_released = self._flow_released
+        self._flow = trio.Event()
+        self.flow_pauses = 0  # times the reader paused for the flow budget (tests count)
+        self.served = bool(served)
+        # The watchdog's view of the input (see _watchdog): set by the reader, cheaply.
+        self._first_message_seen = False
+        self._frame_started: float | None = None  # a partial message is buffered since
+        self._started = self._last_input = trio.current_time()
+        self._track_idle = self.limits.idle_timeout is not None
+        self._reading_paused = False
         #: The engine's outbox: what the writer takes, and the measure of backpressure.
         self.outbox = self.session.outbox
         self.coalesce = bool(coalesce)
@@ -188,6 +213,8 @@ class Connection:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer)
+                if self._timeouts_apply():
+                    nursery.start_soon(self._watchdog, nursery.cancel_scope)
                 self._running = True
                 await self._reader()
                 nursery.cancel_scope.cancel()
@@ -229,7 +256,11 @@ class Connection:
         since_yield = 0  # messages delivered since the reader last let other tasks run
         while True:
             if outbox.pending_bytes > self.max_buffered:
+                self._reading_paused = True
                 await self._wait_drained()
+                self._resume_reading()
+            if session.flow_blocked:
+                await self._wait_flow()
             try:
                 # The fast receive parks only when nothing is waiting: a Call answered
                 # inline has its Return flushed at the end of this very pass.
@@ -242,8 +273,15 @@ class Connection:
             else:
                 decoder.feed(data)
             handed_off = handoffs.handed_off
+            delivered = False
             try:
-                while (segments := decoder.next_message()) is not None:
+                while True:
+                    if session.flow_blocked:
+                        await self._wait_flow()
+                    segments = decoder.next_message()
+                    if segments is None:
+                        break
+                    delivered = True
                     session.receive(segments)
                     if session.closed is not None:
                         break
@@ -257,6 +295,7 @@ class Connection:
                         await trio.lowlevel.cancel_shielded_checkpoint()
             except FramingError as error:
                 session.abort(str(error))
+            self._note_input(delivered)
             if session.closed is not None:
                 with trio.move_on_after(5):
                     await self._wait_output_written()
@@ -273,6 +312,108 @@ class Connection:
                 # call answered inline needs no such pass: its Return is already queued.
                 since_yield = 0
                 await trio.lowlevel.cancel_shielded_checkpoint()
+
+    # ------------------------------------------------------------------ limits
+    def _flow_released(self) -> None:
+        """The engine: calls in flight are back within the budget (or the session ended)."""
+        self._flow.set()
+
+    async def _wait_flow(self) -> None:
+        """Deliver and read nothing until the peer's calls in flight drain, or a question
+        of ours goes out (flow control: RpcSession.flow_blocked)."""
+        self.flow_pauses += 1
+        self._reading_paused = True
+        self.session.flow_waiting = True
+        try:
+            while self.session.flow_blocked and self.session.closed is None:
+                self._flow = trio.Event()
+                await self._flow.wait()
+        finally:
+            self._resume_reading()
+            self.session.flow_waiting = False
+
+    def _resume_reading(self) -> None:
+        self._reading_paused = False
+        if self._frame_started is not None:
+            # The time we did not read is ours, not the peer's: its message's clock restarts.
+            self._frame_started = trio.current_time()
+
+    def _note_input(self, delivered: bool) -> None:
+        """After a read: what the watchdog needs (a clock read only where a timeout wants it)."""
+        if delivered:
+            self._first_message_seen = True
+        if self._track_idle:
+            self._last_input = trio.current_time()
+        if not self._decoder.buffered:
+            self._frame_started = None
+        elif delivered or self._frame_started is None:
+            self._frame_started = trio.current_time()  # a new message has begun
+
+    def _timeouts_apply(self) -> bool:
+        limits = self.limits
+        return (
+            (self.served and limits.first_message_timeout is not None)
+            or limits.frame_timeout is not None
+            or limits.idle_timeout is not None
+        )
+
+    def _expired(self, now: float) -> tuple[str | None, float]:
+        """The timeout that has expired (its Abort reason), or None and the next deadline."""
+        limits = self.limits
+        session = self.session
+        deadline = float("inf")
+        first = limits.first_message_timeout
+        if self.served and first is not None and not self._first_message_seen:
+            if now >= self._started + first:
+                return f"no message within {first:g} s (Limits.first_message_timeout)", now
+            deadline = min(deadline, self._started + first)
+        frame = limits.frame_timeout
+        if frame is not None and self._frame_started is not None and not self._reading_paused:
+            if now >= self._frame_started + frame:
+                return (
+                    f"a message was not completed within {frame:g} s of its first byte "
+                    "(Limits.frame_timeout)",
+                    now,
+                )
+            deadline = min(deadline, self._frame_started + frame)
+        idle = limits.idle_timeout
+        if (
+            idle is not None
+            and session.answers.in_flight == 0
+            and not session.questions.awaiting_return()
+        ):
+            if now >= self._last_input + idle:
+                return f"idle for {idle:g} s (Limits.idle_timeout)", now
+            deadline = min(deadline, self._last_input + idle)
+        return None, deadline
+
+    async def _watchdog(self, scope: trio.CancelScope) -> None:
+        """Abort the connection when a timeout of ``Limits`` expires (module docstring)."""
+        limits = self.limits
+        timeouts = [
+            t
+            for t in (
+                limits.first_message_timeout if self.served else None,
+                limits.frame_timeout,
+                limits.idle_timeout,
+            )
+            if t is not None
+        ]
+        tick = min(timeouts) / 4
+        while True:
+            now = trio.current_time()
+            reason, deadline = self._expired(now)
+            if reason is not None:
+                break
+            await trio.sleep_until(min(deadline, now + tick))
+        assert reason is not None
+        # An idle connection is let go (disconnected); a stalled one broke a rule (failed).
+        idle = reason.endswith("(Limits.idle_timeout)")
+        self.session.abort(reason, ExceptionType.DISCONNECTED if idle else ExceptionType.FAILED)
+        with trio.move_on_after(5):
+            await self._wait_output_written()
+        self.close_reason = self.session.closed
+        scope.cancel()
 
     async def _linger_after_abort(self) -> None:
         """We aborted the peer: let it read the Abort before we close (a lingering close).

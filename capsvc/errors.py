@@ -85,6 +85,16 @@ class RemoteProtocolError(ProtocolError):
     """The peer violated the protocol; the connection is aborted with this reason."""
 
 
+class LimitExceeded(RemoteProtocolError):
+    """The peer made its connection exceed one of its ``capsvc.Limits`` (a hard limit):
+    the connection is aborted with an Abort of type ``overloaded`` naming the limit."""
+
+    def __init__(self, limit: str, value: int, what: str) -> None:
+        super().__init__(f"{what}, over the limit of {value} (Limits.{limit})")
+        self.limit = limit
+        self.value = value
+
+
 class LocalProtocolError(ProtocolError):
     """Our own code misused the engine (a bug in the caller, not in the peer)."""
 

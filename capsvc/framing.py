@@ -48,12 +48,13 @@ from collections.abc import Iterable, Sequence
 from typing import TypeAlias
 
 from capsvc.errors import FramingError, LocalProtocolError
-from capsvc.limits import FramingLimits
+from capsvc.limits import FramingLimits, Limits
 
 __all__ = [
     "DEFAULT_LIMITS",
     "FrameDecoder",
     "FramingLimits",
+    "Limits",
     "Segment",
     "encode_message",
     "encode_messages",
@@ -68,10 +69,10 @@ _FIRST_WORD = struct.Struct("<II")  # segment count - 1, size of segment 0 (§1 
 _SMALL_BODY = 4096  # bodies up to this size are copied out through a bytearray slice
 
 
-DEFAULT_LIMITS = FramingLimits()
+DEFAULT_LIMITS = Limits()
 
 
-def read_limits_kwargs(limits: FramingLimits = DEFAULT_LIMITS) -> dict[str, int]:
+def read_limits_kwargs(limits: Limits = DEFAULT_LIMITS) -> dict[str, int]:
     """Keyword arguments for pycapnp readers (``from_segments`` and friends).
 
     §1: "traversal and nesting (64) limits while reading".
@@ -92,7 +93,7 @@ class FrameDecoder:
 
     __slots__ = ("_buf", "_eof", "_error", "_header", "_limits", "_pos")
 
-    def __init__(self, limits: FramingLimits = DEFAULT_LIMITS) -> None:
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self._limits = limits
         self._buf = bytearray()
         self._pos = 0  # read offset into _buf: bytes before it are consumed
@@ -103,7 +104,7 @@ class FrameDecoder:
         self._header: tuple[int, tuple[int, ...], int] | None = None
 
     @property
-    def limits(self) -> FramingLimits:
+    def limits(self) -> Limits:
         return self._limits
 
     @property
@@ -215,7 +216,7 @@ class FrameDecoder:
         if count > limits.max_segments:
             self._fail(
                 f"message has {count} segments, over the limit of {limits.max_segments} "
-                "(FramingLimits.max_segments)"
+                "(Limits.max_segments)"
             )
         if count == 1:
             self._check_total(first, complete=True)
@@ -239,7 +240,7 @@ class FrameDecoder:
             what = "announces" if complete else "announces at least"
             self._fail(
                 f"message {what} {words} words ({words * _WORD} bytes), over the limit of "
-                f"{limit} words (FramingLimits.max_message_words)"
+                f"{limit} words (Limits.max_message_words)"
             )
 
 

@@ -82,22 +82,20 @@ async def test_garbage_bytes(server_address: str, bystander: Any) -> None:
     # The first word of 0xff bytes announces 2**32 segments (count - 1 = 0xffffffff).
     reason = abort_reason(await exchange(server_address, b"\xff" * 64))
     assert reason == (
-        "message has 4294967296 segments, over the limit of 511 (FramingLimits.max_segments)"
+        "message has 4294967296 segments, over the limit of 511 (Limits.max_segments)"
     )
 
 
 async def test_huge_segment_count(server_address: str, bystander: Any) -> None:
     reason = abort_reason(await exchange(server_address, struct.pack("<II", 99_999, 1)))
-    assert reason == (
-        "message has 100000 segments, over the limit of 511 (FramingLimits.max_segments)"
-    )
+    assert reason == ("message has 100000 segments, over the limit of 511 (Limits.max_segments)")
 
 
 async def test_oversized_message(server_address: str, bystander: Any) -> None:
     reason = abort_reason(await exchange(server_address, frame_header(1 << 20)))
     assert reason == (
         "message announces 1048576 words (8388608 bytes), over the limit of 65536 words "
-        "(FramingLimits.max_message_words)"
+        "(Limits.max_message_words)"
     )
 
 

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from capsvc.errors import Failed, RemoteProtocolError, RpcError
+from capsvc.errors import Failed, LimitExceeded, RemoteProtocolError, RpcError
 from capsvc.rpc import copying, wire
 from capsvc.rpc.hooks import BrokenHook, CallResult, Hook, Path
 from capsvc.rpc.lifecycle import ANSWER_TRANSITIONS, AnswerInput, AnswerState, step_answer
@@ -44,11 +44,13 @@ def _no_caps(desc: Any, index: int, hook: Hook) -> None:
 class Answer:
     """One of the peer's calls; see the module docstring."""
 
-    __slots__ = ("frozen", "id", "redirected", "result", "result_exports", "state")
+    __slots__ = ("frozen", "id", "redirected", "result", "result_exports", "size", "state")
 
-    def __init__(self, answer_id: int, result: CallResult, redirected: bool) -> None:
+    def __init__(self, answer_id: int, result: CallResult, redirected: bool, size: int) -> None:
         self.id = answer_id
         self.state = AS.RUNNING
+        #: The Call message's size in bytes, counted against the flow budget while it runs.
+        self.size = size
         self.result = result  # owned
         #: Sent with sendResultsTo.yourself: the results wait for a takeFromOtherQuestion.
         self.redirected = redirected
@@ -59,20 +61,41 @@ class Answer:
         self.frozen: dict[int, Hook] | None = None
 
 
-class AnswerTable:
-    """The peer's calls to us by the peer's question ID."""
+#: The states of an answer whose Return is not sent yet: a call in flight (flow budget).
+_IN_FLIGHT = frozenset((AS.RUNNING, AS.RUNNING_TAKEN, AS.CANCELING))
 
-    __slots__ = ("entries", "session")
+
+class AnswerTable:
+    """The peer's calls to us by the peer's question ID, and what of them is in flight."""
+
+    __slots__ = ("entries", "in_flight", "in_flight_bytes", "session")
 
     def __init__(self, session: RpcSession) -> None:
         self.session = session
         self.entries: dict[int, Answer] = {}
+        #: Answers whose Return is not sent yet, and their Call messages' bytes (the
+        #: session's flow budget, Limits.max_calls_in_flight / max_call_bytes_in_flight).
+        self.in_flight = 0
+        self.in_flight_bytes = 0
 
     # -------------------------------------------------------------- creating, pipelining
-    def start(self, answer_id: int, result: CallResult, *, redirected: bool) -> None:
-        """A call (or bootstrap) ``answer_id`` arrived; its results settle ``result``."""
-        answer = Answer(answer_id, result, redirected)
+    def start(self, answer_id: int, result: CallResult, *, redirected: bool, size: int) -> None:
+        """A call (or bootstrap) ``answer_id`` arrived; its results settle ``result``.
+
+        Raises LimitExceeded (the connection is aborted) when the peer already holds
+        Limits.max_answers answers: calls running, or returned and not yet finished.
+        """
+        limit = self.session.max_answers
+        if len(self.entries) >= limit:
+            raise LimitExceeded(
+                "max_answers",
+                limit,
+                f"the peer would hold {len(self.entries) + 1} unfinished calls",
+            )
+        answer = Answer(answer_id, result, redirected, size)
         self.entries[answer_id] = answer
+        self.in_flight += 1
+        self.in_flight_bytes += size
         result.add_done_callback(lambda _: self._results_ready(answer))
 
     def pipelined(self, answer_id: int, path: Path, unknown: str) -> Hook:
@@ -96,9 +119,21 @@ class AnswerTable:
         before = answer.state
         after = ANSWER_TRANSITIONS[before].get(event) or step_answer(before, event, answer.id)
         answer.state = after
+        if before in _IN_FLIGHT and after not in _IN_FLIGHT:
+            self._landed(answer)
         if after is AS.DONE:
             self._forget(answer)
         return after
+
+    def _landed(self, answer: Answer) -> None:
+        """``answer`` is no longer in flight (its Return went, or the connection ended)."""
+        session = self.session
+        blocked = session.on_flow_released is not None and session.flow_blocked
+        self.in_flight -= 1
+        self.in_flight_bytes -= answer.size
+        if blocked and not session.flow_blocked:
+            assert session.on_flow_released is not None
+            session.on_flow_released()
 
     # -------------------------------------------------------------- from the peer
     def on_finish(self, body: Any) -> None:
@@ -157,7 +192,10 @@ class AnswerTable:
         outbox.fill(place, segments)
         answer.frozen = frozen or None
         # rpc-protocol.md §4 callee step 3: cap-free results need no Finish (C++ does this).
-        self.advance(answer, AI.RESULTS_NO_FINISH if no_caps else AI.RESULTS)
+        if self.advance(answer, AI.RESULTS_NO_FINISH if no_caps else AI.RESULTS) is AS.RETURNED:
+            # Until the Finish, only the results' capabilities can still be asked for
+            # (pipelined calls, Disembargos): the content need not be held (Limits).
+            answer.result.keep_caps_only()
 
     def _build_results(
         self, answer: Answer, frozen: dict[int, Hook]
@@ -235,6 +273,9 @@ class AnswerTable:
     def close(self) -> None:
         """The connection is gone: cancel what runs, drop everything (rpc-protocol.md §10)."""
         answers, self.entries = self.entries, {}
+        self.in_flight = self.in_flight_bytes = 0
+        if self.session.on_flow_released is not None:
+            self.session.on_flow_released()
         for answer in answers.values():
             answer.state = step_answer(answer.state, AI.DISCONNECT, answer.id)
             frozen, answer.frozen = answer.frozen, None

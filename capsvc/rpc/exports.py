@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from capsvc.errors import Failed, RemoteProtocolError
+from capsvc.errors import Failed, LimitExceeded, RemoteProtocolError
 from capsvc.rpc import wire
 from capsvc.rpc.hooks import BrokenHook, Hook, NullHook, PromiseHook
 from capsvc.rpc.ids import IdAllocator
@@ -88,6 +88,18 @@ class ExportTable:
         """The export ID for ``hook``, counting one more reference the peer holds."""
         export_id = self._by_hook.get(hook)
         if export_id is None:
+            limit = self.session.limits.max_exports
+            if len(self.entries) >= limit:
+                # The peer holds that many of ours without releasing them. Refusing here
+                # would fail our own message half-built: the session aborts the connection
+                # once this message is done (RpcSession.check_limits).
+                self.session.note_breach(
+                    LimitExceeded(
+                        "max_exports",
+                        limit,
+                        f"the peer would hold {len(self.entries) + 1} capabilities",
+                    )
+                )
             export_id = self._ids.allocate()
             export = Export(hook.add_ref())
             self.entries[export_id] = export

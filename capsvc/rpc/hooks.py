@@ -299,6 +299,14 @@ class CallResult:
             payload.release()
             self._payload = None
 
+    def keep_caps_only(self) -> None:
+        """The results were sent to the peer: keep only what pipelining on them needs
+        (capsvc.rpc.payload.keep_caps_only)."""
+        if self._payload is not None:
+            from capsvc.rpc.payload import keep_caps_only
+
+            self._payload = keep_caps_only(self._payload)
+
     def set_error(self, error: RpcError) -> None:
         if not self.done:
             self._settle(None, error)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from capsvc.errors import RemoteProtocolError, RpcError
+from capsvc.errors import LimitExceeded, RemoteProtocolError, RpcError
 from capsvc.rpc import wire
 from capsvc.rpc.hooks import BrokenHook, Hook, null_hook
 from capsvc.rpc.remote import ImportHook, ImportPromiseHook
@@ -76,6 +76,11 @@ class ImportTable:
             entry.remote_refcount += 1
             return entry.hook.add_ref()
         session = self.session
+        limit = session.limits.max_imports
+        if len(self.entries) >= limit:
+            raise LimitExceeded(
+                "max_imports", limit, f"the peer sent {len(self.entries) + 1} capabilities"
+            )
         hook: ImportHook | ImportPromiseHook = (
             ImportPromiseHook(session, import_id) if promise else ImportHook(session, import_id)
         )
@@ -96,6 +101,14 @@ class ImportTable:
         body.id = hook.import_id
         body.referenceCount = entry.remote_refcount
         session.outbox.send(message.to_segments(), urgent=False)
+
+    def unresolved_promises(self) -> bool:
+        """True if we hold an imported promise the peer has not resolved yet (a call of
+        ours may be waiting on its Resolve: see RpcSession.flow_blocked)."""
+        return any(
+            isinstance(entry.hook, ImportPromiseHook) and not entry.hook.settled
+            for entry in self.entries.values()
+        )
 
     def on_resolve(self, body: Any) -> None:
         """A Resolve for one of our imported promises (rpc-protocol.md §8, 'Receiving')."""

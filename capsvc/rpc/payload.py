@@ -313,6 +313,50 @@ class ReceivedPayload(Payload):
         return self.payload_reader.content.as_struct(schema)
 
 
+class ReturnedCaps(Payload):
+    """What an answer keeps of results it has sent: their capabilities, by pointer path.
+
+    After the Return, the peer can still pipeline on an answer (and name its capabilities
+    in a Disembargo) until it sends Finish, so the answer must keep the results'
+    capabilities; nothing reads their content any more. A peer that never sends Finish
+    would otherwise hold a whole message per answer (a pycapnp builder's first segment
+    alone is 8 KiB): this keeps one small tuple instead (issue 11, "memory per held
+    object"). ``content`` is gone: asking for it is a local error.
+    """
+
+    __slots__ = ("paths",)
+
+    def __init__(self, paths: tuple[Path, ...], caps: list[Hook | None]) -> None:
+        super().__init__()
+        self.paths = paths
+        self.caps = caps
+
+    def locate_cap(self, path: Path) -> int | Hook | None:
+        try:
+            index = self.paths.index(path)
+        except ValueError:
+            return None
+        return index if self.caps[index] is not None else None
+
+    def content(self, schema: Any) -> Any:
+        raise LocalProtocolError("the results were sent; only their capabilities are kept")
+
+    def codec_view(self) -> tuple[Segments, pointers.Location | None, Sequence[Hook | None]]:
+        raise LocalProtocolError("the results were sent; only their capabilities are kept")
+
+
+def keep_caps_only(payload: Payload) -> Payload:
+    """``payload`` reduced to a ReturnedCaps (ownership of its hooks moves), where its
+    capabilities are known by path without reading the content (a BuiltPayload: the
+    dynamic path and the Bootstrap answer); any other payload is kept as it is."""
+    if not isinstance(payload, BuiltPayload) or payload.released:
+        return payload
+    paths = tuple(payload.cap_paths)
+    caps, payload.caps = payload.caps, []
+    payload.release()
+    return ReturnedCaps(paths, caps)
+
+
 class SharedPayload(Payload):
     """A second owner's view of another payload (takeFromOtherQuestion shares results)."""
 

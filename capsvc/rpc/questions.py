@@ -144,6 +144,11 @@ class QuestionTable:
         if upstream is not None:
             upstream.drop_holder()
 
+    def awaiting_return(self) -> bool:
+        """True if a question of ours still waits for its Return (see
+        RpcSession.flow_blocked)."""
+        return any(question.state is QS.AWAITING_RETURN for question in self.entries.values())
+
     def awaiting(self, answer_id: int) -> Question:
         """The question a Return names (unknown IDs are violations: rpc-protocol.md §4)."""
         question = self.entries.get(answer_id)

@@ -29,11 +29,13 @@ from capsvc.errors import (
     Disconnected,
     ExceptionType,
     Failed,
+    LimitExceeded,
+    Overloaded,
     RemoteProtocolError,
     RpcError,
     Unimplemented,
 )
-from capsvc.framing import FramingLimits
+from capsvc.limits import Limits
 from capsvc.rpc import copying, wire
 from capsvc.rpc.answers import AnswerTable
 from capsvc.rpc.embargoes import EmbargoTable
@@ -75,12 +77,18 @@ class RpcSession:
         self,
         bootstrap: Hook | None = None,
         *,
-        limits: FramingLimits | None = None,
+        limits: Limits | None = None,
         on_output: Callable[[], None] | None = None,
     ) -> None:
         self.bootstrap_hook = bootstrap
-        self.limits = limits or FramingLimits()
+        self.limits = limits or Limits()
         self._reader_limits = (self.limits.traversal_limit_words, self.limits.nesting_limit)
+        # The limits every message checks, as native ints (Limits is a Python dataclass:
+        # reading its fields from compiled code is a generic attribute lookup each).
+        self.max_answers: int = self.limits.max_answers
+        self.max_questions: int = self.limits.max_questions
+        self._max_calls_in_flight: int = self.limits.max_calls_in_flight
+        self._max_call_bytes_in_flight: int = self.limits.max_call_bytes_in_flight
         self.outbox = Outbox(on_output)
         self.questions = QuestionTable(self)
         self.answers = AnswerTable(self)
@@ -92,6 +100,48 @@ class RpcSession:
         self.backpressure: Backpressure | None = None
         self.closed: RpcError | None = None
         self.abort_reason: str | None = None
+        #: A hard limit our own side went over while the peer holds the excess (exports):
+        #: the connection is aborted at the next safe point (``check_limits``).
+        self._breach: LimitExceeded | None = None
+        #: Called when reading may go on after a pause for the flow budget: calls in flight
+        #: drop back within it, or a question of ours goes out (a call in flight may wait on
+        #: its Return). Set by the driver, which says when it waits (``flow_waiting``).
+        self.on_flow_released: Callable[[], None] | None = None
+        self.flow_waiting = False
+
+    # ================================================================== limits
+    @property
+    def flow_blocked(self) -> bool:
+        """True while the peer's calls in flight exceed the flow budget (Limits
+        max_calls_in_flight / max_call_bytes_in_flight) and reading may pause.
+
+        One call is always admitted (a call bigger than the byte budget still runs). And
+        reading never pauses while we wait on the peer ourselves (a question awaiting its
+        Return, an imported promise not yet resolved): a call in flight may be waiting on
+        exactly that message, and pausing would deadlock (the trap C++'s setFlowLimit
+        leaves for a budget set too low).
+        """
+        answers = self.answers
+        if answers.in_flight == 0:
+            return False
+        if (
+            answers.in_flight < self._max_calls_in_flight
+            and answers.in_flight_bytes < self._max_call_bytes_in_flight
+        ):
+            return False
+        return not (self.questions.awaiting_return() or self.imports.unresolved_promises())
+
+    def note_breach(self, breach: LimitExceeded) -> None:
+        """A hard limit was exceeded where aborting at once is not safe (inside building
+        a message): abort at the next ``check_limits``."""
+        if self._breach is None:
+            self._breach = breach
+
+    def check_limits(self) -> None:
+        """Abort now if a hard limit was exceeded since the last check."""
+        breach = self._breach
+        if breach is not None and self.closed is None:
+            self.abort(str(breach), ExceptionType.OVERLOADED)
 
     # ================================================================== output
     def take_output(self) -> list[bytes]:
@@ -131,6 +181,8 @@ class RpcSession:
         result = CallResult()
         if self.closed is not None:
             result.set_error(self.closed)
+        elif self._questions_full():
+            result.set_error(self._questions_full_error())
         else:
             question = self.questions.new(result)
             message = wire.Message.new_message()
@@ -155,6 +207,11 @@ class RpcSession:
                 result.set_error(self.closed or Failed("call was canceled"))
             result.release()
             return
+        if self._questions_full():
+            call.params.release()
+            result.set_error(self._questions_full_error())
+            result.release()
+            return
         place = self.outbox.reserve()
         upstream = target.question if isinstance(target, PipelineHook) else None
         question = self.questions.new(result, upstream)
@@ -171,6 +228,19 @@ class RpcSession:
         result.backpressure = self.backpressure
         result.link_question(question)
         result.release()  # the question keeps an uncounted link (see OutgoingCall)
+        if self.flow_waiting and self.on_flow_released is not None:
+            self.on_flow_released()  # we now wait on the peer: reading must go on
+        self.check_limits()
+
+    def _questions_full(self) -> bool:
+        return len(self.questions.entries) >= self.max_questions
+
+    def _questions_full_error(self) -> Overloaded:
+        # A local limit: our own calls, so the call fails and the connection goes on.
+        return Overloaded(
+            f"{len(self.questions.entries)} calls to the peer are outstanding, the limit "
+            f"(Limits.max_questions = {self.limits.max_questions})"
+        )
 
     def _build_call(
         self, call: OutgoingCall, question: Question, target: RemoteHook
@@ -199,10 +269,13 @@ class RpcSession:
             return
         try:
             self._dispatch(segments)
+        except LimitExceeded as error:
+            self.abort(str(error), ExceptionType.OVERLOADED)
         except RemoteProtocolError as error:
             self.abort(str(error))
         except capnp.KjException as error:
             self.abort(f"malformed message: {_kj_reason(error)}")
+        self.check_limits()
 
     def _dispatch(self, segments: Segments) -> None:
         tag = wire.message_tag(segments)
@@ -253,7 +326,7 @@ class RpcSession:
         if body._has("deprecatedObjectId"):
             raise RemoteProtocolError("bootstrap with deprecatedObjectId is not supported")
         result = CallResult()
-        self.answers.start(answer_id, result, redirected=False)
+        self.answers.start(answer_id, result, redirected=False, size=0)
         if self.bootstrap_hook is None:
             result.set_error(Failed("this vat has no bootstrap capability"))
             return
@@ -333,7 +406,10 @@ class RpcSession:
         params: ReceivedPayload,
     ) -> None:
         result = CallResult()
-        self.answers.start(answer_id, result, redirected=redirected)
+        size = 0
+        for segment in params.segments:
+            size += len(segment)
+        self.answers.start(answer_id, result, redirected=redirected, size=size)
         call = OutgoingCall(header.interface_id, header.method_id, params, result.add_ref())
         call.from_peer = True  # only while it is handed over (see OutgoingCall)
         target.call(call)
@@ -537,15 +613,16 @@ class RpcSession:
         raise RemoteProtocolError(f"peer did not understand our {which!r} message")
 
     # ================================================================== shutdown
-    def abort(self, reason: str) -> None:
-        """A protocol violation: send Abort, then close (rpc-protocol.md §10)."""
+    def abort(self, reason: str, kind: ExceptionType = ExceptionType.FAILED) -> None:
+        """A protocol violation (or a hard limit, ``kind`` overloaded): send Abort, then
+        close (rpc-protocol.md §10)."""
         if self.closed is not None:
             return
         self.abort_reason = reason
         message = wire.Message.new_message()
         body = message.init("abort")
         body.reason = reason
-        body.type = int(ExceptionType.FAILED)
+        body.type = int(kind)
         self.outbox.send(message.to_segments())
         self.close(Disconnected(f"connection aborted: {reason}"))
 
