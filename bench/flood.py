@@ -133,6 +133,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 class Flooder:
