@@ -91,9 +91,20 @@ def write_exception(builder: Any, error: BaseException) -> None:
 
 
 def read_exception(reader: Any) -> RpcError:
-    """The typed RpcError for an rpc.capnp Exception reader (unknown types read as FAILED)."""
-    trace = reader.trace if reader._has("trace") else ""
-    return RpcError.from_type(reader.type.raw, reader.reason, trace)
+    """The typed RpcError for an rpc.capnp Exception reader (unknown types read as FAILED).
+
+    A reason or trace that is not UTF-8 (found by fuzzing: pycapnp raises
+    UnicodeDecodeError) is the peer's mistake about its own error, not a reason to lose
+    the error: it is replaced by a note saying so."""
+    trace = _text(reader, "trace") if reader._has("trace") else ""
+    return RpcError.from_type(reader.type.raw, _text(reader, "reason"), trace)
+
+
+def _text(reader: Any, field: str) -> str:
+    try:
+        return str(getattr(reader, field))
+    except UnicodeDecodeError:
+        return f"(the peer's {field} is not valid UTF-8)"
 
 
 # ---------------------------------------------------------------------- fast Call header
