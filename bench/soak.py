@@ -24,7 +24,9 @@ is reported per 100,000 calls (flat means no growth per call). After the clients
 waits for the server to have no connection and reports what of the engine is still
 alive in it (connections, sessions, answers, questions, call results, exports, imports,
 counted by the garbage collector, against the count before the clients came): nothing
-may be. Bounded: every wait has a deadline, every process is stopped by its PID.
+may be. It also reports the server's pymalloc blocks in use (start, near the end, after)
+and the most common object types then, to tell a leak from memory the allocator keeps.
+Bounded: every wait has a deadline, every process is stopped by its PID.
 """
 
 from __future__ import annotations
@@ -102,10 +104,13 @@ def serve() -> None:
                 tables[name] = tables.get(name, 0) + size
         gc.collect()
         alive: dict[str, int] = {}
+        kinds: dict[str, int] = {}
         for obj in gc.get_objects():
             name = type(obj).__name__
+            kinds[name] = kinds.get(name, 0) + 1
             if name in ENGINE_OBJECTS:
                 alive[name] = alive.get(name, 0) + 1
+        top = sorted(kinds.items(), key=lambda kv: -kv[1])[:12]
         return json.dumps(
             {
                 "rss": rss_bytes(os.getpid()),
@@ -113,6 +118,8 @@ def serve() -> None:
                 "connections": len(connections),
                 "tables": tables,
                 "engine_objects": alive,
+                "top": top,
+                "blocks": sys.getallocatedblocks(),
             }
         )
 
@@ -294,8 +301,11 @@ def run(clients: int, connections: int, seconds: float) -> dict[str, Any]:
         samples: list[tuple[float, int, int]] = []  # (time, calls, rss)
         began = time.monotonic()
         peak_connections = 0
+        mid: dict[str, Any] | None = None
         while time.monotonic() - began < seconds + GRACE and any(p.poll() is None for p in procs):
             status = server.status()
+            if mid is None and time.monotonic() - began > seconds * 0.9:
+                mid = status
             peak_connections = max(peak_connections, status["connections"])
             samples.append((time.monotonic() - began, status["calls"], status["rss"]))
             time.sleep(1.0)  # real time: one RSS sample a second
@@ -323,9 +333,17 @@ def run(clients: int, connections: int, seconds: float) -> dict[str, Any]:
             "rss_after_warmup": warm[0][1] if warm else start["rss"],
             "rss_end": end["rss"],
             "rss_slope_per_100k_calls": slope_per_100k(warm),
+            # (calls served, RSS in MiB), about ten of them over the run
+            "rss_samples": [
+                (calls, round(rss / 2**20, 1))
+                for _, calls, rss in samples[:: max(1, len(samples) // 10)]
+            ],
             "connections_left": end["connections"],
             "tables_left": end["tables"],
             # Against the start: the engine's modules hold a few sentinels of their own.
+            "blocks": [start["blocks"], mid["blocks"] if mid else 0, end["blocks"]],
+            "top_types_end": end["top"],
+            "top_types_mid": mid["top"] if mid else [],
             "engine_objects_left": {
                 name: count - start["engine_objects"].get(name, 0)
                 for name, count in end["engine_objects"].items()
@@ -359,7 +377,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     seconds = min(args.seconds, 3600.0)
     result = run(min(args.clients, 64), min(args.connections, 1000), seconds)
+    samples = result.pop("rss_samples")
     print(json.dumps(result, indent=2))
+    print("RSS over calls served (MiB):", ", ".join(f"{c:,}: {m}" for c, m in samples))
 
 
 if __name__ == "__main__":

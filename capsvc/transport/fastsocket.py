@@ -17,11 +17,19 @@ The stream owns a plain non-blocking stdlib socket, taken over from a connected 
 It implements every extra the driver knows (:mod:`capsvc.transport.capabilities`): the
 fast paths, ``send_from_flusher`` for the end-of-pass flusher, adaptive ``busy_poll`` and
 its ``socket`` (for TCP_NODELAY).
+
+Receives go through one buffer per thread (``recv_into``, then a copy of what arrived),
+not ``socket.recv(65536)``: that allocates a 64 KiB bytes object per read and shrinks it
+to what arrived, and glibc, whose mmap threshold rises on its own to past 64 KiB, carves
+those from the heap and leaves the freed tails between live objects. Measured with 500
+connections under load (bench/soak.py): server RSS grew about 15 MB per 100,000 calls
+and never came back; with the shared buffer it levels off.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 from typing import Any, final
 
 import trio
@@ -37,6 +45,26 @@ from capsvc.transport.capabilities import (
 
 _YIELD_EVERY = 16
 _BUFFER_SIZE = 65536
+
+
+class _ReceiveBuffer(threading.local):
+    """This thread's receive buffer (a trio run is one thread: no read spans an await)."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(_BUFFER_SIZE)
+        self.view = memoryview(self.buffer)
+
+
+_RECEIVE = _ReceiveBuffer()
+
+
+def _recv(sock: socket.socket, size: int) -> bytes:
+    """``sock.recv(size)`` without a transient ``size``-byte allocation (module docstring)."""
+    if size > _BUFFER_SIZE:
+        return sock.recv(size)
+    receive = _RECEIVE
+    count = sock.recv_into(receive.buffer, size)
+    return receive.view[:count].tobytes()
 
 
 @final
@@ -159,7 +187,7 @@ class FastSocketStream(
                 await trio.lowlevel.cancel_shielded_checkpoint()
             size = max_bytes or _BUFFER_SIZE
             try:
-                return self.socket.recv(size)
+                return _recv(self.socket, size)
             except BlockingIOError:
                 self._streak = 0
             except OSError as error:
@@ -181,7 +209,7 @@ class FastSocketStream(
                 # One zero-timeout scheduler pass: other tasks run, output is flushed.
                 await trio.lowlevel.checkpoint()
                 try:
-                    data = self.socket.recv(size)
+                    data = _recv(self.socket, size)
                 except BlockingIOError:
                     if busypoll.now() >= deadline or not poll.yield_cpu():
                         # Out of budget, or another process wants this CPU: sleep.
@@ -202,7 +230,7 @@ class FastSocketStream(
         while True:
             await trio.lowlevel.wait_readable(self.socket)
             try:
-                return self.socket.recv(size)
+                return _recv(self.socket, size)
             except BlockingIOError:
                 continue
             except OSError as error:
