@@ -19,13 +19,14 @@ import sys
 import time
 from typing import Any
 
+import pytest
 import trio
 
 import capsvc
 from capsvc.framing import encode_message
 from capsvc.rpc import wire
 from tests.support.peers import ROOT, capsvc_server, peer_env
-from tests.support.tester import Tester, TesterImpl
+from tests.support.tester import Callback, Tester, TesterImpl
 
 #: Real time: bounds a wait for another process or the kernel; a hang fails the test.
 DEADLINE = 20.0
@@ -91,6 +92,49 @@ async def test_server_killed_while_calls_and_capabilities_are_held() -> None:
             assert conn.session.tables_empty()
     await settled(lambda: trio_tasks() == tasks)
     assert open_fds() == fds
+
+
+class HangingCallback(capsvc.Server, interface=Callback):
+    """notify() never answers; it says when it began and when it was cancelled."""
+
+    def __init__(self) -> None:
+        self.began = trio.Event()
+        self.cancelled = trio.Event()
+
+    async def notify(self, params: Any, results: Any) -> None:
+        self.began.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            self.cancelled.set()
+
+
+async def test_server_methods_that_raise_or_hang() -> None:
+    """Against a server process: a method that raises gives the caller that typed error;
+    a method that hangs (waiting on our callback) is cancelled by the caller's
+    cancellation, which crosses the server and reaches the callback it waits on here.
+    The connection goes on in both cases."""
+    with capsvc_server("tester") as server:
+        async with capsvc.connect(server.address) as conn:
+            tester = conn.bootstrap(Tester)
+            for kind, error in (("failed", capsvc.Failed), ("overloaded", capsvc.Overloaded)):
+                with pytest.raises(error, match="on purpose"):
+                    await tester.fail(kind=kind, reason="on purpose")
+            callback = HangingCallback()
+            with trio.move_on_after(DEADLINE) as scope:
+                async with trio.open_nursery() as nursery:
+
+                    async def call_back() -> None:
+                        await tester.callBack(cb=callback, value=1)
+
+                    nursery.start_soon(call_back)
+                    await callback.began.wait()  # the server is inside callBack, waiting
+                    nursery.cancel_scope.cancel()  # the caller gives up
+            assert not scope.cancelled_caught
+            with trio.fail_after(DEADLINE):
+                await callback.cancelled.wait()  # the Finish went through the server to us
+            assert (await tester.echo(msg="still here")).reply == "still here"
+            assert not conn.closed
 
 
 # ---------------------------------------------------------------------------- the client dies
