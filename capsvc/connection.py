@@ -24,7 +24,8 @@ Theory of operation (DESIGN.md, "Buffered framing"):
   that floods calls is held to the budget instead of buffered without bound.
 - Timeouts (``Limits``): a watchdog task aborts a served connection whose first message
   does not arrive in time, any connection with a message begun and not finished in time
-  (slowloris), and, if asked, one idle for too long. It sleeps until the nearest deadline
+  (slowloris), one whose peer reads none of our output for too long (the slow-read side),
+  and, if asked, one idle for too long. It sleeps until the nearest deadline
   but at most a quarter of the shortest timeout, so a deadline that a new frame starts is
   met within 25%; nothing is timed per read.
 - With TCP_NODELAY off, a lone Finish or Release (housekeeping the peer never answers) is
@@ -160,6 +161,8 @@ class Connection:
         self._frame_started: float | None = None  # a partial message is buffered since
         self._started = self._last_input = trio.current_time()
         self._track_idle = self.limits.idle_timeout is not None
+        self._writes_seen = 0
+        self._output_since = -1.0  # no output waiting (see _expired)
         self._reading_paused = False
         #: The engine's outbox: what the writer takes, and the measure of backpressure.
         self.outbox = self.session.outbox
@@ -355,6 +358,7 @@ class Connection:
             (self.served and limits.first_message_timeout is not None)
             or limits.frame_timeout is not None
             or limits.idle_timeout is not None
+            or limits.send_timeout is not None
         )
 
     def _expired(self, now: float) -> tuple[str | None, float]:
@@ -376,6 +380,26 @@ class Connection:
                     now,
                 )
             deadline = min(deadline, self._frame_started + frame)
+        send = limits.send_timeout
+        if send is not None:
+            # Writes are counted, not timed: no clock read per write. Output that waits
+            # while the count stands still has made no progress since ``_output_since``.
+            # Counted from the first check that saw it waiting: never early, late by at
+            # most the watchdog's tick.
+            pending = bool(self.outbox.pending_bytes) or self._writing
+            if not pending:
+                self._output_since = -1.0
+            elif self._output_since < 0 or self.writes != self._writes_seen:
+                self._writes_seen = self.writes
+                self._output_since = now
+                deadline = min(deadline, now + send)
+            elif now >= self._output_since + send:
+                return (
+                    f"our output waited {send:g} s and no write completed (Limits.send_timeout)",
+                    now,
+                )
+            else:
+                deadline = min(deadline, self._output_since + send)
         idle = limits.idle_timeout
         if (
             idle is not None
@@ -396,6 +420,7 @@ class Connection:
                 limits.first_message_timeout if self.served else None,
                 limits.frame_timeout,
                 limits.idle_timeout,
+                limits.send_timeout,
             )
             if t is not None
         ]

@@ -78,6 +78,9 @@ class Limits:
     first_message_timeout: float | None = 60.0
     #: A message whose first byte has arrived must be complete within this (slowloris).
     frame_timeout: float | None = 120.0
+    #: Output waiting for the peer to read it, with no write completed for this long
+    #: (a peer that does not read: the slow-read side of slowloris).
+    send_timeout: float | None = 120.0
     #: Closed when nothing arrives for this long while no call is outstanding either way.
     idle_timeout: float | None = None
 

@@ -318,6 +318,45 @@ async def test_a_message_left_unfinished_is_aborted(
         nursery.cancel_scope.cancel()
 
 
+class UnreadStream(trio.abc.HalfCloseableStream):
+    """A peer that sends but never reads: every send blocks for good."""
+
+    def __init__(self, inner: trio.abc.HalfCloseableStream) -> None:
+        self.inner = inner
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.sleep_forever()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.sleep_forever()
+
+    async def send_eof(self) -> None:
+        await trio.sleep_forever()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_peer_that_never_reads_is_cut_off(autojump_clock: trio.testing.MockClock) -> None:
+    left, right = memory_stream_pair()
+    limits = Limits(first_message_timeout=None, frame_timeout=None)
+    server = Connection(UnreadStream(left), SlowTester()._new_hook(), limits=limits, served=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.run)
+        await right.send_all(bootstrap_frame(0))  # its Return can never be written
+        await trio.sleep(119)
+        assert not server.closed
+        await server.wait_closed()
+        assert 120 <= trio.current_time() <= 120 + 30 + 5  # a tick late, the Abort's 5 s
+        assert server.session.abort_reason == (
+            "our output waited 120 s and no write completed (Limits.send_timeout)"
+        )
+        nursery.cancel_scope.cancel()
+
+
 async def test_idle_timeout_spares_connections_with_calls_outstanding(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
