@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         client(args.client, args.connections, args.seconds, args.seed)
         return
     seconds = min(args.seconds, 3600.0)
-    result = run(min(args.clients, 64), min(args.connections, 1000), seconds)
+    result = run(min(args.clients, 500), min(args.connections, 1000), seconds)
     samples = result.pop("rss_samples")
     print(json.dumps(result, indent=2))
     print("RSS over calls served (MiB):", ", ".join(f"{c:,}: {m}" for c, m in samples))
