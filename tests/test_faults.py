@@ -94,19 +94,29 @@ async def test_server_killed_while_calls_and_capabilities_are_held() -> None:
     assert open_fds() == fds
 
 
-class HangingCallback(capsvc.Server, interface=Callback):
-    """notify() never answers; it says when it began and when it was cancelled."""
+class Hang:
+    """A method body that never returns, and says when it began and was cancelled."""
 
     def __init__(self) -> None:
         self.began = trio.Event()
         self.cancelled = trio.Event()
 
-    async def notify(self, params: Any, results: Any) -> None:
+    async def __call__(self) -> None:
         self.began.set()
         try:
             await trio.sleep_forever()
         finally:
             self.cancelled.set()
+
+
+class HangingCallback(capsvc.Server, interface=Callback):
+    """notify() never answers (``hang`` says when it began and was cancelled)."""
+
+    def __init__(self) -> None:
+        self.hang = Hang()
+
+    async def notify(self, params: Any, results: Any) -> None:
+        await self.hang()
 
 
 async def test_server_methods_that_raise_or_hang() -> None:
@@ -128,11 +138,11 @@ async def test_server_methods_that_raise_or_hang() -> None:
                         await tester.callBack(cb=callback, value=1)
 
                     nursery.start_soon(call_back)
-                    await callback.began.wait()  # the server is inside callBack, waiting
+                    await callback.hang.began.wait()  # the server is inside callBack, waiting
                     nursery.cancel_scope.cancel()  # the caller gives up
             assert not scope.cancelled_caught
             with trio.fail_after(DEADLINE):
-                await callback.cancelled.wait()  # the Finish went through the server to us
+                await callback.hang.cancelled.wait()  # the Finish went through the server to us
             assert (await tester.echo(msg="still here")).reply == "still here"
             assert not conn.closed
 
@@ -157,19 +167,14 @@ trio.run(main, sys.argv[1])
 
 
 class WatchedTester(TesterImpl):
-    """slow() waits forever and says when it began and when it was cancelled."""
+    """slow() never answers (``hang`` says when it began and was cancelled)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.began = trio.Event()
-        self.cancelled = trio.Event()
+        self.hang = Hang()
 
     async def slow(self, params: Any, results: Any) -> None:
-        self.began.set()
-        try:
-            await trio.sleep_forever()
-        finally:
-            self.cancelled.set()
+        await self.hang()
 
 
 async def test_client_killed_mid_call_cancels_its_call_only() -> None:
@@ -188,10 +193,10 @@ async def test_client_killed_mid_call_cancels_its_call_only() -> None:
             )
             try:
                 with trio.fail_after(DEADLINE):
-                    await impl.began.wait()
+                    await impl.hang.began.wait()
                 proc.send_signal(signal.SIGKILL)  # stopped by its PID
                 with trio.fail_after(DEADLINE):
-                    await impl.cancelled.wait()  # the peer vanished: its call is cancelled
+                    await impl.hang.cancelled.wait()  # the peer vanished: its call is cancelled
             finally:
                 proc.kill()
                 await proc.wait()
