@@ -78,17 +78,28 @@ async def open_connection(
     coalesce: bool = True,
     busy_poll: float | None = DEFAULT_BUDGET,
 ) -> AsyncIterator[Connection]:
-    """Run an RPC connection over an already open stream for the block's duration."""
+    """Run an RPC connection over an already open stream for the block's duration.
+
+    An exception raised in the block comes out as itself (``except capsvc.RpcError``
+    around the block catches it), not as an ExceptionGroup of one: the connection's own
+    tasks end quietly when the block ends. Only when several errors happen at once (the
+    block's and a connection task's) do they come out together, as an ExceptionGroup.
+    """
     conn = Connection(
         stream, _bootstrap_hook(bootstrap), limits=limits, coalesce=coalesce, busy_poll=busy_poll
     )
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(conn.run)
-        try:
-            yield conn
-        finally:
-            await conn.aclose()
-            nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.run)
+            try:
+                yield conn
+            finally:
+                await conn.aclose()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
 
 
 async def serve(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -135,11 +136,29 @@ def _run_inline(server: Any, call: OutgoingCall) -> None:
 
 
 def _fail(result: CallResult, server: Any, call: OutgoingCall, error: Exception) -> None:
+    """A server method raised. An RpcError is the method's answer; anything else is a bug
+    of the method: its traceback is logged once (WARNING) and the caller gets ``failed``
+    naming the method and the exception type, with the traceback text only if the server
+    class asks for it (``capsvc_send_tracebacks``: it can leak internals)."""
     if isinstance(error, RpcError):
         result.set_error(error)
         return
-    log.info("%s.%s raised %r", type(server).__name__, call.method_id, error)
-    result.set_error(Failed(f"{type(error).__name__}: {error}"))
+    label = method_label(server, call.interface_id, call.method_id)
+    log.warning("%s raised %s", label, type(error).__name__, exc_info=error)
+    trace = ""
+    if getattr(server, "capsvc_send_tracebacks", False):
+        trace = "".join(traceback.format_exception(error))
+    result.set_error(Failed(f"{label} raised {type(error).__name__}: {error}", trace=trace))
+
+
+def method_label(server: Any, interface_id: int, method_id: int) -> str:
+    """``Interface.method`` by its schema names, for errors and logs (the numbers only
+    for a method the server's interfaces do not have)."""
+    label = getattr(server, "_capsvc_method_label", None)
+    found = label(interface_id, method_id) if label is not None else None
+    if isinstance(found, str):
+        return found
+    return f"method {method_id} of interface {interface_id:#x}"
 
 
 class _WorkerPool:

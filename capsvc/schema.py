@@ -81,6 +81,8 @@ class MethodInfo:
     method_id: int
     param_schema: Any
     result_schema: Any
+    #: The declaring interface's schema name (a superclass's, for an inherited method).
+    interface_name: str = ""
 
 
 @dataclass(slots=True)
@@ -120,7 +122,14 @@ def _add_methods(info: InterfaceInfo, schema: Any, seen: set[int]) -> None:
     seen.add(schema.node.id)
     for method_id, name in enumerate(schema.method_names):
         method = schema.methods[name]
-        entry = MethodInfo(name, schema.node.id, method_id, method.param_type, method.result_type)
+        entry = MethodInfo(
+            name,
+            schema.node.id,
+            method_id,
+            method.param_type,
+            method.result_type,
+            schema.node.displayName.split(":")[-1],
+        )
         info.by_key[(schema.node.id, method_id)] = entry
         info.by_name.setdefault(name, entry)
     for parent in schema.superclasses:

@@ -72,6 +72,14 @@ class Server:
             self._capsvc_live_hook = None
 
     # ------------------------------------------------------------------ dispatch
+    def _capsvc_method_label(self, interface_id: int, method_id: int) -> str | None:
+        """``Interface.method`` (schema names) for errors and logs; None if unknown."""
+        info = self._capsvc_interface
+        method = info.by_key.get((interface_id, method_id)) if info is not None else None
+        if info is None or method is None:
+            return None
+        return f"{method.interface_name or info.name}.{method.name}"
+
     def _runs_inline(self, interface_id: int, method_id: int) -> bool:
         """True if the method is plain ``def`` (or missing: ``unimplemented`` is immediate)."""
         key = (interface_id, method_id)

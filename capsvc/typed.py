@@ -202,6 +202,13 @@ class Server:
             return None
         return entry
 
+    def _capsvc_method_label(self, interface_id: int, method_id: int) -> str | None:
+        """``Interface.method`` (schema names) for errors and logs; None if unknown."""
+        entry = self._METHODS.get((interface_id, method_id))
+        if entry is None:
+            return None
+        return f"{entry[1].__qualname__.rpartition('.')[0]}.{entry[0]}"
+
     def _runs_inline(self, interface_id: int, method_id: int) -> bool:
         key = (interface_id, method_id)
         inline = self._capsvc_inline.get(key)

@@ -1,0 +1,88 @@
+"""Errors a person can act on (issue 12, point 1), over real loopback TCP.
+
+- an error raised inside ``async with capsvc.connect(...)`` comes out as itself, not as
+  an ExceptionGroup of one;
+- a server method that raises an unexpected exception: the caller's ``failed`` names the
+  method by its schema names and the exception type, the server logs the traceback once
+  at WARNING, and the traceback text reaches the caller only if the server class asks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import trio
+
+import capsvc
+from capsvc.generated.echo_capnp import Echo
+from tests.support.tester import Tester, TesterImpl
+
+
+class BrokenTester(TesterImpl):
+    async def echo(self, params: Any, results: Any) -> None:
+        results.reply = str(1 / len(params.msg))  # an empty msg divides by zero
+
+
+class TellingTester(BrokenTester):
+    capsvc_send_tracebacks = True
+
+
+class BrokenEcho(Echo.Server):
+    def ping(self, params: Echo.PingParams.Reader, results: Echo.PingResults.Builder) -> None:
+        raise KeyError(params.msg)
+
+
+async def test_an_error_in_the_connect_block_comes_out_as_itself() -> None:
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", TesterImpl())
+        with pytest.raises(capsvc.Overloaded, match="busy"):
+            async with capsvc.connect(address) as conn:
+                await conn.bootstrap(Tester).fail(kind="overloaded", reason="busy")
+        with pytest.raises(ValueError, match="mine"):
+            async with capsvc.connect(address):
+                raise ValueError("mine")
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_unexpected_exception_names_the_method_and_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="capsvc")
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", BrokenTester())
+        async with capsvc.connect(address) as conn:
+            with pytest.raises(capsvc.Failed) as caught:
+                await conn.bootstrap(Tester).echo(msg="")
+        nursery.cancel_scope.cancel()
+    assert caught.value.reason == "Tester.echo raised ZeroDivisionError: division by zero"
+    assert caught.value.trace == ""  # off by default: a traceback can leak internals
+    records = [r for r in caplog.records if "raised" in r.getMessage()]
+    assert len(records) == 1
+    assert records[0].levelno == logging.WARNING
+    assert records[0].getMessage() == "Tester.echo raised ZeroDivisionError"
+    assert records[0].exc_info is not None
+    assert records[0].exc_info[0] is ZeroDivisionError
+
+
+async def test_the_traceback_reaches_the_caller_only_when_the_server_asks() -> None:
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", TellingTester())
+        async with capsvc.connect(address) as conn:
+            with pytest.raises(capsvc.Failed) as caught:
+                await conn.bootstrap(Tester).echo(msg="")
+        nursery.cancel_scope.cancel()
+    assert caught.value.trace.startswith("Traceback (most recent call last):")
+    assert "ZeroDivisionError: division by zero" in caught.value.trace
+    assert "in echo" in caught.value.trace
+
+
+async def test_generated_servers_name_their_methods_too() -> None:
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", BrokenEcho())
+        async with capsvc.connect(address) as conn:
+            with pytest.raises(capsvc.Failed) as caught:
+                await conn.bootstrap(Echo).ping(msg="k")
+        nursery.cancel_scope.cancel()
+    assert caught.value.reason == "Echo.ping raised KeyError: 'k'"
