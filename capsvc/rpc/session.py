@@ -108,6 +108,8 @@ class RpcSession:
         #: its Return). Set by the driver, which says when it waits (``flow_waiting``).
         self.on_flow_released: Callable[[], None] | None = None
         self.flow_waiting = False
+        #: Inside ``receive``: an abort for a breach waits until the message is handled.
+        self._receiving = False
 
     # ================================================================== limits
     @property
@@ -230,7 +232,8 @@ class RpcSession:
         result.release()  # the question keeps an uncounted link (see OutgoingCall)
         if self.flow_waiting and self.on_flow_released is not None:
             self.on_flow_released()  # we now wait on the peer: reading must go on
-        self.check_limits()
+        if not self._receiving:  # (a call made while a message is handled: receive checks)
+            self.check_limits()
 
     def _questions_full(self) -> bool:
         return len(self.questions.entries) >= self.max_questions
@@ -267,6 +270,7 @@ class RpcSession:
         """Handle one whole incoming message (its segments, as the framing produced them)."""
         if self.closed is not None:
             return
+        self._receiving = True
         try:
             self._dispatch(segments)
         except LimitExceeded as error:
@@ -275,6 +279,8 @@ class RpcSession:
             self.abort(str(error))
         except capnp.KjException as error:
             self.abort(f"malformed message: {_kj_reason(error)}")
+        finally:
+            self._receiving = False
         self.check_limits()
 
     def _dispatch(self, segments: Segments) -> None:
