@@ -34,6 +34,17 @@ class BrokenEcho(Echo.Server):
         raise KeyError(params.msg)
 
 
+async def failure_of(server: Any, interface: Any, call: Any) -> capsvc.Failed:
+    """Serve ``server`` on loopback TCP, make ``call(bootstrap)``; the Failed it raised."""
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", server)
+        async with capsvc.connect(address) as conn:
+            with pytest.raises(capsvc.Failed) as caught:
+                await call(conn.bootstrap(interface))
+        nursery.cancel_scope.cancel()
+    return caught.value
+
+
 async def test_an_error_in_the_connect_block_comes_out_as_itself() -> None:
     async with trio.open_nursery() as nursery:
         address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", TesterImpl())
@@ -50,14 +61,9 @@ async def test_an_unexpected_exception_names_the_method_and_is_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="capsvc")
-    async with trio.open_nursery() as nursery:
-        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", BrokenTester())
-        async with capsvc.connect(address) as conn:
-            with pytest.raises(capsvc.Failed) as caught:
-                await conn.bootstrap(Tester).echo(msg="")
-        nursery.cancel_scope.cancel()
-    assert caught.value.reason == "Tester.echo raised ZeroDivisionError: division by zero"
-    assert caught.value.trace == ""  # off by default: a traceback can leak internals
+    failed = await failure_of(BrokenTester(), Tester, lambda tester: tester.echo(msg=""))
+    assert failed.reason == "Tester.echo raised ZeroDivisionError: division by zero"
+    assert failed.trace == ""  # off by default: a traceback can leak internals
     records = [r for r in caplog.records if "raised" in r.getMessage()]
     assert len(records) == 1
     assert records[0].levelno == logging.WARNING
@@ -67,22 +73,12 @@ async def test_an_unexpected_exception_names_the_method_and_is_logged_once(
 
 
 async def test_the_traceback_reaches_the_caller_only_when_the_server_asks() -> None:
-    async with trio.open_nursery() as nursery:
-        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", TellingTester())
-        async with capsvc.connect(address) as conn:
-            with pytest.raises(capsvc.Failed) as caught:
-                await conn.bootstrap(Tester).echo(msg="")
-        nursery.cancel_scope.cancel()
-    assert caught.value.trace.startswith("Traceback (most recent call last):")
-    assert "ZeroDivisionError: division by zero" in caught.value.trace
-    assert "in echo" in caught.value.trace
+    failed = await failure_of(TellingTester(), Tester, lambda tester: tester.echo(msg=""))
+    assert failed.trace.startswith("Traceback (most recent call last):")
+    assert "ZeroDivisionError: division by zero" in failed.trace
+    assert "in echo" in failed.trace
 
 
 async def test_generated_servers_name_their_methods_too() -> None:
-    async with trio.open_nursery() as nursery:
-        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", BrokenEcho())
-        async with capsvc.connect(address) as conn:
-            with pytest.raises(capsvc.Failed) as caught:
-                await conn.bootstrap(Echo).ping(msg="k")
-        nursery.cancel_scope.cancel()
-    assert caught.value.reason == "Echo.ping raised KeyError: 'k'"
+    failed = await failure_of(BrokenEcho(), Echo, lambda echo: echo.ping(msg="k"))
+    assert failed.reason == "Echo.ping raised KeyError: 'k'"
