@@ -23,6 +23,7 @@ from capsvc.connection import Connection
 from capsvc.errors import ExceptionType
 from capsvc.framing import encode_message
 from capsvc.limits import DEFAULT_MAX_CONNECTIONS, Limits
+from capsvc.observe import ConnectionInfo, observer_for
 from capsvc.rpc import wire
 from capsvc.rpc.hooks import Hook
 from capsvc.transport import listener_address, open_listeners, open_stream
@@ -63,6 +64,7 @@ async def connect(
             None never polls.
     """
     stream = await open_stream(address, nodelay=nodelay)
+    log.debug("connected to %s", address)
     async with open_connection(
         stream, bootstrap=bootstrap, limits=limits, coalesce=coalesce, busy_poll=busy_poll
     ) as conn:
@@ -88,6 +90,7 @@ async def open_connection(
     conn = Connection(
         stream, _bootstrap_hook(bootstrap), limits=limits, coalesce=coalesce, busy_poll=busy_poll
     )
+    _observe(conn, peer_name(stream), served=False, access=False)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(conn.run)
@@ -111,11 +114,14 @@ async def serve(
     coalesce: bool = True,
     busy_poll: float | None = DEFAULT_BUDGET,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    access_log: bool = False,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``bootstrap`` on ``address`` until cancelled (options as for ``connect``).
 
     ``max_connections`` bounds the connections held at once (module docstring).
+    ``access_log`` logs a line per call on the logger ``capsvc.access`` at INFO: the peer,
+    ``Interface.method``, how long the method took, and the outcome (capsvc.observe).
     ``task_status.started`` receives the address actually bound (``tcp:127.0.0.1:40123``
     when port 0 was asked), so ``await nursery.start(capsvc.serve, ...)`` returns it.
     """
@@ -144,7 +150,9 @@ async def serve(
             return
         held += 1
         per_peer[peer] += 1
-        log.debug("connection from %s (%d from that peer, %d in all)", peer, per_peer[peer], held)
+        log.info(
+            "connection from %s opened (%d from that peer, %d in all)", peer, per_peer[peer], held
+        )
         conn = Connection(
             stream,
             hook.add_ref() if hook is not None else None,
@@ -153,6 +161,8 @@ async def serve(
             busy_poll=busy_poll,
             served=True,
         )
+        _observe(conn, peer, served=True, access=access_log)
+        started = trio.current_time()
         try:
             await conn.run()
         finally:
@@ -160,24 +170,44 @@ async def serve(
             per_peer[peer] -= 1
             if not per_peer[peer]:
                 del per_peer[peer]
-            reason = conn.close_reason
-            if conn.session.abort_reason is not None:
-                log.warning(
-                    "connection from %s aborted: %s (%d more from that peer)",
-                    peer,
-                    conn.session.abort_reason,
-                    per_peer[peer],
-                )
-            else:
-                log.debug("connection from %s closed: %s", peer, reason)
+            session = conn.session
+            ended = "aborted" if session.abort_reason is not None else "closed"
+            log.log(
+                logging.WARNING if session.abort_reason is not None else logging.INFO,
+                "connection from %s %s after %.3f s, %d calls answered, %d made: %s"
+                " (%d more from that peer, %d in all)",
+                peer,
+                ended,
+                trio.current_time() - started,
+                session.calls_received,
+                session.calls_sent,
+                session.abort_reason or _close_reason(conn),
+                per_peer[peer],
+                held,
+            )
 
     log.info("listening on %s", bound)
+    log.debug("every connection: %r; at most %d at once", limits or Limits(), max_connections)
     task_status.started(bound)
     try:
         await trio.serve_listeners(handle, listeners)
     finally:
         if hook is not None:
             hook.release()
+
+
+def _close_reason(conn: Connection) -> str:
+    reason = conn.close_reason
+    if reason is None:
+        return "closed by the server"
+    return reason.reason or type(reason).__name__
+
+
+def _observe(conn: Connection, peer: str, *, served: bool, access: bool) -> None:
+    """Give the connection's engine its call observer, if anything watches (capsvc.observe)."""
+    session = conn.session
+    info = ConnectionInfo(peer, served, lambda: session.closed is not None)
+    session.observer = observer_for(info, access=access)
 
 
 def peer_name(stream: trio.abc.Stream) -> str:

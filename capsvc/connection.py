@@ -269,7 +269,10 @@ class Connection:
                 # inline has its Return flushed at the end of this very pass.
                 data = await receive_some(65536)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
-                self.close_reason = Disconnected(f"connection lost: {error!r}")
+                # A stream we closed ourselves (aclose) says why in session.closed.
+                self.close_reason = self.session.closed or Disconnected(
+                    f"connection lost: {error!r}"
+                )
                 return
             if not data:
                 decoder.feed_eof()
@@ -550,7 +553,9 @@ class Connection:
                         self.writes += 1
                         await send_all(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
-                self.close_reason = Disconnected(f"connection lost while writing: {error!r}")
+                self.close_reason = self.session.closed or Disconnected(
+                    f"connection lost while writing: {error!r}"
+                )
                 self._shutdown(self.close_reason)
                 await trio.aclose_forcefully(stream)
                 return

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import trio
 
+from capsvc import names
 from capsvc.errors import Failed, RpcError, Unimplemented
 from capsvc.rpc.hooks import CallResult, LocalServerHook, OutgoingCall
 from capsvc.rpc.payload import Payload
@@ -122,12 +123,17 @@ def _run_inline(server: Any, call: OutgoingCall) -> None:
     if result.done or result.refs <= 0:
         call.params.release()
         return
+    observed = call.observed
+    entered = observed.enter() if observed is not None else None
     try:
         outcome = server._dispatch_inline(call.interface_id, call.method_id, call.params)
     except Exception as error:
         _fail(result, server, call, error)
         call.params.release()
         return
+    finally:
+        if observed is not None:
+            observed.exit(entered)
     if isinstance(outcome, Payload):
         result.set_result(outcome)
         call.params.release()
@@ -152,13 +158,13 @@ def _fail(result: CallResult, server: Any, call: OutgoingCall, error: Exception)
 
 
 def method_label(server: Any, interface_id: int, method_id: int) -> str:
-    """``Interface.method`` by its schema names, for errors and logs (the numbers only
-    for a method the server's interfaces do not have)."""
+    """``Interface.method`` by its schema names, for errors and logs: the server's own
+    interfaces first, then any schema this process loaded or generated (capsvc.names)."""
     label = getattr(server, "_capsvc_method_label", None)
     found = label(interface_id, method_id) if label is not None else None
     if isinstance(found, str):
         return found
-    return f"method {method_id} of interface {interface_id:#x}"
+    return names.method_label(interface_id, method_id)
 
 
 class _WorkerPool:
@@ -231,6 +237,8 @@ async def _run_call(server: Any, call: OutgoingCall, work: Awaitable[Payload]) -
     """Await ``work`` (the method's results) with a cancel scope the caller's Finish can
     trigger (rpc-protocol.md §4, callee step 4), and settle the call's result."""
     result = call.result
+    observed = call.observed
+    entered = observed.enter() if observed is not None else None
     try:
         with trio.CancelScope() as scope:
             result.set_canceller(scope.cancel)
@@ -243,11 +251,27 @@ async def _run_call(server: Any, call: OutgoingCall, work: Awaitable[Payload]) -
         if scope.cancelled_caught:
             result.set_error(Failed("call was canceled"))
     finally:
+        if observed is not None:
+            observed.exit(entered)
         call.params.release()
 
 
 def unimplemented(server: Any, interface_id: int, method_id: int) -> Unimplemented:
-    return Unimplemented(
-        f"{type(server).__name__} does not implement method {method_id}"
-        f" of interface {interface_id:#x}"
-    )
+    """The error for a call ``server`` has no method for, naming it by schema names (and
+    what the server does serve, when the call is for an interface it does not have)."""
+    label = method_label(server, interface_id, method_id)
+    what = f"{type(server).__name__} does not implement {label}"
+    own = getattr(server, "_capsvc_method_label", None)
+    served = served_interface_name(server)
+    if own is not None and own(interface_id, method_id) is None and served:
+        what += f"; it serves {served}"
+    return Unimplemented(what)
+
+
+def served_interface_name(server: Any) -> str:
+    """The schema name of the interface ``server``'s class implements ("" if none)."""
+    info = getattr(server, "_capsvc_interface", None)  # dynamic: capsvc.Server
+    if info is not None:
+        return str(info.name)
+    name = getattr(server, "_INTERFACE_NAME", "")  # generated: Iface.Server
+    return name if isinstance(name, str) else ""

@@ -99,6 +99,32 @@ class InterfaceInfo:
 _INTERFACES: dict[int, InterfaceInfo] = {}
 
 
+def known_interfaces() -> list[InterfaceInfo]:
+    """Every interface of the schemas loaded so far (capsvc.names asks them for names)."""
+    for key, module in list(_LOADED.items()):
+        if key not in _WALKED:
+            _WALKED.add(key)
+            _register_interfaces(module, depth=0)
+    return list(_INTERFACES.values())
+
+
+_WALKED: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _register_interfaces(scope: Any, depth: int) -> None:
+    """``interface_info`` for each interface declared in ``scope``, nested ones too."""
+    if depth > 16:  # nesting is finite, but a schema's scopes are not ours to trust
+        return
+    for node in scope.schema.node.nestedNodes:
+        member = getattr(scope, node.name, None)
+        schema = getattr(member, "schema", None)
+        if schema is None:
+            continue
+        if schema.node.which() == "interface":
+            interface_info(member)
+        _register_interfaces(member, depth + 1)
+
+
 def interface_schema(interface: Any) -> Any:
     """Accept a pycapnp interface module (``calc.Calculator``) or its ``.schema``."""
     return getattr(interface, "schema", interface)

@@ -28,11 +28,12 @@ from typing import Any, ClassVar, Generic, TypeVar, overload
 
 from capsvc.codec.building import StructBuilder
 from capsvc.codec.pipeline import StructPipeline
-from capsvc.errors import Failed, Unimplemented
+from capsvc.errors import Failed
 from capsvc.rpc.hooks import BrokenHook, CallResult, Hook, LocalServerHook, OutgoingCall
 from capsvc.rpc.hooks import null_hook as _null_hook
 from capsvc.rpc.payload import Payload, new_codec_call, new_codec_return
 from capsvc.runtime import TrioExecutor
+from capsvc.runtime import unimplemented as _unimplemented_error
 
 C = TypeVar("C", bound="Client")
 C_co = TypeVar("C_co", bound="Client", covariant=True)
@@ -221,13 +222,7 @@ class Server:
     def _begin(self, interface_id: int, method_id: int, params: Payload) -> tuple[object, Payload]:
         found = self._implementation(interface_id, method_id)
         if found is None:
-            entry = self._METHODS.get((interface_id, method_id))
-            what = (
-                f"{entry[1].__qualname__.rpartition('.')[0]}.{entry[0]}"  # Iface.method
-                if entry is not None
-                else f"method {method_id} of interface {interface_id:#x}"
-            )
-            raise Unimplemented(f"{type(self).__name__} does not implement {what}")
+            raise _unimplemented_error(self, interface_id, method_id)
         implementation, params_type, results_type = found
         reader = params.read_as(params_type.Reader)
         payload, results = new_codec_return(results_type.Builder)

@@ -148,4 +148,7 @@ async def test_call_to_unknown_interface_returns_unimplemented(
     returns = {getattr(r, "return").answerId: getattr(r, "return") for r in replies[:2]}
     exception = returns[1].exception
     assert str(exception.type) == "unimplemented"
-    assert exception.reason == "Tester does not implement method 0 of interface 0x123456789abcdef0"
+    assert exception.reason == (
+        "Tester does not implement method 0 of interface 0x123456789abcdef0"
+        " (no schema loaded here has it); it serves Tester"
+    )

@@ -82,3 +82,41 @@ async def test_the_traceback_reaches_the_caller_only_when_the_server_asks() -> N
 async def test_generated_servers_name_their_methods_too() -> None:
     failed = await failure_of(BrokenEcho(), Echo, lambda echo: echo.ping(msg="k"))
     assert failed.reason == "Echo.ping raised KeyError: 'k'"
+
+
+class PingOnly(Echo.Server):
+    def ping(self, params: Echo.PingParams.Reader, results: Echo.PingResults.Builder) -> None:
+        results.reply = params.msg
+
+
+async def unimplemented_of(server: Any, interface: Any, call: Any) -> capsvc.Unimplemented:
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", server)
+        async with capsvc.connect(address) as conn:
+            with pytest.raises(capsvc.Unimplemented) as caught:
+                await call(conn.bootstrap(interface))
+        nursery.cancel_scope.cancel()
+    return caught.value
+
+
+async def test_unimplemented_names_the_method_by_its_schema_names() -> None:
+    # A generated server base without one of its methods.
+    missing = await unimplemented_of(PingOnly(), Echo, lambda echo: echo.pingData(data=b"x"))
+    assert missing.reason == "PingOnly does not implement Echo.pingData"
+    # A server asked for an interface it does not serve (both known to this process).
+    other = await unimplemented_of(TesterImpl(), Echo, lambda echo: echo.ping(msg="x"))
+    assert other.reason == "TesterImpl does not implement Echo.ping; it serves Tester"
+    # The same the other way round: a dynamic interface's method on a generated server.
+    dynamic = await unimplemented_of(PingOnly(), Tester, lambda tester: tester.echo(msg="x"))
+    assert dynamic.reason == "PingOnly does not implement Tester.echo; it serves Echo"
+
+
+async def test_a_connection_closed_by_us_says_so() -> None:
+    # The reader then sees its own stream closed: that is no "connection lost".
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", TesterImpl())
+        async with capsvc.connect(address) as conn:
+            await conn.bootstrap(Tester).echo(msg="x")
+        nursery.cancel_scope.cancel()
+    assert isinstance(conn.close_reason, capsvc.Disconnected)
+    assert conn.close_reason.reason == "connection closed locally"

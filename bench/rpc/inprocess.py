@@ -2,6 +2,7 @@
 
     python -m bench.rpc.inprocess                 # CPU µs per call, typed vs dynamic, rounds
     python -m bench.rpc.inprocess --instructions  # instructions per call (valgrind callgrind)
+    python -m bench.rpc.inprocess --observers     # CPU µs per call with each call observer
 
 Theory of operation
 -------------------
@@ -38,7 +39,13 @@ KINDS = ("typed", "dynamic")
 LEVELS = (1, 12)
 
 
-def measure(kind: str, counts: dict[int, int], warmup: int = 300) -> dict[int, float]:
+#: What watches the calls in ``--observers`` rounds (capsvc.observe, capsvc.otel).
+OBSERVERS = ("none", "access-log", "otel-noop", "otel-sdk")
+
+
+def measure(
+    kind: str, counts: dict[int, int], warmup: int = 300, observer: str = "none"
+) -> dict[int, float]:
     """CPU seconds of ``counts[level]`` calls at each concurrency level (after a warm-up)."""
     import trio
 
@@ -55,9 +62,15 @@ def measure(kind: str, counts: dict[int, int], warmup: int = 300) -> dict[int, f
         if kind == "dynamic":
             interface = capsvc.load_schema(ECHO_SCHEMA, check=False).Echo
         async with (
-            capsvc.open_connection(FastSocketStream(left), bootstrap=server, busy_poll=None),
+            capsvc.open_connection(
+                FastSocketStream(left), bootstrap=server, busy_poll=None
+            ) as served,
             capsvc.open_connection(FastSocketStream(right), busy_poll=None) as conn,
         ):
+            if observer != "none":
+                _observe(served, observer)
+            if observer != "none":
+                _observe(conn, observer)
             client = conn.bootstrap(interface)
             message = "x" * 16
             remaining = 0
@@ -86,6 +99,53 @@ def measure(kind: str, counts: dict[int, int], warmup: int = 300) -> dict[int, f
             return seconds
 
     return trio.run(main)
+
+
+def _observe(conn: Any, observer: str) -> None:
+    """Give one connection the observer named (both sides get one: both are measured)."""
+    import logging
+
+    from capsvc.observe import AccessLog, ConnectionInfo
+
+    info = ConnectionInfo("bench", True, lambda: False)
+    if observer == "access-log":  # the line is formatted and handled (into a null stream)
+        access = logging.getLogger("capsvc.access")
+        if not access.handlers:
+            access.addHandler(logging.StreamHandler(open(os.devnull, "w")))
+            access.setLevel(logging.INFO)
+            access.propagate = False
+        conn.session.observer = AccessLog(info)
+        return
+    from opentelemetry import trace
+
+    import capsvc.otel
+
+    provider: Any = trace.NoOpTracerProvider()
+    if observer == "otel-sdk":  # real spans, recorded and dropped (no exporter)
+        from opentelemetry.sdk.trace import TracerProvider
+
+        provider = TracerProvider()
+    conn.session.observer = capsvc.otel._Tracing(provider.get_tracer("bench"), info)
+
+
+def observer_rounds(rounds: int, calls: int) -> None:
+    per_call: dict[tuple[str, int], list[float]] = {}
+    for _ in range(rounds):
+        for observer in OBSERVERS:
+            measured = measure("typed", dict.fromkeys(LEVELS, calls), observer=observer)
+            for level, seconds in measured.items():
+                per_call.setdefault((observer, level), []).append(seconds / calls * 1e6)
+    print(f"CPU µs per call, both sides in one process (typed stubs, both sides observed),"
+          f" {rounds} round(s) of {calls:,} calls")  # fmt: skip
+    print("| observer | c1 | c12 | c1 ÷ none | c12 ÷ none |\n|---|---|---|---|---|")
+    for observer in OBSERVERS:
+        cells = [_spread(per_call[(observer, level)], "{:.1f}") for level in LEVELS]
+        ratios = [
+            statistics.median(per_call[(observer, level)])
+            / statistics.median(per_call[("none", level)])
+            for level in LEVELS
+        ]
+        print(f"| {observer} | {' | '.join(cells)} | {ratios[0]:.2f} | {ratios[1]:.2f} |")
 
 
 def cpu_rounds(rounds: int, calls: int) -> None:
@@ -145,11 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5_000)
     parser.add_argument("--instructions", action="store_true", help="count with callgrind")
+    parser.add_argument(
+        "--observers", action="store_true", help="CPU per call with each call observer"
+    )
     parser.add_argument("--run", nargs=3, metavar=("KIND", "C1", "C12"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run:
         kind, c1, c12 = args.run[0], int(args.run[1]), int(args.run[2])
         measure(kind, {1: c1, 12: c12}, warmup=100)
+    elif args.observers:
+        observer_rounds(args.rounds, args.calls)
     elif args.instructions:
         instructions(args.calls if args.calls != 5_000 else 1_000)
     else:

@@ -197,7 +197,7 @@ class OutgoingCall:
     the caller dropping its own references still cancels the call).
     """
 
-    __slots__ = ("from_peer", "interface_id", "method_id", "params", "result")
+    __slots__ = ("from_peer", "interface_id", "method_id", "observed", "params", "result")
 
     def __init__(
         self, interface_id: int, method_id: int, params: Payload, result: CallResult
@@ -209,6 +209,9 @@ class OutgoingCall:
         #: True only while a session hands the call, just received, to its target: a call
         #: queued on the way (behind a promise, an embargo) is delivered later without it.
         self.from_peer = False
+        #: A received call's observer (CallObserver.received), if one watches: the runtime
+        #: enters it around the method, so that e.g. a tracing span is current there.
+        self.observed: ObservedCall | None = None
 
 
 class RemoteQuestion(Protocol):
@@ -228,6 +231,33 @@ class Backpressure(Protocol):
     def over_limit(self) -> bool: ...
 
     async def wait_writable(self) -> None: ...
+
+
+class ObservedCall(Protocol):
+    """What an observer keeps of one call it was told of. Called once the call's
+    ``CallResult`` settles; for a call the peer made, ``enter`` and ``exit`` bracket the
+    method where it runs (its task), so the observer may set context there (a span)."""
+
+    def __call__(self, result: CallResult) -> None: ...
+
+    def enter(self) -> object: ...
+
+    def exit(self, token: object) -> None: ...
+
+
+class CallObserver(Protocol):
+    """Watches one connection's calls, for access logs and tracing (set by the driver as
+    ``RpcSession.observer``). Each method is told about one call as it starts and returns
+    what the call's ``CallResult`` calls once settled: with the results, an error, or
+    Canceled (a Finish, or the connection's end). Observing costs nothing when unset."""
+
+    def received(self, interface_id: int, method_id: int, params: Payload) -> ObservedCall:
+        """The peer called us (``params``: the call's, not owned; read them only now)."""
+        ...
+
+    def sent(self, interface_id: int, method_id: int) -> Callable[[CallResult], None]:
+        """We called the peer (the Call is in the outbox)."""
+        ...
 
 
 class Canceled(RpcError):

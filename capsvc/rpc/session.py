@@ -43,6 +43,7 @@ from capsvc.rpc.exports import ExportTable
 from capsvc.rpc.hooks import (
     Backpressure,
     BrokenHook,
+    CallObserver,
     CallResult,
     Canceled,
     Hook,
@@ -110,6 +111,11 @@ class RpcSession:
         self.flow_waiting = False
         #: Inside ``receive``: an abort for a breach waits until the message is handled.
         self._receiving = False
+        #: Told of every call both ways (access log, tracing), if the driver sets one.
+        self.observer: CallObserver | None = None
+        #: Calls the peer made to us, and calls we sent it (for the driver's logs).
+        self.calls_received = 0
+        self.calls_sent = 0
 
     # ================================================================== limits
     @property
@@ -229,6 +235,9 @@ class RpcSession:
         self.outbox.fill(place, segments)
         result.backpressure = self.backpressure
         result.link_question(question)
+        self.calls_sent += 1
+        if self.observer is not None:
+            result.add_done_callback(self.observer.sent(call.interface_id, call.method_id))
         result.release()  # the question keeps an uncounted link (see OutgoingCall)
         if self.flow_waiting and self.on_flow_released is not None:
             self.on_flow_released()  # we now wait on the peer: reading must go on
@@ -416,7 +425,12 @@ class RpcSession:
         for segment in params.segments:
             size += len(segment)
         self.answers.start(answer_id, result, redirected=redirected, size=size)
+        self.calls_received += 1
         call = OutgoingCall(header.interface_id, header.method_id, params, result.add_ref())
+        if self.observer is not None:
+            observed = self.observer.received(header.interface_id, header.method_id, params)
+            result.add_done_callback(observed)
+            call.observed = observed
         call.from_peer = True  # only while it is handed over (see OutgoingCall)
         target.call(call)
         call.from_peer = False
