@@ -174,7 +174,12 @@ def _describe(bootstrap: Any) -> str:
 
 
 async def _serve(
-    address: str, target: Any, spec: str | None, limits: Any, max_connections: int
+    address: str,
+    target: Any,
+    spec: str | None,
+    limits: Any,
+    max_connections: int,
+    access_log: bool,
 ) -> None:
     import capsvc
 
@@ -193,6 +198,7 @@ async def _serve(
                     bootstrap,
                     limits=limits,
                     max_connections=max_connections,
+                    access_log=access_log,
                 )
             )
             _say(f"capsvc: serving {label}, listening on {bound} (Ctrl-C to stop)")
@@ -220,7 +226,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         target = load_app(args.app, args.app_dir)
     try:
-        _run_trio(_serve, args.listen, target, args.app, limits, args.max_connections)
+        access_log = args.access_log or getattr(args, "verbose", 0) > 0  # -v: calls too
+        _run_trio(_serve, args.listen, target, args.app, limits, args.max_connections, access_log)
     except OSError as error:
         _error(f"cannot listen on {args.listen}: {_os_reason(error)}")
         return EXIT_FAILURE
@@ -243,6 +250,29 @@ def _limits(settings: list[str]) -> Any:
 
 
 # ------------------------------------------------------------------------------ call
+#: The schemes a first word of ``capsvc call`` is taken as an address for.
+_ADDRESS_SCHEMES = ("tcp", "unix", "nic")
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """A parser whose options may come between its positionals (``call ADDR --schema FILE
+    Interface.method x=1``): plain argparse matches a ``*`` positional once, so the words
+    after an option would be "unrecognized arguments"."""
+
+    _intermixing = False
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._intermixing:  # parse_known_intermixed_args calls back in: the plain parse
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 async def _call(address: str, expressions: Sequence[str]) -> None:
     import capsvc
     from capsvc import demo
@@ -260,27 +290,100 @@ async def _call(address: str, expressions: Sequence[str]) -> None:
         await demo.run_tour(calc, _say)
 
 
+async def _call_schema(address: str, plan: Any, compact: bool) -> None:
+    from capsvc import caller
+
+    results = await caller.run_calls(address, plan)
+    _say(caller.to_json(results, compact=compact))
+
+
+def _call_address(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The address (``--connect``, or a first word that looks like one) and the rest."""
+    words = list(args.words)
+    address: str | None = args.connect
+    if words and words[0].partition(":")[0].lower() in _ADDRESS_SCHEMES and ":" in words[0]:
+        if address is not None and address != words[0]:
+            raise UsageError(f"two addresses given ({address} and {words[0]}): give one")
+        address = words.pop(0)
+    return address or DEFAULT_ADDRESS, words
+
+
+def _plan_call(args: argparse.Namespace, words: list[str]) -> Any:
+    """Check ``Interface.method field=value ...`` against ``--schema`` (no connection yet)."""
+    from capsvc import caller
+
+    if not words:
+        raise UsageError("--schema FILE needs Interface.method (and its field=value arguments)")
+    try:
+        module = caller.load(args.schema, args.import_path)
+        return caller.plan_call(module, words[0], words[1:], args.schema)
+    except caller.CallerUsageError as error:
+        raise UsageError(str(error)) from None
+
+
+def _schema_hint(error: ValueError, words: Sequence[str]) -> str:
+    """The demo's parse error, plus a hint when the words look like a method call."""
+    looks_like_call = any("=" in word or "." in word.strip("0123456789.") for word in words)
+    if looks_like_call:
+        return f"{error} (to call a method, give the schema: --schema FILE Interface.method)"
+    return str(error)
+
+
 def cmd_call(args: argparse.Namespace) -> int:
-    """``capsvc call [--connect ADDR] [EXPR...]``."""
+    """``capsvc call [ADDR] [EXPR...]`` (the calculator demo), or ``capsvc call [ADDR]
+    --schema FILE Interface.method [field=value ...] [field.method [field=value ...]]...``."""
     import capsvc
     from capsvc.transport import parse_address
 
+    address, words = _call_address(args)
     try:
-        parse_address(args.connect)
+        parse_address(address)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    function: Callable[..., Awaitable[None]]
+    call_args: tuple[Any, ...]
+    if args.schema is None:
+        if args.import_path or args.compact:
+            raise UsageError("-I/--import-path and --compact go with --schema FILE")
+        function, call_args = _call, (address, words)
+    else:
+        try:
+            plan = _plan_call(args, words)
+        except capsvc.SchemaError as error:  # as for `capsvc gen`: the compiler's message
+            _error(str(error))
+            return EXIT_FAILURE
+        function, call_args = _call_schema, (address, plan, args.compact)
     try:
-        _run_trio(_call, args.connect, args.expression)
+        _run_trio(function, *call_args)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except ValueError as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(_schema_hint(error, words)) from None
     except OSError as error:
-        _error(f"cannot connect to {args.connect}: {_os_reason(error)}")
+        _error(f"cannot connect to {address}: {_os_reason(error)}")
         return EXIT_FAILURE
     except capsvc.RpcError as error:
         _error(f"call failed ({type(error).__name__}): {error.reason}")
         return EXIT_FAILURE
+    return EXIT_OK
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    """``capsvc describe FILE [-I DIR]... [--json]``."""
+    import capsvc
+    from capsvc import caller
+
+    try:
+        module = caller.load(args.schema, args.import_path)
+    except caller.CallerUsageError as error:
+        raise UsageError(str(error)) from None
+    except capsvc.SchemaError as error:
+        _error(str(error))
+        return EXIT_FAILURE
+    if args.json:
+        _say(caller.to_json(caller.describe_json(module)))
+    else:
+        _say(caller.describe_text(module))
     return EXIT_OK
 
 
@@ -301,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Cap'n Proto RPC services on trio.",
         parents=[common],
     )
-    parser.set_defaults(verbose=0)
+    # No set_defaults(verbose=...) here: it would set the default of the shared -v action,
+    # and a subcommand's parser would then reset a `capsvc -v serve` to that default.
     parser.add_argument("--version", action="version", version=f"capsvc {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -345,27 +449,89 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"connections held at once; more are refused (default {DEFAULT_MAX_CONNECTIONS})",
     )
+    serve.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log a line per call (logger capsvc.access, INFO): peer, Interface.method, "
+        "duration, outcome (on with -v too)",
+    )
     serve.set_defaults(handler=cmd_serve)
 
     call = commands.add_parser(
         "call",
         aliases=["demo-client"],
         parents=[common],
-        help="call the calculator demo: a tour, or evaluate an expression",
+        help="call a method of any service (--schema), or the calculator demo",
+        usage=(
+            "%(prog)s [ADDR] [EXPR ...]\n"
+            "       %(prog)s [ADDR] --schema FILE [-I DIR]... [--compact] Interface.method"
+            " [field=value ...] [field.method [field=value ...]]..."
+        ),
         description=(
-            "Without EXPR, run a tour of the calculator (calls, pipelining, functions, "
-            "callbacks). With EXPR (e.g. '2 + 3 * 4'; numbers, + - * / ** and parentheses), "
-            "evaluate it remotely."
+            "With --schema: bootstrap Interface from the service at ADDR, call method with "
+            "the fields given, print its results as JSON. Values are parsed by the field's "
+            "type: Text as is, Data as UTF-8 text or base64:..., numbers, true/false, enums by "
+            "name, structs and lists as JSON. A word field.method calls a method of the "
+            "capability field of the previous call's results (pipelined: no waiting); only "
+            "the last call's results are printed. "
+            "Without --schema: run a tour of the calculator demo (calls, pipelining, "
+            "functions, callbacks), or with EXPR (e.g. '2 + 3 * 4'; numbers, + - * / ** and "
+            "parentheses) evaluate it remotely. "
+            f"ADDR is tcp:HOST:PORT or unix:PATH (default {DEFAULT_ADDRESS})."
         ),
     )
+    # Options may come between the words: `call ADDR --schema FILE Interface.method x=1`.
+    call.__class__ = _IntermixedParser
     call.add_argument(
         "--connect",
-        default=DEFAULT_ADDRESS,
+        default=None,
         metavar="ADDR",
-        help=f"the calculator's address (default {DEFAULT_ADDRESS})",
+        help=f"the service's address, as the first word may also give it (default "
+        f"{DEFAULT_ADDRESS})",
     )
-    call.add_argument("expression", nargs="*", metavar="EXPR", help="an infix expression")
+    call.add_argument(
+        "--schema",
+        metavar="FILE",
+        help="the .capnp file declaring the interface (loaded on the dynamic path)",
+    )
+    call.add_argument(
+        "-I",
+        "--import-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory to look for imported schemas in (may repeat)",
+    )
+    call.add_argument("--compact", action="store_true", help="print the results' JSON on one line")
+    call.add_argument(
+        "words",
+        nargs="*",
+        metavar="ARG",
+        help="[ADDR] then EXPR, or (with --schema) Interface.method, field=value, field.method",
+    )
     call.set_defaults(handler=cmd_call)
+
+    describe = commands.add_parser(
+        "describe",
+        parents=[common],
+        help="list the interfaces, methods, structs and enums of a schema",
+        description=(
+            "List every interface of the schema FILE (nested ones too, by schema name) with "
+            "its superclasses and methods (parameters and results with their types), then "
+            "its structs and enums."
+        ),
+    )
+    describe.add_argument("schema", metavar="FILE", help="a .capnp file")
+    describe.add_argument(
+        "-I",
+        "--import-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory to look for imported schemas in (may repeat)",
+    )
+    describe.add_argument("--json", action="store_true", help="print it as JSON")
+    describe.set_defaults(handler=cmd_describe)
 
     from capsvc.nicdriver.cli import add_nic_parser
 
@@ -441,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    _setup_logging(args.verbose)
+    _setup_logging(getattr(args, "verbose", 0))
     try:
         return handler(args)
     except UsageError as error:
