@@ -494,14 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="the .capnp file declaring the interface (loaded on the dynamic path)",
     )
-    call.add_argument(
-        "-I",
-        "--import-path",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a directory to look for imported schemas in (may repeat)",
-    )
+    _add_import_path(call)
     call.add_argument("--compact", action="store_true", help="print the results' JSON on one line")
     call.add_argument(
         "words",
@@ -522,14 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     describe.add_argument("schema", metavar="FILE", help="a .capnp file")
-    describe.add_argument(
-        "-I",
-        "--import-path",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a directory to look for imported schemas in (may repeat)",
-    )
+    _add_import_path(describe)
     describe.add_argument("--json", action="store_true", help="print it as JSON")
     describe.set_defaults(handler=cmd_describe)
 
@@ -550,14 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("schemas", nargs="+", metavar="SCHEMA", help="a .capnp file")
     gen.add_argument("-o", "--output", required=True, metavar="DIR", help="where to write")
-    gen.add_argument(
-        "-I",
-        "--import-path",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a directory to look for imported schemas in (may repeat)",
-    )
+    _add_import_path(gen)
     gen.add_argument(
         "--check",
         action="store_true",
@@ -565,6 +544,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.set_defaults(handler=cmd_gen)
     return parser
+
+
+def _add_import_path(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "-I",
+        "--import-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory to look for imported schemas in (may repeat)",
+    )
 
 
 def cmd_gen(args: argparse.Namespace) -> int:

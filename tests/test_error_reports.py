@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -36,10 +36,18 @@ class BrokenEcho(Echo.Server):
 
 async def failure_of(server: Any, interface: Any, call: Any) -> capsvc.Failed:
     """Serve ``server`` on loopback TCP, make ``call(bootstrap)``; the Failed it raised."""
+    return await raised_by(server, interface, call, capsvc.Failed)
+
+
+E = TypeVar("E", bound=capsvc.RpcError)
+
+
+async def raised_by(server: Any, interface: Any, call: Any, kind: type[E]) -> E:
+    """Serve ``server`` on loopback TCP, make ``call(bootstrap)``; the ``kind`` it raised."""
     async with trio.open_nursery() as nursery:
         address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", server)
         async with capsvc.connect(address) as conn:
-            with pytest.raises(capsvc.Failed) as caught:
+            with pytest.raises(kind) as caught:
                 await call(conn.bootstrap(interface))
         nursery.cancel_scope.cancel()
     return caught.value
@@ -90,13 +98,7 @@ class PingOnly(Echo.Server):
 
 
 async def unimplemented_of(server: Any, interface: Any, call: Any) -> capsvc.Unimplemented:
-    async with trio.open_nursery() as nursery:
-        address = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", server)
-        async with capsvc.connect(address) as conn:
-            with pytest.raises(capsvc.Unimplemented) as caught:
-                await call(conn.bootstrap(interface))
-        nursery.cancel_scope.cancel()
-    return caught.value
+    return await raised_by(server, interface, call, capsvc.Unimplemented)
 
 
 async def test_unimplemented_names_the_method_by_its_schema_names() -> None:

@@ -444,7 +444,8 @@ def test_serve_aborts_a_flooding_peer_and_serves_the_next(tmp_path: Path) -> Non
         status, _ = server.stop()
         assert status == 0
         assert re.search(
-            r"connection from 127\.0\.0\.1:\d+ aborted after .*: .*Limits\.max_answers", server.stderr
+            r"connection from 127\.0\.0\.1:\d+ aborted after .*: .*Limits\.max_answers",
+            server.stderr,
         )
 
 
