@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import socket
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import trio
@@ -22,17 +23,20 @@ import trio
 from capsvc.connection import Connection
 from capsvc.errors import ExceptionType
 from capsvc.framing import encode_message
-from capsvc.limits import DEFAULT_MAX_CONNECTIONS, Limits
+from capsvc.limits import DEFAULT_GRACE, DEFAULT_MAX_CONNECTIONS, Limits
 from capsvc.observe import ConnectionInfo, observer_for
 from capsvc.rpc import wire
 from capsvc.rpc.hooks import Hook
-from capsvc.transport import listener_address, open_listeners, open_stream
+from capsvc.transport import finish_accept, listener_address, open_listeners, open_stream
 from capsvc.transport.busypoll import DEFAULT_BUDGET
+from capsvc.transport.tls import ClientTls, ServerTls, TlsError, stream_socket
 
 log = logging.getLogger("capsvc")
 
 #: How long a refused connection gets to read its Abort before we close it.
 _REFUSE_SECONDS = 1.0
+#: What a call refused while draining, and the final Abort, tell the peer.
+_DRAIN_REASON = "the server is shutting down"
 
 
 def _bootstrap_hook(bootstrap: Any) -> Hook | None:
@@ -50,8 +54,10 @@ async def connect(
     limits: Limits | None = None,
     coalesce: bool = True,
     busy_poll: float | None = DEFAULT_BUDGET,
+    tls: ClientTls | None = None,
 ) -> AsyncIterator[Connection]:
-    """Connect to ``address`` (``tcp:HOST:PORT`` or ``unix:PATH``) for the block's duration.
+    """Connect to ``address`` (``tcp:HOST:PORT``, ``unix:PATH``, ``tls:HOST:PORT`` or
+    ``capnp://sha-256:FINGERPRINT@HOST:PORT``) for the block's duration.
 
     Args:
         bootstrap: a capability (Server object or Client) the peer may ask us for.
@@ -62,8 +68,10 @@ async def connect(
         busy_poll: how long (seconds) to keep polling for the peer's next message before
             sleeping, when recent messages came that fast (capsvc.transport.busypoll);
             None never polls.
+        tls: certificates and pins for ``tls:`` addresses (capsvc.transport.tls.ClientTls);
+            a ``capnp://`` address carries its pin itself.
     """
-    stream = await open_stream(address, nodelay=nodelay)
+    stream = await open_stream(address, nodelay=nodelay, tls=tls)
     log.debug("connected to %s", address)
     async with open_connection(
         stream, bootstrap=bootstrap, limits=limits, coalesce=coalesce, busy_poll=busy_poll
@@ -115,85 +123,220 @@ async def serve(
     busy_poll: float | None = DEFAULT_BUDGET,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     access_log: bool = False,
+    shutdown: trio.Event | None = None,
+    grace: float = DEFAULT_GRACE,
+    tls: ServerTls | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``bootstrap`` on ``address`` until cancelled (options as for ``connect``).
+    """Serve ``bootstrap`` on ``address`` until cancelled or shut down (options as for
+    ``connect``).
 
     ``max_connections`` bounds the connections held at once (module docstring).
     ``access_log`` logs a line per call on the logger ``capsvc.access`` at INFO: the peer,
     ``Interface.method``, how long the method took, and the outcome (capsvc.observe).
+    ``shutdown``: when this event is set, the server drains and returns (a graceful
+    shutdown, README "Running in production"): it stops accepting, refuses new calls on
+    its connections with ``disconnected``, gives the calls in flight up to ``grace``
+    seconds to finish, closes each connection as its last call returns, and aborts what is
+    left at the deadline. Cancelling ``serve`` still stops it at once.
+    ``tls``: the server's key (and certificate) for ``tls:`` and ``capnp://`` addresses.
     ``task_status.started`` receives the address actually bound (``tcp:127.0.0.1:40123``
     when port 0 was asked), so ``await nursery.start(capsvc.serve, ...)`` returns it.
     """
+    _check_serve_options(max_connections, grace)
+    listeners = await open_listeners(address, nodelay=nodelay, tls=tls)
+    await serve_listeners(
+        listeners,
+        bootstrap,
+        limits=limits,
+        coalesce=coalesce,
+        busy_poll=busy_poll,
+        max_connections=max_connections,
+        access_log=access_log,
+        shutdown=shutdown,
+        grace=grace,
+        task_status=task_status,
+    )
+
+
+async def serve_listeners(
+    listeners: Sequence[trio.abc.Listener[trio.abc.Stream]],
+    bootstrap: Any,
+    *,
+    limits: Limits | None = None,
+    coalesce: bool = True,
+    busy_poll: float | None = DEFAULT_BUDGET,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    access_log: bool = False,
+    shutdown: trio.Event | None = None,
+    grace: float = DEFAULT_GRACE,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """``serve`` on listeners already open (a worker process's inherited socket)."""
+    _check_serve_options(max_connections, grace)
+    bound = listener_address(listeners[0])
+    served = _Served(
+        _bootstrap_hook(bootstrap),
+        max_connections,
+        lambda stream, hook: Connection(
+            stream, hook, limits=limits, coalesce=coalesce, busy_poll=busy_poll, served=True
+        ),
+        access_log,
+    )
+    log.info("listening on %s", bound)
+    log.debug("every connection: %r; at most %d at once", limits or Limits(), max_connections)
+    try:
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as accepting:
+                accepting.start_soon(
+                    partial(
+                        trio.serve_listeners,
+                        served.handle,
+                        list(listeners),
+                        handler_nursery=connections,
+                    )
+                )
+                task_status.started(bound)
+                if shutdown is None:
+                    await trio.sleep_forever()
+                else:
+                    await shutdown.wait()
+                # Closing the listeners (serve_listeners does, when cancelled) refuses new
+                # connections; those already accepted are drained like the others.
+                accepting.cancel_scope.cancel()
+            await served.drain(grace)
+    finally:
+        served.release()
+
+
+def _check_serve_options(max_connections: object, grace: object) -> None:
     if not isinstance(max_connections, int) or max_connections < 1:
         raise ValueError(f"max_connections must be a positive int, got {max_connections!r}")
-    listeners = await open_listeners(address, nodelay=nodelay)
-    bound = listener_address(listeners[0])
-    hook = _bootstrap_hook(bootstrap)
-    per_peer: Counter[str] = Counter()
-    held = 0
+    if not isinstance(grace, (int, float)) or grace < 0:
+        raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
 
-    async def handle(stream: trio.abc.Stream) -> None:
-        nonlocal held
+
+class _Served:
+    """The connections one ``serve`` holds: admission, their log lines, and the drain."""
+
+    def __init__(
+        self,
+        hook: Hook | None,
+        max_connections: int,
+        new_connection: Callable[[trio.abc.Stream, Hook | None], Connection],
+        access_log: bool,
+    ) -> None:
+        self.hook = hook
+        self.max_connections = max_connections
+        self.new_connection = new_connection
+        self.access_log = access_log
+        self.per_peer: Counter[str] = Counter()
+        self.live: set[Connection] = set()
+        self.draining = False
+        self._all_closed = trio.Event()
+
+    def release(self) -> None:
+        if self.hook is not None:
+            self.hook.release()
+            self.hook = None
+
+    @property
+    def held(self) -> int:
+        return len(self.live)
+
+    async def handle(self, stream: trio.abc.Stream) -> None:
         peer = peer_name(stream)
-        if held >= max_connections:
+        try:
+            # A TLS handshake, bounded by its own timeout: a client that says nothing
+            # would otherwise hold the connection (trio's SSLStream finishes a handshake
+            # even to close).
+            await finish_accept(stream)
+        except TlsError as error:
+            log.warning("dropped a connection from %s: %s", peer, error)
+            await trio.aclose_forcefully(stream)
+            return
+        per_peer = self.per_peer
+        if self.held >= self.max_connections:
             log.warning(
                 "refused a connection from %s: %d connections held, the limit "
                 "(max_connections); that peer holds %d",
                 peer,
-                held,
+                self.held,
                 per_peer[peer],
             )
             await refuse(
-                stream, f"the server is at its limit of {held} connections (max_connections)"
+                stream,
+                f"the server is at its limit of {self.held} connections (max_connections)",
             )
             return
-        held += 1
+        hook = self.hook
+        conn = self.new_connection(stream, hook.add_ref() if hook is not None else None)
+        self.live.add(conn)
         per_peer[peer] += 1
         log.info(
-            "connection from %s opened (%d from that peer, %d in all)", peer, per_peer[peer], held
+            "connection from %s opened (%d from that peer, %d in all)",
+            peer,
+            per_peer[peer],
+            self.held,
         )
-        conn = Connection(
-            stream,
-            hook.add_ref() if hook is not None else None,
-            limits=limits,
-            coalesce=coalesce,
-            busy_poll=busy_poll,
-            served=True,
-        )
-        _observe(conn, peer, served=True, access=access_log)
+        if self.draining:
+            conn.drain(_DRAIN_REASON)
+        _observe(conn, peer, served=True, access=self.access_log)
         started = trio.current_time()
         try:
             await conn.run()
         finally:
-            held -= 1
+            self.live.discard(conn)
             per_peer[peer] -= 1
             if not per_peer[peer]:
                 del per_peer[peer]
-            session = conn.session
-            ended = "aborted" if session.abort_reason is not None else "closed"
-            log.log(
-                logging.WARNING if session.abort_reason is not None else logging.INFO,
-                "connection from %s %s after %.3f s, %d calls answered, %d made: %s"
-                " (%d more from that peer, %d in all)",
-                peer,
-                ended,
-                trio.current_time() - started,
-                session.calls_received,
-                session.calls_sent,
-                session.abort_reason or _close_reason(conn),
-                per_peer[peer],
-                held,
-            )
+            if not self.live:
+                self._all_closed.set()
+            self._log_end(conn, peer, trio.current_time() - started)
 
-    log.info("listening on %s", bound)
-    log.debug("every connection: %r; at most %d at once", limits or Limits(), max_connections)
-    task_status.started(bound)
-    try:
-        await trio.serve_listeners(handle, listeners)
-    finally:
-        if hook is not None:
-            hook.release()
+    def _log_end(self, conn: Connection, peer: str, lasted: float) -> None:
+        session = conn.session
+        aborted = session.abort_reason is not None and not conn.drained
+        log.log(
+            logging.WARNING if aborted else logging.INFO,
+            "connection from %s %s after %.3f s, %d calls answered, %d made: %s"
+            " (%d more from that peer, %d in all)",
+            peer,
+            "aborted" if aborted else "closed",
+            lasted,
+            session.calls_received,
+            session.calls_sent,
+            session.abort_reason or _close_reason(conn),
+            self.per_peer[peer],
+            self.held,
+        )
+
+    async def drain(self, grace: float) -> None:
+        """Close every connection once its calls in flight are done; abort the rest after
+        ``grace`` seconds (``serve``'s ``shutdown``)."""
+        self.draining = True
+        if not self.live:
+            log.info("shut down: no connections were open")
+            return
+        log.info("draining %d connections: calls in flight have %g s to finish", self.held, grace)
+        for conn in list(self.live):
+            conn.drain(_DRAIN_REASON)
+        with trio.move_on_after(grace):
+            await self._all_closed.wait()
+        if self.live:
+            running = sum(conn.session.answers.in_flight for conn in self.live)
+            log.warning(
+                "grace period of %g s over: aborting %d connections, %d calls still running",
+                grace,
+                self.held,
+                running,
+            )
+            for conn in list(self.live):
+                conn.expire_drain(
+                    f"the server shut down: calls still running after the {grace:g} s grace period"
+                )
+        await self._all_closed.wait()
+        log.info("shut down: every connection closed")
 
 
 def _close_reason(conn: Connection) -> str:
@@ -212,7 +355,7 @@ def _observe(conn: Connection, peer: str, *, served: bool, access: bool) -> None
 
 def peer_name(stream: trio.abc.Stream) -> str:
     """The peer's address for logs: ``HOST:PORT`` for TCP, ``unix`` for a Unix socket."""
-    sock = getattr(stream, "socket", None)
+    sock = stream_socket(stream)
     if sock is None:
         return type(stream).__name__
     try:

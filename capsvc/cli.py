@@ -33,13 +33,12 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from capsvc.limits import DEFAULT_MAX_CONNECTIONS
+from capsvc.limits import DEFAULT_GRACE, DEFAULT_MAX_CONNECTIONS
 
 log = logging.getLogger("capsvc.cli")
 
@@ -173,14 +172,9 @@ def _describe(bootstrap: Any) -> str:
     return f"{name} ({generated})" if generated else name
 
 
-async def _serve(
-    address: str,
-    target: Any,
-    spec: str | None,
-    limits: Any,
-    max_connections: int,
-    access_log: bool,
-) -> None:
+async def _serve(address: str, target: Any, spec: str | None, options: dict[str, Any]) -> None:
+    """Serve until a signal: the first SIGTERM or SIGINT drains (calls in flight get
+    ``--grace`` seconds), a second one stops at once."""
     import capsvc
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -190,22 +184,35 @@ async def _serve(
         else:
             bootstrap = await _make_bootstrap(target, spec)
             label = _describe(bootstrap)
+        shutdown = trio.Event()
         async with trio.open_nursery() as nursery:
-            bound = await nursery.start(
-                partial(
-                    capsvc.serve,
-                    address,
-                    bootstrap,
-                    limits=limits,
-                    max_connections=max_connections,
-                    access_log=access_log,
+
+            async def run_server(task_status: trio.TaskStatus[str]) -> None:
+                await capsvc.serve(
+                    address, bootstrap, shutdown=shutdown, task_status=task_status, **options
                 )
-            )
+                nursery.cancel_scope.cancel()  # drained: stop watching for signals
+
+            bound = await nursery.start(run_server)
             _say(f"capsvc: serving {label}, listening on {bound} (Ctrl-C to stop)")
-            async for signum in signals:
-                log.info("received %s, stopping", signal.Signals(signum).name)
-                break
-            nursery.cancel_scope.cancel()
+
+            async def on_signals() -> None:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if not shutdown.is_set():
+                        log.info(
+                            "received %s: draining (calls in flight get %g s; %s again "
+                            "stops at once)",
+                            name,
+                            options["grace"],
+                            name,
+                        )
+                        shutdown.set()
+                    else:
+                        log.warning("received %s again: stopping now", name)
+                        nursery.cancel_scope.cancel()
+
+            nursery.start_soon(on_signals)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -213,25 +220,69 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from capsvc.transport import parse_address
 
     try:
-        parse_address(args.listen)
+        address = parse_address(args.listen)
     except ValueError as error:
         raise UsageError(str(error)) from None
     limits = _limits(args.limit)
     if args.max_connections < 1:
         raise UsageError(f"--max-connections must be at least 1, got {args.max_connections}")
+    if args.grace < 0:
+        raise UsageError(f"--grace must be at least 0 seconds, got {args.grace:g}")
+    tls = _server_tls(args, address.uses_tls)
     if args.app is None:
         from capsvc import demo
 
         target: Any = demo.bootstrap()
     else:
         target = load_app(args.app, args.app_dir)
+    options = {
+        "limits": limits,
+        "max_connections": args.max_connections,
+        "access_log": args.access_log or getattr(args, "verbose", 0) > 0,  # -v: calls too
+        "grace": args.grace,
+        "tls": tls,
+    }
     try:
-        access_log = args.access_log or getattr(args, "verbose", 0) > 0  # -v: calls too
-        _run_trio(_serve, args.listen, target, args.app, limits, args.max_connections, access_log)
+        _run_trio(_serve, args.listen, target, args.app, options)
     except OSError as error:
         _error(f"cannot listen on {args.listen}: {_os_reason(error)}")
         return EXIT_FAILURE
     _say("capsvc: stopped")
+    return EXIT_OK
+
+
+def _server_tls(args: argparse.Namespace, uses_tls: bool) -> Any:
+    """``ServerTls`` from ``--tls-key``/``--tls-cert`` for a tls: or capnp:// address."""
+    if not uses_tls:
+        if args.tls_key or args.tls_cert:
+            raise UsageError("--tls-key/--tls-cert need a tls: or capnp:// --listen address")
+        return None
+    if not args.tls_key:
+        raise UsageError(
+            f"listening on {args.listen} needs --tls-key FILE (make one with `capsvc keygen`)"
+        )
+    from capsvc.transport.tls import ServerTls
+
+    try:
+        return ServerTls(args.tls_key, args.tls_cert)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"cannot use --tls-key {args.tls_key}: {error}") from None
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """``capsvc keygen FILE``: a new server key; prints its capnp:// fingerprint."""
+    from capsvc.keys import generate_key
+
+    try:
+        fingerprint = generate_key(args.file)
+    except (OSError, ValueError) as error:
+        _error(f"cannot write {args.file}: {error}")
+        return EXIT_FAILURE
+    print(fingerprint)
+    _say(
+        f"capsvc: wrote {args.file}; serve with --tls-key {args.file} --listen "
+        f"'capnp://{fingerprint}@HOST:PORT' and connect to that address"
+    )
     return EXIT_OK
 
 
@@ -455,7 +506,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="log a line per call (logger capsvc.access, INFO): peer, Interface.method, "
         "duration, outcome (on with -v too)",
     )
+    serve.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, how long calls in flight get to finish before what is "
+        f"left is aborted (default {DEFAULT_GRACE:g}); a second signal stops at once",
+    )
+    serve.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        help="the server's private key (PEM) for a tls: or capnp:// address (capsvc keygen)",
+    )
+    serve.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="its certificate (PEM); without one, a self-signed certificate for the key",
+    )
     serve.set_defaults(handler=cmd_serve)
+
+    keygen = commands.add_parser(
+        "keygen",
+        parents=[common],
+        help="write a new TLS key and print its capnp:// fingerprint",
+        description="Write a new ECDSA P-256 private key (PEM, mode 0600) to FILE and print "
+        "its fingerprint, sha-256:..., for capnp://FINGERPRINT@HOST:PORT addresses.",
+    )
+    keygen.add_argument("file", metavar="FILE", help="where to write the key (not overwritten)")
+    keygen.set_defaults(handler=cmd_keygen)
 
     call = commands.add_parser(
         "call",

@@ -33,6 +33,10 @@ Theory of operation (DESIGN.md, "Buffered framing"):
   it would make the next Call wait for the peer's delayed ACK (Nagle).
 - ``coalesce=False`` writes each message with its own ``send_all``; it exists only so the
   benchmark can show the stall that coalescing prevents.
+- ``drain(reason)`` ends a connection gracefully (a server shutting down): calls that
+  arrive from then on are answered ``disconnected`` with the reason, calls already in
+  flight finish, and once none is left we send an Abort of type disconnected that says
+  why, half-close, and let the peer close (``expire_drain`` cuts the wait short).
 - After we abort the peer (a protocol or framing violation), the reader writes the Abort,
   half-closes the stream and reads and discards input until EOF or a bound, then closes
   (``_linger_after_abort``): closing a TCP socket with unread input sends a reset, and a
@@ -179,6 +183,17 @@ class Connection:
         self._drained = trio.Event()
         self._closed = trio.Event()
         self.close_reason: RpcError | None = None
+        #: Bytes read from and written to the stream (metrics read them).
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        # Graceful close (drain): the reason the Abort will give, whether the grace
+        # period ran out, and the event the drain task waits on.
+        self._nursery: trio.Nursery | None = None
+        self._drain_reason: str | None = None
+        self._drain_expired = False
+        self._drain_ready = trio.Event()
+        #: True once this connection ended by ``drain`` (its calls in flight finished).
+        self.drained = False
         # What the stream offers beyond trio's Stream (capsvc.transport.capabilities) is
         # detected here, once, and the methods the per-call path uses are bound now.
         # The end-of-pass fast path (capsvc.flusher) needs a stream that can send without
@@ -218,6 +233,9 @@ class Connection:
                 nursery.start_soon(self._writer)
                 if self._timeouts_apply():
                     nursery.start_soon(self._watchdog, nursery.cancel_scope)
+                self._nursery = nursery
+                if self._drain_reason is not None:
+                    nursery.start_soon(self._finish_drain, nursery.cancel_scope)
                 self._running = True
                 await self._reader()
                 nursery.cancel_scope.cancel()
@@ -234,6 +252,56 @@ class Connection:
             await self._wait_output_written()
         self._shutdown(Disconnected("connection closed locally"))
         await trio.aclose_forcefully(self.stream)
+
+    def drain(self, reason: str) -> None:
+        """Begin a graceful close (module docstring): new calls are refused with
+        ``Disconnected(reason)``, and once the peer's calls in flight have all returned the
+        connection sends an Abort of type disconnected giving ``reason`` and ends."""
+        session = self.session
+        if self._closed.is_set() or self._drain_reason is not None:
+            return
+        self._drain_reason = reason
+        session.draining = Disconnected(reason)
+        session.on_idle = self._drain_ready.set
+        if self._nursery is not None:
+            self._nursery.start_soon(self._finish_drain, self._nursery.cancel_scope)
+
+    def expire_drain(self, reason: str) -> None:
+        """The grace period is over: abort now with ``reason``, failing what still runs."""
+        if self._drain_reason is None:
+            self.drain(reason)
+        self._drain_reason = reason
+        self._drain_expired = True
+        self._drain_ready.set()
+
+    async def _finish_drain(self, scope: trio.CancelScope) -> None:
+        session = self.session
+        if session.answers.in_flight and session.closed is None:
+            await self._drain_ready.wait()
+        session.on_idle = None
+        reason = self._drain_reason or "the server is shutting down"
+        self.drained = not self._drain_expired and session.closed is None
+        # rpc.capnp: an Abort says why the connection ends; disconnected tells the peer
+        # the fault is not its own and a new connection may succeed.
+        session.abort(reason, ExceptionType.DISCONNECTED)
+        with trio.move_on_after(5):
+            await self._wait_output_written()
+        self.close_reason = session.closed
+        stream = self.stream
+        if isinstance(stream, trio.abc.HalfCloseableStream) and not self._writing:
+            try:
+                await stream.send_eof()  # the peer reads the Abort, then EOF, and closes
+            except (
+                trio.BrokenResourceError,
+                trio.ClosedResourceError,
+                trio.BusyResourceError,
+                OSError,
+            ):
+                pass  # gone already: the reader ends the connection
+        # The reader sees the peer close (and ends the connection); a peer that does not
+        # close is let go after the same bound as a lingering abort.
+        await trio.sleep(ABORT_LINGER_SECONDS)
+        scope.cancel()
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -277,6 +345,7 @@ class Connection:
             if not data:
                 decoder.feed_eof()
             else:
+                self.bytes_received += len(data)
                 decoder.feed(data)
             handed_off = handoffs.handed_off
             delivered = False
@@ -505,6 +574,7 @@ class Connection:
             sent = self._send_from_flusher(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
             sent = 0  # the writer task will meet the error again and close properly
+        self.bytes_sent += sent
         if sent < len(data):
             self._remainder = data[sent:]
             self._writing = True
@@ -543,14 +613,17 @@ class Connection:
             self._writing = True
             try:
                 if remainder:
+                    self.bytes_sent += len(remainder)
                     await send_all(remainder)
                 elif self.coalesce:
                     data = b"".join(batch) if len(batch) > 1 else batch[0]
                     self.writes += 1
+                    self.bytes_sent += len(data)
                     await send_all(data)
                 else:
                     for frame in batch:
                         self.writes += 1
+                        self.bytes_sent += len(frame)
                         await send_all(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
                 self.close_reason = self.session.closed or Disconnected(

@@ -32,13 +32,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "FramingLimits", "Limits", "parse_limit"]
+__all__ = ["DEFAULT_GRACE", "DEFAULT_MAX_CONNECTIONS", "FramingLimits", "Limits", "parse_limit"]
 
 _MIB = 1024 * 1024
 
 #: ``serve``'s default bound on the connections it holds at once (a server-wide limit,
 #: so not a field of the per-connection Limits).
 DEFAULT_MAX_CONNECTIONS = 1024
+#: How long calls in flight get to finish in a graceful shutdown (``serve(shutdown=...)``,
+#: ``capsvc serve --grace``).
+DEFAULT_GRACE = 30.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,6 +134,8 @@ class AnswerTable:
         if blocked and not session.flow_blocked:
             assert session.on_flow_released is not None
             session.on_flow_released()
+        if self.in_flight == 0 and session.on_idle is not None:
+            session.on_idle()
 
     # -------------------------------------------------------------- from the peer
     def on_finish(self, body: Any) -> None:

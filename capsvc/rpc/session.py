@@ -116,6 +116,11 @@ class RpcSession:
         #: Calls the peer made to us, and calls we sent it (for the driver's logs).
         self.calls_received = 0
         self.calls_sent = 0
+        #: Set while the connection drains for a graceful shutdown (Connection.drain): new
+        #: calls and bootstraps are answered with this error instead of being delivered.
+        self.draining: RpcError | None = None
+        #: Called when the peer's last call in flight has returned, while draining.
+        self.on_idle: Callable[[], None] | None = None
 
     # ================================================================== limits
     @property
@@ -342,6 +347,9 @@ class RpcSession:
             raise RemoteProtocolError("bootstrap with deprecatedObjectId is not supported")
         result = CallResult()
         self.answers.start(answer_id, result, redirected=False, size=0)
+        if self.draining is not None:
+            result.set_error(self.draining)
+            return
         if self.bootstrap_hook is None:
             result.set_error(Failed("this vat has no bootstrap capability"))
             return
@@ -431,6 +439,12 @@ class RpcSession:
             observed = self.observer.received(header.interface_id, header.method_id, params)
             result.add_done_callback(observed)
             call.observed = observed
+        if self.draining is not None:
+            # A graceful shutdown refuses what arrives after it began, as an error the
+            # caller can act on (disconnected: "try again on a new connection", rpc.capnp
+            # Exception.Type), while the calls already running finish.
+            target.release()
+            target = BrokenHook(self.draining)
         call.from_peer = True  # only while it is handed over (see OutgoingCall)
         target.call(call)
         call.from_peer = False
