@@ -39,8 +39,10 @@ KINDS = ("typed", "dynamic")
 LEVELS = (1, 12)
 
 
-#: What watches the calls in ``--observers`` rounds (capsvc.observe, capsvc.otel).
-OBSERVERS = ("none", "access-log", "otel-noop", "otel-sdk")
+#: What watches the calls in ``--observers`` rounds (capsvc.observe, capsvc.otel,
+#: capsvc.metrics: Prometheus counters, gauge and histogram, on the served side only, as
+#: ``capsvc.metrics.enable`` watches them).
+OBSERVERS = ("none", "access-log", "otel-noop", "otel-sdk", "metrics")
 
 
 def measure(
@@ -68,9 +70,9 @@ def measure(
             capsvc.open_connection(FastSocketStream(right), busy_poll=None) as conn,
         ):
             if observer != "none":
-                _observe(served, observer)
+                _observe(served, observer, served=True)
             if observer != "none":
-                _observe(conn, observer)
+                _observe(conn, observer, served=False)
             client = conn.bootstrap(interface)
             message = "x" * 16
             remaining = 0
@@ -101,12 +103,19 @@ def measure(
     return trio.run(main)
 
 
-def _observe(conn: Any, observer: str) -> None:
-    """Give one connection the observer named (both sides get one: both are measured)."""
+def _observe(conn: Any, observer: str, *, served: bool) -> None:
+    """Give one connection the observer named (both sides get one: both are measured;
+    the metrics observer watches only the served side, and gives the client none)."""
     import logging
 
     from capsvc.observe import AccessLog, ConnectionInfo
 
+    if observer == "metrics":
+        import capsvc.metrics
+
+        side = ConnectionInfo("bench", served, lambda: False)
+        conn.session.observer = capsvc.metrics.metrics_observer(side)
+        return
     info = ConnectionInfo("bench", True, lambda: False)
     if observer == "access-log":  # the line is formatted and handled (into a null stream)
         access = logging.getLogger("capsvc.access")

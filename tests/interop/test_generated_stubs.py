@@ -211,7 +211,7 @@ async def test_mistakes_are_python_errors_naming_the_schema() -> None:
 
 
 #: The project's own schemas (schemas/), generated into capsvc/generated.
-OWN_SCHEMAS = ("calculator.capnp", "echo.capnp", "bench_echo.capnp")
+OWN_SCHEMAS = ("calculator.capnp", "echo.capnp", "bench_echo.capnp", "health.capnp")
 
 
 def test_checked_in_generated_modules_are_fresh() -> None:
