@@ -677,9 +677,9 @@ class RpcSession:
         self.answers.close()
         # The bootstrap reference the driver gave us is ours to let go (else no bootstrap
         # object a connection served is ever disposed).
-        hook, self.bootstrap_hook = self.bootstrap_hook, None
-        if hook is not None:
-            hook.release()
+        bootstrap, self.bootstrap_hook = self.bootstrap_hook, None
+        if bootstrap is not None:
+            bootstrap.release()
 
     #: Filled in below the class (its methods do not exist before). A ClassVar: mypyc
     #: lets code outside the class assign only class attributes declared ClassVar.
