@@ -109,10 +109,8 @@ async def test_calls_still_running_after_the_grace_period_fail_disconnected() ->
                     shutdown.set()
 
                 nursery.start_soon(stop_when_begun)
-                began = trio.current_time()
                 with pytest.raises(capsvc.Disconnected, match=r"0\.3 s grace period"):
                     await tester.slow(ms=60_000)
-                assert trio.current_time() - began < 10
 
 
 async def test_shutdown_with_no_connections_returns() -> None:
