@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -23,10 +24,12 @@ import trio
 from capsvc.connection import Connection
 from capsvc.errors import ExceptionType
 from capsvc.framing import encode_message
+from capsvc.health import HealthRouted, HealthServer, ServingState
 from capsvc.limits import DEFAULT_GRACE, DEFAULT_MAX_CONNECTIONS, Limits
 from capsvc.observe import ConnectionInfo, observer_for
 from capsvc.rpc import wire
 from capsvc.rpc.hooks import Hook
+from capsvc.runtime import served_interface_name
 from capsvc.transport import finish_accept, listener_address, open_listeners, open_stream
 from capsvc.transport.busypoll import DEFAULT_BUDGET
 from capsvc.transport.tls import ClientTls, ServerTls, TlsError, stream_socket
@@ -37,6 +40,8 @@ log = logging.getLogger("capsvc")
 _REFUSE_SECONDS = 1.0
 #: What a call refused while draining, and the final Abort, tell the peer.
 _DRAIN_REASON = "the server is shutting down"
+#: How often the byte counters of capsvc.metrics take the open connections' totals.
+_BYTES_REPORT_SECONDS = 1.0
 
 
 def _bootstrap_hook(bootstrap: Any) -> Hook | None:
@@ -125,7 +130,10 @@ async def serve(
     access_log: bool = False,
     shutdown: trio.Event | None = None,
     grace: float = DEFAULT_GRACE,
+    drain_delay: float = 0.0,
     tls: ServerTls | None = None,
+    health: bool = False,
+    serving: ServingState | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``bootstrap`` on ``address`` until cancelled or shut down (options as for
@@ -138,12 +146,23 @@ async def serve(
     shutdown, README "Running in production"): it stops accepting, refuses new calls on
     its connections with ``disconnected``, gives the calls in flight up to ``grace``
     seconds to finish, closes each connection as its last call returns, and aborts what is
-    left at the deadline. Cancelling ``serve`` still stops it at once.
+    left at the deadline. Cancelling ``serve`` still stops it at once. ``drain_delay``:
+    seconds between readiness turning false and the listeners closing, for load balancers
+    that learn of the shutdown no sooner than we do (serving-notes F2); calls and
+    connections are served as usual until then.
     ``tls``: the server's key (and certificate) for ``tls:`` and ``capnp://`` addresses.
+    ``health``: serve capsvc's Health interface (schemas/health.capnp) beside
+    ``bootstrap`` on the same capability (capsvc.health.with_health: calls route by
+    interface ID), answering from ``serving``.
+    ``serving``: the ServingState this server moves (SERVING once bound, DRAINING when
+    ``shutdown`` is set, STOPPED when ``serve`` ends): give one to read it elsewhere
+    (capsvc.probes' /readyz); without one, ``serve`` keeps its own.
+    Connections and bytes count in capsvc.metrics while it is enabled (``enable()``
+    before ``serve``).
     ``task_status.started`` receives the address actually bound (``tcp:127.0.0.1:40123``
     when port 0 was asked), so ``await nursery.start(capsvc.serve, ...)`` returns it.
     """
-    _check_serve_options(max_connections, grace)
+    _check_serve_options(max_connections, grace, drain_delay)
     listeners = await open_listeners(address, nodelay=nodelay, tls=tls)
     await serve_listeners(
         listeners,
@@ -155,6 +174,9 @@ async def serve(
         access_log=access_log,
         shutdown=shutdown,
         grace=grace,
+        drain_delay=drain_delay,
+        health=health,
+        serving=serving,
         task_status=task_status,
     )
 
@@ -170,11 +192,18 @@ async def serve_listeners(
     access_log: bool = False,
     shutdown: trio.Event | None = None,
     grace: float = DEFAULT_GRACE,
+    drain_delay: float = 0.0,
+    health: bool = False,
+    serving: ServingState | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """``serve`` on listeners already open (a worker process's inherited socket)."""
-    _check_serve_options(max_connections, grace)
+    _check_serve_options(max_connections, grace, drain_delay)
     bound = listener_address(listeners[0])
+    state = serving if serving is not None else ServingState()
+    if health:
+        services = [name] if (name := served_interface_name(bootstrap)) else []
+        bootstrap = HealthRouted(bootstrap, HealthServer(state, services))
     served = _Served(
         _bootstrap_hook(bootstrap),
         max_connections,
@@ -187,6 +216,8 @@ async def serve_listeners(
     log.debug("every connection: %r; at most %d at once", limits or Limits(), max_connections)
     try:
         async with trio.open_nursery() as connections:
+            if served.metrics is not None:
+                connections.start_soon(served.report_bytes)
             async with trio.open_nursery() as accepting:
                 accepting.start_soon(
                     partial(
@@ -196,24 +227,44 @@ async def serve_listeners(
                         handler_nursery=connections,
                     )
                 )
+                state.serve()
                 task_status.started(bound)
                 if shutdown is None:
                     await trio.sleep_forever()
                 else:
                     await shutdown.wait()
+                # Readiness drops first, so probes turn a load balancer away before the
+                # listeners refuse anyone (serving-notes F2).
+                state.drain()
+                if drain_delay:
+                    log.info("not ready: listeners close in %g s (drain delay)", drain_delay)
+                    await trio.sleep(drain_delay)
                 # Closing the listeners (serve_listeners does, when cancelled) refuses new
                 # connections; those already accepted are drained like the others.
                 accepting.cancel_scope.cancel()
             await served.drain(grace)
+            connections.cancel_scope.cancel()  # the byte reporter; no connection is left
     finally:
+        state.stop()
         served.release()
 
 
-def _check_serve_options(max_connections: object, grace: object) -> None:
+def _check_serve_options(max_connections: object, grace: object, drain_delay: object) -> None:
     if not isinstance(max_connections, int) or max_connections < 1:
         raise ValueError(f"max_connections must be a positive int, got {max_connections!r}")
     if not isinstance(grace, (int, float)) or grace < 0:
         raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
+    if not isinstance(drain_delay, (int, float)) or drain_delay < 0:
+        raise ValueError(f"drain_delay must be a number of seconds >= 0, got {drain_delay!r}")
+
+
+def _enabled_metrics() -> Any:
+    """capsvc.metrics if it is enabled, else None (not imported here: it needs the
+    ``metrics`` extra, and a server that counts nothing must not pay for it)."""
+    metrics = sys.modules.get("capsvc.metrics")
+    if metrics is not None and metrics.is_enabled():
+        return metrics
+    return None
 
 
 class _Served:
@@ -234,6 +285,9 @@ class _Served:
         self.live: set[Connection] = set()
         self.draining = False
         self._all_closed = trio.Event()
+        self.metrics = _enabled_metrics()
+        #: Each live connection's part in capsvc.metrics (ConnectionMetrics), when enabled.
+        self.counted: dict[Connection, Any] = {}
 
     def release(self) -> None:
         if self.hook is not None:
@@ -282,17 +336,32 @@ class _Served:
         if self.draining:
             conn.drain(_DRAIN_REASON)
         _observe(conn, peer, served=True, access=self.access_log)
+        if self.metrics is not None:
+            self.counted[conn] = self.metrics.connection_opened()
         started = trio.current_time()
         try:
             await conn.run()
         finally:
+            counted = self.counted.pop(conn, None)
+            if counted is not None:
+                counted.close(conn.bytes_received, conn.bytes_sent)
             self.live.discard(conn)
             per_peer[peer] -= 1
             if not per_peer[peer]:
                 del per_peer[peer]
-            if not self.live:
+            if self.draining and not self.live:
+                # Only while draining: the event would otherwise stay set from a moment
+                # with no connections, and a later drain would not wait at all.
                 self._all_closed.set()
             self._log_end(conn, peer, trio.current_time() - started)
+
+    async def report_bytes(self) -> None:
+        """Add what each connection read and wrote to the byte counters, once a second
+        (and at its close, in ``handle``): a scrape sees bytes of long-lived connections."""
+        while True:
+            await trio.sleep(_BYTES_REPORT_SECONDS)
+            for conn, counted in list(self.counted.items()):
+                counted.report(conn.bytes_received, conn.bytes_sent)
 
     def _log_end(self, conn: Connection, peer: str, lasted: float) -> None:
         session = conn.session

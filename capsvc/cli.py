@@ -33,12 +33,16 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from capsvc.limits import DEFAULT_GRACE, DEFAULT_MAX_CONNECTIONS
+
+if TYPE_CHECKING:
+    from capsvc.transport.address import Address
 
 log = logging.getLogger("capsvc.cli")
 
@@ -172,52 +176,129 @@ def _describe(bootstrap: Any) -> str:
     return f"{name} ({generated})" if generated else name
 
 
-async def _serve(address: str, target: Any, spec: str | None, options: dict[str, Any]) -> None:
+async def _serve(address: str, target: Any, spec: str | None, options: ServeOptions) -> None:
     """Serve until a signal: the first SIGTERM or SIGINT drains (calls in flight get
-    ``--grace`` seconds), a second one stops at once."""
-    import capsvc
+    ``--grace`` seconds), a second one stops at once. As a worker of ``--workers``, the
+    supervisor's control line says when instead (capsvc.workers)."""
+    from capsvc.api import serve_listeners
+    from capsvc.health import ServingState
+    from capsvc.transport import open_listeners
+    from capsvc.workers import worker_control, worker_listeners
 
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    worker = worker_control()
+    watched = (signal.SIGTERM,) if worker is not None else (signal.SIGINT, signal.SIGTERM)
+    with trio.open_signal_receiver(*watched) as signals:
         if spec is None:
             bootstrap: Any = target
             label = "the Calculator demo"
         else:
             bootstrap = await _make_bootstrap(target, spec)
             label = _describe(bootstrap)
+        addr = options.address
+        if worker is not None:
+            listeners = worker_listeners(worker.listen_fds, addr, nodelay=True, tls=options.tls)
+        else:
+            listeners = await open_listeners(addr, tls=options.tls)
         shutdown = trio.Event()
-        async with trio.open_nursery() as nursery:
+        state = ServingState()
+        probes = _start_probes(options, state) if worker is None else None
+        try:
+            async with trio.open_nursery() as nursery:
 
-            async def run_server(task_status: trio.TaskStatus[str]) -> None:
-                await capsvc.serve(
-                    address, bootstrap, shutdown=shutdown, task_status=task_status, **options
-                )
-                nursery.cancel_scope.cancel()  # drained: stop watching for signals
+                async def run_server(task_status: trio.TaskStatus[str]) -> None:
+                    await serve_listeners(
+                        listeners,
+                        bootstrap,
+                        shutdown=shutdown,
+                        serving=state,
+                        task_status=task_status,
+                        **options.serve_kwargs(),
+                    )
+                    nursery.cancel_scope.cancel()  # drained: stop watching for signals
 
-            bound = await nursery.start(run_server)
-            _say(f"capsvc: serving {label}, listening on {bound} (Ctrl-C to stop)")
+                bound = await nursery.start(run_server)
+                if worker is not None:
+                    await worker.ready(label)
+                    nursery.start_soon(worker.follow, shutdown, nursery.cancel_scope)
+                else:
+                    if probes is not None:  # first: see _supervise
+                        _say(f"capsvc: probes on {probes.url} (/healthz, /readyz, /metrics)")
+                    _say(f"capsvc: serving {label}, listening on {bound} (Ctrl-C to stop)")
+                nursery.start_soon(_on_signals, signals, shutdown, nursery, options, worker)
+        finally:
+            if probes is not None:
+                await trio.to_thread.run_sync(probes.close)
 
-            async def on_signals() -> None:
-                async for signum in signals:
-                    name = signal.Signals(signum).name
-                    if not shutdown.is_set():
-                        log.info(
-                            "received %s: draining (calls in flight get %g s; %s again "
-                            "stops at once)",
-                            name,
-                            options["grace"],
-                            name,
-                        )
-                        shutdown.set()
-                    else:
-                        log.warning("received %s again: stopping now", name)
-                        nursery.cancel_scope.cancel()
 
-            nursery.start_soon(on_signals)
+async def _on_signals(
+    signals: Any,
+    shutdown: trio.Event,
+    nursery: trio.Nursery,
+    options: ServeOptions,
+    worker: Any,
+) -> None:
+    async for signum in signals:
+        name = signal.Signals(signum).name
+        if not shutdown.is_set():
+            log.info(
+                "received %s: draining (calls in flight get %g s; %s again stops at once)",
+                name,
+                options.grace,
+                name if worker is None else "the supervisor's 'stop'",
+            )
+            shutdown.set()
+        elif worker is None:
+            log.warning("received %s again: stopping now", name)
+            nursery.cancel_scope.cancel()
+        # A worker: every process of a service may get the signal at once (systemd);
+        # only the supervisor's "stop" stops a worker at once.
+
+
+def _start_probes(options: ServeOptions, state: Any) -> Any:
+    """The side HTTP listener of ``--http-port``, with metrics enabled (None without)."""
+    if options.http is None:
+        return None
+    from capsvc import metrics
+    from capsvc.probes import start_http
+
+    metrics.enable()
+    return start_http(*options.http, state, metrics.registry_for_scrape(None))
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``capsvc serve`` was asked for, checked (cmd_serve)."""
+
+    address: Address
+    limits: Any
+    max_connections: int
+    access_log: bool
+    grace: float
+    drain_delay: float
+    busy_poll: bool
+    health: bool
+    tls: Any
+    http: tuple[str, int] | None
+
+    def serve_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of capsvc.api.serve_listeners."""
+        from capsvc.transport.busypoll import DEFAULT_BUDGET
+
+        return {
+            "limits": self.limits,
+            "max_connections": self.max_connections,
+            "access_log": self.access_log,
+            "grace": self.grace,
+            "drain_delay": self.drain_delay,
+            "busy_poll": DEFAULT_BUDGET if self.busy_poll else None,
+            "health": self.health,
+        }
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """``capsvc serve [APP] [--listen ADDR]``."""
+    """``capsvc serve [APP] [--listen ADDR] [--workers N]``."""
     from capsvc.transport import parse_address
+    from capsvc.workers import worker_control
 
     try:
         address = parse_address(args.listen)
@@ -228,27 +309,124 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-connections must be at least 1, got {args.max_connections}")
     if args.grace < 0:
         raise UsageError(f"--grace must be at least 0 seconds, got {args.grace:g}")
+    if args.drain_delay < 0:
+        raise UsageError(f"--drain-delay must be at least 0 seconds, got {args.drain_delay:g}")
+    workers = _workers(args.workers)
+    http = _http_address(args)
     tls = _server_tls(args, address.uses_tls)
+    if tls is not None and address.fingerprint and address.fingerprint != tls.fingerprint:
+        raise UsageError(
+            f"--listen pins {address.fingerprint}, but the key in {args.tls_key} is "
+            f"{tls.fingerprint}"
+        )
+    options = ServeOptions(
+        address=address,
+        limits=limits,
+        max_connections=args.max_connections,
+        access_log=args.access_log or getattr(args, "verbose", 0) > 0,  # -v: calls too
+        grace=args.grace,
+        drain_delay=args.drain_delay,
+        busy_poll=not args.no_busy_poll,
+        health=not args.no_health,
+        tls=tls,
+        http=http,
+    )
+    worker = worker_control()
+    if worker is None and workers > 1:
+        return _supervise(args, options, workers)
+    if worker is not None:
+        # A worker: Ctrl-C in a terminal reaches the whole process group, and the
+        # supervisor decides what it means (capsvc.workers).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if http is not None:
+            from capsvc import metrics
+
+            metrics.enable()  # into the supervisor's PROMETHEUS_MULTIPROC_DIR
     if args.app is None:
         from capsvc import demo
 
         target: Any = demo.bootstrap()
     else:
         target = load_app(args.app, args.app_dir)
-    options = {
-        "limits": limits,
-        "max_connections": args.max_connections,
-        "access_log": args.access_log or getattr(args, "verbose", 0) > 0,  # -v: calls too
-        "grace": args.grace,
-        "tls": tls,
-    }
     try:
         _run_trio(_serve, args.listen, target, args.app, options)
     except OSError as error:
         _error(f"cannot listen on {args.listen}: {_os_reason(error)}")
         return EXIT_FAILURE
+    if worker is None:
+        _say("capsvc: stopped")
+    return EXIT_OK
+
+
+def _supervise(args: argparse.Namespace, options: ServeOptions, workers: int) -> int:
+    """``--workers N`` (N > 1): this process supervises N worker processes."""
+    from capsvc.workers import StartupFailed, Supervisor, WorkerOptions
+
+    supervisor = Supervisor(
+        WorkerOptions(
+            count=workers,
+            argv=list(args.argv),
+            address=options.address,
+            shared_socket=args.shared_socket,
+            grace=options.grace,
+            http=options.http,
+        )
+    )
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            label = await nursery.start(supervisor.run)
+            how = "one shared socket" if supervisor.shared else "SO_REUSEPORT"
+            # The probes' line first: whoever waits for "listening on" then has both.
+            if supervisor.probes is not None:
+                _say(f"capsvc: probes on {supervisor.probes.url} (/healthz, /readyz, /metrics)")
+            _say(
+                f"capsvc: serving {label}, listening on {supervisor.bound} with {workers} "
+                f"workers ({how}; Ctrl-C to stop)"
+            )
+
+    try:
+        _run_trio(run)
+    except StartupFailed as error:
+        _error(str(error))
+        return EXIT_FAILURE
+    except OSError as error:
+        _error(f"cannot listen on {args.listen}: {_os_reason(error)}")
+        return EXIT_FAILURE
     _say("capsvc: stopped")
     return EXIT_OK
+
+
+def _workers(value: str) -> int:
+    """``--workers N`` or ``auto`` (one per core this process may use)."""
+    from capsvc.workers import cpu_count
+
+    if value == "auto":
+        return cpu_count()
+    try:
+        count = int(value)
+    except ValueError:
+        raise UsageError(f"--workers takes a number or 'auto', got {value!r}") from None
+    if count < 1:
+        raise UsageError(f"--workers must be at least 1, got {count}")
+    return count
+
+
+def _http_address(args: argparse.Namespace) -> tuple[str, int] | None:
+    """``(host, port)`` of ``--http-port``/``--http-host``, or None without a port."""
+    if args.http_port is None:
+        if args.http_host is not None:
+            raise UsageError("--http-host goes with --http-port")
+        return None
+    if not 0 <= args.http_port <= 65535:
+        raise UsageError(f"--http-port must be 0..65535, got {args.http_port}")
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "--http-port serves /metrics with prometheus-client: pip install 'capsvc[metrics]'"
+        ) from None
+    return (args.http_host or "127.0.0.1", args.http_port)
 
 
 def _server_tls(args: argparse.Namespace, uses_tls: bool) -> Any:
@@ -267,6 +445,15 @@ def _server_tls(args: argparse.Namespace, uses_tls: bool) -> Any:
         return ServerTls(args.tls_key, args.tls_cert)
     except (OSError, ValueError) as error:
         raise UsageError(f"cannot use --tls-key {args.tls_key}: {error}") from None
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """``capsvc health ADDR``: 0 iff the server reports serving (capsvc.health)."""
+    from capsvc.health import main_health
+
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    return main_health(args.address, args.service, args.timeout)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -515,6 +702,50 @@ def build_parser() -> argparse.ArgumentParser:
         f"left is aborted (default {DEFAULT_GRACE:g}); a second signal stops at once",
     )
     serve.add_argument(
+        "--drain-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="on SIGTERM, keep accepting for this long after /readyz turns false, for load "
+        "balancers that learn of the shutdown late (default 0)",
+    )
+    serve.add_argument(
+        "--workers",
+        default="1",
+        metavar="N",
+        help="worker processes, each its own vat and trio loop, behind one listening "
+        "address; 'auto': one per core (default 1: this process serves)",
+    )
+    serve.add_argument(
+        "--shared-socket",
+        action="store_true",
+        help="with --workers: one listening socket all workers accept on, instead of one "
+        "SO_REUSEPORT socket each (README 'Running in production')",
+    )
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve /healthz, /readyz and /metrics (Prometheus) over HTTP on this port",
+    )
+    serve.add_argument(
+        "--http-host",
+        default=None,
+        metavar="HOST",
+        help="the host --http-port binds (default 127.0.0.1)",
+    )
+    serve.add_argument(
+        "--no-health",
+        action="store_true",
+        help="do not serve the Health interface (schemas/health.capnp) on the bootstrap",
+    )
+    serve.add_argument(
+        "--no-busy-poll",
+        action="store_true",
+        help="never poll for the next message before sleeping (saves CPU, costs latency)",
+    )
+    serve.add_argument(
         "--tls-key",
         metavar="FILE",
         help="the server's private key (PEM) for a tls: or capnp:// address (capsvc keygen)",
@@ -535,6 +766,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keygen.add_argument("file", metavar="FILE", help="where to write the key (not overwritten)")
     keygen.set_defaults(handler=cmd_keygen)
+
+    health = commands.add_parser(
+        "health",
+        parents=[common],
+        help="ask a server's Health interface whether it serves (exit 0 if so, else 1)",
+        description="Bootstrap ADDR, call Health.check (schemas/health.capnp) and print the "
+        "status: exit 0 for serving, 1 for anything else or no answer.",
+    )
+    health.add_argument("address", metavar="ADDR", help="tcp:HOST:PORT, unix:PATH, tls:, capnp://")
+    health.add_argument(
+        "--service", default="", metavar="NAME", help="a service (interface) name to ask for"
+    )
+    health.add_argument(
+        "--timeout", type=float, default=5.0, metavar="SECONDS", help="the whole check's budget"
+    )
+    health.set_defaults(handler=cmd_health)
 
     call = commands.add_parser(
         "call",
@@ -660,9 +907,14 @@ def cmd_gen(args: argparse.Namespace) -> int:
 
 
 def _setup_logging(verbosity: int) -> None:
+    from capsvc.workers import WORKER_ENV
+
+    # A worker of `serve --workers` says which it is: its lines share the terminal.
+    slot = os.environ.get(WORKER_ENV, "").rpartition(":")[2]
+    who = f"[worker {slot} pid {os.getpid()}] " if slot else ""
     logging.basicConfig(
         level=logging.DEBUG if verbosity > 0 else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)-7s %(name)s: {who}%(message)s",
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
@@ -672,6 +924,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``capsvc`` command; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # What a worker process of `serve --workers` runs again (capsvc.workers).
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)

@@ -73,6 +73,28 @@ async def test_calls_in_flight_finish_and_new_calls_are_refused() -> None:
     assert results == [True] * 8
 
 
+async def test_a_drain_waits_even_after_the_server_once_had_no_connections() -> None:
+    """Regression: the "every connection closed" event was set whenever the last
+    connection closed, so a drain after such a moment did not wait and aborted at once."""
+    server = Counting(expected=1)
+    shutdown = trio.Event()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            address = await _start(nursery, server, shutdown, grace=10)
+            async with capsvc.connect(address) as conn:
+                assert (await conn.bootstrap(Tester).echo(msg="x")).reply == "x"
+            await trio.sleep(0.1)  # real time: the server sees that connection close
+            async with capsvc.connect(address) as conn:
+                tester = conn.bootstrap(Tester)
+
+                async def stop_when_begun() -> None:
+                    await server.all_began.wait()
+                    shutdown.set()
+
+                nursery.start_soon(stop_when_begun)
+                assert (await tester.slow(ms=300)).done
+
+
 async def test_the_listener_closes_at_once() -> None:
     server = Counting(expected=1)
     shutdown = trio.Event()

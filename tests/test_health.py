@@ -401,3 +401,48 @@ async def test_the_router_is_disposed_once_serve_ends() -> None:
     gc.collect()
     assert app._capsvc_live_hook is None
     assert health._capsvc_live_hook is None
+
+
+# ------------------------------------------------------------------ capsvc.serve's wiring
+
+
+async def test_serve_moves_its_serving_state_and_answers_health_from_it() -> None:
+    """``serve(health=True, serving=state)``: SERVING once bound, DRAINING as soon as the
+    shutdown begins (while ``drain_delay`` still accepts), STOPPED when it returned; the
+    app's interface name is a known service."""
+    state = ServingState()
+    shutdown = trio.Event()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            address: str = await nursery.start(
+                partial(
+                    capsvc.serve,
+                    "tcp:127.0.0.1:0",
+                    EchoApp(),
+                    health=True,
+                    serving=state,
+                    shutdown=shutdown,
+                    drain_delay=0.5,
+                )
+            )
+            assert state.state is Serving.SERVING
+            assert await check(address) == "serving"
+            assert await check(address, service="Echo") == "serving"
+            assert await check(address, service="Other") == "serviceUnknown"
+            shutdown.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert state.state is Serving.DRAINING
+            # Inside the drain delay: still accepting and serving, but not ready.
+            async with capsvc.connect(address) as conn:
+                echo = conn.bootstrap(Echo)
+                assert (await echo.ping(msg="late")).reply == "late"
+                assert (await echo.cast_as(Health).check()).status is ServingStatus.notServing
+    assert state.state is Serving.STOPPED
+
+
+async def test_serve_without_health_routes_nothing() -> None:
+    async with trio.open_nursery() as nursery:
+        address: str = await nursery.start(capsvc.serve, "tcp:127.0.0.1:0", EchoApp())
+        with pytest.raises(HealthCheckError, match="does not serve Health"):
+            await check(address)
+        nursery.cancel_scope.cancel()

@@ -66,7 +66,9 @@ class UnixListener(trio.abc.Listener[trio.SocketStream]):
         return f"<UnixListener {self.path!r}>"
 
 
-async def _remove_stale_socket(path: str) -> None:
+async def remove_stale_socket(path: str) -> None:
+    """Remove ``path`` if it is a socket nobody listens on (a dead server's); refuse to
+    touch anything else."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -87,7 +89,7 @@ async def _remove_stale_socket(path: str) -> None:
 async def listen_unix(path: str | os.PathLike[str], *, backlog: int = 128) -> UnixListener:
     """Listen on a Unix socket at ``path``, replacing a stale socket file if present."""
     path = os.fspath(path)
-    await _remove_stale_socket(path)
+    await remove_stale_socket(path)
     sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
     try:
         await sock.bind(path)
