@@ -308,6 +308,9 @@ class _Worker:
     exited: trio.Event = field(default_factory=trio.Event)
     label: str = ""
     ready_at: float | None = None
+    started_at: float = field(default_factory=trio.current_time)
+    #: Whether it replaces a worker that exited (its readiness is logged at INFO).
+    restart: bool = False
 
     @property
     def pid(self) -> int:
@@ -490,7 +493,8 @@ class Supervisor:
         )
         await trio.sleep(delay)
         if self.current.get(worker.slot) is worker and self.state.ready:
-            await self._spawn(worker.slot)
+            replacement = await self._spawn(worker.slot)
+            replacement.restart = True
 
     async def _ready_deadline(self, worker: _Worker) -> None:
         """Kill a worker that neither becomes ready nor exits in READY_TIMEOUT (a hang in
@@ -531,7 +535,13 @@ class Supervisor:
                     worker.ready_at = trio.current_time()
                     worker.step(WorkerInput.READY)
                     worker.ready.set()
-                    log.debug("worker %d (pid %d) ready", worker.slot, worker.pid)
+                    log.log(
+                        logging.INFO if worker.restart else logging.DEBUG,
+                        "worker %d (pid %d) ready %.2f s after it was started",
+                        worker.slot,
+                        worker.pid,
+                        worker.ready_at - worker.started_at,
+                    )
 
     async def _tell(self, worker: _Worker, command: str) -> None:
         if command == "drain":
@@ -573,6 +583,11 @@ class Supervisor:
         self.state.drain()
         for worker in self._live():
             await self._tell(worker, "drain")
+        # Each worker closes its listeners as it stops accepting (after its drain delay);
+        # our copies would keep the sockets listening, and connections would queue where
+        # nobody accepts them until we exit. Without ours, the last worker to stop
+        # accepting closes the socket and new clients are refused, as with one process.
+        self._close_sockets(unlink=False)
         # Workers abort what is left at their grace deadline; one that hangs beyond it
         # (a method that ignores cancellation) is killed.
         with trio.move_on_after(self.options.grace + EXIT_MARGIN):
@@ -623,14 +638,13 @@ class Supervisor:
             for worker in list(self.everyone):
                 await worker.process.wait()
 
-    def _close_sockets(self) -> None:
-        closed: set[int] = set()
+    def _close_sockets(self, *, unlink: bool = True) -> None:
+        """Close our listening sockets (again: closing twice is harmless); ``unlink``
+        removes a Unix socket's file too (at the very end)."""
         for group in self.sockets:
             for sock in group:
-                if id(sock) not in closed:
-                    closed.add(id(sock))
-                    sock.close()
-        if self.options.address.scheme == "unix" and self.options.address.path:
+                sock.close()
+        if unlink and self.options.address.scheme == "unix" and self.options.address.path:
             try:
                 os.unlink(self.options.address.path)
             except OSError:

@@ -217,6 +217,19 @@ async def test_sigterm_drains_every_worker_and_no_call_is_lost(tmp_path: Path) -
                     await answered_by(echo)
                     arrived += 1
                 server.process.send_signal(signal.SIGTERM)
+                # While the slow calls run, the port refuses new connections (the
+                # supervisor does not keep the sockets listening behind the workers).
+                refused = False
+                while not refused and len(replies) < arrived:
+                    try:
+                        async with echo_at(server.address) as echo:
+                            await answered_by(echo)
+                    except OSError:  # connection refused
+                        refused = True
+                    except capsvc.Disconnected:
+                        pass  # accepted just before the listeners closed, then drained
+                    await trio.sleep(0.05)
+                assert refused, "connections were still accepted during the drain"
                 await wait_until(lambda: len(replies) == arrived, "the slow calls' replies")
                 nursery.cancel_scope.cancel()
         rest, _ = await trio.to_thread.run_sync(server.process.communicate, None, TIMEOUT)

@@ -3,6 +3,7 @@
     python -m bench.rpc.inprocess                 # CPU µs per call, typed vs dynamic, rounds
     python -m bench.rpc.inprocess --instructions  # instructions per call (valgrind callgrind)
     python -m bench.rpc.inprocess --observers     # CPU µs per call with each call observer
+    python -m bench.rpc.inprocess --health        # CPU µs per call, Health routed or not
 
 Theory of operation
 -------------------
@@ -19,6 +20,10 @@ path, (a, b) calls at (c1, c12) = (n, n), (3n, n) and (n, 3n), and takes instruc
 call from the differences: start-up (interpreter, imports, schema loading) cancels out, and
 instruction counts do not depend on the machine's load (they do on trio's scheduling,
 which at c12 batches differently from run to run: a few percent).
+
+``--health`` compares the typed server as the bootstrap with the same server behind
+capsvc.health's router (``HealthRouted``: Health beside the app, what ``capsvc serve``
+does unless ``--no-health``), alternating round by round: the router's cost per call.
 """
 
 from __future__ import annotations
@@ -46,7 +51,11 @@ OBSERVERS = ("none", "access-log", "otel-noop", "otel-sdk", "metrics")
 
 
 def measure(
-    kind: str, counts: dict[int, int], warmup: int = 300, observer: str = "none"
+    kind: str,
+    counts: dict[int, int],
+    warmup: int = 300,
+    observer: str = "none",
+    health: bool = False,
 ) -> dict[int, float]:
     """CPU seconds of ``counts[level]`` calls at each concurrency level (after a warm-up)."""
     import trio
@@ -60,6 +69,10 @@ def measure(
     async def main() -> dict[int, float]:
         left, right = socket.socketpair()
         server = typed_bench_echo() if kind == "typed" else dynamic_bench_echo()
+        if health:
+            from capsvc.health import HealthRouted, HealthServer, Serving, ServingState
+
+            server = HealthRouted(server, HealthServer(ServingState(Serving.SERVING)))
         interface: Any = Echo
         if kind == "dynamic":
             interface = capsvc.load_schema(ECHO_SCHEMA, check=False).Echo
@@ -157,6 +170,23 @@ def observer_rounds(rounds: int, calls: int) -> None:
         print(f"| {observer} | {' | '.join(cells)} | {ratios[0]:.2f} | {ratios[1]:.2f} |")
 
 
+def health_rounds(rounds: int, calls: int) -> None:
+    per_call: dict[tuple[bool, int], list[float]] = {}
+    for _ in range(rounds):
+        for routed in (False, True):
+            measured = measure("typed", dict.fromkeys(LEVELS, calls), health=routed)
+            for level, seconds in measured.items():
+                per_call.setdefault((routed, level), []).append(seconds / calls * 1e6)
+    print(f"CPU µs per call, both sides in one process (typed stubs), {rounds} round(s) of"
+          f" {calls:,} calls: the bootstrap as is, and behind the Health router")  # fmt: skip
+    print("| conc | app | app + Health | routed ÷ app |\n|---|---|---|---|")
+    for level in LEVELS:
+        plain, routed = per_call[(False, level)], per_call[(True, level)]
+        ratio = statistics.median(routed) / statistics.median(plain)
+        print(f"| {level} | {_spread(plain, '{:.1f}')} | {_spread(routed, '{:.1f}')} | "
+              f"{ratio:.2f} |")  # fmt: skip
+
+
 def cpu_rounds(rounds: int, calls: int) -> None:
     per_call: dict[tuple[str, int], list[float]] = {}
     for _ in range(rounds):
@@ -217,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--observers", action="store_true", help="CPU per call with each call observer"
     )
+    parser.add_argument(
+        "--health", action="store_true", help="CPU per call with the Health router or not"
+    )
     parser.add_argument("--run", nargs=3, metavar=("KIND", "C1", "C12"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run:
@@ -224,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         measure(kind, {1: c1, 12: c12}, warmup=100)
     elif args.observers:
         observer_rounds(args.rounds, args.calls)
+    elif args.health:
+        health_rounds(args.rounds, args.calls)
     elif args.instructions:
         instructions(args.calls if args.calls != 5_000 else 1_000)
     else:
