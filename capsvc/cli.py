@@ -312,6 +312,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.drain_delay < 0:
         raise UsageError(f"--drain-delay must be at least 0 seconds, got {args.drain_delay:g}")
     workers = _workers(args.workers)
+    if workers > 1 and address.scheme not in ("tcp", "tls", "capnp", "unix"):
+        raise UsageError(
+            f"--workers serves tcp:, tls:, capnp:// and unix: addresses, not {address.scheme}:"
+        )
     http = _http_address(args)
     tls = _server_tls(args, address.uses_tls)
     if tls is not None and address.fingerprint and address.fingerprint != tls.fingerprint:

@@ -240,6 +240,31 @@ async def test_sigterm_drains_every_worker_and_no_call_is_lost(tmp_path: Path) -
     assert "draining 2 workers" in server.stderr
 
 
+async def test_a_second_signal_stops_every_worker_at_once(tmp_path: Path) -> None:
+    with supervised(tmp_path, "--listen", "tcp:127.0.0.1:0", "--workers", "2") as server:
+        failures: list[BaseException] = []
+        with trio.fail_after(TIMEOUT):
+            async with echo_at(server.address) as echo:
+                async with trio.open_nursery() as nursery:
+
+                    async def endless() -> None:
+                        try:
+                            await echo.ping(msg="sleep:600000")
+                        except capsvc.Disconnected as error:
+                            failures.append(error)
+
+                    nursery.start_soon(endless)
+                    await answered_by(echo)  # the endless call is in flight
+                    server.process.send_signal(signal.SIGINT)
+                    await wait_until(lambda: "draining 2 workers" in server.stderr, "the drain")
+                    server.process.send_signal(signal.SIGINT)
+            rest, _ = await trio.to_thread.run_sync(server.process.communicate, None, TIMEOUT)
+    assert server.process.returncode == 0, server.describe()
+    assert len(failures) == 1  # the call was cut off, with the typed error
+    assert "stopping the workers now" in server.stderr
+    assert "capsvc: stopped" in rest.decode()
+
+
 async def test_sighup_replaces_every_worker_without_closing_the_socket(tmp_path: Path) -> None:
     with supervised(tmp_path, "--listen", "tcp:127.0.0.1:0", "--workers", "2") as server:
         old = server.workers()
@@ -299,6 +324,14 @@ def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None
     assert "before it was ready" in process.stderr
 
 
+def test_workers_auto_is_one_per_core() -> None:
+    from capsvc.cli import _workers
+    from capsvc.workers import cpu_count
+
+    assert _workers("auto") == cpu_count() == len(os.sched_getaffinity(0))
+    assert _workers("3") == 3
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -307,6 +340,7 @@ def test_a_worker_that_cannot_start_stops_the_supervisor(tmp_path: Path) -> None
         (["--http-host", "0.0.0.0"], "--http-host goes with --http-port"),
         (["--http-port", "70000"], "--http-port must be 0..65535"),
         (["--drain-delay", "-1"], "--drain-delay must be at least 0"),
+        (["--workers", "2", "--listen", "nic:model:w.0"], "--workers serves tcp:, tls:"),
     ],
 )
 def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
