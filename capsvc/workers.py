@@ -481,6 +481,7 @@ class Supervisor:
             log.info("worker %d (pid %d) exited with status %s", worker.slot, worker.pid, status)
         # Set only now: the supervisor may end as soon as the last worker's event is set.
         worker.exited.set()
+        self.everyone.discard(worker)  # a crash loop must not grow the set for ever
         if expected or self.state.state is Serving.STARTING:
             return  # (STARTING: the first generation's failure, reported by the starter)
         delay = self._next_backoff(worker)

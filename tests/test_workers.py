@@ -306,6 +306,31 @@ async def test_sighup_replaces_every_worker_without_closing_the_socket(tmp_path:
     assert code == 0
 
 
+async def test_workers_drain_and_exit_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    """SIGKILL leaves the supervisor no say: its workers see their control line close,
+    drain (the call in flight finishes) and exit by themselves."""
+    with supervised(tmp_path, "--listen", "tcp:127.0.0.1:0", "--workers", "2") as server:
+        workers = server.workers()
+        with trio.fail_after(TIMEOUT):
+            async with echo_at(server.address) as echo:
+                async with trio.open_nursery() as nursery:
+                    reply: list[str] = []
+
+                    async def slow() -> None:
+                        reply.append((await echo.ping(msg="sleep:1000")).reply)
+
+                    nursery.start_soon(slow)
+                    pid = await answered_by(echo)
+                    server.process.kill()
+                await trio.to_thread.run_sync(server.process.wait)
+        assert reply == [f"{pid} sleep:1000"]
+        await wait_until(
+            lambda: not any(psutil.pid_exists(worker) for worker in workers),
+            "the orphaned workers to exit",
+        )
+    assert "the supervisor is gone: draining" in server.stderr
+
+
 # ---------------------------------------------------------------------- start-up
 
 
