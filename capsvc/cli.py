@@ -667,7 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--listen",
         default=DEFAULT_ADDRESS,
         metavar="ADDR",
-        help=f"address to listen on, tcp:HOST:PORT or unix:PATH (default {DEFAULT_ADDRESS})",
+        help="address to listen on: tcp:HOST:PORT, unix:PATH, tls:HOST:PORT or "
+        f"capnp://sha-256:FINGERPRINT@HOST:PORT (default {DEFAULT_ADDRESS})",
     )
     serve.add_argument(
         "--app-dir",
