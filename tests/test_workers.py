@@ -151,6 +151,28 @@ async def test_one_shared_socket_serves_too(tmp_path: Path, how: str) -> None:
         assert not (tmp_path / "w.sock").exists()  # the supervisor removed its socket
 
 
+async def test_workers_serve_a_pinned_capnp_address(tmp_path: Path) -> None:
+    """TLS with workers: each worker loads the key itself and presents it (the pin holds
+    on whichever worker a connection reaches)."""
+    from tests.test_cli_tls import keygen
+
+    key = tmp_path / "server.key"
+    fingerprint = keygen(key)
+    listen = f"capnp://{fingerprint}@127.0.0.1:0"
+    with supervised(
+        tmp_path, "--listen", listen, "--tls-key", str(key), "--workers", "2"
+    ) as server:
+        assert server.address.startswith(f"capnp://{fingerprint}@127.0.0.1:")
+        answered = set()
+        with trio.fail_after(TIMEOUT):
+            for _ in range(16):
+                async with echo_at(server.address) as echo:
+                    answered.add(await answered_by(echo))
+        assert answered == server.workers()
+        code, _ = await trio.to_thread.run_sync(server.stop)
+    assert code == 0
+
+
 async def test_a_killed_worker_is_restarted_and_the_others_keep_serving(tmp_path: Path) -> None:
     with supervised(tmp_path, "--listen", "tcp:127.0.0.1:0", "--workers", "2") as server:
         with trio.fail_after(TIMEOUT):
