@@ -5,6 +5,7 @@ and one worker killed under load (serving-notes M1).
     python -m bench.serving.workers --reps 1 --seconds 1 --clients 2 --connections 2   # a look
     python -m bench.serving.workers --drain           # SIGTERM under load: is any call lost?
     python -m bench.serving.workers --kill            # SIGKILL a worker: others spared? respawn?
+    python -m bench.serving.workers --load cxx        # scaling, the load from C++ clients
 
 Theory of operation
 -------------------
@@ -29,6 +30,19 @@ every client once all are ready, is the start barrier. At the end a client print
 JSON line with its counts, its own CPU seconds (``time.process_time``) and wall seconds,
 and exits. Busy polling is off on both ends (bench/rpc/README.md: polling buys latency
 with CPU, and on a machine whose cores the clients share it would also steal them).
+
+``--load cxx`` (scaling only) makes the client processes C++ instead:
+bench/serving/cxx_load/load.c++, Cap'n Proto's own C++ RPC (``TwoPartyClient``, one KJ
+event loop in one thread), built by bench.serving.cxx_build into ``build/cxx_load/<hash
+of the sources>/`` (``capnp compile`` and ``g++``, libcapnp-dev). It is the same
+protocol at a fraction of the CPU per call: ``--connections`` connections, one checked
+call on each, ``READY`` (no ports: no ``--kill``, and no ``--drain``, which it does not
+classify), ``GO <instant>`` on stdin (it sleeps until that CLOCK_MONOTONIC instant,
+``time.monotonic``'s clock), ``--in-flight`` calls in flight per connection, the same
+16-character message, every reply checked, ``WARMUP`` then ``--seconds`` counted, and one
+JSON line (its CPU from ``getrusage``, over the window). A failed call ends its chain of
+calls there (no retry). The Python clients cost about 220 µs of CPU per call, enough to
+take most of a core of this 2-core machine at N=1's rate: what they leave bounds N=2.
 
 Scaling (the default). One cell per worker count in ``--workers`` and socket mode in
 ``--modes`` (``reuseport``: one listening socket per worker, the kernel spreads
@@ -120,12 +134,15 @@ from typing import IO, Any
 
 from bench.rpc.scenarios import ROOT, ServerKind
 from bench.rpc.servers import ServerProcess, child_env
+from bench.serving import cxx_build
 from bench.serving.tls_echo import MESSAGE, _positive
 
 #: Issue 13's goals: efficiency per worker (where cores are free), balance with reuseport.
 EFFICIENCY_GOAL = 0.8
 BALANCE_GOAL = 1.3
 MODES = ("reuseport", "shared")
+#: --load: the client processes, this module (python) or bench/serving/cxx_load (cxx).
+LOADS = ("python", "cxx")
 #: Seconds of load before the measured window (not counted).
 WARMUP = 0.5
 #: Seconds between the GO line and the start (every client has read it by then).
@@ -636,10 +653,14 @@ class WorkersServer(ServerProcess):
 
 
 class ClientProcess:
-    """One client process (``--client``): READY, then GO on stdin, then one JSON line."""
+    """One client process (``--client``, or the C++ load generator with ``load="cxx"``):
+    READY, then GO on stdin, then one JSON line (``result``)."""
 
-    def __init__(self, command: list[str], log: IO[str]) -> None:
+    def __init__(self, command: list[str], log: IO[str], load: str = "python") -> None:
+        if load not in LOADS:
+            raise ValueError(f"load {load!r}: expected one of {', '.join(LOADS)}")
         self.log = log
+        self.load = load
         self.process = subprocess.Popen(
             command,
             cwd=ROOT,
@@ -670,6 +691,27 @@ class ClientProcess:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line.decode()
 
+    def result(self, timeout: float) -> dict[str, Any]:
+        """The client's JSON line, as a Python client's: the C++ client's ``cpu_seconds``
+        and ``wall_seconds`` become ``cpu`` and ``wall``, with no ``reasons`` (it writes
+        the first errors to its stderr, the client's log)."""
+        line = self.read_line(timeout)
+        try:
+            result: dict[str, Any] = json.loads(line)
+        except json.JSONDecodeError:
+            raise RuntimeError(
+                f"client {self.process.pid} said {line!r} instead of its JSON line"
+            ) from None
+        if self.load == "cxx":
+            result = {
+                "calls": int(result["calls"]),
+                "errors": int(result["errors"]),
+                "cpu": float(result["cpu_seconds"]),
+                "wall": float(result["wall_seconds"]),
+                "reasons": {},
+            }
+        return result
+
     def go(self, instant: float) -> None:
         assert self.process.stdin is not None
         self.process.stdin.write(f"GO {instant!r}\n".encode())
@@ -679,17 +721,28 @@ class ClientProcess:
         process = self.process
         if process.stdin is not None:
             process.stdin.close()
-        if process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def client_command(args: argparse.Namespace, address: str) -> list[str]:
+    """A client process's command line: this module with ``--client``, or with ``--load
+    cxx`` the C++ load generator (built first if ``args.cxx_binary`` is not set yet)."""
+    if args.load == "cxx":
+        if args.cxx_binary is None:
+            args.cxx_binary = cxx_build.build()
+        host, port = address.removeprefix("tcp:").rsplit(":", 1)
+        return [
+            str(args.cxx_binary), host, port, str(args.connections), str(args.in_flight),
+            repr(args.seconds), repr(WARMUP),
+        ]  # fmt: skip
     command = [
         sys.executable, "-m", "bench.serving.workers", "--client", address,
         "--connections", str(args.connections), "--in-flight", str(args.in_flight),
@@ -734,7 +787,8 @@ class Run:
         self.server.wait_ready()
         command = client_command(self.args, self.server.address)
         self.clients = [
-            ClientProcess(command, self._log(f"client{i}")) for i in range(self.args.clients)
+            ClientProcess(command, self._log(f"client{i}"), self.args.load)
+            for i in range(self.args.clients)
         ]
         for client in self.clients:
             words = (line := client.read_line(START_TIMEOUT)).split()
@@ -748,10 +802,7 @@ class Run:
 
     def results(self, timeout: float) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
-        return [
-            json.loads(client.read_line(max(0.1, deadline - time.monotonic())))
-            for client in self.clients
-        ]
+        return [client.result(max(0.1, deadline - time.monotonic())) for client in self.clients]
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -849,11 +900,16 @@ def _met(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
 
+def _load_name(args: argparse.Namespace) -> str:
+    return "C++ (capnp-rpc)" if args.load == "cxx" else "Python (capsvc)"
+
+
 def report_scaling(args: argparse.Namespace, samples: dict[tuple[int, str], list[Sample]]) -> str:
     total = args.clients * args.connections
     lines = [
         f"echo calls/s, capsvc serve --workers N, busy polling off, 16 B message; "
-        f"{args.clients} client processes x {args.connections} connections ({total}) x "
+        f"{args.clients} {_load_name(args)} client processes x {args.connections} "
+        f"connections ({total}) x "
         f"{args.in_flight} in flight; median of {args.reps} repetition(s) of {args.seconds:g} s "
         f"(after {WARMUP:g} s warm-up); {os.cpu_count()} CPUs shared by server and clients",
         "",
@@ -1374,11 +1430,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--before", type=_positive(float), default=None,
                         help="--drain, --kill: seconds of load before the SIGTERM or "
                              "SIGKILL (default 2)")  # fmt: skip
+    parser.add_argument("--load", choices=LOADS, default="python",
+                        help="scaling: the client processes, python (this module, capsvc) "
+                             "or cxx (bench/serving/cxx_load, Cap'n Proto's C++ RPC; "
+                             "built with g++ and libcapnp-dev) (default python)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="print the tables only")
     parser.add_argument("--client", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.drain and args.kill:
         parser.error("--kill and --drain exclude each other")
+    if args.load == "cxx" and (args.drain or args.kill or args.client is not None):
+        parser.error(
+            f"--load cxx is for the scaling run only, not with "
+            f"{'--drain' if args.drain else '--kill' if args.kill else '--client'} (the C++ "
+            "client reports no ports for --kill, and does not classify a drain's calls)"
+        )
+    args.cxx_binary = None  # --load cxx: the C++ client's path, once built
     if not args.drain and args.call_ms is not None:
         parser.error("--call-ms goes with --drain")
     if not (args.drain or args.kill) and args.before is not None:
@@ -1423,6 +1490,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.rpc.profile import machine_state
 
     print("command line: " + shlex.join(["python", "-m", "bench.serving.workers", *argv]))
+    if args.load == "cxx":
+        try:
+            args.cxx_binary = cxx_build.build(quiet=args.quiet)
+        except cxx_build.BuildError as error:
+            print(f"--load cxx: {error}", file=sys.stderr)
+            return 2
+        print(f"load: C++ client {args.cxx_binary}", flush=True)
     print(machine_state("before"), flush=True)
     if args.drain:
         runs = run_drain(args)

@@ -4,8 +4,10 @@ the test suite (a scaling run, a drain and a kill, about 16 s together)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -15,11 +17,14 @@ import pytest
 
 pytest.importorskip("psutil")
 
+from bench.serving import cxx_build
 from bench.serving.workers import (
     CALL_MS_VARIABLE,
     READY_AGAIN,
     RESTARTING,
     SCALING_APP,
+    WARMUP,
+    ClientProcess,
     Killed,
     Side,
     WorkersServer,
@@ -40,6 +45,7 @@ def test_defaults_are_the_documented_run() -> None:
         5.0, 3, 4, 16, 1,
     )  # fmt: skip
     assert (args.drain, args.grace, args.client) == (False, 30.0, None)
+    assert (args.load, args.cxx_binary) == ("python", None)
     assert scaling_cells(args) == [(1, "reuseport"), (2, "reuseport"), (2, "shared")]
 
 
@@ -101,6 +107,9 @@ def test_a_kill_client_is_told_the_mode_and_the_instant() -> None:
         (["--drain", "--before", "3", "--seconds", "2"], "--seconds must be more than --before"),
         (["--clients", "64", "--connections", "17"], "--clients x --connections must be <= 1024"),
         (["--client", "tcp:10.0.0.1:4000"], "--client takes a tcp:127.0.0.1:PORT address"),
+        (["--load", "rust"], "argument --load: invalid choice: 'rust'"),
+        (["--load", "cxx", "--kill"], "--load cxx is for the scaling run only, not with --kill"),
+        (["--load", "cxx", "--drain"], "--load cxx is for the scaling run only, not with --drain"),
     ],
 )
 def test_bad_arguments_are_refused(
@@ -110,6 +119,45 @@ def test_bad_arguments_are_refused(
         parse_args(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_cxx_client_is_the_cxx_binary_with_its_arguments() -> None:
+    args = parse_args(["--load", "cxx", "--connections", "8", "--in-flight", "2"])
+    assert args.load == "cxx"
+    args.cxx_binary = Path("/somewhere/load")
+    command = client_command(args, "tcp:127.0.0.1:4000")
+    # HOST PORT CONNECTIONS IN_FLIGHT SECONDS WARMUP_SECONDS
+    assert command == ["/somewhere/load", "127.0.0.1", "4000", "8", "2", "5.0", repr(WARMUP)]
+    assert parse_args(["--load", "python"]).load == "python"
+
+
+def test_a_cxx_clients_json_line_reads_as_a_python_clients(tmp_path: Path) -> None:
+    line = {"calls": 1200, "errors": 0, "cpu_seconds": 0.25, "wall_seconds": 1.0}
+    with open(tmp_path / "client.log", "w+") as log:
+        client = ClientProcess(
+            [sys.executable, "-c", f"print({json.dumps(json.dumps(line))})"], log, "cxx"
+        )
+        try:
+            result = client.result(30)
+        finally:
+            client.stop()
+    assert result == {"calls": 1200, "errors": 0, "cpu": 0.25, "wall": 1.0, "reasons": {}}
+    with pytest.raises(ValueError, match="load 'rust'"):
+        ClientProcess([sys.executable, "-c", "pass"], io.StringIO(), "rust")
+
+
+def test_a_missing_cxx_toolchain_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(cxx_build, "BUILD_DIR", tmp_path)  # no cached binary to fall back on
+    monkeypatch.setattr(cxx_build.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(cxx_build, "HEADER", tmp_path / "no" / "ez-rpc.h")
+    why = cxx_build.missing()
+    assert why is not None
+    assert "capnp, capnpc-c++, g++" in why
+    assert "apt-get install libcapnp-dev capnproto" in why
+    with pytest.raises(cxx_build.BuildError, match="apt-get install libcapnp-dev capnproto"):
+        cxx_build.build()
 
 
 def test_the_server_command_is_capsvc_serve_with_workers() -> None:
@@ -166,6 +214,23 @@ def test_a_tiny_scaling_run_reports_every_cell() -> None:
     assert scaling is not None, out
     assert float(scaling.group(1)) > 0
     assert "N=2 shared" not in out
+
+
+def test_a_tiny_scaling_run_with_the_cxx_load() -> None:
+    if shutil.which("g++") is None or not cxx_build.HEADER.exists():
+        pytest.skip(f"the C++ client needs g++ and {cxx_build.HEADER} (libcapnp-dev)")
+    # Builds the C++ client first (a few seconds) unless build/cxx_load has it already.
+    out = _run("--load cxx --reps 1 --seconds 1 --clients 1 --connections 4")
+    assert "load: C++ client " in out
+    assert "1 C++ (capnp-rpc) client processes x 4 connections (4)" in out
+    for cell in ("N=1", "N=2 reuseport", "N=2 shared"):
+        row = re.search(
+            rf"^{cell} +([\d,]+) +([\d.]+) +([\d.]+) +[\d,]+ +([\d.]+|inf) +(\d+)\b", out, re.M
+        )
+        assert row is not None, out
+        assert int(row.group(1).replace(",", "")) > 0, out  # calls/s
+        assert float(row.group(3)) > 0, out  # the C++ client's CPU was counted
+        assert row.group(5) == "0", out  # errors
 
 
 def test_a_tiny_drain_loses_nothing() -> None:
