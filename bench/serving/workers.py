@@ -130,7 +130,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from bench.rpc.scenarios import ROOT, ServerKind
 from bench.rpc.servers import ServerProcess, child_env
@@ -170,6 +170,8 @@ RESTARTING = re.compile(
     r"worker \d+ \(pid (\d+)\) exited with status .*?; restarting it in (\S+) s"
 )
 READY_AGAIN = re.compile(r"worker (\d+) \(pid (\d+)\) ready ([\d.]+) s after it was started")
+
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------ the drain's server app
@@ -1008,13 +1010,16 @@ def drain_once(args: argparse.Namespace) -> Drained:
     )
 
 
-def run_drain(args: argparse.Namespace) -> list[Drained]:
+def repeat(
+    args: argparse.Namespace, once: Callable[[argparse.Namespace], T], row: Callable[[T], str]
+) -> list[T]:
+    """``--reps`` runs of ``once``, each printed with ``row`` as it ends (unless quiet)."""
     runs = []
     for rep in range(args.reps):
-        drained = drain_once(args)
-        runs.append(drained)
+        result = once(args)
+        runs.append(result)
         if not args.quiet:
-            print(f"  rep {rep + 1}: {_drain_row(drained)}", flush=True)
+            print(f"  rep {rep + 1}: {row(result)}", flush=True)
     return runs
 
 
@@ -1250,16 +1255,6 @@ def kill_once(args: argparse.Namespace) -> Killed:
         fresh_on_new=fresh_on_new,
         fresh_errors=fresh_errors,
     )
-
-
-def run_kill(args: argparse.Namespace) -> list[Killed]:
-    runs = []
-    for rep in range(args.reps):
-        killed = kill_once(args)
-        runs.append(killed)
-        if not args.quiet:
-            print(f"  rep {rep + 1}: {_kill_row(killed)}", flush=True)
-    return runs
 
 
 def _seconds(value: float | None) -> str:
@@ -1499,11 +1494,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"load: C++ client {args.cxx_binary}", flush=True)
     print(machine_state("before"), flush=True)
     if args.drain:
-        runs = run_drain(args)
+        runs = repeat(args, drain_once, _drain_row)
         table = report_drain(args, runs)
         failed = False
     elif args.kill:
-        killed = run_kill(args)
+        killed = repeat(args, kill_once, _kill_row)
         table = report_kill(args, killed)
         failed = False
     else:
