@@ -12,6 +12,9 @@ Theory of operation
             | sysfs=DIR           PCI devices: sysfs root (default /sys)
             | rundir=DIR          model ports: where they live (default $CAPSVC_NIC_RUNDIR,
                                   else /dev/shm/capsvc-nic)
+            | link_timeout=SECS   how long opening the device waits for the link (the
+                                  driver's ``reset_and_init(link_timeout=...)``, default
+                                  10 s); 0 opens without waiting
 
 :func:`parse_nic_spec` validates and canonicalises (PCI addresses get their domain and lower
 case); ``str(spec)`` gives the canonical address back, so parsing it again is the identity.
@@ -46,6 +49,7 @@ class NicSpec:
     peer: bytes | None = None
     sysfs: str | None = None
     rundir: str | None = None
+    link_timeout: float | None = None  # seconds; None: the driver's default
 
     @property
     def is_model(self) -> bool:
@@ -59,12 +63,18 @@ class NicSpec:
             options.append(f"sysfs={self.sysfs}")
         if self.rundir is not None:
             options.append(f"rundir={self.rundir}")
+        if self.link_timeout is not None:
+            options.append(f"link_timeout={self.link_timeout!r}")
         return ",".join([f"nic:{self.device}", *options])
 
     def key(self) -> tuple[str, str]:
+        """The device (options that only tune how it is opened are not part of it)."""
         if self.is_model:
             return (self.device, os.path.abspath(self.rundir or _default_rundir()))
         return (self.device, os.path.abspath(self.sysfs or "/sys"))
+
+
+_OPTIONS = ("peer", "sysfs", "rundir", "link_timeout")
 
 
 def _default_rundir() -> str:
@@ -95,8 +105,11 @@ def parse_nic_spec(text: str) -> NicSpec:
     values: dict[str, str] = {}
     for option in options:
         key, sep, value = option.partition("=")
-        if not sep or key not in ("peer", "sysfs", "rundir") or not value:
-            raise ValueError(f"unknown nic: option {option!r} (peer=MAC, sysfs=DIR, rundir=DIR)")
+        if not sep or key not in _OPTIONS or not value:
+            raise ValueError(
+                f"unknown nic: option {option!r} "
+                "(peer=MAC, sysfs=DIR, rundir=DIR, link_timeout=SECONDS)"
+            )
         values[key] = value
     peer = None
     if "peer" in values:
@@ -106,4 +119,15 @@ def parse_nic_spec(text: str) -> NicSpec:
             peer = b""
         if len(peer) != 6:
             raise ValueError(f"peer={values['peer']} is not a MAC address")
-    return NicSpec(device, peer, values.get("sysfs"), values.get("rundir"))
+    link_timeout = None
+    if "link_timeout" in values:
+        try:
+            link_timeout = float(values["link_timeout"])
+        except ValueError:
+            link_timeout = -1.0
+        if not 0 <= link_timeout <= 3600:
+            raise ValueError(
+                f"link_timeout={values['link_timeout']} is not a number of seconds "
+                "within 0..3600 (0: do not wait for the link)"
+            )
+    return NicSpec(device, peer, values.get("sysfs"), values.get("rundir"), link_timeout)

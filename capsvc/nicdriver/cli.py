@@ -48,7 +48,13 @@ from capsvc.nicdriver.modelhost import (
     list_ports,
     run_pair,
 )
-from capsvc.nicdriver.pci import canonical_address, list_functions, probe
+from capsvc.nicdriver.pci import (
+    canonical_address,
+    function_lock_path,
+    list_functions,
+    lock_holder,
+    resolve_function,
+)
 
 __all__ = ["add_nic_parser", "main"]
 
@@ -77,6 +83,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         driver = f.driver or "-"
         group = f.iommu_group or "-"
         verdict = "usable" if f.allowed else "not usable"
+        holder = lock_holder(function_lock_path(f.address)) if f.allowed else None
+        if holder is not None:
+            verdict = f"in use: driven by {holder}"
         _say(
             f"  {f.address}  {f.vendor:04x}:{f.device:04x}  {f.description:<32} "
             f"driver={driver} iommu_group={group}  [{verdict}]"
@@ -209,7 +218,7 @@ def _counter_names() -> dict[int, str]:
 
 def _pci_status(address: str, sysfs: str, counters: bool) -> int:
     try:
-        function = probe(address, sysfs)
+        function = resolve_function(address, sysfs)  # the checked location, as for opening
     except NicError as error:
         _error(str(error))
         return EXIT_FAILURE
@@ -221,6 +230,9 @@ def _pci_status(address: str, sysfs: str, counters: bool) -> int:
     if refusal is not None:
         _say(f"  {refusal}")
         return EXIT_FAILURE
+    if not function.is_model:
+        holder = lock_holder(function_lock_path(function.address))
+        _say(f"  driven by {holder}" if holder else "  no driver process holds it")
     path = function.path / "resource0"
     try:
         with open(path, "rb") as bar:

@@ -13,11 +13,15 @@ This module provides a third mode beside the spec's thread and process modes: th
 run *synchronously by the register accessor*, like a trap handler. :class:`ColocatedBar`
 (the accessor seam of spec 2.1, nothing else changes) steps the model after every register
 write and doorbell and before every register read, so the driver's init waits, its link
-poll and its TX doorbells see the device react at once; the driver's poll loop calls
-:meth:`ColocatedBar.service` before looking at the RX ring, and sleeps on the wire's socket
-(:meth:`ColocatedBar.idle_fd`). The driver code (ixgbe.py, rings.py) is the same. Since
-every register write already ran the model, ``service`` only needs its receive half
-(:meth:`~capsvc.nicdriver.model.IxgbeModel.receive_pending`: the wire and its timers).
+poll and its TX doorbells see the device react at once (register reads and writes keep
+:class:`~capsvc.nicdriver.mmio.ModelBar`'s device semantics: shared clear-on-read
+counters, RXDCTL/TXDCTL.ENABLE as requests that the model latches; timed device work such
+as the reset and the EEPROM auto-read advances when a read steps the model); the driver's
+poll loop calls :meth:`ColocatedBar.service` before looking at the RX ring, and sleeps on
+the wire's socket (:meth:`ColocatedBar.idle_fd`). The driver code (ixgbe.py, rings.py) is
+the same. Since every register write already ran the model, ``service`` only needs its
+receive half (:meth:`~capsvc.nicdriver.model.IxgbeModel.receive_pending`: the wire and its
+timers).
 
 The two ports of a co-located pair talk over :class:`DgramWire`: an ``AF_UNIX SOCK_DGRAM``
 socket bound to ``<port>/wire.sock`` receives, and a second one *connected* to the peer
@@ -186,7 +190,7 @@ class ColocatedBar(ModelBar):
         return super().read32(offset)
 
     def write32(self, offset: int, value: int) -> None:
-        self.regs[offset >> 2] = value & 0xFFFFFFFF
+        self._store(offset, value)  # ModelBar's store: queue-enable requests are counted
         self.model.step()
 
     def doorbell(self, offset: int, *, urgent: bool = True) -> Doorbell:

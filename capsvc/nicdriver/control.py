@@ -19,9 +19,26 @@ words (a ``memoryview.cast('Q')`` over a shared mmap, so every access is one ali
 - fault counters (bad DMA addresses, torn doorbells, ...);
 - the statistics as monotonic 64-bit totals, one slot per counter of
   :data:`capsvc.nicdriver.regs.COUNTER_SLOT`, plus the totals at the last device reset
-  (the clear-on-read shim of :class:`capsvc.nicdriver.mmio.ModelBar` reads these);
+  (model-written) and the totals at the last read by *any* reader (``COUNTER_TAKEN``,
+  written by the readers): a register read returns "total minus the later of the two" and
+  takes it, so a read clears the counter for every reader, as on hardware (the
+  clear-on-read shim of :class:`capsvc.nicdriver.mmio.ModelBar`). Each word has one writer
+  (the model writes totals and bases, readers write ``COUNTER_TAKEN``), so no update is lost
+  across processes; two readers racing on the *same* counter at the same instant may both
+  see the same delta (a real device has one reader, the driver);
+- the queue-enable state (spec 2.3, datasheet 4.6.7.1): ``RXQ_ENABLED``/``TXQ_ENABLED``
+  are bitmasks, one bit per queue, written only by the model: bit n is the *device's*
+  RXDCTL(n)/TXDCTL(n).ENABLE. The BAR word itself holds what the driver wrote (its
+  request); the model-side accessors return the request's other bits with ENABLE taken from
+  here. ``QCTL_WRITES`` counts the driver's writes of any RXDCTL/TXDCTL through an accessor
+  and ``QGEN_RX + n``/``QGEN_TX + n`` the writes of one queue's register (written only by
+  the accessor), so the model notices a request even when it rewrites the value the BAR
+  word already holds (enable again after the device dropped the queue);
 - the DMA page table of the portable shared-memory backend (spec 2.1 seam 3b): page k of
-  the DMA arena file has fake physical address ``PAGE_TABLE[k]``.
+  the DMA arena file has fake physical address ``PAGE_TABLE[k]``, and ``PAGE_VALID[k]``
+  bytes of it (from its start) are currently registered by the driver
+  (:class:`capsvc.nicdriver.dma.ShmDma` writes them on allocate/free/close and bumps
+  ``DMA_GEN``); the model accepts DMA only inside registered bytes.
 """
 
 from __future__ import annotations
@@ -35,9 +52,9 @@ from capsvc.nicdriver.regs import NUM_COUNTER_SLOTS
 __all__ = ["CONTROL_SIZE", "Control", "Fault"]
 
 MAGIC = int.from_bytes(b"capsvcNM", "little")
-VERSION = 1
-CONTROL_SIZE = 16384
-MAX_DMA_PAGES = (CONTROL_SIZE // 8) - 1024
+VERSION = 2
+CONTROL_SIZE = 32768
+MAX_DMA_PAGES = 1024
 
 # word indexes
 W_MAGIC = 0
@@ -58,9 +75,20 @@ W_MAC = 15
 W_FAULTS = 16  # 32 words of fault counters
 W_COUNTERS = 64
 W_COUNTER_BASE = W_COUNTERS + NUM_COUNTER_SLOTS
+W_COUNTER_TAKEN = W_COUNTER_BASE + NUM_COUNTER_SLOTS
+W_RXQ_ENABLED = 288  # bit n: the device's RXDCTL(n).ENABLE (model-written)
+W_TXQ_ENABLED = 289  # bit n: the device's TXDCTL(n).ENABLE (model-written)
+W_QCTL_WRITES = 290  # accessor writes of any RXDCTL/TXDCTL (accessor-written)
+W_DMA_GEN = 291  # bumped by the driver's DMA backend on every (un)registration
+W_QGEN_RX = 320  # 64 words: accessor writes of RXDCTL(n)
+W_QGEN_TX = 384  # 64 words: accessor writes of TXDCTL(n)
 W_DMA_MODE = 512
 W_DMA_PAGES = 513
 W_PAGE_TABLE = 1024
+W_PAGE_VALID = W_PAGE_TABLE + MAX_DMA_PAGES
+assert W_COUNTER_TAKEN + NUM_COUNTER_SLOTS <= W_RXQ_ENABLED
+assert W_QGEN_TX + 64 <= W_DMA_MODE
+assert (W_PAGE_VALID + MAX_DMA_PAGES) * 8 <= CONTROL_SIZE
 
 STATE_STOPPED = 0
 STATE_RUNNING = 1
@@ -86,6 +114,10 @@ class Fault:
     INJECTED_REORDER = 10
     RESETS = 11
     TX_NO_CARRIER = 12  # frames dropped at the wire for lack of a peer
+    LATE_DESCRIPTOR = 13  # a descriptor changed after the tail gave it to the device
+    CRC_STRIP_MISMATCH = 14  # frames dropped: HLREG0.RXCRCSTRP != RDRXCTL.CRCSTRIP
+    DMA_VIOLATION = 15  # DMA outside the memory the driver has registered (or freed)
+    RX_ERRORS = 16  # frames written back with RXE (bad CRC, length; FCTRL.SBP set)
     NAMES = (
         "bad_dma",
         "bad_ring",
@@ -100,6 +132,10 @@ class Fault:
         "injected_reorder",
         "resets",
         "tx_no_carrier",
+        "late_descriptor",
+        "crc_strip_mismatch",
+        "dma_violation",
+        "rx_errors",
     )
 
 
@@ -122,6 +158,8 @@ class Control:
         self.faults = self.words[W_FAULTS : W_FAULTS + 32]
         self.counters = self.words[W_COUNTERS : W_COUNTERS + NUM_COUNTER_SLOTS]
         self.counter_base = self.words[W_COUNTER_BASE : W_COUNTER_BASE + NUM_COUNTER_SLOTS]
+        self.counter_taken = self.words[W_COUNTER_TAKEN : W_COUNTER_TAKEN + NUM_COUNTER_SLOTS]
+        self.page_valid = self.words[W_PAGE_VALID : W_PAGE_VALID + MAX_DMA_PAGES]
         if create:
             self.words[W_VERSION] = VERSION
             self.words[W_MAGIC] = MAGIC
@@ -179,6 +217,7 @@ class Control:
         return True
 
     def close(self) -> None:
-        for view in (self.faults, self.counters, self.counter_base, self.words):
+        views = (self.faults, self.counters, self.counter_base, self.counter_taken)
+        for view in (*views, self.page_valid, self.words):
             view.release()
         self._mm.close()

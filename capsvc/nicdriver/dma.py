@@ -34,6 +34,20 @@ the queue, spec 2.4). :class:`HugepageWindow` finds the driver's huge pages itse
 ``/proc/<pid>/maps`` (hugetlbfs mappings), ``/proc/<pid>/map_files`` (which opens them
 even after the driver unlinked the files) and ``/proc/<pid>/pagemap``; it rescans when it
 meets an unknown address.
+
+Registered memory (issue 14, point 9). The device may only touch memory the driver has
+*currently* handed to its DMA backend. With the model's arena this is checked: when
+:class:`ShmDma` finds the port's control file beside the arena (``<port>/control``, or
+``control=`` given), it records in the control file's ``PAGE_VALID`` table how many bytes
+of each arena page are registered: an allocation of ``size`` bytes registers exactly
+``size`` bytes (not the rounded-up pages), :meth:`DmaBackend.free` and :meth:`close`
+unregister (the pages are never handed out again by that backend, so a late device write
+cannot land in someone else's new buffer), and a new backend on the arena starts from an
+empty table. Every change bumps ``DMA_GEN``. :meth:`ShmWindow.locate` then refuses any
+range that is not inside registered bytes of one page, and :meth:`DmaWindow.why` says why
+(the model records it as a ``dma_violation`` with the address; an address in no page at
+all stays a ``bad_dma``). Huge pages (:class:`HugepageDma`) have no such table: the model
+can only tell mapped from unmapped there.
 """
 
 from __future__ import annotations
@@ -49,6 +63,8 @@ import struct
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from capsvc.nicdriver import control as ctl
+from capsvc.nicdriver.control import Control
 from capsvc.nicdriver.errors import (
     HUGEPAGE_HOWTO,
     DmaError,
@@ -120,6 +136,12 @@ class DmaBackend(ABC):
 
         ``contiguous``: the region must be physically contiguous (at most one page).
         """
+
+    def free(self, region: DmaRegion) -> None:
+        """The device may no longer access ``region`` (it stays mapped on our side until
+        :meth:`close`). Call it only once the device has stopped using the region (queue
+        disabled and its ENABLE bit read back 0). Backends without a registry ignore it."""
+        return None
 
     def close(self) -> None:
         """Release everything allocated (regions become invalid)."""
@@ -267,11 +289,16 @@ def scattered_page_table(pages: int, seed: int) -> list[int]:
 
 
 class ShmDma(DmaBackend):
-    """The driver's side of a model's shared-memory DMA arena (spec 2.1 seam 3b)."""
+    """The driver's side of a model's shared-memory DMA arena (spec 2.1 seam 3b).
+
+    ``control``: the port's control file, where allocations are registered for the model's
+    checks; by default ``control`` beside the arena when it is one (a model port), else
+    none (no registry: the model then accepts any address inside the arena's pages).
+    """
 
     name = "shm"
 
-    def __init__(self, arena: Path, page_table: list[int]) -> None:
+    def __init__(self, arena: Path, page_table: list[int], *, control: Path | None = None) -> None:
         self.path = arena
         self.page_table = page_table
         fd = os.open(arena, os.O_RDWR)
@@ -285,6 +312,32 @@ class ShmDma(DmaBackend):
         self._view = memoryview(self._mm)
         self._next = 0
         self._regions: list[DmaRegion] = []
+        self._pages_of: dict[int, tuple[int, int]] = {}  # id(region) -> (first, count)
+        self._control = _open_registry(control, arena)
+        if self._control is not None:
+            valid = self._control.page_valid
+            valid[: len(page_table)] = memoryview(bytes(8 * len(page_table))).cast("Q")
+            self._bump()
+
+    def _bump(self) -> None:
+        assert self._control is not None
+        self._control.words[ctl.W_DMA_GEN] += 1
+
+    def _register(self, first: int, pages: int, size: int) -> None:
+        if self._control is None:
+            return
+        valid = self._control.page_valid
+        for k in range(pages):
+            valid[first + k] = min(HUGE_PAGE, size - k * HUGE_PAGE)
+        self._bump()
+
+    def _unregister(self, first: int, pages: int) -> None:
+        if self._control is None:
+            return
+        valid = self._control.page_valid
+        for k in range(first, first + pages):
+            valid[k] = 0
+        self._bump()
 
     def allocate(self, size: int, *, contiguous: bool = False) -> DmaRegion:
         pages = _pages(size)
@@ -301,14 +354,44 @@ class ShmDma(DmaBackend):
         mem[:] = bytes(len(mem))
         region = DmaRegion(mem, self.page_table[first : first + pages])
         self._regions.append(region)
+        self._pages_of[id(region)] = (first, pages)
+        self._register(first, pages, size)
         return region
 
+    def free(self, region: DmaRegion) -> None:
+        where = self._pages_of.pop(id(region), None)
+        if where is not None:
+            self._unregister(*where)
+
     def close(self) -> None:
+        if self._control is not None:
+            if self._next:
+                self._unregister(0, self._next)
+            self._control.close()
+            self._control = None
+        self._pages_of.clear()
         for region in self._regions:
             region.release()
         self._regions.clear()
         self._view.release()
         self._mm.close()
+
+
+def _open_registry(control: Path | None, arena: Path) -> Control | None:
+    """The control file that registers ``arena``'s allocations, if there is one."""
+    path = control if control is not None else arena.parent / "control"
+    if control is None and not path.exists():
+        return None
+    try:
+        registry = Control(path)
+    except (OSError, ValueError):
+        if control is not None:
+            raise
+        return None
+    if registry.words[ctl.W_DMA_MODE] != ctl.DMA_SHM:
+        registry.close()
+        return None
+    return registry
 
 
 # ------------------------------------------------------------------ model-side windows
@@ -318,7 +401,13 @@ class DmaWindow(ABC):
     @abstractmethod
     def locate(self, phys: int, length: int) -> tuple[memoryview, int] | None:
         """(memory, offset) such that ``memory[offset:offset+length]`` is the host memory at
-        ``phys``; None if the range is not inside one known page."""
+        ``phys``; None if the range is not inside one known page (or, with a registry, not
+        inside registered bytes)."""
+
+    def why(self, phys: int, length: int) -> tuple[bool, str]:
+        """For a range :meth:`locate` refused: (is it a registry violation, i.e. inside a
+        known page but not in registered memory; a description). Slow path only."""
+        return False, "not inside one known DMA page"
 
     def close(self) -> None:
         """Unmap what the window mapped."""
@@ -326,9 +415,14 @@ class DmaWindow(ABC):
 
 
 class ShmWindow(DmaWindow):
-    """The model's view of its own arena (fake physical addresses from the page table)."""
+    """The model's view of its own arena (fake physical addresses from the page table).
 
-    def __init__(self, arena: Path, page_table: list[int]) -> None:
+    ``control``: the port's control file; its ``PAGE_VALID`` table (what the driver has
+    registered, see :class:`ShmDma`) then bounds every access. Without it any byte of a
+    known page is accepted.
+    """
+
+    def __init__(self, arena: Path, page_table: list[int], control: Control | None = None) -> None:
         fd = os.open(arena, os.O_RDWR)
         try:
             self._mm = mmap.mmap(fd, len(page_table) * HUGE_PAGE, mmap.MAP_SHARED)
@@ -336,13 +430,33 @@ class ShmWindow(DmaWindow):
             os.close(fd)
         self.mem = memoryview(self._mm)
         self._page_of = {phys >> PAGE_SHIFT: k for k, phys in enumerate(page_table)}
+        # the control file's own view (released by Control.close, not here)
+        self._valid = control.page_valid if control is not None else None
 
     def locate(self, phys: int, length: int) -> tuple[memoryview, int] | None:
         page = self._page_of.get(phys >> PAGE_SHIFT)
         within = phys & PAGE_MASK
-        if page is None or within + length > HUGE_PAGE:
+        if page is None:
+            return None
+        valid = self._valid
+        if within + length > (HUGE_PAGE if valid is None else valid[page]):
             return None
         return self.mem, (page << PAGE_SHIFT) + within
+
+    def why(self, phys: int, length: int) -> tuple[bool, str]:
+        page = self._page_of.get(phys >> PAGE_SHIFT)
+        within = phys & PAGE_MASK
+        if page is None:
+            return False, "not inside any page of the DMA arena"
+        if self._valid is None:
+            return False, "crosses the end of a 2 MiB page (pages are not contiguous)"
+        valid = int(self._valid[page])
+        if valid == 0:
+            return True, f"arena page {page} is not registered (never allocated, or freed)"
+        return True, (
+            f"ends {within + length - valid} bytes past the registered end of arena page "
+            f"{page} ({valid} bytes registered)"
+        )
 
     def close(self) -> None:
         self.mem.release()

@@ -37,7 +37,8 @@ class DeviceNotFound(NicError):
 
 
 class DeviceNotAllowed(NicError):
-    """The PCI function exists but is not an allow-listed 82599/X540 physical function."""
+    """The PCI function exists but is not an allow-listed 82599 SFP+ physical function
+    (other ixgbe boards, the X540 included, need link setup the driver does not have)."""
 
 
 class DeviceBusy(NicError):

@@ -14,12 +14,34 @@ barriers that Python cannot emit: the driver refuses to open real hardware off x
 Hot paths do not call :meth:`Bar.write32` per packet: they take a *doorbell* once
 (:meth:`Bar.doorbell`), a callable that stores one tail register.
 
-:class:`ModelBar` is the model-flavoured accessor of spec 2.1 seam 2. Plain shared memory
-cannot see a read, so clear-on-read counters are emulated from the model's monotonic totals
-in the control file: a read of a 32-bit counter returns "total minus total at the last read"
-(never older than the last device reset); for a low/high pair the low read takes the
-snapshot and returns the low half, the high read returns the high half and advances the
-snapshot. It also gives the model *wake-up hints*: when the model says it sleeps
+:class:`ModelBar` is the model-flavoured accessor of spec 2.1 seam 2, the model's half of
+the BAR seam (the driver code is the same for hardware). It gives two kinds of register
+device semantics that plain shared memory lacks:
+
+- Clear-on-read counters, emulated from the model's monotonic totals in the control file:
+  a read of a 32-bit counter returns "total minus total at the last read *by any reader*"
+  (never older than the last device reset) and records the total as read in the control
+  file, so the read clears the counter for every accessor of the port, as on hardware
+  (issue 14, point 8). For a low/high pair the low read takes the snapshot and returns the
+  low half, the high read returns the high half and clears the counter up to the snapshot
+  (the pending high half is per reader).
+- RXDCTL(n)/TXDCTL(n).ENABLE (issue 14, point 1; datasheet 4.6.7.1, 4.6.8.1): the BAR word
+  holds what the driver wrote, so an ENABLE written there is a *request*; a read returns
+  that word with ENABLE replaced by the device's state, which only the model writes (a
+  bitmask per direction in the control file). So the bit reads 1 only once the model has
+  latched a valid ring (an invalid ring leaves it 0 and counts ``bad_ring``: the driver's
+  ``wait_set`` times out naming the register), and after the driver writes 0 it reads 1
+  until the model has walked the queues again, which it does only between steps, i.e. after
+  the DMA of the step that was running (a descriptor write-back, a frame being stored,
+  a TX buffer being read) is complete; then 0. A driver that frees ring or buffer memory
+  before it has read 0 may be hit by that DMA (the model records a ``dma_violation``).
+  Each write of one of these registers also bumps the queue's write count in the control
+  file, so enabling a queue again after the device dropped it (a DMA fault) is seen even
+  though the BAR word does not change. Read-modify-writes (``set_flags``) see the device's
+  ENABLE, as on hardware: writing another field of a queue whose enable is still pending
+  writes ENABLE = 0.
+
+It also gives the model *wake-up hints*: when the model says it sleeps
 (``MODEL_SLEEPING`` in the control file), a register write or doorbell pokes the model's
 FIFO, and the driver's poll loop may wait on its own FIFO that the model pokes after an RX
 write-back. These are the model's stand-in for the MSI-X interrupts that real hardware has
@@ -43,6 +65,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from capsvc.nicdriver import control as ctl
+from capsvc.nicdriver import regs as _regs
 from capsvc.nicdriver.control import Control
 from capsvc.nicdriver.errors import DriverTimeout
 from capsvc.nicdriver.regs import COUNTER_SLOT, HIGH_HALF, PAIR_COUNTERS
@@ -147,14 +170,14 @@ class Bar:
 
 
 class ModelBar(Bar):
-    """BAR0 of a software model: clear-on-read shim and wake-up hints (spec 2.1 seam 2)."""
+    """BAR0 of a software model: clear-on-read counters, queue-enable semantics and
+    wake-up hints (spec 2.1 seam 2)."""
 
     def __init__(self, mm: mmap.mmap, port_dir: Path, name: str = "model BAR0") -> None:
         super().__init__(mm, name)
         self.port_dir = port_dir
         self.control = Control(port_dir / "control")
         self._words = self.control.words
-        self._last = [0] * len(self.control.counters)
         self._pending: dict[int, tuple[int, int]] = {}  # slot -> (snapshot, high half)
         self._model_fifo = port_dir / "kick-model"
         self._model_fd = -1
@@ -163,26 +186,41 @@ class ModelBar(Bar):
 
     # ------------------------------------------------------------------ reads
     def read32(self, offset: int) -> int:
-        slot = COUNTER_SLOT.get(offset)
-        if slot is not None:
-            total = int(self.control.counters[slot])
-            last = max(self._last[slot], int(self.control.counter_base[slot]))
-            delta = total - last
-            if offset in _PAIR_LOWS:
-                self._pending[slot] = (total, delta >> 32)
-            else:
-                self._last[slot] = total
-            return delta & 0xFFFFFFFF
-        slot = HIGH_HALF.get(offset)
-        if slot is not None:
-            snapshot, high = self._pending.pop(slot, (self._last[slot], 0))
-            self._last[slot] = snapshot
+        special = _SPECIAL.get(offset)
+        if special is None:
+            return int(self.regs[offset >> 2])
+        kind, arg = special
+        if kind == _QCTL:
+            word, bit = divmod(arg, 64)  # word: W_RXQ_ENABLED or W_TXQ_ENABLED
+            value = int(self.regs[offset >> 2]) & ~_ENABLE
+            return (value | _ENABLE) if self._words[word] >> bit & 1 else value
+        c = self.control
+        if kind == _HIGH:
+            snapshot, high = self._pending.pop(arg, (0, 0))
+            if snapshot > c.counter_taken[arg]:
+                c.counter_taken[arg] = snapshot
             return high & 0xFFFFFFFF
-        return int(self.regs[offset >> 2])
+        total = int(c.counters[arg])
+        delta = total - max(int(c.counter_taken[arg]), int(c.counter_base[arg]))
+        if kind == _LOW:
+            self._pending[arg] = (total, delta >> 32)
+        else:
+            c.counter_taken[arg] = total  # cleared for every reader of this port
+        return delta & 0xFFFFFFFF
 
     # ------------------------------------------------------------------ writes + hints
-    def write32(self, offset: int, value: int) -> None:
+    def _store(self, offset: int, value: int) -> None:
+        """The register store itself; a queue-control write also counts as a request."""
         self.regs[offset >> 2] = value & 0xFFFFFFFF
+        gen = _QGEN.get(offset)
+        if gen is not None:
+            # after the store (the model reads the counts before the BAR words)
+            words = self._words
+            words[gen] += 1
+            words[ctl.W_QCTL_WRITES] += 1
+
+    def write32(self, offset: int, value: int) -> None:
+        self._store(offset, value)
         if self._words[ctl.W_MODEL_SLEEPING]:
             self._poke_model()
 
@@ -265,4 +303,19 @@ class ModelBar(Bar):
         super().close()
 
 
+_SINGLE, _LOW, _HIGH, _QCTL = range(4)
+_ENABLE = _regs.RXDCTL_ENABLE
+assert _ENABLE == _regs.TXDCTL_ENABLE
 _PAIR_LOWS = frozenset(low for low, _ in PAIR_COUNTERS)
+# offset -> (kind, slot) for counters; (_QCTL, status word * 64 + queue) for queue enables
+_SPECIAL: dict[int, tuple[int, int]] = {}
+for _offset, _slot in COUNTER_SLOT.items():
+    _SPECIAL[_offset] = (_LOW if _offset in _PAIR_LOWS else _SINGLE, _slot)
+for _offset, _slot in HIGH_HALF.items():
+    _SPECIAL[_offset] = (_HIGH, _slot)
+_QGEN: dict[int, int] = {}  # queue-control offset -> its write-count word
+for _q in range(64):
+    _SPECIAL[_regs.RXDCTL(_q)] = (_QCTL, ctl.W_RXQ_ENABLED * 64 + _q)
+    _SPECIAL[_regs.TXDCTL(_q)] = (_QCTL, ctl.W_TXQ_ENABLED * 64 + _q)
+    _QGEN[_regs.RXDCTL(_q)] = ctl.W_QGEN_RX + _q
+    _QGEN[_regs.TXDCTL(_q)] = ctl.W_QGEN_TX + _q

@@ -213,7 +213,8 @@ def open_model(
     if control.words[ctl.W_DMA_MODE] == ctl.DMA_HUGEPAGE:
         window = HugepageWindow()
     else:
-        window = ShmWindow(port.dma, control.page_table())
+        # the control file's registry bounds every access to what the driver registered
+        window = ShmWindow(port.dma, control.page_table(), control)
     seed = int(control.words[ctl.W_FAULT_SEED])
 
     def on_fault(kind: str) -> None:

@@ -31,28 +31,37 @@ INTEL_VENDOR = 0x8086
 VIRTIO_VENDOR = 0x1AF4
 NETWORK_CLASS = 0x02  # PCI base class "network controller" (config byte 0x0B)
 
-# 82599 and X540 physical functions (spec 1.1, from ixgbe_type.h). VFs are excluded:
-# they have a different register map.
+# The boards the driver opens: 82599 physical functions whose port is an SFP+ cage
+# ("fiber" media in Intel's ixgbe_82599.c device table). Only for these is the link setup of
+# spec 1.4 step 6 right: AUTOC.LMS = 10G serial (no autonegotiation) relies on the board's
+# NVM having loaded AUTOC2's serial PMA/PMD = SFI, which is what SFP+ boards do; AUTOC's
+# 10G_PMA_PMD field (bits 8:7, XAUI) selects the *parallel* PMA and is unused in serial
+# mode. pci.py's allow-list check reads this table. The model presents 0x10FB.
 IXGBE_DEVICE_IDS: dict[int, str] = {
-    0x10F7: "82599 KX4",
-    0x1514: "82599 KX4 mezzanine",
-    0x1517: "82599 KR",
-    0x10F8: "82599 combo backplane",
-    0x10F9: "82599 CX4",
-    0x10FB: "82599 SFP (X520)",
-    0x152A: "82599 backplane FCoE",
-    0x1529: "82599 SFP FCoE",
-    0x1507: "82599 SFP EM",
-    0x154D: "82599 SFP SF2",
-    0x154A: "82599 SFP SF QP",
-    0x1558: "82599 QSFP SF QP",
-    0x1557: "82599EN SFP",
-    0x10FC: "82599 XAUI LOM",
-    0x151C: "82599 T3 LOM",
-    0x154F: "82599 LS",
-    0x1528: "X540-T",
-    0x1560: "X540-T1",
+    0x10FB: "82599 SFP+ (X520)",
+    0x1529: "82599 SFP+ FCoE",
+    0x1507: "82599 SFP+ EM",
+    0x154D: "82599 SFP+ SF2",
+    0x154A: "82599 SFP+ SF QP (quad port)",
+    0x1557: "82599EN SFP+",
 }
+# ixgbe physical functions the driver knows but refuses: their PHY or backplane needs link
+# setup this driver does not do (forcing 10G serial on them is wrong). Name -> reason.
+IXGBE_UNSUPPORTED_IDS: dict[int, str] = {
+    0x10F7: "82599 KX4 (backplane)",
+    0x1514: "82599 KX4 mezzanine (backplane)",
+    0x1517: "82599 KR (backplane)",
+    0x10F8: "82599 combo backplane",
+    0x152A: "82599 backplane FCoE",
+    0x10FC: "82599 XAUI LOM (backplane)",
+    0x10F9: "82599 CX4 (copper, parallel XAUI)",
+    0x151C: "82599 T3 LOM (10GBASE-T copper PHY)",
+    0x154F: "82599 LS (fixed fiber, LCO)",
+    0x1558: "82599 QSFP+ SF QP",
+    0x1528: "X540-T (10GBASE-T, different MAC)",
+    0x1560: "X540-T1 (10GBASE-T, different MAC)",
+}
+# VFs are excluded: they have a different register map.
 IXGBE_VF_IDS = frozenset({0x10ED, 0x152E, 0x1515, 0x1530})
 
 # PCI config space (spec 1.1)
@@ -67,11 +76,13 @@ BAR0_SIZE = 0x80000  # 512 KiB on the 82599 (spec 2.2)
 
 # ------------------------------------------------------------------ general registers
 CTRL = 0x00000
+CTRL_GIO_MASTER_DISABLE = 1 << 2  # block new PCIe master requests (datasheet 5.2.5.3.2)
 CTRL_LNK_RST = 1 << 3
 CTRL_RST = 1 << 26
 CTRL_RST_MASK = CTRL_LNK_RST | CTRL_RST
 
 STATUS = 0x00008
+STATUS_GIO_MASTER_ENABLE = 1 << 19  # reads 0 once no master request is pending
 CTRL_EXT = 0x00018
 CTRL_EXT_NS_DIS = 1 << 16  # no-snoop disable (spec 1.4 step 8)
 
@@ -127,8 +138,16 @@ RXCTRL_RXEN = 1 << 0
 DMATXCTL = 0x04A80
 DMATXCTL_TE = 1 << 0
 DTXMXSZRQ = 0x08100
+DTXMXSZRQ_MAX_BYTES_MASK = 0xFFF  # Max_byte_num_req, bits 11:0 (bits 31:12 reserved)
 RTTDCS = 0x04900
 RTTDCS_ARBDIS = 1 << 6
+
+# Security (MACsec/IPsec) RX path: RXCTRL.RXEN changes only while it is idle (4.6.7)
+SECRXCTRL = 0x08D00
+SECRXCTRL_SECRX_DIS = 1 << 0
+SECRXCTRL_RX_DIS = 1 << 1  # stop the RX security path ...
+SECRXSTAT = 0x08D04
+SECRXSTAT_SECRX_RDY = 1 << 0  # ... which then reports itself idle here
 
 RAL0 = 0x05400
 RAH0 = 0x05404
@@ -152,6 +171,7 @@ TXPBSIZE_DEFAULT = 0xA0 << 10  # 160 KiB
 
 # --------------------------------------------------------------------------- RX queues
 SRRCTL_BSIZEPACKET_MASK = 0x1F  # packet buffer size in KiB (bits 4:0)
+SRRCTL_BSIZEPACKET_UNIT = 1024
 SRRCTL_BSIZEHEADER_SHIFT = 8
 SRRCTL_DESCTYPE_MASK = 0x7 << 25
 SRRCTL_DESCTYPE_ADV_ONEBUF = 0x1 << 25

@@ -25,8 +25,14 @@ slots until the tail moves, so the order of stores *within* the batch is irrelev
 
 RX (spec 1.6): the first slot without DD ends the batch (the device writes back in order,
 so DD slots are a prefix); ``bytes.translate`` + ``find`` locate that end in C. Slots with
-DD but not EOP (a frame spanning buffers, unsupported: the MTU must fit one buffer) or with
-the RXE error bit take a slow path that drops them and re-arms their buffers in place. Each
+DD but not EOP (a frame spanning buffers, unsupported) or with the RXE error bit take a
+slow path that drops them and re-arms their buffers in place; a frame whose first slots
+arrived in one batch and the rest in a later one is dropped across batches (``_dropping``).
+Spanning does not happen with the driver's settings: each buffer holds SRRCTL.BSIZEPACKET
+= 2 KiB (the whole mempool entry, see :mod:`~capsvc.nicdriver.mempool`), and with
+HLREG0.JUMBOEN off the MAC accepts frames of at most 1,518 bytes (1,522 with a VLAN
+tag), FCS included, which is stripped. The device never writes more than BSIZEPACKET
+bytes into one buffer, so a length read back never exceeds the buffer. Each
 received buffer is replaced by a fresh one from the pool; the tail register gets the *last*
 re-armed slot, not the next index, so one slot stays unused and the hardware head can never
 meet the tail ("no free descriptors"). The driver never reads RDH.
@@ -36,7 +42,9 @@ last slot of the oldest 32-slot batch; if set, free all 32 buffers (one ``extend
 share a pool) and advance ``clean_index``. Every descriptor carries RS, and completion is in
 order, so this is exact. Then *send*: as many buffers as fit before ``clean_index`` (one
 slot always stays empty), one doorbell for the batch. The caller keeps ownership of the
-buffers that did not fit (the returned count says how many went).
+buffers that did not fit (the returned count says how many went). A length outside
+1..16,383 bytes raises ``ValueError`` naming its index before any descriptor is written (a
+zero-length data descriptor is not valid).
 """
 
 from __future__ import annotations
@@ -61,6 +69,22 @@ _DD_EOP = bytes(1 if b & 3 == 3 else 0 for b in range(256))
 # byte 11 of a write-back (status bits 31:24) -> 1 when RXE (bit 29) is set
 _RXE = bytes(1 if b & (regs.RX_ERROR_RXE >> 24) else 0 for b in range(256))
 _RXE_BYTE = regs.RX_ERROR_RXE >> 24
+
+
+def _bad_length(lens: list[int]) -> str:
+    """The error for the first TX length outside 1..MAX_TX_LENGTH (nothing was queued)."""
+    for i, n in enumerate(lens):
+        if n < 1:
+            return (
+                f"TX length {n} at index {i}: a data descriptor needs at least one byte "
+                "(DTALEN 0 is not a valid descriptor); nothing was queued"
+            )
+        if n > MAX_TX_LENGTH:
+            return (
+                f"TX length {n} at index {i} exceeds the {MAX_TX_LENGTH}-byte limit of a "
+                "buffer; nothing was queued"
+            )
+    raise AssertionError("no bad length")  # pragma: no cover
 
 
 def _check_ring_size(n: int) -> None:
@@ -278,8 +302,9 @@ class TxQueue(_Ring):
         k = min(len(bufs), (self.clean_index - tx - 1) & self.mask)
         if k <= 0:
             return 0
-        if max(lens[:k]) > MAX_TX_LENGTH:
-            raise ValueError("a TX length exceeds the buffer size")
+        taken = lens[:k]
+        if min(taken) < 1 or max(taken) > MAX_TX_LENGTH:
+            raise ValueError(_bad_length(taken))
         first = min(k, self.size - tx)
         self._write(tx, bufs, lens, 0, first)
         if first < k:
@@ -294,8 +319,8 @@ class TxQueue(_Ring):
         tx = self.tx_index
         if not (self.clean_index - tx - 1) & self.mask:
             return False
-        if length > MAX_TX_LENGTH:
-            raise ValueError("a TX length exceeds the buffer size")
+        if not 0 < length <= MAX_TX_LENGTH:
+            raise ValueError(_bad_length([length]))
         self.d64[2 * tx] = self._phys[buf]
         self.d64[2 * tx + 1] = (length << 46) | regs.TX_CMD_TYPE_DATA | length
         self.table[tx] = buf

@@ -12,6 +12,9 @@ Address grammar (what follows ``nic:``)::
             | sysfs=DIR           PCI devices: sysfs root (default /sys)
             | rundir=DIR          model ports: where they live (default $CAPSVC_NIC_RUNDIR,
                                   else /dev/shm/capsvc-nic)
+            | link_timeout=SECS   how long opening the device waits for the link (default
+                                  10 s, the driver's); 0 opens without waiting, and
+                                  frames then wait in the TX ring until the link is up
 
 How two processes find each other on a model pair: each process opens *its own* port of
 the pair, e.g. the server ``nic:model:demo.0`` and the client ``nic:model:demo.1``. A device
@@ -154,7 +157,10 @@ def _open_device(spec: NicSpec) -> IxgbeDevice:
     else:
         device = IxgbeDevice.open(spec.device, sysfs_root=spec.sysfs or "/sys")
     try:
-        device.reset_and_init()
+        if spec.link_timeout is None:
+            device.reset_and_init()
+        else:
+            device.reset_and_init(link_timeout=spec.link_timeout)
     except BaseException:
         device.close()
         raise

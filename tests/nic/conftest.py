@@ -3,7 +3,7 @@
 - ``rundir``: a fresh directory under /dev/shm, removed afterwards.
 - ``pair``: two initialised drivers on an in-process model pair. The model runs in a thread
   during init (the driver's waits need a concurrent device) and is then stopped, so tests
-  step it by hand and stay deterministic.
+  step it by hand and stay deterministic; it runs again while the drivers close.
 - ``model_process``: a model-pair host in a subprocess (real concurrency), for transport
   tests, once per mode (host process, co-located); yields the port names and run directory.
 """
@@ -84,6 +84,9 @@ def pair(rundir: Path) -> Iterator[Pair]:
         yield Pair(host, devices[0], devices[1], rundir)
     finally:
         host.stop()
+        # the model runs while the drivers close: a driver's stop sequence waits for the
+        # device (queue enables to read 0, TX to drain, the reset to self-clear)
+        host.start_thread()
         for device in devices:
             device.close()
         host.close()

@@ -45,7 +45,7 @@ def test_init_programs_the_documented_registers(pair: Pair) -> None:
         assert hl & regs.HLREG0_TXCRCEN
         assert hl & regs.HLREG0_TXPADEN
         assert r(regs.TXPBSIZE(0)) == regs.TXPBSIZE_40KB
-        assert r(regs.DTXMXSZRQ) == 0xFFFF
+        assert r(regs.DTXMXSZRQ) == 0xFFF  # DTXMXSZRQ.MAX_BYTES_NUM_REQ is a 12-bit field
         assert not r(regs.RTTDCS) & regs.RTTDCS_ARBDIS
         txdctl = r(regs.TXDCTL(0))
         assert txdctl & 0x7F == 36
@@ -77,10 +77,13 @@ def test_reset_clears_queue_state_and_is_repeatable(pair: Pair) -> None:
     pair.host.start_thread()
     try:
         pair.a.close()
-        pair.a = open_port(pair.rundir, "p.0", rx_ring_size=128, tx_ring_size=64)
-        pair.a.reset_and_init(link_timeout=5)
-        assert pair.a.bar.read32(regs.RDLEN(0)) == 128 * 16
-        assert pair.ma.fault_counts()["resets"] >= 3  # start, first init, this init
+        reopened = open_port(pair.rundir, "p.0", rx_ring_size=128, tx_ring_size=64)
+        try:
+            reopened.reset_and_init(link_timeout=5)
+            assert reopened.bar.read32(regs.RDLEN(0)) == 128 * 16
+            assert pair.ma.fault_counts()["resets"] >= 3  # start, first init, this init
+        finally:
+            reopened.close()  # while the model runs: its stop sequence waits on the device
     finally:
         pair.host.stop()
 
