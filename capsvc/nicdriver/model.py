@@ -677,26 +677,24 @@ class IxgbeModel:
             if req != self._rx_req[q] or rx_gens[q] != self._rx_gen[q]:
                 self._rx_req[q] = req
                 self._rx_gen[q] = rx_gens[q]
-                queue = rxq[q]
-                if req and queue is None:
-                    queue = self._latch(q, rx=True)
-                    if queue is not None:
-                        rxq[q] = queue
-                        self._set_enabled(q, True, True)
-                elif not req and queue is not None:
-                    self._drop(queue, True)
+                self._follow_request(q, req, rxq, rx=True)
             req = r[self._i_txdctl[q]] & _ENABLE
             if req != self._tx_req[q] or tx_gens[q] != self._tx_gen[q]:
                 self._tx_req[q] = req
                 self._tx_gen[q] = tx_gens[q]
-                queue = txq[q]
-                if req and queue is None:
-                    queue = self._latch(q, rx=False)
-                    if queue is not None:
-                        txq[q] = queue
-                        self._set_enabled(q, False, True)
-                elif not req and queue is not None:
-                    self._drop(queue, False)
+                self._follow_request(q, req, txq, rx=False)
+
+    def _follow_request(self, q: int, req: int, queues: list[_Queue | None], *, rx: bool) -> None:
+        """The driver's ENABLE request of queue ``q`` changed (or was written again):
+        latch the ring and set the device's bit, or stop the queue."""
+        queue = queues[q]
+        if req and queue is None:
+            queue = self._latch(q, rx=rx)
+            if queue is not None:
+                queues[q] = queue
+                self._set_enabled(q, rx, True)
+        elif not req and queue is not None:
+            self._drop(queue, rx)
 
     def _set_enabled(self, q: int, rx: bool, on: bool) -> None:
         """The device's ENABLE bit of queue ``q`` (what the accessors read)."""
