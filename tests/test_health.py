@@ -422,6 +422,8 @@ async def test_serve_moves_its_serving_state_and_answers_health_from_it() -> Non
                     health=True,
                     serving=state,
                     shutdown=shutdown,
+                    # Real time (real sockets): the delay only has to outlast the
+                    # connection and two calls below, made at once on loopback.
                     drain_delay=0.5,
                 )
             )

