@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import capnp
+from librt.strings import read_i16_le, read_i32_le, read_i64_le
 
 from capsvc.errors import ExceptionType, RemoteProtocolError, RpcError
 
@@ -44,26 +45,27 @@ OBSOLETE_SAVE, BOOTSTRAP, OBSOLETE_DELETE, PROVIDE, ACCEPT, JOIN, DISEMBARGO = (
 )
 THIRD_PARTY_ANSWER = 14
 
-_WORD = struct.Struct("<Q")
+Segment = bytes | bytearray | memoryview
 
 
-def message_tag(segments: Sequence[bytes | bytearray | memoryview]) -> int | None:
+def message_tag(segments: Sequence[Segment]) -> int | None:
     """The Message union tag read from the raw words, or None if the root is not a struct.
 
     Reading it ourselves is both faster than pycapnp and safe for unknown ordinals.
     """
     if not segments or len(segments[0]) < 8:
         return None
-    (root,) = _WORD.unpack_from(segments[0], 0)
+    segment = segments[0]
+    root = _u64(segment, 0)
     if root & 3 != 0 or (root >> 32) & 0xFFFF == 0:
         return None  # far or non-struct root, or no data section: let pycapnp judge it
     offset = (root & 0xFFFFFFFF) >> 2
     if offset >= 1 << 29:
         offset -= 1 << 30
     data_word = 1 + offset
-    if data_word < 0 or (data_word + 1) * 8 > len(segments[0]):
+    if data_word < 0 or (data_word + 1) * 8 > len(segment):
         return None
-    return int.from_bytes(segments[0][data_word * 8 : data_word * 8 + 2], "little")
+    return _u16(segment, data_word * 8)
 
 
 def read_message(
@@ -112,10 +114,38 @@ def _text(reader: Any, field: str) -> str:
 # attribute reads cost ~1 us each and a Call needs a dozen). Offsets come from the schema;
 # anything unusual (far pointers, short structs) returns None and the caller falls back to
 # pycapnp, which then also does all the validation.
-_STRUCT_PTR = struct.Struct("<iHH")  # offset<<2 | kind (signed), data words, pointer count
+# Little-endian reads of a segment at a byte offset the caller has checked. A ``bytes``
+# segment (what capsvc.framing gives for a one-segment message, nearly every RPC message) is
+# read natively by librt.strings when compiled: no Python call, tuple or buffer per read.
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
+
+
+def _u16(segment: Segment, at: int) -> int:
+    if isinstance(segment, bytes):
+        return int(read_i16_le(segment, at)) & 0xFFFF
+    return int(_U16.unpack_from(segment, at)[0])
+
+
+def _u32(segment: Segment, at: int) -> int:
+    if isinstance(segment, bytes):
+        return int(read_i32_le(segment, at)) & 0xFFFFFFFF
+    return int(_U32.unpack_from(segment, at)[0])
+
+
+def _i32(segment: Segment, at: int) -> int:
+    if isinstance(segment, bytes):
+        return int(read_i32_le(segment, at))
+    return int(_I32.unpack_from(segment, at)[0])
+
+
+def _u64(segment: Segment, at: int) -> int:
+    if isinstance(segment, bytes):
+        word = read_i64_le(segment, at)
+        return int(word) if word >= 0 else int(word) + (1 << 64)
+    return int(_U64.unpack_from(segment, at)[0])
 
 
 def _slot_byte_offset(schema: Any, name: str) -> int:
@@ -124,19 +154,24 @@ def _slot_byte_offset(schema: Any, name: str) -> int:
     return int(field.slot.offset) * size
 
 
-_CALL_QUESTION = _slot_byte_offset(rpc.Call.schema, "questionId")
-_CALL_INTERFACE = _slot_byte_offset(rpc.Call.schema, "interfaceId")
-_CALL_METHOD = _slot_byte_offset(rpc.Call.schema, "methodId")
-_SEND_TO_TAG = rpc.Call.schema.fields["sendResultsTo"].schema.node.struct.discriminantOffset * 2
-_TARGET_TAG = rpc.MessageTarget.schema.node.struct.discriminantOffset * 2
-_TARGET_IMPORTED = _slot_byte_offset(rpc.MessageTarget.schema, "importedCap")
+_CALL_QUESTION: Final = _slot_byte_offset(rpc.Call.schema, "questionId")
+_CALL_INTERFACE: Final = _slot_byte_offset(rpc.Call.schema, "interfaceId")
+_CALL_METHOD: Final = _slot_byte_offset(rpc.Call.schema, "methodId")
+_SEND_TO_TAG: Final = (
+    rpc.Call.schema.fields["sendResultsTo"].schema.node.struct.discriminantOffset * 2
+)
+_TARGET_TAG: Final = rpc.MessageTarget.schema.node.struct.discriminantOffset * 2
+_TARGET_IMPORTED: Final = _slot_byte_offset(rpc.MessageTarget.schema, "importedCap")
 
 
-def _near_struct(segment: Any, word: int) -> tuple[int, int, int] | None:
+def _near_struct(segment: Segment, word: int) -> tuple[int, int, int] | None:
     """(first data word, data words, pointers) of the near struct pointer at ``word``."""
-    if (word + 1) * 8 > len(segment):
+    if word < 0 or (word + 1) * 8 > len(segment):
         return None
-    tagged, data_words, pointers = _STRUCT_PTR.unpack_from(segment, word * 8)
+    at = word * 8
+    tagged = _i32(segment, at)  # offset << 2 | kind, signed
+    data_words = _u16(segment, at + 4)
+    pointers = _u16(segment, at + 6)
     if tagged & 3 or (tagged == 0 and data_words == 0 and pointers == 0):
         return None  # far, list, other, or null: let pycapnp handle (and judge) it
     start = word + 1 + (tagged >> 2)
@@ -145,7 +180,7 @@ def _near_struct(segment: Any, word: int) -> tuple[int, int, int] | None:
     return start, data_words, pointers
 
 
-def _message_body(segment: Any) -> tuple[int, int, int] | None:
+def _message_body(segment: Segment) -> tuple[int, int, int] | None:
     """The struct the Message union points at (Call, Return...), if it is near and sane."""
     root = _near_struct(segment, 0)
     if root is None or root[2] < 1:
@@ -178,7 +213,7 @@ class CallHeader:
         self.content_word = -1  # the params' content pointer, a word of segment 0
 
 
-def read_call_header(segments: Sequence[bytes | bytearray | memoryview]) -> CallHeader | None:
+def read_call_header(segments: Sequence[Segment]) -> CallHeader | None:
     """The Call's header fields, or None to say "read it with pycapnp instead"."""
     segment = segments[0]
     body = _message_body(segment)
@@ -189,16 +224,16 @@ def read_call_header(segments: Sequence[bytes | bytearray | memoryview]) -> Call
         return None
     base = data * 8
     header = CallHeader()
-    header.question_id = _U32.unpack_from(segment, base + _CALL_QUESTION)[0]
-    header.interface_id = _U64.unpack_from(segment, base + _CALL_INTERFACE)[0]
-    header.method_id = _U16.unpack_from(segment, base + _CALL_METHOD)[0]
-    header.send_to = _U16.unpack_from(segment, base + _SEND_TO_TAG)[0]
+    header.question_id = _u32(segment, base + _CALL_QUESTION)
+    header.interface_id = _u64(segment, base + _CALL_INTERFACE)
+    header.method_id = _u16(segment, base + _CALL_METHOD)
+    header.send_to = _u16(segment, base + _SEND_TO_TAG)
     target = _near_struct(segment, data + data_words)
     if target is None or target[1] < 1:
         return None
     target_base = target[0] * 8
-    header.target_is_import = _U16.unpack_from(segment, target_base + _TARGET_TAG)[0] == 0
-    header.imported_cap = _U32.unpack_from(segment, target_base + _TARGET_IMPORTED)[0]
+    header.target_is_import = _u16(segment, target_base + _TARGET_TAG) == 0
+    header.imported_cap = _u32(segment, target_base + _TARGET_IMPORTED)
     params = _near_struct(segment, data + data_words + 1)
     if params is None:
         return None
@@ -207,9 +242,9 @@ def read_call_header(segments: Sequence[bytes | bytearray | memoryview]) -> Call
 
 
 # ---------------------------------------------------------------------- fast Return header
-_RETURN_ANSWER = _slot_byte_offset(rpc.Return.schema, "answerId")
-_RETURN_TAG = rpc.Return.schema.node.struct.discriminantOffset * 2
-_RETURN_FLAGS_BYTE = 4  # releaseParamCaps is bit 32, noFinishNeeded bit 33 of data word 0
+_RETURN_ANSWER: Final = _slot_byte_offset(rpc.Return.schema, "answerId")
+_RETURN_TAG: Final = 2 * int(rpc.Return.schema.node.struct.discriminantOffset)
+_RETURN_FLAGS_BYTE: Final = 4  # releaseParamCaps is bit 32, noFinishNeeded bit 33 of data word 0
 
 
 class ReturnHeader:
@@ -233,7 +268,7 @@ class ReturnHeader:
         self.content_word = -1  # the results' content pointer, a word of segment 0
 
 
-def read_return_header(segments: Sequence[bytes | bytearray | memoryview]) -> ReturnHeader | None:
+def read_return_header(segments: Sequence[Segment]) -> ReturnHeader | None:
     """The Return's header fields, or None to say "read it with pycapnp instead"."""
     segment = segments[0]
     body = _message_body(segment)
@@ -244,8 +279,8 @@ def read_return_header(segments: Sequence[bytes | bytearray | memoryview]) -> Re
         return None
     base = data * 8
     header = ReturnHeader()
-    header.answer_id = _U32.unpack_from(segment, base + _RETURN_ANSWER)[0]
-    header.which = _U16.unpack_from(segment, base + _RETURN_TAG)[0]
+    header.answer_id = _u32(segment, base + _RETURN_ANSWER)
+    header.which = _u16(segment, base + _RETURN_TAG)
     flags = segment[base + _RETURN_FLAGS_BYTE]
     # Bools are stored XOR their default: releaseParamCaps defaults to true.
     header.release_param_caps = not (flags & 1)
@@ -258,12 +293,12 @@ def read_return_header(segments: Sequence[bytes | bytearray | memoryview]) -> Re
     return header
 
 
-def _payload_pointers(segment: Any, payload: tuple[int, int, int]) -> tuple[int, bool]:
+def _payload_pointers(segment: Segment, payload: tuple[int, int, int]) -> tuple[int, bool]:
     """Of a Payload struct (first data word, data words, pointers): the word of its content
     pointer (-1 if it has none) and whether its capTable is non-empty."""
     data, data_words, pointers = payload
     content_word = data + data_words if pointers >= 1 else -1
-    has_caps = pointers >= 2 and _U64.unpack_from(segment, (content_word + 1) * 8)[0] != 0
+    has_caps = pointers >= 2 and _u64(segment, (content_word + 1) * 8) != 0
     return content_word, has_caps
 
 
