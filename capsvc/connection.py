@@ -179,6 +179,7 @@ class Connection:
         self._writer_task: trio.lowlevel.Task | None = None
         self._running = False  # run() has started the writer (it may not have run yet)
         self._writer_parked = False
+        self._writer_gone = False  # the writer met a broken stream and ended
         self._writing = False
         self._drained = trio.Event()
         self._closed = trio.Event()
@@ -630,6 +631,11 @@ class Connection:
                     f"connection lost while writing: {error!r}"
                 )
                 self._shutdown(self.close_reason)
+                # Nothing will be written any more: whoever waits for output to be
+                # written (the reader, before it closes) must not wait for this.
+                self._writer_gone = True
+                self._writing = False
+                self._signal_drained()
                 await trio.aclose_forcefully(stream)
                 return
             finally:
@@ -658,6 +664,8 @@ class Connection:
         # (Not "until the writer task exists": the reader may abort in its very first pass,
         # before the writer task has run, and that Abort must be written before we linger.)
         while (self.outbox.pending_bytes or self._writing) and self._running:
+            if self._writer_gone:
+                break
             if self.close_reason is not None and not self._writing and self._writer_parked:
                 break
             await self._drained.wait()

@@ -403,3 +403,43 @@ async def test_with_nodelay_a_lone_finish_leaves_at_once(
         await trio.testing.wait_all_tasks_blocked()
         assert writes_of(client)[writes:] == [due]
         assert server.session.answers.entries == {}
+
+
+class VanishingPeerStream(trio.abc.HalfCloseableStream):
+    """A peer that sends a malformed frame and is gone before our Abort can be written:
+    every write fails as a vanished peer's does."""
+
+    def __init__(self) -> None:
+        # A segment table claiming 2**32 segments: capsvc.framing refuses it at once.
+        self.input = [b"\xff\xff\xff\xff" + bytes(4)]
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.lowlevel.checkpoint()
+        raise trio.BrokenResourceError("the peer is gone")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def send_eof(self) -> None:
+        await trio.lowlevel.checkpoint()
+        raise trio.BrokenResourceError("the peer is gone")
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        return self.input.pop(0) if self.input else b""
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_an_abort_the_vanished_peer_cannot_read_does_not_hold_the_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The writer's failed write ends it; the reader, waiting for the Abort to be written,
+    # must see that at once rather than wait out its bound (5 s, virtual here).
+    connection = Connection(VanishingPeerStream())
+    began = trio.current_time()
+    await connection.run()
+    assert trio.current_time() - began < 1
+    assert connection.close_reason is not None
+    assert "segment" in str(connection.close_reason)
