@@ -4,6 +4,7 @@
     python -m bench.rpc.inprocess --instructions  # instructions per call (valgrind callgrind)
     python -m bench.rpc.inprocess --observers     # CPU µs per call with each call observer
     python -m bench.rpc.inprocess --health        # CPU µs per call, Health routed or not
+    python -m bench.rpc.inprocess --raw           # ... with the raw trio ping-pong beside
 
 Theory of operation
 -------------------
@@ -20,6 +21,11 @@ path, (a, b) calls at (c1, c12) = (n, n), (3n, n) and (n, 3n), and takes instruc
 call from the differences: start-up (interpreter, imports, schema loading) cancels out, and
 instruction counts do not depend on the machine's load (they do on trio's scheduling,
 which at c12 batches differently from run to run: a few percent).
+
+``--raw`` adds the raw trio ping-pong on the same loop (c1 only: one client task sends a
+frame the size of capsvc's Call and reads one the size of its Return, the server task the
+reverse; what ``raw-trio`` does across processes): the floor of any trio RPC, measured the
+same way, CPU time or instructions.
 
 ``--health`` compares the typed server as the bootstrap with the same server behind
 capsvc.health's router (``HealthRouted``: Health beside the app, what ``capsvc serve``
@@ -116,6 +122,52 @@ def measure(
     return trio.run(main)
 
 
+def measure_raw(calls: int, warmup: int = 300) -> float:
+    """CPU seconds of ``calls`` raw ping-pong round trips on one trio loop (after a
+    warm-up): plain ``trio.SocketStream``s over a socket pair, no capsvc code."""
+    import trio
+
+    from bench.rpc.clients import frame_sizes
+
+    call_size, return_size = frame_sizes(16)
+
+    async def receive_exactly(stream: trio.SocketStream, size: int) -> None:
+        got = 0
+        while got < size:
+            got += len(await stream.receive_some(65536))
+
+    async def main() -> float:
+        left, right = socket.socketpair()
+        server, client = (
+            trio.SocketStream(trio.socket.from_stdlib_socket(left)),
+            (trio.SocketStream(trio.socket.from_stdlib_socket(right))),
+        )
+        call, reply = b"c" * call_size, b"r" * return_size
+
+        async def serve(count: int) -> None:
+            for _ in range(count):
+                await receive_exactly(server, call_size)
+                await server.send_all(reply)
+
+        async def round_trips(count: int) -> float:
+            began = time.process_time()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve, count)
+                for _ in range(count):
+                    await client.send_all(call)
+                    await receive_exactly(client, return_size)
+            return time.process_time() - began
+
+        with trio.fail_after(600):  # bounded: a frame size gone wrong would wait forever
+            await round_trips(warmup)
+            seconds = await round_trips(calls)
+        await client.aclose()
+        await server.aclose()
+        return seconds
+
+    return trio.run(main)
+
+
 def _observe(conn: Any, observer: str, *, served: bool) -> None:
     """Give one connection the observer named (both sides get one: both are measured;
     the metrics observer watches only the served side, and gives the client none)."""
@@ -187,12 +239,14 @@ def health_rounds(rounds: int, calls: int) -> None:
               f"{ratio:.2f} |")  # fmt: skip
 
 
-def cpu_rounds(rounds: int, calls: int) -> None:
+def cpu_rounds(rounds: int, calls: int, raw: bool = False) -> None:
     per_call: dict[tuple[str, int], list[float]] = {}
     for _ in range(rounds):
         for kind in KINDS:
             for level, seconds in measure(kind, dict.fromkeys(LEVELS, calls)).items():
                 per_call.setdefault((kind, level), []).append(seconds / calls * 1e6)
+        if raw:
+            per_call.setdefault(("raw", 1), []).append(measure_raw(calls) / calls * 1e6)
     print(f"CPU µs per call, both sides in one process, {rounds} round(s) of {calls:,} calls")
     print("| conc | typed | dynamic | typed ÷ dynamic (per round) |\n|---|---|---|---|")
     for level in LEVELS:
@@ -200,6 +254,11 @@ def cpu_rounds(rounds: int, calls: int) -> None:
         ratios = [t / d for t, d in zip(typed, dynamic, strict=True)]
         print(f"| {level} | {_spread(typed, '{:.1f}')} | {_spread(dynamic, '{:.1f}')} | "
               f"{_spread(ratios, '{:.2f}')} |")  # fmt: skip
+    if raw:
+        plain, typed = per_call[("raw", 1)], per_call[("typed", 1)]
+        ratios = [p / t for p, t in zip(plain, typed, strict=True)]
+        print(f"\nraw trio ping-pong, c1: {_spread(plain, '{:.1f}')} µs per round trip; "
+              f"raw ÷ typed (per round) {_spread(ratios, '{:.2f}')}")  # fmt: skip
 
 
 def _spread(values: list[float], fmt: str) -> str:
@@ -207,7 +266,7 @@ def _spread(values: list[float], fmt: str) -> str:
     return f"{middle} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
-def instructions(calls: int) -> None:
+def instructions(calls: int, raw: bool = False) -> None:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise SystemExit("--instructions needs valgrind (Debian: apt-get install valgrind)")
@@ -220,9 +279,17 @@ def instructions(calls: int) -> None:
             totals = [_callgrind(valgrind, scratch, kind, c1, c12) for c1, c12 in shapes]
             found[(kind, 1)] = (totals[1] - totals[0]) / (2 * calls)
             found[(kind, 12)] = (totals[2] - totals[0]) / (2 * calls)
+        if raw:
+            small = _callgrind(valgrind, scratch, "raw", calls, 0)
+            large = _callgrind(valgrind, scratch, "raw", 3 * calls, 0)
+            found[("raw", 1)] = (large - small) / (2 * calls)
     for level in LEVELS:
         typed, dynamic = found[("typed", level)], found[("dynamic", level)]
         print(f"| {level} | {typed:,.0f} | {dynamic:,.0f} | {typed / dynamic:.2f} |")
+    if raw:
+        plain = found[("raw", 1)]
+        print(f"\nraw trio ping-pong, c1: {plain:,.0f} instructions per round trip "
+              f"(raw ÷ typed {plain / found[('typed', 1)]:.2f})")  # fmt: skip
 
 
 def _callgrind(valgrind: str, scratch: str, kind: str, c1: int, c12: int) -> int:
@@ -250,19 +317,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--health", action="store_true", help="CPU per call with the Health router or not"
     )
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="the raw trio ping-pong beside (c1)",
+    )
     parser.add_argument("--run", nargs=3, metavar=("KIND", "C1", "C12"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run:
         kind, c1, c12 = args.run[0], int(args.run[1]), int(args.run[2])
-        measure(kind, {1: c1, 12: c12}, warmup=100)
+        if kind == "raw":
+            measure_raw(c1, warmup=100)
+        else:
+            measure(kind, {1: c1, 12: c12}, warmup=100)
     elif args.observers:
         observer_rounds(args.rounds, args.calls)
     elif args.health:
         health_rounds(args.rounds, args.calls)
     elif args.instructions:
-        instructions(args.calls if args.calls != 5_000 else 1_000)
+        instructions(args.calls if args.calls != 5_000 else 1_000, raw=args.raw)
     else:
-        cpu_rounds(args.rounds, args.calls)
+        cpu_rounds(args.rounds, args.calls, raw=args.raw)
     return 0
 
 
