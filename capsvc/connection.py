@@ -326,6 +326,8 @@ class Connection:
         receive_some = self._receive_some
         handoffs = handoff_count()
         since_yield = 0  # messages delivered since the reader last let other tasks run
+        flusher = self._flusher
+        passes_seen = -1  # the flusher's pass count when since_yield was last reset
         while True:
             if outbox.pending_bytes > self.max_buffered:
                 self._reading_paused = True
@@ -348,6 +350,13 @@ class Connection:
             else:
                 self.bytes_received += len(data)
                 decoder.feed(data)
+            if flusher is not None and flusher.passes != passes_seen:
+                # A pass ended since we last looked (the receive parked): what we delivered
+                # has run and its replies have left, as the yield below would have made
+                # them. Without this, one message per receive would still cost a yield (a
+                # task step, and a pass) every ``messages_per_pass`` messages.
+                passes_seen = flusher.passes
+                since_yield = 0
             handed_off = handoffs.handed_off
             delivered = False
             try:

@@ -34,8 +34,12 @@ class EndOfPassFlusher(trio.abc.Instrument):
 
     def __init__(self) -> None:
         self.dirty: dict[Flushable, None] = {}  # an ordered set
+        #: Scheduler passes so far: a reader that sees this move knows that the tasks it
+        #: woke have run and their output has left since it last looked.
+        self.passes = 0
 
     def before_io_wait(self, timeout: float) -> None:
+        self.passes += 1
         if not self.dirty:
             return
         dirty, self.dirty = self.dirty, {}

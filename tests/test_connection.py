@@ -443,3 +443,46 @@ async def test_an_abort_the_vanished_peer_cannot_read_does_not_hold_the_close(
     assert trio.current_time() - began < 1
     assert connection.close_reason is not None
     assert "segment" in str(connection.close_reason)
+
+
+class _ReaderSteps(trio.abc.Instrument):
+    """Counts the steps of one task (the served connection's run task)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name == self.name:
+            self.steps += 1
+
+
+class InlineTester(capsvc.Server, interface=testing.Tester):
+    def echo(self, params: object, results: object) -> str:  # plain: runs in the reader
+        return params.msg  # type: ignore[attr-defined,no-any-return]
+
+
+async def test_one_call_at_a_time_costs_the_reader_one_step_each() -> None:
+    # A Call per receive, with a scheduler pass between calls (the caller waits for each
+    # Return): the reader wakes once per Call. The bound on messages delivered between
+    # yields (Connection.messages_per_pass) counts only messages delivered within a pass;
+    # before it did, every fourth Call cost the reader an extra step (and a pass).
+    from capsvc.transport.fastsocket import FastSocketStream
+
+    left, right = socket.socketpair()
+    served = Connection(FastSocketStream(left), InlineTester()._new_hook(), busy_poll=None)
+    client = Connection(FastSocketStream(right), busy_poll=None)
+    steps = _ReaderSteps("served connection")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(served.run, name="served connection")
+        nursery.start_soon(client.run, name="client connection")
+        tester = client.bootstrap(testing.Tester)
+        assert (await tester.echo(msg="warm")).reply == "warm"
+        trio.lowlevel.add_instrument(steps)
+        calls = 40
+        for index in range(calls):
+            assert (await tester.echo(msg=str(index))).reply == str(index)
+        trio.lowlevel.remove_instrument(steps)
+        assert calls <= steps.steps <= calls + 2, steps.steps
+        await client.aclose()
+        nursery.cancel_scope.cancel()
