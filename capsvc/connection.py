@@ -326,8 +326,8 @@ class Connection:
         receive_some = self._receive_some
         handoffs = handoff_count()
         since_yield = 0  # messages delivered since the reader last let other tasks run
-        flusher = self._flusher
-        passes_seen = -1  # the flusher's pass count when since_yield was last reset
+        passes = current_flusher()  # counts the loop's passes, whatever this stream is
+        passes_seen = -1  # its count when since_yield was last reset
         while True:
             if outbox.pending_bytes > self.max_buffered:
                 self._reading_paused = True
@@ -350,12 +350,12 @@ class Connection:
             else:
                 self.bytes_received += len(data)
                 decoder.feed(data)
-            if flusher is not None and flusher.passes != passes_seen:
+            if passes.passes != passes_seen:
                 # A pass ended since we last looked (the receive parked): what we delivered
                 # has run and its replies have left, as the yield below would have made
                 # them. Without this, one message per receive would still cost a yield (a
                 # task step, and a pass) every ``messages_per_pass`` messages.
-                passes_seen = flusher.passes
+                passes_seen = passes.passes
                 since_yield = 0
             handed_off = handoffs.handed_off
             delivered = False
@@ -643,7 +643,6 @@ class Connection:
                 # Nothing will be written any more: whoever waits for output to be
                 # written (the reader, before it closes) must not wait for this.
                 self._writer_gone = True
-                self._writing = False
                 self._signal_drained()
                 await trio.aclose_forcefully(stream)
                 return

@@ -138,10 +138,8 @@ def measure_raw(calls: int, warmup: int = 300) -> float:
 
     async def main() -> float:
         left, right = socket.socketpair()
-        server, client = (
-            trio.SocketStream(trio.socket.from_stdlib_socket(left)),
-            (trio.SocketStream(trio.socket.from_stdlib_socket(right))),
-        )
+        server = trio.SocketStream(trio.socket.from_stdlib_socket(left))
+        client = trio.SocketStream(trio.socket.from_stdlib_socket(right))
         call, reply = b"c" * call_size, b"r" * return_size
 
         async def serve(count: int) -> None:
@@ -317,11 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--health", action="store_true", help="CPU per call with the Health router or not"
     )
-    parser.add_argument(
-        "--raw",
-        action="store_true",
-        help="the raw trio ping-pong beside (c1)",
-    )
+    parser.add_argument("--raw", action="store_true", help="the raw trio ping-pong beside (c1)")
     parser.add_argument("--run", nargs=3, metavar=("KIND", "C1", "C12"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run:

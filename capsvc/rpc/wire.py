@@ -157,10 +157,10 @@ def _slot_byte_offset(schema: Any, name: str) -> int:
 _CALL_QUESTION: Final = _slot_byte_offset(rpc.Call.schema, "questionId")
 _CALL_INTERFACE: Final = _slot_byte_offset(rpc.Call.schema, "interfaceId")
 _CALL_METHOD: Final = _slot_byte_offset(rpc.Call.schema, "methodId")
-_SEND_TO_TAG: Final = (
-    rpc.Call.schema.fields["sendResultsTo"].schema.node.struct.discriminantOffset * 2
+_SEND_TO_TAG: Final = 2 * int(
+    rpc.Call.schema.fields["sendResultsTo"].schema.node.struct.discriminantOffset
 )
-_TARGET_TAG: Final = rpc.MessageTarget.schema.node.struct.discriminantOffset * 2
+_TARGET_TAG: Final = 2 * int(rpc.MessageTarget.schema.node.struct.discriminantOffset)
 _TARGET_IMPORTED: Final = _slot_byte_offset(rpc.MessageTarget.schema, "importedCap")
 
 
