@@ -561,15 +561,18 @@ def _resolve_real(canonical: str, entry: Path) -> PciFunction:
     if os.path.lexists(resource0):
         _plain_file(canonical, resource0)
     if os.path.lexists(os.path.join(real_dir, "driver")):
-        _unbind_path(canonical, Path(real_dir))
+        # Only the link is checked here: resolving is read-only, and some kernels (VM
+        # sandboxes among them) give a driver no ``unbind`` file; ``_unbind_path`` checks
+        # that file when an unbind is actually about to be written.
+        _driver_dir(canonical, Path(real_dir))
     function = _read_function(Path(real_dir))
     if function is None:
         raise NicError(f"cannot read the config space of {canonical} in {real_dir}")
     return function
 
 
-def _unbind_path(canonical: str, real_dir: Path) -> str:
-    """The ``unbind`` file of the kernel driver bound to a real function (checked)."""
+def _driver_dir(canonical: str, real_dir: Path) -> str:
+    """The directory of the kernel driver bound to a real function (its link checked)."""
     _, _, drivers = _real_roots()
     link = real_dir / "driver"
     if not link.is_symlink():
@@ -579,7 +582,12 @@ def _unbind_path(canonical: str, real_dir: Path) -> str:
         _refuse(
             canonical, f"its driver link {link} resolves to {target}, not a driver in {drivers}"
         )
-    unbind = os.path.join(target, "unbind")
+    return target
+
+
+def _unbind_path(canonical: str, real_dir: Path) -> str:
+    """The ``unbind`` file of the kernel driver bound to a real function (checked)."""
+    unbind = os.path.join(_driver_dir(canonical, real_dir), "unbind")
     _plain_file(canonical, unbind)
     return unbind
 
