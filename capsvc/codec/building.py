@@ -29,6 +29,7 @@ from capsvc.errors import DecodeError
 from capsvc.framing import encode_message
 
 if TYPE_CHECKING:
+    from capsvc.codec.plans import StructPlan
     from capsvc.codec.reading import MessageReader
 
 B = TypeVar("B", bound="StructBuilder")
@@ -143,13 +144,33 @@ class StructBuilder:
     def _view(cls: type[B], parent: StructBuilder) -> B:
         return group_view(cls, parent)
 
+    #: What ``new_message(**fields)`` and ``assign(**fields)`` encode values with
+    #: (capsvc.codec.plans); every generated builder has one.
+    _PLAN: ClassVar[StructPlan | None] = None
+
     @classmethod
-    def new_message(cls: type[B]) -> B:
-        """A new message whose root is this struct, all fields at their defaults."""
+    def new_message(cls: type[B], **fields: object) -> B:
+        """A new message whose root is this struct: the given fields set from plain values
+        (capsvc.codec.values), every other field at its default."""
+        plan = cls._PLAN
+        if fields and plan is not None:
+            builder = _values.new_message_from(plan, fields)
+            return new_builder(cls, builder, 1)
+        if fields:
+            raise TypeError(f"{cls.__qualname__} has no fields to set")
         builder = MessageBuilder()
         start = builder.alloc(cls._DATA_WORDS + cls._POINTERS)
         write_struct_pointer(builder.buf, 0, start, cls._DATA_WORDS, cls._POINTERS)
         return new_builder(cls, builder, start)
+
+    def assign(self, **fields: object) -> None:
+        """Set the whole struct, as a constructor would: each field named takes its value
+        (plain values, as ``new_message`` takes them), every other field its default (a
+        pointer field: null). A value that is refused changes nothing."""
+        plan = type(self)._PLAN
+        if plan is None:
+            raise TypeError(f"{type(self).__qualname__} has no fields to set")
+        _values.assign_fields(self, plan, fields)
 
     def to_segments(self) -> list[bytearray]:
         """The message's segments (one), as a reader or the framing takes them."""
@@ -721,3 +742,8 @@ def copy_struct(parent: StructBuilder, slot: int, value: Any) -> None:
             target + data_words + index,
             source._depth,
         )
+
+
+# The value encoder builds on this module (MessageBuilder, the copies): imported last, so
+# that either module can be imported first.
+from capsvc.codec import values as _values  # noqa: E402

@@ -29,7 +29,7 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
-from librt.strings import read_i64_le
+from librt.strings import read_i16_le, read_i64_le
 
 from capsvc._mypyc import mypyc_attr
 from capsvc.errors import DecodeError
@@ -155,6 +155,31 @@ def new_reader(
 ) -> R:
     """A ``cls`` reader of the struct at word ``start`` of segment ``si`` with the given
     section sizes (a module function, so compiled callers reach it with no Python call).
+    A data section shorter than the schema's (an older writer) is read from a zero-padded
+    copy."""
+    if data_words >= cls._DATA_WORDS:
+        return fitting_reader(cls, msg, msg.segments[si], si, start, data_words, pointers, depth)
+    segment = msg.segments[si]
+    padded = bytes(segment[start << 3 : (start + data_words) << 3]) + bytes(
+        (cls._DATA_WORDS - data_words) << 3
+    )
+    reader = fitting_reader(cls, msg, padded, si, start, data_words, pointers, depth)
+    reader._data = 0
+    return reader
+
+
+def fitting_reader(
+    cls: type[R],
+    msg: MessageReader,
+    segment: bytes,
+    si: int,
+    start: int,
+    data_words: int,
+    pointers: int,
+    depth: int,
+) -> R:
+    """``new_reader`` for a data section known to be at least the schema's (``segment`` is
+    segment ``si``; callers that make many readers of one list check once).
 
     ``cls()`` rather than ``cls.__new__(cls)``: the type call goes straight to the slot
     (``tp_new``), about 100 ns less per reader than looking ``__new__`` up and calling it.
@@ -162,15 +187,8 @@ def new_reader(
     reader = cls()
     reader._msg = msg
     reader._si = si
-    if data_words >= cls._DATA_WORDS:
-        reader._seg = msg.segments[si]
-        reader._data = start << 3
-    else:
-        segment = msg.segments[si]
-        reader._seg = bytes(segment[start << 3 : (start + data_words) << 3]) + bytes(
-            (cls._DATA_WORDS - data_words) << 3
-        )
-        reader._data = 0
+    reader._seg = segment
+    reader._data = start << 3
     reader._ptr = start + data_words
     reader._pend = start + data_words + pointers
     reader._depth = depth
@@ -282,6 +300,20 @@ class StructReader:
         msg = MessageReader([bytes(builder._b.buf)])
         start = builder._data >> 3
         return new_reader(cls, msg, 0, start, cls._DATA_WORDS, cls._POINTERS, DEFAULT_NESTING_LIMIT)
+
+    #: Where the struct's union discriminant is (a byte offset in the data section; -1:
+    #: no union) and its members' names by discriminant value (generated readers set it).
+    _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (-1, ())
+
+    def which(self) -> str | None:
+        """The union member that is set (None: one this schema does not know). Compiled
+        here for every generated reader (a Python method per struct would cost a frame);
+        the generated classes type it with a ``Literal`` of their members' names."""
+        at, names = type(self)._WHICH
+        if at < 0:
+            raise TypeError(f"{type(self).__qualname__} has no union")
+        code = int(read_i16_le(self._seg, self._data + at)) & 0xFFFF
+        return names[code] if code < len(names) else None
 
     def _has(self, slot: int) -> bool:
         """True if pointer ``slot`` is present and not null."""
@@ -734,8 +766,19 @@ class StructList(ListReader[R]):
             )
             start = self._start
             stop = start + self._count * words
+            if dw < cls._DATA_WORDS:  # an older writer's elements: each one padded
+                return iter(
+                    [
+                        new_reader(cls, msg, si, at, dw, pc, depth)
+                        for at in range(start, stop, words)
+                    ]
+                )
+            seg = self._seg
             return iter(
-                [new_reader(cls, msg, si, at, dw, pc, depth) for at in range(start, stop, words)]
+                [
+                    fitting_reader(cls, msg, seg, si, at, dw, pc, depth)
+                    for at in range(start, stop, words)
+                ]
             )
         return StructElements(self, words)
 
@@ -749,12 +792,27 @@ class StructElements(Generic[R]):
     """Iteration over a struct list of whole-word elements: one reader per element,
     made by a compiled ``__next__`` (no Python call, no argument parsing per element)."""
 
-    __slots__ = ("_at", "_cls", "_depth", "_dw", "_msg", "_pc", "_si", "_step", "_stop")
+    __slots__ = (
+        "_at",
+        "_cls",
+        "_depth",
+        "_dw",
+        "_fits",
+        "_msg",
+        "_pc",
+        "_seg",
+        "_si",
+        "_step",
+        "_stop",
+    )
 
     def __init__(self, elements: StructList[R], words: int) -> None:
         self._cls = elements._cls
         self._msg = elements._msg
         self._si = elements._si
+        self._seg = elements._seg
+        #: Whether the elements' data sections are at least the schema's (else: padded).
+        self._fits = elements._dw >= elements._cls._DATA_WORDS
         self._at = elements._start
         self._stop = elements._start + elements._count * words
         self._step = words
@@ -770,6 +828,10 @@ class StructElements(Generic[R]):
         if at >= self._stop:
             raise StopIteration
         self._at = at + self._step
+        if self._fits:
+            return fitting_reader(
+                self._cls, self._msg, self._seg, self._si, at, self._dw, self._pc, self._depth
+            )
         return new_reader(self._cls, self._msg, self._si, at, self._dw, self._pc, self._depth)
 
 

@@ -14,7 +14,7 @@ Theory of operation (grpclib's split: a pure ``render`` and a thin CLI):
   per data field, values XOR their defaults (so a zeroed struct reads as defaults).
 - Names: a schema name that is a Python keyword, ``self``, or collides with what the
   generator defines in the same namespace (``RESERVED`` below: ``Reader``, ``Builder``,
-  ``Client``, ``read``, ``which``, ``to_dict``, ``init``, ...; and names starting
+  ``Init``, ``Client``, ``read``, ``which``, ``to_dict``, ``init``, ...; and names starting
   ``init_``) gets a trailing underscore: ``return`` -> ``return_``, ``self`` -> ``self_``.
 """
 
@@ -49,6 +49,7 @@ RESERVED = frozenset(
         "Promise",
         "Client",
         "Server",
+        "Init",
         "init",
         "assign",
         "read",
@@ -154,6 +155,7 @@ def render(file: File, schema: Schema, *, relative_imports: bool = False) -> str
     for node in children.get("", []):
         _node(out, node, children, names)
     _lists(out, file, names)
+    _plans(out, file, names)
     _module_tail(out, file, names)
     return "\n".join(out.lines).rstrip("\n") + "\n"
 
@@ -227,12 +229,14 @@ def _header(out: _Out, file: File, relative: bool) -> None:
     out.add("import enum")
     out.add("import struct")
     out.add("from collections.abc import Awaitable, Sequence")
-    out.add("from typing import Any, ClassVar, Literal, Never")
+    out.add("from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack")
     out.add("")
     out.add("from capsvc.codec import building as _b")
     out.add("from capsvc.codec import descriptors as _d")
     out.add("from capsvc.codec import pipeline as _p")
+    out.add("from capsvc.codec import plans as _v")
     out.add("from capsvc.codec import reading as _r")
+    out.add("from capsvc.codec import values as _e")
     if has_interfaces:
         out.add("from capsvc import typed as _t")
     out.add("from capsvc.codec.fields import (")
@@ -556,6 +560,8 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
         out.add(f"_ID: ClassVar[int] = {node.schema_id:#x}")
         _nested(out, node, children, names)
         out.add("")
+        _init_type(out, node, path, names)
+        out.add("")
         _reader(out, node, path, names)
         out.add("")
         _builder(out, node, path, names)
@@ -573,9 +579,15 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
             out.add("Promise._READER = Reader")
             out.add("")
             out.add("@staticmethod")
-            out.add(f"def new_message() -> {path}.Builder:")
-            out.add(f'    """A new message whose root is a {node.scope}."""')
-            out.add(f"    return {path}.Builder.new_message()")
+            if node.fields:
+                _keywords_def(out, "def new_message(", [], node, names, f"{path}.Builder")
+                values = f"{_plan_name(path)}, {_values_tuple(node)}, _unknown"
+            else:
+                out.add(f"def new_message() -> {path}.Builder:")
+                values = f"{_plan_name(path)}, [], {{}}"
+            out.add(f'    """A new message whose root is a {node.scope}: the fields named take')
+            out.add('    their values (plain values, ``Init``), every other field its default."""')
+            out.add(f"    return _e.new_message({path}.Builder, {values})")
             out.add("")
             out.add("@staticmethod")
             out.add("def read(")
@@ -605,6 +617,54 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
             out.add(f"    return {path}.Reader.read(_r.unframe_packed(data))")
 
 
+def _init_type(out: _Out, node: Struct, path: str, names: _Names) -> None:
+    """``Init``: the struct's fields as plain values, a TypedDict (``new_message`` and
+    ``assign`` take them as keywords; a struct field takes a nested one)."""
+    out.add("class Init(TypedDict, total=False):")
+    with out.indent():
+        out.add(f'"""{node.scope} as plain values: what ``new_message`` and ``assign`` take."""')
+        for field in sorted(node.fields, key=lambda f: f.code_order):
+            out.add("")
+            out.add(f"{python_name(field.name)}: {_init_field_type(field, names)}")
+
+
+def _init_field_type(field: Field, names: _Names) -> str:
+    if field.group is not None:
+        return f"{names.of(field.group)}.Init"
+    assert field.type is not None
+    return _init_value_type(field.type, names)
+
+
+def _init_value_type(kind: Type, names: _Names, *, element: bool = False) -> str:
+    """What a field (or a list ``element``) of ``kind`` takes as a plain value (a pointer
+    field also takes None: null; so does a list of pointers but of structs)."""
+    k = kind.kind
+    if k == "void":
+        return "None"
+    if k == "bool":
+        return "bool"
+    if k in NUMBERS:
+        return "float" if k.startswith("float") else "int"
+    if k == "enum":
+        return "int | str"  # its code (the IntEnum member), or its name
+    if k == "text":
+        return "str | None"
+    if k == "data":
+        return "bytes | bytearray | memoryview | None"
+    if k == "struct":
+        target = names.of(kind.target)
+        null = "" if element else " | None"
+        return f"{target}.Init | {target}.Reader | {target}.Builder{null}"
+    if k == "list":
+        assert kind.element is not None
+        inner = _init_value_type(kind.element, names, element=True)
+        return f"Sequence[{inner}] | _r.ListReader[Any] | None"
+    if k == "interface":
+        target = names.of(kind.target)
+        return f"{target}.Client | {target}.Server | None"
+    return "str | bytes | _r.StructReader | _b.StructBuilder | None"
+
+
 def _union_names(node: Struct) -> list[tuple[int, str]]:
     return sorted((f.discriminant, f.name) for f in node.fields if f.discriminant is not None)
 
@@ -620,9 +680,25 @@ def _reader(out: _Out, node: Struct, path: str, names: _Names) -> None:
             _reader_field(out, node, field, path, names)
         if node.discriminant_count:
             out.add("")
-            _which(out, node, "_seg", check_bounds=True)
+            _reader_which(out, node)
         out.add("")
         _to_dict(out, node, names)
+
+
+def _reader_which(out: _Out, node: Struct) -> None:
+    """A reader's ``which()`` is ``StructReader.which`` (compiled), reading ``_WHICH``;
+    the generated signature types it for type checkers."""
+    members = _union_names(node)
+    table = "".join(f'"{name}", ' for _, name in members)
+    literal = ", ".join(f'"{name}"' for _, name in members)
+    out.add(
+        f"_WHICH: ClassVar[tuple[int, tuple[str, ...]]] = ({node.discriminant_offset * 2},"
+        f" ({table.rstrip()}))"
+    )
+    out.add("")
+    out.add("if TYPE_CHECKING:")
+    out.add(f"    def which(self) -> Literal[{literal}] | None:")
+    out.add('        """The union member that is set (None: one this schema does not know)."""')
 
 
 def _which(out: _Out, node: Struct, buffer: str, *, check_bounds: bool) -> None:
@@ -938,7 +1014,7 @@ def _builder(out: _Out, node: Struct, path: str, names: _Names) -> None:
         if node.discriminant_count:
             out.add("")
             _which(out, node, "_b.buf", check_bounds=False)
-        _assign(out, node, names)
+        _assign(out, node, path, names)
         out.add("")
         out.add("def init(self, name: str, *args: int) -> Any:")
         out.add('    """``init_<name>(*args)``, by name (as pycapnp builders take it)."""')
@@ -949,120 +1025,47 @@ def _builder(out: _Out, node: Struct, path: str, names: _Names) -> None:
         out.add(f"    return {path}.Reader._of_builder(self)")
 
 
-def _assign(out: _Out, node: Struct, names: _Names) -> None:
-    """``assign(**fields)``: the whole struct at once, as a constructor would set it.
-
-    Every field a keyword can express (``_keyword_fields``: not group or union members)
-    is a keyword defaulting to the schema default. One ``pack_into`` writes the data
-    section (bytes of bools combined, ints XOR their defaults) and zeroes everything else
-    of the struct: union members and groups go to their defaults and every pointer to
-    null, so assign leaves a struct as ``init_*`` makes it, plus the given values (the
-    given pointer fields are set after). A value the pack refuses (wrong type, out of
-    range, a non-bool for a Bool) takes the per-field setters, whose errors name the
-    field and its schema type.
-    """
-    fields = _keyword_fields(node, names)
-    if not fields:
+def _assign(out: _Out, node: Struct, path: str, names: _Names) -> None:
+    """``assign(**fields)``: its keywords go, as one tuple in the plan's order, to the
+    value encoder (capsvc.codec.values), which checks and writes them."""
+    if not node.fields:
         return
-    layout = _AssignLayout(node, [field for field, _, _ in fields])
-    if layout.fmt:
-        out.add("")
-        out.add(f"_ASSIGN: ClassVar[Any] = struct.Struct({layout.fmt!r}).pack_into")
-    signature = ["self", "/", "*"]
-    for field, annotation, default in fields:
-        assert field.type is not None
-        if field.type.kind in ("text", "data"):  # None: null (reads as the default)
-            annotation, default = f"{annotation} | None", "None"
-        signature.append(f"{python_name(field.name)}: {annotation} = {default}")
     out.add("")
-    out.add(f"def assign({', '.join(signature)}) -> None:")
+    _keywords_def(out, "def assign(", ["self", "/"], node, names, "None", "override")
     with out.indent():
         out.add('"""Set the whole struct, as a constructor would: each field named takes its')
-        out.add("value, every other field its default (a pointer field: null). Set group and")
-        out.add('union members after, with their own setters."""')
-        clear = (
-            f"self._b.buf[self._data : (self._ptr + {node.pointers}) << 3]"
-            f" = bytes({(node.data_words + node.pointers) * 8})"
-        )
-        if layout.fmt:
-            # One pack writes the data section and zeroes the rest of it and the pointers.
-            pack = f"self._ASSIGN(self._b.buf, self._data, {', '.join(layout.values)})"
-            setters = [f"self.{python_name(f.name)} = {python_name(f.name)}" for f in layout.packed]
-            out.add("try:")
-            if layout.bools:
-                out.add(f"    if not ({' and '.join(layout.bools)}):")
-                out.add("        raise TypeError  # a Bool that is not a bool")
-            out.add(f"    {pack}")
-            out.add("except (struct.error, TypeError, OverflowError):")
-            out.add("    # The setters say which field is wrong, and why.")
-            out.add(f"    {clear}")
-            for line in setters:
-                out.add(f"    {line}")
-        else:
-            out.add(clear)
-        for field in layout.after:
-            out.add(f"self.{python_name(field.name)} = {python_name(field.name)}")
-        for field, _, default in fields:
-            assert field.type is not None
+        out.add("value (plain values, as ``new_message`` takes them), every other field its")
+        out.add('default (a pointer field: null). A value that is refused changes nothing."""')
+        out.add(f"_e.assign_values(self, {_plan_name(path)}, {_values_tuple(node)}, _unknown)")
+
+
+def _keywords_def(
+    out: _Out,
+    opening: str,
+    leading: list[str],
+    node: Struct,
+    names: _Names,
+    returns: str,
+    ignore: str = "",
+) -> None:
+    """A ``def`` taking every field of ``node`` as a keyword (default: not given), and
+    ``**_unknown`` for the encoder to name (or to take a field by its schema name)."""
+    out.add(f"{opening}  # type: ignore[{ignore}]" if ignore else opening)
+    with out.indent():
+        for parameter in leading:
+            out.add(f"{parameter},")
+        out.add("*,")
+        for field in sorted(node.fields, key=lambda f: f.code_order):
             name = python_name(field.name)
-            if field.type.kind == "text":  # straight to the runtime: no property on the way
-                out.add(f"if {name} is not None:")
-                out.add(f'    self._set_text({field.offset}, {name}, "{node.scope}.{field.name}")')
-            elif field.type.kind == "data":
-                out.add(f"if {name} is not None:")
-                out.add(f"    self.{name} = {name}")
-            elif field.type.is_pointer:
-                for line in _keyword_setter(field, default, names, "self"):
-                    out.add(line)
+            out.add(f"{name}: {_init_field_type(field, names)} = _e.MISSING,")
+        out.add("**_unknown: Never,")
+    out.add(f") -> {returns}:")
 
 
-class _AssignLayout:
-    """The data section of ``assign``: one ``struct`` format over the data and pointer
-    sections (pad bytes zero what no field covers, the pointers included), the value
-    expression of each item, the checks that every Bool is a bool, and the fields
-    left to their setters (floats with a non-zero default: their XOR is on the bits)."""
-
-    def __init__(self, node: Struct, fields: list[Field]) -> None:
-        items: list[tuple[int, int, str, str]] = []  # (byte, size, format, value)
-        bools: dict[int, list[str]] = {}
-        self.bools: list[str] = []
-        self.packed: list[Field] = []
-        self.after: list[Field] = []
-        for field in fields:
-            kind = field.type
-            assert kind is not None
-            name = python_name(field.name)
-            if kind.kind == "bool":
-                byte, bit = divmod(field.offset, 8)
-                stored = f"(not {name})" if field.default else name
-                bools.setdefault(byte, []).append(f"{stored} << {bit}" if bit else stored)
-                self.bools.append(f"({name} is True or {name} is False)")
-                self.packed.append(field)
-            elif kind.kind in NUMBERS or kind.kind == "enum":
-                letter, bits, _ = NUMBERS.get(kind.kind, ("H", 16, 3))
-                offset = field.offset * bits // 8
-                if kind.kind.startswith("float") and field.default:
-                    self.after.append(field)
-                    continue
-                default = 0 if kind.kind.startswith("float") else int(field.default or 0)  # type: ignore[call-overload]
-                value = f"{name} ^ {default}" if default else name
-                items.append((offset, bits // 8, letter, value))
-                self.packed.append(field)
-        for byte, parts in bools.items():
-            items.append((byte, 1, "B", " | ".join(parts)))
-        items.sort()
-        fmt, values, at = "<", [], 0
-        for byte, size, letter, value in items:
-            if byte > at:
-                fmt += f"{byte - at}x"
-            fmt += letter
-            values.append(value)
-            at = byte + size
-        end = (node.data_words + node.pointers) * 8  # through the pointer section
-        if end > at:
-            fmt += f"{end - at}x"
-        self.fmt = fmt if values else ""
-        self.values = values
+def _values_tuple(node: Struct) -> str:
+    """The keywords of ``_keywords_def`` as a list in the plan's (schema) order."""
+    ordered = [python_name(f.name) for f in sorted(node.fields, key=lambda f: f.code_order)]
+    return f"[{', '.join(ordered)}]"
 
 
 def _select(node: Struct, field: Field) -> list[str]:
@@ -1361,6 +1364,131 @@ def _list_setter(element: Type, names: _Names | None = None) -> str:
     if k == "data":
         return "list[bytes] | tuple[bytes, ...]"
     return ""
+
+
+# ---------------------------------------------------------------------- value plans
+def _plan_name(path: str) -> str:
+    return f"_P_{path.replace('.', '_')}"
+
+
+def _plan_ref(node_id: int, names: _Names) -> str:
+    """A struct's plan: a module variable here, the builder's ``_PLAN`` for another file's."""
+    local = names.local.get(node_id)
+    if local is not None:
+        return _plan_name(local)
+    return f"_v.plan_of({names.of(node_id)}.Builder)"
+
+
+def _plans(out: _Out, file: File, names: _Names) -> None:
+    """Every struct's plan (capsvc.codec.plans), for ``new_message(**fields)`` and
+    ``assign(**fields)``: made first, then filled, as plans refer to each other."""
+    structs = [node for node in file.nodes if isinstance(node, Struct)]
+    if not structs:
+        return
+    out.add("")
+    out.add("")
+    out.add("# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).")
+    for node in structs:
+        path = names.local[node.id]
+        arguments = f'"{node.scope}", {node.data_words}, {node.pointers}'
+        if node.discriminant_count or node.is_group:
+            disc_at = node.discriminant_offset * 2 if node.discriminant_count else -1
+            arguments += f", {disc_at}"
+        if node.is_group:
+            arguments += ", True"
+        out.add(f"{_plan_name(path)} = {path}.Builder._PLAN = _v.StructPlan({arguments})")
+    for node in structs:
+        if not node.fields:
+            continue
+        out.add(f"{_plan_name(names.local[node.id])}.add(")
+        with out.indent():
+            for field in sorted(node.fields, key=lambda f: f.code_order):
+                out.add(f"{_field_plan(field, names.local[node.id], names)},")
+        out.add(")")
+
+
+def _field_plan(field: Field, path: str, names: _Names) -> str:
+    name = f'"{field.name}"'
+    tail = ""
+    if field.discriminant is not None:
+        tail += f", disc={field.discriminant}"
+    if python_name(field.name) != field.name:
+        tail += f', key="{python_name(field.name)}"'
+    if field.group is not None:
+        return f"_v.group({name}, {_plan_ref(field.group, names)}{tail})"
+    kind = field.type
+    assert kind is not None
+    k = kind.kind
+    if k == "void":
+        return f"_v.void({name}{tail})"
+    if k == "bool":
+        return f"_v.boolean({name}, {field.offset}, {bool(field.default)}{tail})"
+    if k in NUMBERS:
+        bits, offset, xor = _number_layout(field)
+        if xor:
+            tail = f", xor={xor:#x}{tail}"
+        if k.startswith("float"):
+            return f'_v.floating({name}, "{SCHEMA_NAMES[k]}", {offset}, {bits // 8}{tail})'
+        signed = NUMBERS[k][0].islower()
+        return f'_v.integer({name}, "{SCHEMA_NAMES[k]}", {offset}, {bits // 8}, {signed}{tail})'
+    if k == "enum":
+        xor = int(field.default or 0)  # type: ignore[call-overload]
+        if xor:
+            tail = f", xor={xor}{tail}"
+        enumerants = _enumerants(kind, names)
+        return (
+            f'_v.enumeration({name}, "{_enum_label(kind, names)}", {field.offset * 2},'
+            f" {enumerants!r}{tail})"
+        )
+    if k == "text":
+        return f"_v.text({name}, {field.offset}{tail})"
+    if k == "data":
+        return f"_v.data({name}, {field.offset}{tail})"
+    if k == "struct":
+        if field.default is not None:  # a dict given for the field starts from it
+            reader = f"{names.of(kind.target)}.Reader"
+            tail += f", default=_r.default_struct({reader}, {_default_name(path, field)}).to_dict()"
+        return f"_v.struct({name}, {field.offset}, {_plan_ref(kind.target, names)}{tail})"
+    if k == "list":
+        assert kind.element is not None
+        element = _list_plan(kind.element, names)
+        return f"_v.list_({name}, {field.offset}, {element}{tail})"
+    if k == "interface":
+        return f"_v.capability({name}, {field.offset}{tail})"
+    return f"_v.any_pointer({name}, {field.offset}{tail})"
+
+
+def _enum_label(kind: Type, names: _Names) -> str:
+    node = names.schema_node(kind.target)
+    return node.scope if node is not None else names.of(kind.target)
+
+
+def _list_plan(element: Type, names: _Names) -> str:
+    k = element.kind
+    if k == "void":
+        return "_v.of_void()"
+    if k == "bool":
+        return "_v.of_bool()"
+    if k in NUMBERS:
+        _, bits, _ = NUMBERS[k]
+        if k.startswith("float"):
+            return f'_v.of_float("{SCHEMA_NAMES[k]}", {bits // 8})'
+        signed = NUMBERS[k][0].islower()
+        return f'_v.of_integer("{SCHEMA_NAMES[k]}", {bits // 8}, {signed})'
+    if k == "enum":
+        return f'_v.of_enum("{_enum_label(element, names)}", {_enumerants(element, names)!r})'
+    if k == "text":
+        return "_v.of_text()"
+    if k == "data":
+        return "_v.of_data()"
+    if k == "struct":
+        return f"_v.of_struct({_plan_ref(element.target, names)})"
+    if k == "list":
+        assert element.element is not None
+        return f"_v.of_list({_list_plan(element.element, names)})"
+    if k == "interface":
+        return "_v.of_capability()"
+    return "_v.of_any()"
 
 
 # ---------------------------------------------------------------------- module tail

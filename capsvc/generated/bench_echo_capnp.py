@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -45,6 +47,11 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
         _ID: ClassVar[int] = 0xd5c38966f65d0b5e
 
+        class Init(TypedDict, total=False):
+            """BenchEcho.pingCap$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            msg: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -67,13 +74,17 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
             msg = _d.text_property(0, '', "BenchEcho.pingCap$Params.msg")
 
-            def assign(self, /, *, msg: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                msg: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if msg is not None:
-                    self._set_text(0, msg, "BenchEcho.pingCap$Params.msg")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_BenchEcho_PingCapParams, [msg], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -96,9 +107,14 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> BenchEcho.PingCapParams.Builder:
-            """A new message whose root is a BenchEcho.pingCap$Params."""
-            return BenchEcho.PingCapParams.Builder.new_message()
+        def new_message(
+            *,
+            msg: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> BenchEcho.PingCapParams.Builder:
+            """A new message whose root is a BenchEcho.pingCap$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(BenchEcho.PingCapParams.Builder, _P_BenchEcho_PingCapParams, [msg], _unknown)
 
         @staticmethod
         def read(
@@ -126,6 +142,13 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
         """struct BenchEcho.pingCap$Results (0x9f590e4882f9b246)."""
 
         _ID: ClassVar[int] = 0x9f590e4882f9b246
+
+        class Init(TypedDict, total=False):
+            """BenchEcho.pingCap$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            reply: str | None
+
+            cap: BenchEcho.Client | BenchEcho.Server | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -158,15 +181,18 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 1, value, "BenchEcho.pingCap$Results.cap")
 
-            def assign(self, /, *, reply: str | None = None, cap: BenchEcho.Client | BenchEcho.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                reply: str | None = _e.MISSING,
+                cap: BenchEcho.Client | BenchEcho.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
-                if reply is not None:
-                    self._set_text(0, reply, "BenchEcho.pingCap$Results.reply")
-                if cap is not None:
-                    self.set_cap(cap)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_BenchEcho_PingCapResults, [reply, cap], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -194,9 +220,15 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> BenchEcho.PingCapResults.Builder:
-            """A new message whose root is a BenchEcho.pingCap$Results."""
-            return BenchEcho.PingCapResults.Builder.new_message()
+        def new_message(
+            *,
+            reply: str | None = _e.MISSING,
+            cap: BenchEcho.Client | BenchEcho.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> BenchEcho.PingCapResults.Builder:
+            """A new message whose root is a BenchEcho.pingCap$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(BenchEcho.PingCapResults.Builder, _P_BenchEcho_PingCapResults, [reply, cap], _unknown)
 
         @staticmethod
         def read(
@@ -254,6 +286,18 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
         def pingCap(self, params: BenchEcho.PingCapParams.Reader, results: BenchEcho.PingCapResults.Builder) -> Awaitable[None] | None:
             """BenchEcho.pingCap: read ``params``, fill ``results``."""
             raise NotImplementedError  # not called: the base answers unimplemented
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_BenchEcho_PingCapParams = BenchEcho.PingCapParams.Builder._PLAN = _v.StructPlan("BenchEcho.pingCap$Params", 0, 1)
+_P_BenchEcho_PingCapResults = BenchEcho.PingCapResults.Builder._PLAN = _v.StructPlan("BenchEcho.pingCap$Results", 0, 2)
+_P_BenchEcho_PingCapParams.add(
+    _v.text("msg", 0),
+)
+_P_BenchEcho_PingCapResults.add(
+    _v.text("reply", 0),
+    _v.capability("cap", 1),
+)
 
 
 BenchEcho.METHODS = {"pingCap": (0, BenchEcho.PingCapParams, BenchEcho.PingCapResults)}

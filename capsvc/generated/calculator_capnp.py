@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -48,6 +50,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """group Calculator.Expression.call (0xd99522a3d3878d66)."""
 
             _ID: ClassVar[int] = 0xd99522a3d3878d66
+
+            class Init(TypedDict, total=False):
+                """Calculator.Expression.call as plain values: what ``new_message`` and ``assign`` take."""
+
+                function: Calculator.Function.Client | Calculator.Function.Server | None
+
+                params: Sequence[Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder] | _r.ListReader[Any] | None
 
             class Reader(_r.StructReader):
                 __slots__ = ()
@@ -82,13 +91,18 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     """A new list of ``count`` elements in params."""
                     return _b.init_struct_list(self._b, self._ptr + 1, count, "Calculator.Expression.call.params", Calculator.Expression.Builder)
 
-                def assign(self, /, *, function: Calculator.Function.Client | Calculator.Function.Server | None = None) -> None:
+                def assign(  # type: ignore[override]
+                    self,
+                    /,
+                    *,
+                    function: Calculator.Function.Client | Calculator.Function.Server | None = _e.MISSING,
+                    params: Sequence[Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+                    **_unknown: Never,
+                ) -> None:
                     """Set the whole struct, as a constructor would: each field named takes its
-                    value, every other field its default (a pointer field: null). Set group and
-                    union members after, with their own setters."""
-                    self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(32)
-                    if function is not None:
-                        self.set_function(function)
+                    value (plain values, as ``new_message`` takes them), every other field its
+                    default (a pointer field: null). A value that is refused changes nothing."""
+                    _e.assign_values(self, _P_Calculator_Expression_Call, [function, params], _unknown)
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -108,6 +122,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     """The function capability, usable before the results arrive."""
                     return self._client(0, Calculator.Function.Client)
 
+        class Init(TypedDict, total=False):
+            """Calculator.Expression as plain values: what ``new_message`` and ``assign`` take."""
+
+            literal: float
+
+            previousResult: Calculator.Value.Client | Calculator.Value.Server | None
+
+            parameter: int
+
+            call: Calculator.Expression.Call.Init
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
@@ -124,11 +149,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             call: _d.Group[Calculator.Expression.Call.Reader] = _d.Group()
 
-            def which(self) -> Literal["literal", "previousResult", "parameter", "call"] | None:
-                """The union member that is set (None: one this schema does not know)."""
-                d = get_u16(self._seg, self._data + 8)[0]
-                names: tuple[Any, ...] = ("literal", "previousResult", "parameter", "call",)
-                return names[d] if d < len(names) else None
+            _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (8, ("literal", "previousResult", "parameter", "call",))
+
+            if TYPE_CHECKING:
+                def which(self) -> Literal["literal", "previousResult", "parameter", "call"] | None:
+                    """The union member that is set (None: one this schema does not know)."""
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -165,6 +190,21 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 names: tuple[Any, ...] = ("literal", "previousResult", "parameter", "call",)
                 return names[d] if d < len(names) else None
 
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                literal: float = _e.MISSING,
+                previousResult: Calculator.Value.Client | Calculator.Value.Server | None = _e.MISSING,
+                parameter: int = _e.MISSING,
+                call: Calculator.Expression.Call.Init = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Calculator_Expression, [literal, previousResult, parameter, call], _unknown)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -195,9 +235,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Calculator.Expression.Builder:
-            """A new message whose root is a Calculator.Expression."""
-            return Calculator.Expression.Builder.new_message()
+        def new_message(
+            *,
+            literal: float = _e.MISSING,
+            previousResult: Calculator.Value.Client | Calculator.Value.Server | None = _e.MISSING,
+            parameter: int = _e.MISSING,
+            call: Calculator.Expression.Call.Init = _e.MISSING,
+            **_unknown: Never,
+        ) -> Calculator.Expression.Builder:
+            """A new message whose root is a Calculator.Expression: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Calculator.Expression.Builder, _P_Calculator_Expression, [literal, previousResult, parameter, call], _unknown)
 
         @staticmethod
         def read(
@@ -233,6 +281,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             _ID: ClassVar[int] = 0xb19160df70b87717
 
+            class Init(TypedDict, total=False):
+                """Calculator.Function.call$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+                params: Sequence[float] | _r.ListReader[Any] | None
+
             class Reader(_r.StructReader):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 0
@@ -263,13 +316,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     target = _b.init_primitive_list(self._b, self._ptr + 0, len(items), "Calculator.Function.call$Params.params", "d", 5, "Float64")
                     target.set_all(items)
 
-                def assign(self, /, *, params: Sequence[float] | None = None) -> None:
+                def assign(  # type: ignore[override]
+                    self,
+                    /,
+                    *,
+                    params: Sequence[float] | _r.ListReader[Any] | None = _e.MISSING,
+                    **_unknown: Never,
+                ) -> None:
                     """Set the whole struct, as a constructor would: each field named takes its
-                    value, every other field its default (a pointer field: null). Set group and
-                    union members after, with their own setters."""
-                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                    if params is not None:
-                        self.set_params([*params])
+                    value (plain values, as ``new_message`` takes them), every other field its
+                    default (a pointer field: null). A value that is refused changes nothing."""
+                    _e.assign_values(self, _P_Calculator_Function_CallParams, [params], _unknown)
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -292,9 +349,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             Promise._READER = Reader
 
             @staticmethod
-            def new_message() -> Calculator.Function.CallParams.Builder:
-                """A new message whose root is a Calculator.Function.call$Params."""
-                return Calculator.Function.CallParams.Builder.new_message()
+            def new_message(
+                *,
+                params: Sequence[float] | _r.ListReader[Any] | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> Calculator.Function.CallParams.Builder:
+                """A new message whose root is a Calculator.Function.call$Params: the fields named take
+                their values (plain values, ``Init``), every other field its default."""
+                return _e.new_message(Calculator.Function.CallParams.Builder, _P_Calculator_Function_CallParams, [params], _unknown)
 
             @staticmethod
             def read(
@@ -323,6 +385,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             _ID: ClassVar[int] = 0xc0e0abf76914dead
 
+            class Init(TypedDict, total=False):
+                """Calculator.Function.call$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+                value: float
+
             class Reader(_r.StructReader):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 1
@@ -344,18 +411,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 value = _d.float_property(64, 0, 0x0, "Calculator.Function.call$Results.value", "Float64")
 
-                _ASSIGN: ClassVar[Any] = struct.Struct('<d').pack_into
-
-                def assign(self, /, *, value: float = 0.0) -> None:
+                def assign(  # type: ignore[override]
+                    self,
+                    /,
+                    *,
+                    value: float = _e.MISSING,
+                    **_unknown: Never,
+                ) -> None:
                     """Set the whole struct, as a constructor would: each field named takes its
-                    value, every other field its default (a pointer field: null). Set group and
-                    union members after, with their own setters."""
-                    try:
-                        self._ASSIGN(self._b.buf, self._data, value)
-                    except (struct.error, TypeError, OverflowError):
-                        # The setters say which field is wrong, and why.
-                        self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                        self.value = value
+                    value (plain values, as ``new_message`` takes them), every other field its
+                    default (a pointer field: null). A value that is refused changes nothing."""
+                    _e.assign_values(self, _P_Calculator_Function_CallResults, [value], _unknown)
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -378,9 +444,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             Promise._READER = Reader
 
             @staticmethod
-            def new_message() -> Calculator.Function.CallResults.Builder:
-                """A new message whose root is a Calculator.Function.call$Results."""
-                return Calculator.Function.CallResults.Builder.new_message()
+            def new_message(
+                *,
+                value: float = _e.MISSING,
+                **_unknown: Never,
+            ) -> Calculator.Function.CallResults.Builder:
+                """A new message whose root is a Calculator.Function.call$Results: the fields named take
+                their values (plain values, ``Init``), every other field its default."""
+                return _e.new_message(Calculator.Function.CallResults.Builder, _P_Calculator_Function_CallResults, [value], _unknown)
 
             @staticmethod
             def read(
@@ -469,6 +540,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             _ID: ClassVar[int] = 0xd3532574d58db558
 
+            class Init(TypedDict, total=False):
+                """Calculator.Value.read$Params as plain values: what ``new_message`` and ``assign`` take."""
+
             class Reader(_r.StructReader):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 0
@@ -507,8 +581,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             @staticmethod
             def new_message() -> Calculator.Value.ReadParams.Builder:
-                """A new message whose root is a Calculator.Value.read$Params."""
-                return Calculator.Value.ReadParams.Builder.new_message()
+                """A new message whose root is a Calculator.Value.read$Params: the fields named take
+                their values (plain values, ``Init``), every other field its default."""
+                return _e.new_message(Calculator.Value.ReadParams.Builder, _P_Calculator_Value_ReadParams, [], {})
 
             @staticmethod
             def read(
@@ -537,6 +612,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             _ID: ClassVar[int] = 0xe6be6723122ae822
 
+            class Init(TypedDict, total=False):
+                """Calculator.Value.read$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+                value: float
+
             class Reader(_r.StructReader):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 1
@@ -558,18 +638,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 value = _d.float_property(64, 0, 0x0, "Calculator.Value.read$Results.value", "Float64")
 
-                _ASSIGN: ClassVar[Any] = struct.Struct('<d').pack_into
-
-                def assign(self, /, *, value: float = 0.0) -> None:
+                def assign(  # type: ignore[override]
+                    self,
+                    /,
+                    *,
+                    value: float = _e.MISSING,
+                    **_unknown: Never,
+                ) -> None:
                     """Set the whole struct, as a constructor would: each field named takes its
-                    value, every other field its default (a pointer field: null). Set group and
-                    union members after, with their own setters."""
-                    try:
-                        self._ASSIGN(self._b.buf, self._data, value)
-                    except (struct.error, TypeError, OverflowError):
-                        # The setters say which field is wrong, and why.
-                        self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                        self.value = value
+                    value (plain values, as ``new_message`` takes them), every other field its
+                    default (a pointer field: null). A value that is refused changes nothing."""
+                    _e.assign_values(self, _P_Calculator_Value_ReadResults, [value], _unknown)
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -592,9 +671,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             Promise._READER = Reader
 
             @staticmethod
-            def new_message() -> Calculator.Value.ReadResults.Builder:
-                """A new message whose root is a Calculator.Value.read$Results."""
-                return Calculator.Value.ReadResults.Builder.new_message()
+            def new_message(
+                *,
+                value: float = _e.MISSING,
+                **_unknown: Never,
+            ) -> Calculator.Value.ReadResults.Builder:
+                """A new message whose root is a Calculator.Value.read$Results: the fields named take
+                their values (plain values, ``Init``), every other field its default."""
+                return _e.new_message(Calculator.Value.ReadResults.Builder, _P_Calculator_Value_ReadResults, [value], _unknown)
 
             @staticmethod
             def read(
@@ -655,6 +739,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
         _ID: ClassVar[int] = 0xf287bcba4556dc89
 
+        class Init(TypedDict, total=False):
+            """Calculator.defFunction$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            paramCount: int
+
+            body: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -693,20 +784,18 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """A new, empty body struct."""
                 return _b.init_struct(self, self._ptr + 0, Calculator.Expression.Builder)
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<i12x').pack_into
-
-            def assign(self, /, *, paramCount: int = 0, body: Calculator.Expression.Reader | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                paramCount: int = _e.MISSING,
+                body: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, paramCount)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                    self.paramCount = paramCount
-                if body is not None:
-                    _b.copy_struct(self, 0, body)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Calculator_DefFunctionParams, [paramCount, body], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -733,9 +822,15 @@ class Calculator(_t.Interface["Calculator.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Calculator.DefFunctionParams.Builder:
-            """A new message whose root is a Calculator.defFunction$Params."""
-            return Calculator.DefFunctionParams.Builder.new_message()
+        def new_message(
+            *,
+            paramCount: int = _e.MISSING,
+            body: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Calculator.DefFunctionParams.Builder:
+            """A new message whose root is a Calculator.defFunction$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Calculator.DefFunctionParams.Builder, _P_Calculator_DefFunctionParams, [paramCount, body], _unknown)
 
         @staticmethod
         def read(
@@ -764,6 +859,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
         _ID: ClassVar[int] = 0x8d24f465047cd6c8
 
+        class Init(TypedDict, total=False):
+            """Calculator.defFunction$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            func: Calculator.Function.Client | Calculator.Function.Server | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -789,13 +889,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Calculator.defFunction$Results.func")
 
-            def assign(self, /, *, func: Calculator.Function.Client | Calculator.Function.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                func: Calculator.Function.Client | Calculator.Function.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if func is not None:
-                    self.set_func(func)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Calculator_DefFunctionResults, [func], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -823,9 +927,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Calculator.DefFunctionResults.Builder:
-            """A new message whose root is a Calculator.defFunction$Results."""
-            return Calculator.DefFunctionResults.Builder.new_message()
+        def new_message(
+            *,
+            func: Calculator.Function.Client | Calculator.Function.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Calculator.DefFunctionResults.Builder:
+            """A new message whose root is a Calculator.defFunction$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Calculator.DefFunctionResults.Builder, _P_Calculator_DefFunctionResults, [func], _unknown)
 
         @staticmethod
         def read(
@@ -853,6 +962,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
         """struct Calculator.evaluate$Params (0xbb0eaae1557a36d4)."""
 
         _ID: ClassVar[int] = 0xbb0eaae1557a36d4
+
+        class Init(TypedDict, total=False):
+            """Calculator.evaluate$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            expression: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -887,13 +1001,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """A new, empty expression struct."""
                 return _b.init_struct(self, self._ptr + 0, Calculator.Expression.Builder)
 
-            def assign(self, /, *, expression: Calculator.Expression.Reader | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                expression: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if expression is not None:
-                    _b.copy_struct(self, 0, expression)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Calculator_EvaluateParams, [expression], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -920,9 +1038,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Calculator.EvaluateParams.Builder:
-            """A new message whose root is a Calculator.evaluate$Params."""
-            return Calculator.EvaluateParams.Builder.new_message()
+        def new_message(
+            *,
+            expression: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Calculator.EvaluateParams.Builder:
+            """A new message whose root is a Calculator.evaluate$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Calculator.EvaluateParams.Builder, _P_Calculator_EvaluateParams, [expression], _unknown)
 
         @staticmethod
         def read(
@@ -951,6 +1074,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
         _ID: ClassVar[int] = 0x81b1a3f55887a611
 
+        class Init(TypedDict, total=False):
+            """Calculator.evaluate$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: Calculator.Value.Client | Calculator.Value.Server | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -976,13 +1104,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Calculator.evaluate$Results.value")
 
-            def assign(self, /, *, value: Calculator.Value.Client | Calculator.Value.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: Calculator.Value.Client | Calculator.Value.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if value is not None:
-                    self.set_value(value)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Calculator_EvaluateResults, [value], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1010,9 +1142,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Calculator.EvaluateResults.Builder:
-            """A new message whose root is a Calculator.evaluate$Results."""
-            return Calculator.EvaluateResults.Builder.new_message()
+        def new_message(
+            *,
+            value: Calculator.Value.Client | Calculator.Value.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Calculator.EvaluateResults.Builder:
+            """A new message whose root is a Calculator.evaluate$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Calculator.EvaluateResults.Builder, _P_Calculator_EvaluateResults, [value], _unknown)
 
         @staticmethod
         def read(
@@ -1040,6 +1177,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
         """struct Calculator.getOperator$Params (0x8a8dceb4f4a3c530)."""
 
         _ID: ClassVar[int] = 0x8a8dceb4f4a3c530
+
+        class Init(TypedDict, total=False):
+            """Calculator.getOperator$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            op: int | str
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1070,18 +1212,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 except (struct.error, TypeError):
                     raise _b.bad_value(value, "Calculator.getOperator$Params.op", "Calculator.Operator", "H") from None
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<H6x').pack_into
-
-            def assign(self, /, *, op: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                op: int | str = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, op)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.op = op
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Calculator_GetOperatorParams, [op], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1104,9 +1245,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Calculator.GetOperatorParams.Builder:
-            """A new message whose root is a Calculator.getOperator$Params."""
-            return Calculator.GetOperatorParams.Builder.new_message()
+        def new_message(
+            *,
+            op: int | str = _e.MISSING,
+            **_unknown: Never,
+        ) -> Calculator.GetOperatorParams.Builder:
+            """A new message whose root is a Calculator.getOperator$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Calculator.GetOperatorParams.Builder, _P_Calculator_GetOperatorParams, [op], _unknown)
 
         @staticmethod
         def read(
@@ -1135,6 +1281,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
         _ID: ClassVar[int] = 0xd18fbb7763c08c20
 
+        class Init(TypedDict, total=False):
+            """Calculator.getOperator$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            func: Calculator.Function.Client | Calculator.Function.Server | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -1160,13 +1311,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Calculator.getOperator$Results.func")
 
-            def assign(self, /, *, func: Calculator.Function.Client | Calculator.Function.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                func: Calculator.Function.Client | Calculator.Function.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if func is not None:
-                    self.set_func(func)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Calculator_GetOperatorResults, [func], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1194,9 +1349,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Calculator.GetOperatorResults.Builder:
-            """A new message whose root is a Calculator.getOperator$Results."""
-            return Calculator.GetOperatorResults.Builder.new_message()
+        def new_message(
+            *,
+            func: Calculator.Function.Client | Calculator.Function.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Calculator.GetOperatorResults.Builder:
+            """A new message whose root is a Calculator.getOperator$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Calculator.GetOperatorResults.Builder, _P_Calculator_GetOperatorResults, [func], _unknown)
 
         @staticmethod
         def read(
@@ -1310,6 +1470,59 @@ Calculator.EvaluateParams.Reader.expression.bind(Calculator.Expression.Reader)
 Calculator.GetOperatorParams.Reader.op.bind(Calculator.Operator, _E_Calculator_Operator)
 Calculator.Expression.Call.Reader.params.bind(Calculator.Expression.Reader)
 Calculator.Function.CallParams.Reader.params.bind(_L_Calculator_Function_CallParams_params)
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_Calculator_Expression = Calculator.Expression.Builder._PLAN = _v.StructPlan("Calculator.Expression", 2, 2, 8)
+_P_Calculator_DefFunctionParams = Calculator.DefFunctionParams.Builder._PLAN = _v.StructPlan("Calculator.defFunction$Params", 1, 1)
+_P_Calculator_DefFunctionResults = Calculator.DefFunctionResults.Builder._PLAN = _v.StructPlan("Calculator.defFunction$Results", 0, 1)
+_P_Calculator_EvaluateParams = Calculator.EvaluateParams.Builder._PLAN = _v.StructPlan("Calculator.evaluate$Params", 0, 1)
+_P_Calculator_EvaluateResults = Calculator.EvaluateResults.Builder._PLAN = _v.StructPlan("Calculator.evaluate$Results", 0, 1)
+_P_Calculator_GetOperatorParams = Calculator.GetOperatorParams.Builder._PLAN = _v.StructPlan("Calculator.getOperator$Params", 1, 0)
+_P_Calculator_GetOperatorResults = Calculator.GetOperatorResults.Builder._PLAN = _v.StructPlan("Calculator.getOperator$Results", 0, 1)
+_P_Calculator_Expression_Call = Calculator.Expression.Call.Builder._PLAN = _v.StructPlan("Calculator.Expression.call", 2, 2, -1, True)
+_P_Calculator_Function_CallParams = Calculator.Function.CallParams.Builder._PLAN = _v.StructPlan("Calculator.Function.call$Params", 0, 1)
+_P_Calculator_Function_CallResults = Calculator.Function.CallResults.Builder._PLAN = _v.StructPlan("Calculator.Function.call$Results", 1, 0)
+_P_Calculator_Value_ReadParams = Calculator.Value.ReadParams.Builder._PLAN = _v.StructPlan("Calculator.Value.read$Params", 0, 0)
+_P_Calculator_Value_ReadResults = Calculator.Value.ReadResults.Builder._PLAN = _v.StructPlan("Calculator.Value.read$Results", 1, 0)
+_P_Calculator_Expression.add(
+    _v.floating("literal", "Float64", 0, 8, disc=0),
+    _v.capability("previousResult", 0, disc=1),
+    _v.integer("parameter", "UInt32", 0, 4, False, disc=2),
+    _v.group("call", _P_Calculator_Expression_Call, disc=3),
+)
+_P_Calculator_DefFunctionParams.add(
+    _v.integer("paramCount", "Int32", 0, 4, True),
+    _v.struct("body", 0, _P_Calculator_Expression),
+)
+_P_Calculator_DefFunctionResults.add(
+    _v.capability("func", 0),
+)
+_P_Calculator_EvaluateParams.add(
+    _v.struct("expression", 0, _P_Calculator_Expression),
+)
+_P_Calculator_EvaluateResults.add(
+    _v.capability("value", 0),
+)
+_P_Calculator_GetOperatorParams.add(
+    _v.enumeration("op", "Calculator.Operator", 0, ('add', 'subtract', 'multiply', 'divide')),
+)
+_P_Calculator_GetOperatorResults.add(
+    _v.capability("func", 0),
+)
+_P_Calculator_Expression_Call.add(
+    _v.capability("function", 0),
+    _v.list_("params", 1, _v.of_struct(_P_Calculator_Expression)),
+)
+_P_Calculator_Function_CallParams.add(
+    _v.list_("params", 0, _v.of_float("Float64", 8)),
+)
+_P_Calculator_Function_CallResults.add(
+    _v.floating("value", "Float64", 0, 8),
+)
+_P_Calculator_Value_ReadResults.add(
+    _v.floating("value", "Float64", 0, 8),
+)
 
 
 Calculator.METHODS = {"evaluate": (0, Calculator.EvaluateParams, Calculator.EvaluateResults), "defFunction": (1, Calculator.DefFunctionParams, Calculator.DefFunctionResults), "getOperator": (2, Calculator.GetOperatorParams, Calculator.GetOperatorResults)}

@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -44,6 +46,11 @@ class Echo(_t.Interface["Echo.Client"]):
 
         _ID: ClassVar[int] = 0xfe4d66aa1d9df03a
 
+        class Init(TypedDict, total=False):
+            """Echo.ping$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            msg: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -66,13 +73,17 @@ class Echo(_t.Interface["Echo.Client"]):
 
             msg = _d.text_property(0, '', "Echo.ping$Params.msg")
 
-            def assign(self, /, *, msg: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                msg: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if msg is not None:
-                    self._set_text(0, msg, "Echo.ping$Params.msg")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Echo_PingParams, [msg], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -95,9 +106,14 @@ class Echo(_t.Interface["Echo.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Echo.PingParams.Builder:
-            """A new message whose root is a Echo.ping$Params."""
-            return Echo.PingParams.Builder.new_message()
+        def new_message(
+            *,
+            msg: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Echo.PingParams.Builder:
+            """A new message whose root is a Echo.ping$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Echo.PingParams.Builder, _P_Echo_PingParams, [msg], _unknown)
 
         @staticmethod
         def read(
@@ -126,6 +142,11 @@ class Echo(_t.Interface["Echo.Client"]):
 
         _ID: ClassVar[int] = 0xb37b9e41b12a2677
 
+        class Init(TypedDict, total=False):
+            """Echo.ping$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            reply: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -148,13 +169,17 @@ class Echo(_t.Interface["Echo.Client"]):
 
             reply = _d.text_property(0, '', "Echo.ping$Results.reply")
 
-            def assign(self, /, *, reply: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                reply: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if reply is not None:
-                    self._set_text(0, reply, "Echo.ping$Results.reply")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Echo_PingResults, [reply], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -177,9 +202,14 @@ class Echo(_t.Interface["Echo.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Echo.PingResults.Builder:
-            """A new message whose root is a Echo.ping$Results."""
-            return Echo.PingResults.Builder.new_message()
+        def new_message(
+            *,
+            reply: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Echo.PingResults.Builder:
+            """A new message whose root is a Echo.ping$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Echo.PingResults.Builder, _P_Echo_PingResults, [reply], _unknown)
 
         @staticmethod
         def read(
@@ -207,6 +237,11 @@ class Echo(_t.Interface["Echo.Client"]):
         """struct Echo.pingData$Params (0xd7e37bd20ee55124)."""
 
         _ID: ClassVar[int] = 0xd7e37bd20ee55124
+
+        class Init(TypedDict, total=False):
+            """Echo.pingData$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            data: bytes | bytearray | memoryview | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -238,13 +273,17 @@ class Echo(_t.Interface["Echo.Client"]):
             def data(self, value: bytes | bytearray | memoryview) -> None:
                 _b.set_data(self._b, self._ptr + 0, value, "Echo.pingData$Params.data")
 
-            def assign(self, /, *, data: bytes | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                data: bytes | bytearray | memoryview | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if data is not None:
-                    self.data = data
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Echo_PingDataParams, [data], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -267,9 +306,14 @@ class Echo(_t.Interface["Echo.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Echo.PingDataParams.Builder:
-            """A new message whose root is a Echo.pingData$Params."""
-            return Echo.PingDataParams.Builder.new_message()
+        def new_message(
+            *,
+            data: bytes | bytearray | memoryview | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Echo.PingDataParams.Builder:
+            """A new message whose root is a Echo.pingData$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Echo.PingDataParams.Builder, _P_Echo_PingDataParams, [data], _unknown)
 
         @staticmethod
         def read(
@@ -297,6 +341,11 @@ class Echo(_t.Interface["Echo.Client"]):
         """struct Echo.pingData$Results (0xf98dcdb1b8b0c70c)."""
 
         _ID: ClassVar[int] = 0xf98dcdb1b8b0c70c
+
+        class Init(TypedDict, total=False):
+            """Echo.pingData$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            data: bytes | bytearray | memoryview | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -328,13 +377,17 @@ class Echo(_t.Interface["Echo.Client"]):
             def data(self, value: bytes | bytearray | memoryview) -> None:
                 _b.set_data(self._b, self._ptr + 0, value, "Echo.pingData$Results.data")
 
-            def assign(self, /, *, data: bytes | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                data: bytes | bytearray | memoryview | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if data is not None:
-                    self.data = data
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Echo_PingDataResults, [data], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -357,9 +410,14 @@ class Echo(_t.Interface["Echo.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Echo.PingDataResults.Builder:
-            """A new message whose root is a Echo.pingData$Results."""
-            return Echo.PingDataResults.Builder.new_message()
+        def new_message(
+            *,
+            data: bytes | bytearray | memoryview | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Echo.PingDataResults.Builder:
+            """A new message whose root is a Echo.pingData$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Echo.PingDataResults.Builder, _P_Echo_PingDataResults, [data], _unknown)
 
         @staticmethod
         def read(
@@ -439,6 +497,25 @@ class Echo(_t.Interface["Echo.Client"]):
         def pingData(self, params: Echo.PingDataParams.Reader, results: Echo.PingDataResults.Builder) -> Awaitable[None] | None:
             """Echo.pingData: read ``params``, fill ``results``."""
             raise NotImplementedError  # not called: the base answers unimplemented
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_Echo_PingParams = Echo.PingParams.Builder._PLAN = _v.StructPlan("Echo.ping$Params", 0, 1)
+_P_Echo_PingResults = Echo.PingResults.Builder._PLAN = _v.StructPlan("Echo.ping$Results", 0, 1)
+_P_Echo_PingDataParams = Echo.PingDataParams.Builder._PLAN = _v.StructPlan("Echo.pingData$Params", 0, 1)
+_P_Echo_PingDataResults = Echo.PingDataResults.Builder._PLAN = _v.StructPlan("Echo.pingData$Results", 0, 1)
+_P_Echo_PingParams.add(
+    _v.text("msg", 0),
+)
+_P_Echo_PingResults.add(
+    _v.text("reply", 0),
+)
+_P_Echo_PingDataParams.add(
+    _v.data("data", 0),
+)
+_P_Echo_PingDataResults.add(
+    _v.data("data", 0),
+)
 
 
 Echo.METHODS = {"ping": (0, Echo.PingParams, Echo.PingResults), "pingData": (1, Echo.PingDataParams, Echo.PingDataResults)}

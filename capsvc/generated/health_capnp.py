@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -44,6 +46,11 @@ class Health(_t.Interface["Health.Client"]):
 
         _ID: ClassVar[int] = 0xbdecad675471673e
 
+        class Init(TypedDict, total=False):
+            """Health.check$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            service: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -66,13 +73,17 @@ class Health(_t.Interface["Health.Client"]):
 
             service = _d.text_property(0, '', "Health.check$Params.service")
 
-            def assign(self, /, *, service: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                service: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if service is not None:
-                    self._set_text(0, service, "Health.check$Params.service")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Health_CheckParams, [service], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -95,9 +106,14 @@ class Health(_t.Interface["Health.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Health.CheckParams.Builder:
-            """A new message whose root is a Health.check$Params."""
-            return Health.CheckParams.Builder.new_message()
+        def new_message(
+            *,
+            service: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Health.CheckParams.Builder:
+            """A new message whose root is a Health.check$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Health.CheckParams.Builder, _P_Health_CheckParams, [service], _unknown)
 
         @staticmethod
         def read(
@@ -125,6 +141,11 @@ class Health(_t.Interface["Health.Client"]):
         """struct Health.check$Results (0xcff75b88dce15fb4)."""
 
         _ID: ClassVar[int] = 0xcff75b88dce15fb4
+
+        class Init(TypedDict, total=False):
+            """Health.check$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            status: int | str
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -155,18 +176,17 @@ class Health(_t.Interface["Health.Client"]):
                 except (struct.error, TypeError):
                     raise _b.bad_value(value, "Health.check$Results.status", "ServingStatus", "H") from None
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<H6x').pack_into
-
-            def assign(self, /, *, status: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                status: int | str = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, status)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.status = status
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Health_CheckResults, [status], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -189,9 +209,14 @@ class Health(_t.Interface["Health.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Health.CheckResults.Builder:
-            """A new message whose root is a Health.check$Results."""
-            return Health.CheckResults.Builder.new_message()
+        def new_message(
+            *,
+            status: int | str = _e.MISSING,
+            **_unknown: Never,
+        ) -> Health.CheckResults.Builder:
+            """A new message whose root is a Health.check$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Health.CheckResults.Builder, _P_Health_CheckResults, [status], _unknown)
 
         @staticmethod
         def read(
@@ -272,6 +297,17 @@ class ServingStatus(enum.IntEnum):
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_ServingStatus = tuple(ServingStatus)
 Health.CheckResults.Reader.status.bind(ServingStatus, _E_ServingStatus)
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_Health_CheckParams = Health.CheckParams.Builder._PLAN = _v.StructPlan("Health.check$Params", 0, 1)
+_P_Health_CheckResults = Health.CheckResults.Builder._PLAN = _v.StructPlan("Health.check$Results", 1, 0)
+_P_Health_CheckParams.add(
+    _v.text("service", 0),
+)
+_P_Health_CheckResults.add(
+    _v.enumeration("status", "ServingStatus", 0, ('unknown', 'serving', 'notServing', 'serviceUnknown')),
+)
 
 
 Health.METHODS = {"check": (0, Health.CheckParams, Health.CheckResults)}

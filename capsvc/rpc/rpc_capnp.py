@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
     get_i16, set_i16,
@@ -35,6 +37,15 @@ class Accept:
     """struct Accept (0xd4c9b56290554016)."""
 
     _ID: ClassVar[int] = 0xd4c9b56290554016
+
+    class Init(TypedDict, total=False):
+        """Accept as plain values: what ``new_message`` and ``assign`` take."""
+
+        questionId: int
+
+        provision: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        embargo: bool
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -71,21 +82,19 @@ class Accept:
 
         embargo = _d.bool_property(4, 0, False, "Accept.embargo")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<IB11x').pack_into
-
-        def assign(self, /, *, questionId: int = 0, embargo: bool = False) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            questionId: int = _e.MISSING,
+            provision: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            embargo: bool = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                if not ((embargo is True or embargo is False)):
-                    raise TypeError  # a Bool that is not a bool
-                self._ASSIGN(self._b.buf, self._data, questionId, embargo)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                self.questionId = questionId
-                self.embargo = embargo
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Accept, [questionId, provision, embargo], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -108,9 +117,16 @@ class Accept:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Accept.Builder:
-        """A new message whose root is a Accept."""
-        return Accept.Builder.new_message()
+    def new_message(
+        *,
+        questionId: int = _e.MISSING,
+        provision: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        embargo: bool = _e.MISSING,
+        **_unknown: Never,
+    ) -> Accept.Builder:
+        """A new message whose root is a Accept: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Accept.Builder, _P_Accept, [questionId, provision, embargo], _unknown)
 
     @staticmethod
     def read(
@@ -138,6 +154,13 @@ class Bootstrap:
     """struct Bootstrap (0xe94ccf8031176ec4)."""
 
     _ID: ClassVar[int] = 0xe94ccf8031176ec4
+
+    class Init(TypedDict, total=False):
+        """Bootstrap as plain values: what ``new_message`` and ``assign`` take."""
+
+        questionId: int
+
+        deprecatedObjectId: str | bytes | _r.StructReader | _b.StructBuilder | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -169,18 +192,18 @@ class Bootstrap:
             """Put a new struct of builder class ``cls`` in the AnyPointer deprecatedObjectId."""
             return _b.init_struct(self, self._ptr + 0, cls)
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<I12x').pack_into
-
-        def assign(self, /, *, questionId: int = 0) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            questionId: int = _e.MISSING,
+            deprecatedObjectId: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, questionId)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                self.questionId = questionId
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Bootstrap, [questionId, deprecatedObjectId], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -203,9 +226,15 @@ class Bootstrap:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Bootstrap.Builder:
-        """A new message whose root is a Bootstrap."""
-        return Bootstrap.Builder.new_message()
+    def new_message(
+        *,
+        questionId: int = _e.MISSING,
+        deprecatedObjectId: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Bootstrap.Builder:
+        """A new message whose root is a Bootstrap: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Bootstrap.Builder, _P_Bootstrap, [questionId, deprecatedObjectId], _unknown)
 
     @staticmethod
     def read(
@@ -239,6 +268,15 @@ class Call:
 
         _ID: ClassVar[int] = 0xdae8b0f61aab5f99
 
+        class Init(TypedDict, total=False):
+            """Call.sendResultsTo as plain values: what ``new_message`` and ``assign`` take."""
+
+            caller: None
+
+            yourself: None
+
+            thirdParty: str | bytes | _r.StructReader | _b.StructBuilder | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 3
@@ -257,11 +295,11 @@ class Call:
                 w = self._ptr + 2
                 return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
 
-            def which(self) -> Literal["caller", "yourself", "thirdParty"] | None:
-                """The union member that is set (None: one this schema does not know)."""
-                d = get_u16(self._seg, self._data + 6)[0]
-                names: tuple[Any, ...] = ("caller", "yourself", "thirdParty",)
-                return names[d] if d < len(names) else None
+            _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (6, ("caller", "yourself", "thirdParty",))
+
+            if TYPE_CHECKING:
+                def which(self) -> Literal["caller", "yourself", "thirdParty"] | None:
+                    """The union member that is set (None: one this schema does not know)."""
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -306,6 +344,20 @@ class Call:
                 names: tuple[Any, ...] = ("caller", "yourself", "thirdParty",)
                 return names[d] if d < len(names) else None
 
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                caller: None = _e.MISSING,
+                yourself: None = _e.MISSING,
+                thirdParty: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Call_SendResultsTo, [caller, yourself, thirdParty], _unknown)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -318,6 +370,27 @@ class Call:
             """The pipelined fields of a future Call.sendResultsTo (rpc-protocol.md §6)."""
 
             __slots__ = ()
+
+    class Init(TypedDict, total=False):
+        """Call as plain values: what ``new_message`` and ``assign`` take."""
+
+        questionId: int
+
+        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None
+
+        interfaceId: int
+
+        methodId: int
+
+        allowThirdPartyTailCall: bool
+
+        noPromisePipelining: bool
+
+        onlyPromisePipeline: bool
+
+        params: Payload.Init | Payload.Reader | Payload.Builder | None
+
+        sendResultsTo: Call.SendResultsTo.Init
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -404,29 +477,25 @@ class Call:
 
         sendResultsTo: _d.BuilderGroup[Call.SendResultsTo.Builder] = _d.BuilderGroup()
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<IH2xQB31x').pack_into
-
-        def assign(self, /, *, questionId: int = 0, target: MessageTarget.Reader | None = None, interfaceId: int = 0, methodId: int = 0, allowThirdPartyTailCall: bool = False, noPromisePipelining: bool = False, onlyPromisePipeline: bool = False, params: Payload.Reader | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            questionId: int = _e.MISSING,
+            target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+            interfaceId: int = _e.MISSING,
+            methodId: int = _e.MISSING,
+            allowThirdPartyTailCall: bool = _e.MISSING,
+            noPromisePipelining: bool = _e.MISSING,
+            onlyPromisePipeline: bool = _e.MISSING,
+            params: Payload.Init | Payload.Reader | Payload.Builder | None = _e.MISSING,
+            sendResultsTo: Call.SendResultsTo.Init = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                if not ((allowThirdPartyTailCall is True or allowThirdPartyTailCall is False) and (noPromisePipelining is True or noPromisePipelining is False) and (onlyPromisePipeline is True or onlyPromisePipeline is False)):
-                    raise TypeError  # a Bool that is not a bool
-                self._ASSIGN(self._b.buf, self._data, questionId, methodId, interfaceId, allowThirdPartyTailCall | noPromisePipelining << 1 | onlyPromisePipeline << 2)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(48)
-                self.questionId = questionId
-                self.interfaceId = interfaceId
-                self.methodId = methodId
-                self.allowThirdPartyTailCall = allowThirdPartyTailCall
-                self.noPromisePipelining = noPromisePipelining
-                self.onlyPromisePipeline = onlyPromisePipeline
-            if target is not None:
-                _b.copy_struct(self, 0, target)
-            if params is not None:
-                _b.copy_struct(self, 1, params)
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Call, [questionId, target, interfaceId, methodId, allowThirdPartyTailCall, noPromisePipelining, onlyPromisePipeline, params, sendResultsTo], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -461,9 +530,22 @@ class Call:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Call.Builder:
-        """A new message whose root is a Call."""
-        return Call.Builder.new_message()
+    def new_message(
+        *,
+        questionId: int = _e.MISSING,
+        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+        interfaceId: int = _e.MISSING,
+        methodId: int = _e.MISSING,
+        allowThirdPartyTailCall: bool = _e.MISSING,
+        noPromisePipelining: bool = _e.MISSING,
+        onlyPromisePipeline: bool = _e.MISSING,
+        params: Payload.Init | Payload.Reader | Payload.Builder | None = _e.MISSING,
+        sendResultsTo: Call.SendResultsTo.Init = _e.MISSING,
+        **_unknown: Never,
+    ) -> Call.Builder:
+        """A new message whose root is a Call: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Call.Builder, _P_Call, [questionId, target, interfaceId, methodId, allowThirdPartyTailCall, noPromisePipelining, onlyPromisePipeline, params, sendResultsTo], _unknown)
 
     @staticmethod
     def read(
@@ -492,6 +574,23 @@ class CapDescriptor:
 
     _ID: ClassVar[int] = 0x8523ddc40b86b8b0
 
+    class Init(TypedDict, total=False):
+        """CapDescriptor as plain values: what ``new_message`` and ``assign`` take."""
+
+        none: None
+
+        senderHosted: int
+
+        senderPromise: int
+
+        receiverHosted: int
+
+        receiverAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None
+
+        thirdPartyHosted: ThirdPartyCapDescriptor.Init | ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder | None
+
+        attachedFd: int
+
     class Reader(_r.StructReader):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -513,11 +612,11 @@ class CapDescriptor:
 
         attachedFd = _d.UInt8(2, 255)
 
-        def which(self) -> Literal["none", "senderHosted", "senderPromise", "receiverHosted", "receiverAnswer", "thirdPartyHosted"] | None:
-            """The union member that is set (None: one this schema does not know)."""
-            d = get_u16(self._seg, self._data + 0)[0]
-            names: tuple[Any, ...] = ("none", "senderHosted", "senderPromise", "receiverHosted", "receiverAnswer", "thirdPartyHosted",)
-            return names[d] if d < len(names) else None
+        _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (0, ("none", "senderHosted", "senderPromise", "receiverHosted", "receiverAnswer", "thirdPartyHosted",))
+
+        if TYPE_CHECKING:
+            def which(self) -> Literal["none", "senderHosted", "senderPromise", "receiverHosted", "receiverAnswer", "thirdPartyHosted"] | None:
+                """The union member that is set (None: one this schema does not know)."""
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -600,18 +699,23 @@ class CapDescriptor:
             names: tuple[Any, ...] = ("none", "senderHosted", "senderPromise", "receiverHosted", "receiverAnswer", "thirdPartyHosted",)
             return names[d] if d < len(names) else None
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<2xB13x').pack_into
-
-        def assign(self, /, *, attachedFd: int = 255) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            none: None = _e.MISSING,
+            senderHosted: int = _e.MISSING,
+            senderPromise: int = _e.MISSING,
+            receiverHosted: int = _e.MISSING,
+            receiverAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
+            thirdPartyHosted: ThirdPartyCapDescriptor.Init | ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder | None = _e.MISSING,
+            attachedFd: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, attachedFd ^ 255)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                self.attachedFd = attachedFd
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_CapDescriptor, [none, senderHosted, senderPromise, receiverHosted, receiverAnswer, thirdPartyHosted, attachedFd], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -642,9 +746,20 @@ class CapDescriptor:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> CapDescriptor.Builder:
-        """A new message whose root is a CapDescriptor."""
-        return CapDescriptor.Builder.new_message()
+    def new_message(
+        *,
+        none: None = _e.MISSING,
+        senderHosted: int = _e.MISSING,
+        senderPromise: int = _e.MISSING,
+        receiverHosted: int = _e.MISSING,
+        receiverAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
+        thirdPartyHosted: ThirdPartyCapDescriptor.Init | ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder | None = _e.MISSING,
+        attachedFd: int = _e.MISSING,
+        **_unknown: Never,
+    ) -> CapDescriptor.Builder:
+        """A new message whose root is a CapDescriptor: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(CapDescriptor.Builder, _P_CapDescriptor, [none, senderHosted, senderPromise, receiverHosted, receiverAnswer, thirdPartyHosted, attachedFd], _unknown)
 
     @staticmethod
     def read(
@@ -678,6 +793,17 @@ class Disembargo:
 
         _ID: ClassVar[int] = 0xd562b4df655bdd4d
 
+        class Init(TypedDict, total=False):
+            """Disembargo.context as plain values: what ``new_message`` and ``assign`` take."""
+
+            senderLoopback: int
+
+            receiverLoopback: int
+
+            accept: None
+
+            provide: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -693,11 +819,11 @@ class Disembargo:
 
             provide = _d.Int("u32", 0)
 
-            def which(self) -> Literal["senderLoopback", "receiverLoopback", "accept", "provide"] | None:
-                """The union member that is set (None: one this schema does not know)."""
-                d = get_u16(self._seg, self._data + 4)[0]
-                names: tuple[Any, ...] = ("senderLoopback", "receiverLoopback", "accept", "provide",)
-                return names[d] if d < len(names) else None
+            _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (4, ("senderLoopback", "receiverLoopback", "accept", "provide",))
+
+            if TYPE_CHECKING:
+                def which(self) -> Literal["senderLoopback", "receiverLoopback", "accept", "provide"] | None:
+                    """The union member that is set (None: one this schema does not know)."""
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -739,6 +865,21 @@ class Disembargo:
                 names: tuple[Any, ...] = ("senderLoopback", "receiverLoopback", "accept", "provide",)
                 return names[d] if d < len(names) else None
 
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                senderLoopback: int = _e.MISSING,
+                receiverLoopback: int = _e.MISSING,
+                accept: None = _e.MISSING,
+                provide: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Disembargo_Context, [senderLoopback, receiverLoopback, accept, provide], _unknown)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -751,6 +892,13 @@ class Disembargo:
             """The pipelined fields of a future Disembargo.context (rpc-protocol.md §6)."""
 
             __slots__ = ()
+
+    class Init(TypedDict, total=False):
+        """Disembargo as plain values: what ``new_message`` and ``assign`` take."""
+
+        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None
+
+        context: Disembargo.Context.Init
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -790,13 +938,18 @@ class Disembargo:
 
         context: _d.BuilderGroup[Disembargo.Context.Builder] = _d.BuilderGroup()
 
-        def assign(self, /, *, target: MessageTarget.Reader | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+            context: Disembargo.Context.Init = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-            if target is not None:
-                _b.copy_struct(self, 0, target)
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Disembargo, [target, context], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -827,9 +980,15 @@ class Disembargo:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Disembargo.Builder:
-        """A new message whose root is a Disembargo."""
-        return Disembargo.Builder.new_message()
+    def new_message(
+        *,
+        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+        context: Disembargo.Context.Init = _e.MISSING,
+        **_unknown: Never,
+    ) -> Disembargo.Builder:
+        """A new message whose root is a Disembargo: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Disembargo.Builder, _P_Disembargo, [target, context], _unknown)
 
     @staticmethod
     def read(
@@ -875,6 +1034,19 @@ class Exception:
             member._name_ = str(value)
             member._value_ = value
             return member
+
+    class Init(TypedDict, total=False):
+        """Exception as plain values: what ``new_message`` and ``assign`` take."""
+
+        reason: str | None
+
+        type: int | str
+
+        obsoleteIsCallersFault: bool
+
+        obsoleteDurability: int
+
+        trace: str | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -927,26 +1099,21 @@ class Exception:
 
         trace = _d.text_property(1, '', "Exception.trace")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<B1xHH18x').pack_into
-
-        def assign(self, /, *, reason: str | None = None, type: int = 0, obsoleteIsCallersFault: bool = False, obsoleteDurability: int = 0, trace: str | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            reason: str | None = _e.MISSING,
+            type: int | str = _e.MISSING,
+            obsoleteIsCallersFault: bool = _e.MISSING,
+            obsoleteDurability: int = _e.MISSING,
+            trace: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                if not ((obsoleteIsCallersFault is True or obsoleteIsCallersFault is False)):
-                    raise TypeError  # a Bool that is not a bool
-                self._ASSIGN(self._b.buf, self._data, obsoleteIsCallersFault, obsoleteDurability, type)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(24)
-                self.type = type
-                self.obsoleteIsCallersFault = obsoleteIsCallersFault
-                self.obsoleteDurability = obsoleteDurability
-            if reason is not None:
-                self._set_text(0, reason, "Exception.reason")
-            if trace is not None:
-                self._set_text(1, trace, "Exception.trace")
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Exception, [reason, type, obsoleteIsCallersFault, obsoleteDurability, trace], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -969,9 +1136,18 @@ class Exception:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Exception.Builder:
-        """A new message whose root is a Exception."""
-        return Exception.Builder.new_message()
+    def new_message(
+        *,
+        reason: str | None = _e.MISSING,
+        type: int | str = _e.MISSING,
+        obsoleteIsCallersFault: bool = _e.MISSING,
+        obsoleteDurability: int = _e.MISSING,
+        trace: str | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Exception.Builder:
+        """A new message whose root is a Exception: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Exception.Builder, _P_Exception, [reason, type, obsoleteIsCallersFault, obsoleteDurability, trace], _unknown)
 
     @staticmethod
     def read(
@@ -999,6 +1175,15 @@ class Finish:
     """struct Finish (0xd37d2eb2c2f80e63)."""
 
     _ID: ClassVar[int] = 0xd37d2eb2c2f80e63
+
+    class Init(TypedDict, total=False):
+        """Finish as plain values: what ``new_message`` and ``assign`` take."""
+
+        questionId: int
+
+        releaseResultCaps: bool
+
+        requireEarlyCancellationWorkaround: bool
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1031,22 +1216,19 @@ class Finish:
 
         requireEarlyCancellationWorkaround = _d.bool_property(4, 1, True, "Finish.requireEarlyCancellationWorkaround")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<IB3x').pack_into
-
-        def assign(self, /, *, questionId: int = 0, releaseResultCaps: bool = True, requireEarlyCancellationWorkaround: bool = True) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            questionId: int = _e.MISSING,
+            releaseResultCaps: bool = _e.MISSING,
+            requireEarlyCancellationWorkaround: bool = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                if not ((releaseResultCaps is True or releaseResultCaps is False) and (requireEarlyCancellationWorkaround is True or requireEarlyCancellationWorkaround is False)):
-                    raise TypeError  # a Bool that is not a bool
-                self._ASSIGN(self._b.buf, self._data, questionId, (not releaseResultCaps) | (not requireEarlyCancellationWorkaround) << 1)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                self.questionId = questionId
-                self.releaseResultCaps = releaseResultCaps
-                self.requireEarlyCancellationWorkaround = requireEarlyCancellationWorkaround
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Finish, [questionId, releaseResultCaps, requireEarlyCancellationWorkaround], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1069,9 +1251,16 @@ class Finish:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Finish.Builder:
-        """A new message whose root is a Finish."""
-        return Finish.Builder.new_message()
+    def new_message(
+        *,
+        questionId: int = _e.MISSING,
+        releaseResultCaps: bool = _e.MISSING,
+        requireEarlyCancellationWorkaround: bool = _e.MISSING,
+        **_unknown: Never,
+    ) -> Finish.Builder:
+        """A new message whose root is a Finish: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Finish.Builder, _P_Finish, [questionId, releaseResultCaps, requireEarlyCancellationWorkaround], _unknown)
 
     @staticmethod
     def read(
@@ -1099,6 +1288,15 @@ class Join:
     """struct Join (0xfbe1980490e001af)."""
 
     _ID: ClassVar[int] = 0xfbe1980490e001af
+
+    class Init(TypedDict, total=False):
+        """Join as plain values: what ``new_message`` and ``assign`` take."""
+
+        questionId: int
+
+        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None
+
+        keyPart: str | bytes | _r.StructReader | _b.StructBuilder | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1147,20 +1345,19 @@ class Join:
             """Put a new struct of builder class ``cls`` in the AnyPointer keyPart."""
             return _b.init_struct(self, self._ptr + 1, cls)
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<I20x').pack_into
-
-        def assign(self, /, *, questionId: int = 0, target: MessageTarget.Reader | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            questionId: int = _e.MISSING,
+            target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+            keyPart: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, questionId)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(24)
-                self.questionId = questionId
-            if target is not None:
-                _b.copy_struct(self, 0, target)
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Join, [questionId, target, keyPart], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1187,9 +1384,16 @@ class Join:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Join.Builder:
-        """A new message whose root is a Join."""
-        return Join.Builder.new_message()
+    def new_message(
+        *,
+        questionId: int = _e.MISSING,
+        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+        keyPart: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Join.Builder:
+        """A new message whose root is a Join: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Join.Builder, _P_Join, [questionId, target, keyPart], _unknown)
 
     @staticmethod
     def read(
@@ -1217,6 +1421,37 @@ class Message:
     """struct Message (0x91b79f1f808db032)."""
 
     _ID: ClassVar[int] = 0x91b79f1f808db032
+
+    class Init(TypedDict, total=False):
+        """Message as plain values: what ``new_message`` and ``assign`` take."""
+
+        unimplemented: Message.Init | Message.Reader | Message.Builder | None
+
+        abort: Exception.Init | Exception.Reader | Exception.Builder | None
+
+        bootstrap: Bootstrap.Init | Bootstrap.Reader | Bootstrap.Builder | None
+
+        call: Call.Init | Call.Reader | Call.Builder | None
+
+        return_: Return.Init | Return.Reader | Return.Builder | None
+
+        finish: Finish.Init | Finish.Reader | Finish.Builder | None
+
+        resolve: Resolve.Init | Resolve.Reader | Resolve.Builder | None
+
+        release: Release.Init | Release.Reader | Release.Builder | None
+
+        disembargo: Disembargo.Init | Disembargo.Reader | Disembargo.Builder | None
+
+        obsoleteSave: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        obsoleteDelete: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        provide: Provide.Init | Provide.Reader | Provide.Builder | None
+
+        accept: Accept.Init | Accept.Reader | Accept.Builder | None
+
+        join: Join.Init | Join.Reader | Join.Builder | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1257,11 +1492,11 @@ class Message:
 
         join: _d.Struct[Join.Reader] = _d.Struct(0)
 
-        def which(self) -> Literal["unimplemented", "abort", "call", "return", "finish", "resolve", "release", "obsoleteSave", "bootstrap", "obsoleteDelete", "provide", "accept", "join", "disembargo"] | None:
-            """The union member that is set (None: one this schema does not know)."""
-            d = get_u16(self._seg, self._data + 0)[0]
-            names: tuple[Any, ...] = ("unimplemented", "abort", "call", "return", "finish", "resolve", "release", "obsoleteSave", "bootstrap", "obsoleteDelete", "provide", "accept", "join", "disembargo",)
-            return names[d] if d < len(names) else None
+        _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (0, ("unimplemented", "abort", "call", "return", "finish", "resolve", "release", "obsoleteSave", "bootstrap", "obsoleteDelete", "provide", "accept", "join", "disembargo",))
+
+        if TYPE_CHECKING:
+            def which(self) -> Literal["unimplemented", "abort", "call", "return", "finish", "resolve", "release", "obsoleteSave", "bootstrap", "obsoleteDelete", "provide", "accept", "join", "disembargo"] | None:
+                """The union member that is set (None: one this schema does not know)."""
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1519,6 +1754,31 @@ class Message:
             names: tuple[Any, ...] = ("unimplemented", "abort", "call", "return", "finish", "resolve", "release", "obsoleteSave", "bootstrap", "obsoleteDelete", "provide", "accept", "join", "disembargo",)
             return names[d] if d < len(names) else None
 
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            unimplemented: Message.Init | Message.Reader | Message.Builder | None = _e.MISSING,
+            abort: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
+            bootstrap: Bootstrap.Init | Bootstrap.Reader | Bootstrap.Builder | None = _e.MISSING,
+            call: Call.Init | Call.Reader | Call.Builder | None = _e.MISSING,
+            return_: Return.Init | Return.Reader | Return.Builder | None = _e.MISSING,
+            finish: Finish.Init | Finish.Reader | Finish.Builder | None = _e.MISSING,
+            resolve: Resolve.Init | Resolve.Reader | Resolve.Builder | None = _e.MISSING,
+            release: Release.Init | Release.Reader | Release.Builder | None = _e.MISSING,
+            disembargo: Disembargo.Init | Disembargo.Reader | Disembargo.Builder | None = _e.MISSING,
+            obsoleteSave: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            obsoleteDelete: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            provide: Provide.Init | Provide.Reader | Provide.Builder | None = _e.MISSING,
+            accept: Accept.Init | Accept.Reader | Accept.Builder | None = _e.MISSING,
+            join: Join.Init | Join.Reader | Join.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Message, [unimplemented, abort, bootstrap, call, return_, finish, resolve, release, disembargo, obsoleteSave, obsoleteDelete, provide, accept, join], _unknown)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -1588,9 +1848,27 @@ class Message:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Message.Builder:
-        """A new message whose root is a Message."""
-        return Message.Builder.new_message()
+    def new_message(
+        *,
+        unimplemented: Message.Init | Message.Reader | Message.Builder | None = _e.MISSING,
+        abort: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
+        bootstrap: Bootstrap.Init | Bootstrap.Reader | Bootstrap.Builder | None = _e.MISSING,
+        call: Call.Init | Call.Reader | Call.Builder | None = _e.MISSING,
+        return_: Return.Init | Return.Reader | Return.Builder | None = _e.MISSING,
+        finish: Finish.Init | Finish.Reader | Finish.Builder | None = _e.MISSING,
+        resolve: Resolve.Init | Resolve.Reader | Resolve.Builder | None = _e.MISSING,
+        release: Release.Init | Release.Reader | Release.Builder | None = _e.MISSING,
+        disembargo: Disembargo.Init | Disembargo.Reader | Disembargo.Builder | None = _e.MISSING,
+        obsoleteSave: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        obsoleteDelete: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        provide: Provide.Init | Provide.Reader | Provide.Builder | None = _e.MISSING,
+        accept: Accept.Init | Accept.Reader | Accept.Builder | None = _e.MISSING,
+        join: Join.Init | Join.Reader | Join.Builder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Message.Builder:
+        """A new message whose root is a Message: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Message.Builder, _P_Message, [unimplemented, abort, bootstrap, call, return_, finish, resolve, release, disembargo, obsoleteSave, obsoleteDelete, provide, accept, join], _unknown)
 
     @staticmethod
     def read(
@@ -1619,6 +1897,13 @@ class MessageTarget:
 
     _ID: ClassVar[int] = 0x95bc14545813fbc1
 
+    class Init(TypedDict, total=False):
+        """MessageTarget as plain values: what ``new_message`` and ``assign`` take."""
+
+        importedCap: int
+
+        promisedAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None
+
     class Reader(_r.StructReader):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -1628,11 +1913,11 @@ class MessageTarget:
 
         promisedAnswer: _d.Struct[PromisedAnswer.Reader] = _d.Struct(0)
 
-        def which(self) -> Literal["importedCap", "promisedAnswer"] | None:
-            """The union member that is set (None: one this schema does not know)."""
-            d = get_u16(self._seg, self._data + 4)[0]
-            names: tuple[Any, ...] = ("importedCap", "promisedAnswer",)
-            return names[d] if d < len(names) else None
+        _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (4, ("importedCap", "promisedAnswer",))
+
+        if TYPE_CHECKING:
+            def which(self) -> Literal["importedCap", "promisedAnswer"] | None:
+                """The union member that is set (None: one this schema does not know)."""
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1675,6 +1960,19 @@ class MessageTarget:
             names: tuple[Any, ...] = ("importedCap", "promisedAnswer",)
             return names[d] if d < len(names) else None
 
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            importedCap: int = _e.MISSING,
+            promisedAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_MessageTarget, [importedCap, promisedAnswer], _unknown)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -1700,9 +1998,15 @@ class MessageTarget:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> MessageTarget.Builder:
-        """A new message whose root is a MessageTarget."""
-        return MessageTarget.Builder.new_message()
+    def new_message(
+        *,
+        importedCap: int = _e.MISSING,
+        promisedAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> MessageTarget.Builder:
+        """A new message whose root is a MessageTarget: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(MessageTarget.Builder, _P_MessageTarget, [importedCap, promisedAnswer], _unknown)
 
     @staticmethod
     def read(
@@ -1730,6 +2034,13 @@ class Payload:
     """struct Payload (0x9a0e61223d96743b)."""
 
     _ID: ClassVar[int] = 0x9a0e61223d96743b
+
+    class Init(TypedDict, total=False):
+        """Payload as plain values: what ``new_message`` and ``assign`` take."""
+
+        content: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        capTable: Sequence[CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1764,6 +2075,19 @@ class Payload:
             """A new list of ``count`` elements in capTable."""
             return _b.init_struct_list(self._b, self._ptr + 1, count, "Payload.capTable", CapDescriptor.Builder)
 
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            content: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            capTable: Sequence[CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Payload, [content, capTable], _unknown)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -1785,9 +2109,15 @@ class Payload:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Payload.Builder:
-        """A new message whose root is a Payload."""
-        return Payload.Builder.new_message()
+    def new_message(
+        *,
+        content: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        capTable: Sequence[CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Payload.Builder:
+        """A new message whose root is a Payload: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Payload.Builder, _P_Payload, [content, capTable], _unknown)
 
     @staticmethod
     def read(
@@ -1821,6 +2151,13 @@ class PromisedAnswer:
 
         _ID: ClassVar[int] = 0xf316944415569081
 
+        class Init(TypedDict, total=False):
+            """PromisedAnswer.Op as plain values: what ``new_message`` and ``assign`` take."""
+
+            noop: None
+
+            getPointerField: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -1832,11 +2169,11 @@ class PromisedAnswer:
 
             getPointerField = _d.Int("u16", 2)
 
-            def which(self) -> Literal["noop", "getPointerField"] | None:
-                """The union member that is set (None: one this schema does not know)."""
-                d = get_u16(self._seg, self._data + 0)[0]
-                names: tuple[Any, ...] = ("noop", "getPointerField",)
-                return names[d] if d < len(names) else None
+            _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (0, ("noop", "getPointerField",))
+
+            if TYPE_CHECKING:
+                def which(self) -> Literal["noop", "getPointerField"] | None:
+                    """The union member that is set (None: one this schema does not know)."""
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1870,6 +2207,19 @@ class PromisedAnswer:
                 names: tuple[Any, ...] = ("noop", "getPointerField",)
                 return names[d] if d < len(names) else None
 
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                noop: None = _e.MISSING,
+                getPointerField: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_PromisedAnswer_Op, [noop, getPointerField], _unknown)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -1891,9 +2241,15 @@ class PromisedAnswer:
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> PromisedAnswer.Op.Builder:
-            """A new message whose root is a PromisedAnswer.Op."""
-            return PromisedAnswer.Op.Builder.new_message()
+        def new_message(
+            *,
+            noop: None = _e.MISSING,
+            getPointerField: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> PromisedAnswer.Op.Builder:
+            """A new message whose root is a PromisedAnswer.Op: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(PromisedAnswer.Op.Builder, _P_PromisedAnswer_Op, [noop, getPointerField], _unknown)
 
         @staticmethod
         def read(
@@ -1916,6 +2272,13 @@ class PromisedAnswer:
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> PromisedAnswer.Op.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
             return PromisedAnswer.Op.Reader.read(_r.unframe_packed(data))
+
+    class Init(TypedDict, total=False):
+        """PromisedAnswer as plain values: what ``new_message`` and ``assign`` take."""
+
+        questionId: int
+
+        transform: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1946,18 +2309,18 @@ class PromisedAnswer:
             """A new list of ``count`` elements in transform."""
             return _b.init_struct_list(self._b, self._ptr + 0, count, "PromisedAnswer.transform", PromisedAnswer.Op.Builder)
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<I12x').pack_into
-
-        def assign(self, /, *, questionId: int = 0) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            questionId: int = _e.MISSING,
+            transform: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, questionId)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                self.questionId = questionId
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_PromisedAnswer, [questionId, transform], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1980,9 +2343,15 @@ class PromisedAnswer:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> PromisedAnswer.Builder:
-        """A new message whose root is a PromisedAnswer."""
-        return PromisedAnswer.Builder.new_message()
+    def new_message(
+        *,
+        questionId: int = _e.MISSING,
+        transform: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> PromisedAnswer.Builder:
+        """A new message whose root is a PromisedAnswer: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(PromisedAnswer.Builder, _P_PromisedAnswer, [questionId, transform], _unknown)
 
     @staticmethod
     def read(
@@ -2010,6 +2379,15 @@ class Provide:
     """struct Provide (0x9c6a046bfbc1ac5a)."""
 
     _ID: ClassVar[int] = 0x9c6a046bfbc1ac5a
+
+    class Init(TypedDict, total=False):
+        """Provide as plain values: what ``new_message`` and ``assign`` take."""
+
+        questionId: int
+
+        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None
+
+        recipient: str | bytes | _r.StructReader | _b.StructBuilder | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2058,20 +2436,19 @@ class Provide:
             """Put a new struct of builder class ``cls`` in the AnyPointer recipient."""
             return _b.init_struct(self, self._ptr + 1, cls)
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<I20x').pack_into
-
-        def assign(self, /, *, questionId: int = 0, target: MessageTarget.Reader | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            questionId: int = _e.MISSING,
+            target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+            recipient: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, questionId)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(24)
-                self.questionId = questionId
-            if target is not None:
-                _b.copy_struct(self, 0, target)
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Provide, [questionId, target, recipient], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2098,9 +2475,16 @@ class Provide:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Provide.Builder:
-        """A new message whose root is a Provide."""
-        return Provide.Builder.new_message()
+    def new_message(
+        *,
+        questionId: int = _e.MISSING,
+        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+        recipient: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Provide.Builder:
+        """A new message whose root is a Provide: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Provide.Builder, _P_Provide, [questionId, target, recipient], _unknown)
 
     @staticmethod
     def read(
@@ -2129,6 +2513,13 @@ class Release:
 
     _ID: ClassVar[int] = 0xad1a6c0d7dd07497
 
+    class Init(TypedDict, total=False):
+        """Release as plain values: what ``new_message`` and ``assign`` take."""
+
+        id: int
+
+        referenceCount: int
+
     class Reader(_r.StructReader):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -2155,19 +2546,18 @@ class Release:
 
         referenceCount = _d.int_property("u32", 4, 0, "Release.referenceCount", "UInt32")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<II').pack_into
-
-        def assign(self, /, *, id: int = 0, referenceCount: int = 0) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            id: int = _e.MISSING,
+            referenceCount: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, id, referenceCount)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                self.id = id
-                self.referenceCount = referenceCount
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Release, [id, referenceCount], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2190,9 +2580,15 @@ class Release:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Release.Builder:
-        """A new message whose root is a Release."""
-        return Release.Builder.new_message()
+    def new_message(
+        *,
+        id: int = _e.MISSING,
+        referenceCount: int = _e.MISSING,
+        **_unknown: Never,
+    ) -> Release.Builder:
+        """A new message whose root is a Release: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Release.Builder, _P_Release, [id, referenceCount], _unknown)
 
     @staticmethod
     def read(
@@ -2221,6 +2617,15 @@ class Resolve:
 
     _ID: ClassVar[int] = 0xbbc29655fa89086e
 
+    class Init(TypedDict, total=False):
+        """Resolve as plain values: what ``new_message`` and ``assign`` take."""
+
+        promiseId: int
+
+        cap: CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder | None
+
+        exception: Exception.Init | Exception.Reader | Exception.Builder | None
+
     class Reader(_r.StructReader):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -2232,11 +2637,11 @@ class Resolve:
 
         exception: _d.Struct[Exception.Reader] = _d.Struct(0)
 
-        def which(self) -> Literal["cap", "exception"] | None:
-            """The union member that is set (None: one this schema does not know)."""
-            d = get_u16(self._seg, self._data + 4)[0]
-            names: tuple[Any, ...] = ("cap", "exception",)
-            return names[d] if d < len(names) else None
+        _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (4, ("cap", "exception",))
+
+        if TYPE_CHECKING:
+            def which(self) -> Literal["cap", "exception"] | None:
+                """The union member that is set (None: one this schema does not know)."""
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2297,18 +2702,19 @@ class Resolve:
             names: tuple[Any, ...] = ("cap", "exception",)
             return names[d] if d < len(names) else None
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<I12x').pack_into
-
-        def assign(self, /, *, promiseId: int = 0) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            promiseId: int = _e.MISSING,
+            cap: CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder | None = _e.MISSING,
+            exception: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, promiseId)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                self.promiseId = promiseId
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Resolve, [promiseId, cap, exception], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2339,9 +2745,16 @@ class Resolve:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Resolve.Builder:
-        """A new message whose root is a Resolve."""
-        return Resolve.Builder.new_message()
+    def new_message(
+        *,
+        promiseId: int = _e.MISSING,
+        cap: CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder | None = _e.MISSING,
+        exception: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Resolve.Builder:
+        """A new message whose root is a Resolve: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Resolve.Builder, _P_Resolve, [promiseId, cap, exception], _unknown)
 
     @staticmethod
     def read(
@@ -2369,6 +2782,27 @@ class Return:
     """struct Return (0x9e19b28d3db3573a)."""
 
     _ID: ClassVar[int] = 0x9e19b28d3db3573a
+
+    class Init(TypedDict, total=False):
+        """Return as plain values: what ``new_message`` and ``assign`` take."""
+
+        answerId: int
+
+        releaseParamCaps: bool
+
+        noFinishNeeded: bool
+
+        results: Payload.Init | Payload.Reader | Payload.Builder | None
+
+        exception: Exception.Init | Exception.Reader | Exception.Builder | None
+
+        canceled: None
+
+        resultsSentElsewhere: None
+
+        takeFromOtherQuestion: int
+
+        acceptFromThirdParty: str | bytes | _r.StructReader | _b.StructBuilder | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2400,11 +2834,11 @@ class Return:
             w = self._ptr + 0
             return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
 
-        def which(self) -> Literal["results", "exception", "canceled", "resultsSentElsewhere", "takeFromOtherQuestion", "acceptFromThirdParty"] | None:
-            """The union member that is set (None: one this schema does not know)."""
-            d = get_u16(self._seg, self._data + 6)[0]
-            names: tuple[Any, ...] = ("results", "exception", "canceled", "resultsSentElsewhere", "takeFromOtherQuestion", "acceptFromThirdParty",)
-            return names[d] if d < len(names) else None
+        _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (6, ("results", "exception", "canceled", "resultsSentElsewhere", "takeFromOtherQuestion", "acceptFromThirdParty",))
+
+        if TYPE_CHECKING:
+            def which(self) -> Literal["results", "exception", "canceled", "resultsSentElsewhere", "takeFromOtherQuestion", "acceptFromThirdParty"] | None:
+                """The union member that is set (None: one this schema does not know)."""
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2500,22 +2934,25 @@ class Return:
             names: tuple[Any, ...] = ("results", "exception", "canceled", "resultsSentElsewhere", "takeFromOtherQuestion", "acceptFromThirdParty",)
             return names[d] if d < len(names) else None
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<IB19x').pack_into
-
-        def assign(self, /, *, answerId: int = 0, releaseParamCaps: bool = True, noFinishNeeded: bool = False) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            answerId: int = _e.MISSING,
+            releaseParamCaps: bool = _e.MISSING,
+            noFinishNeeded: bool = _e.MISSING,
+            results: Payload.Init | Payload.Reader | Payload.Builder | None = _e.MISSING,
+            exception: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
+            canceled: None = _e.MISSING,
+            resultsSentElsewhere: None = _e.MISSING,
+            takeFromOtherQuestion: int = _e.MISSING,
+            acceptFromThirdParty: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                if not ((releaseParamCaps is True or releaseParamCaps is False) and (noFinishNeeded is True or noFinishNeeded is False)):
-                    raise TypeError  # a Bool that is not a bool
-                self._ASSIGN(self._b.buf, self._data, answerId, (not releaseParamCaps) | noFinishNeeded << 1)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(24)
-                self.answerId = answerId
-                self.releaseParamCaps = releaseParamCaps
-                self.noFinishNeeded = noFinishNeeded
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Return, [answerId, releaseParamCaps, noFinishNeeded, results, exception, canceled, resultsSentElsewhere, takeFromOtherQuestion, acceptFromThirdParty], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2546,9 +2983,22 @@ class Return:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Return.Builder:
-        """A new message whose root is a Return."""
-        return Return.Builder.new_message()
+    def new_message(
+        *,
+        answerId: int = _e.MISSING,
+        releaseParamCaps: bool = _e.MISSING,
+        noFinishNeeded: bool = _e.MISSING,
+        results: Payload.Init | Payload.Reader | Payload.Builder | None = _e.MISSING,
+        exception: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
+        canceled: None = _e.MISSING,
+        resultsSentElsewhere: None = _e.MISSING,
+        takeFromOtherQuestion: int = _e.MISSING,
+        acceptFromThirdParty: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Return.Builder:
+        """A new message whose root is a Return: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Return.Builder, _P_Return, [answerId, releaseParamCaps, noFinishNeeded, results, exception, canceled, resultsSentElsewhere, takeFromOtherQuestion, acceptFromThirdParty], _unknown)
 
     @staticmethod
     def read(
@@ -2576,6 +3026,13 @@ class ThirdPartyCapDescriptor:
     """struct ThirdPartyCapDescriptor (0xd37007fde1f0027d)."""
 
     _ID: ClassVar[int] = 0xd37007fde1f0027d
+
+    class Init(TypedDict, total=False):
+        """ThirdPartyCapDescriptor as plain values: what ``new_message`` and ``assign`` take."""
+
+        id: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        vineId: int
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2607,18 +3064,18 @@ class ThirdPartyCapDescriptor:
 
         vineId = _d.int_property("u32", 0, 0, "ThirdPartyCapDescriptor.vineId", "UInt32")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<I12x').pack_into
-
-        def assign(self, /, *, vineId: int = 0) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            id: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            vineId: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, vineId)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                self.vineId = vineId
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_ThirdPartyCapDescriptor, [id, vineId], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2641,9 +3098,15 @@ class ThirdPartyCapDescriptor:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> ThirdPartyCapDescriptor.Builder:
-        """A new message whose root is a ThirdPartyCapDescriptor."""
-        return ThirdPartyCapDescriptor.Builder.new_message()
+    def new_message(
+        *,
+        id: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        vineId: int = _e.MISSING,
+        **_unknown: Never,
+    ) -> ThirdPartyCapDescriptor.Builder:
+        """A new message whose root is a ThirdPartyCapDescriptor: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(ThirdPartyCapDescriptor.Builder, _P_ThirdPartyCapDescriptor, [id, vineId], _unknown)
 
     @staticmethod
     def read(
@@ -2701,3 +3164,148 @@ Resolve.Reader.cap.bind(CapDescriptor.Reader)
 Resolve.Reader.exception.bind(Exception.Reader)
 Return.Reader.results.bind(Payload.Reader)
 Return.Reader.exception.bind(Exception.Reader)
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_Accept = Accept.Builder._PLAN = _v.StructPlan("Accept", 1, 1)
+_P_Bootstrap = Bootstrap.Builder._PLAN = _v.StructPlan("Bootstrap", 1, 1)
+_P_Call = Call.Builder._PLAN = _v.StructPlan("Call", 3, 3)
+_P_CapDescriptor = CapDescriptor.Builder._PLAN = _v.StructPlan("CapDescriptor", 1, 1, 0)
+_P_Disembargo = Disembargo.Builder._PLAN = _v.StructPlan("Disembargo", 1, 1)
+_P_Exception = Exception.Builder._PLAN = _v.StructPlan("Exception", 1, 2)
+_P_Finish = Finish.Builder._PLAN = _v.StructPlan("Finish", 1, 0)
+_P_Join = Join.Builder._PLAN = _v.StructPlan("Join", 1, 2)
+_P_Message = Message.Builder._PLAN = _v.StructPlan("Message", 1, 1, 0)
+_P_MessageTarget = MessageTarget.Builder._PLAN = _v.StructPlan("MessageTarget", 1, 1, 4)
+_P_Payload = Payload.Builder._PLAN = _v.StructPlan("Payload", 0, 2)
+_P_PromisedAnswer = PromisedAnswer.Builder._PLAN = _v.StructPlan("PromisedAnswer", 1, 1)
+_P_Provide = Provide.Builder._PLAN = _v.StructPlan("Provide", 1, 2)
+_P_Release = Release.Builder._PLAN = _v.StructPlan("Release", 1, 0)
+_P_Resolve = Resolve.Builder._PLAN = _v.StructPlan("Resolve", 1, 1, 4)
+_P_Return = Return.Builder._PLAN = _v.StructPlan("Return", 2, 1, 6)
+_P_ThirdPartyCapDescriptor = ThirdPartyCapDescriptor.Builder._PLAN = _v.StructPlan("ThirdPartyCapDescriptor", 1, 1)
+_P_Call_SendResultsTo = Call.SendResultsTo.Builder._PLAN = _v.StructPlan("Call.sendResultsTo", 3, 3, 6, True)
+_P_Disembargo_Context = Disembargo.Context.Builder._PLAN = _v.StructPlan("Disembargo.context", 1, 1, 4, True)
+_P_PromisedAnswer_Op = PromisedAnswer.Op.Builder._PLAN = _v.StructPlan("PromisedAnswer.Op", 1, 0, 0)
+_P_Accept.add(
+    _v.integer("questionId", "UInt32", 0, 4, False),
+    _v.any_pointer("provision", 0),
+    _v.boolean("embargo", 32, False),
+)
+_P_Bootstrap.add(
+    _v.integer("questionId", "UInt32", 0, 4, False),
+    _v.any_pointer("deprecatedObjectId", 0),
+)
+_P_Call.add(
+    _v.integer("questionId", "UInt32", 0, 4, False),
+    _v.struct("target", 0, _P_MessageTarget),
+    _v.integer("interfaceId", "UInt64", 8, 8, False),
+    _v.integer("methodId", "UInt16", 4, 2, False),
+    _v.boolean("allowThirdPartyTailCall", 128, False),
+    _v.boolean("noPromisePipelining", 129, False),
+    _v.boolean("onlyPromisePipeline", 130, False),
+    _v.struct("params", 1, _P_Payload),
+    _v.group("sendResultsTo", _P_Call_SendResultsTo),
+)
+_P_CapDescriptor.add(
+    _v.void("none", disc=0),
+    _v.integer("senderHosted", "UInt32", 4, 4, False, disc=1),
+    _v.integer("senderPromise", "UInt32", 4, 4, False, disc=2),
+    _v.integer("receiverHosted", "UInt32", 4, 4, False, disc=3),
+    _v.struct("receiverAnswer", 0, _P_PromisedAnswer, disc=4),
+    _v.struct("thirdPartyHosted", 0, _P_ThirdPartyCapDescriptor, disc=5),
+    _v.integer("attachedFd", "UInt8", 2, 1, False, xor=0xff),
+)
+_P_Disembargo.add(
+    _v.struct("target", 0, _P_MessageTarget),
+    _v.group("context", _P_Disembargo_Context),
+)
+_P_Exception.add(
+    _v.text("reason", 0),
+    _v.enumeration("type", "Exception.Type", 4, ('failed', 'overloaded', 'disconnected', 'unimplemented')),
+    _v.boolean("obsoleteIsCallersFault", 0, False),
+    _v.integer("obsoleteDurability", "UInt16", 2, 2, False),
+    _v.text("trace", 1),
+)
+_P_Finish.add(
+    _v.integer("questionId", "UInt32", 0, 4, False),
+    _v.boolean("releaseResultCaps", 32, True),
+    _v.boolean("requireEarlyCancellationWorkaround", 33, True),
+)
+_P_Join.add(
+    _v.integer("questionId", "UInt32", 0, 4, False),
+    _v.struct("target", 0, _P_MessageTarget),
+    _v.any_pointer("keyPart", 1),
+)
+_P_Message.add(
+    _v.struct("unimplemented", 0, _P_Message, disc=0),
+    _v.struct("abort", 0, _P_Exception, disc=1),
+    _v.struct("bootstrap", 0, _P_Bootstrap, disc=8),
+    _v.struct("call", 0, _P_Call, disc=2),
+    _v.struct("return", 0, _P_Return, disc=3, key="return_"),
+    _v.struct("finish", 0, _P_Finish, disc=4),
+    _v.struct("resolve", 0, _P_Resolve, disc=5),
+    _v.struct("release", 0, _P_Release, disc=6),
+    _v.struct("disembargo", 0, _P_Disembargo, disc=13),
+    _v.any_pointer("obsoleteSave", 0, disc=7),
+    _v.any_pointer("obsoleteDelete", 0, disc=9),
+    _v.struct("provide", 0, _P_Provide, disc=10),
+    _v.struct("accept", 0, _P_Accept, disc=11),
+    _v.struct("join", 0, _P_Join, disc=12),
+)
+_P_MessageTarget.add(
+    _v.integer("importedCap", "UInt32", 0, 4, False, disc=0),
+    _v.struct("promisedAnswer", 0, _P_PromisedAnswer, disc=1),
+)
+_P_Payload.add(
+    _v.any_pointer("content", 0),
+    _v.list_("capTable", 1, _v.of_struct(_P_CapDescriptor)),
+)
+_P_PromisedAnswer.add(
+    _v.integer("questionId", "UInt32", 0, 4, False),
+    _v.list_("transform", 0, _v.of_struct(_P_PromisedAnswer_Op)),
+)
+_P_Provide.add(
+    _v.integer("questionId", "UInt32", 0, 4, False),
+    _v.struct("target", 0, _P_MessageTarget),
+    _v.any_pointer("recipient", 1),
+)
+_P_Release.add(
+    _v.integer("id", "UInt32", 0, 4, False),
+    _v.integer("referenceCount", "UInt32", 4, 4, False),
+)
+_P_Resolve.add(
+    _v.integer("promiseId", "UInt32", 0, 4, False),
+    _v.struct("cap", 0, _P_CapDescriptor, disc=0),
+    _v.struct("exception", 0, _P_Exception, disc=1),
+)
+_P_Return.add(
+    _v.integer("answerId", "UInt32", 0, 4, False),
+    _v.boolean("releaseParamCaps", 32, True),
+    _v.boolean("noFinishNeeded", 33, False),
+    _v.struct("results", 0, _P_Payload, disc=0),
+    _v.struct("exception", 0, _P_Exception, disc=1),
+    _v.void("canceled", disc=2),
+    _v.void("resultsSentElsewhere", disc=3),
+    _v.integer("takeFromOtherQuestion", "UInt32", 8, 4, False, disc=4),
+    _v.any_pointer("acceptFromThirdParty", 0, disc=5),
+)
+_P_ThirdPartyCapDescriptor.add(
+    _v.any_pointer("id", 0),
+    _v.integer("vineId", "UInt32", 0, 4, False),
+)
+_P_Call_SendResultsTo.add(
+    _v.void("caller", disc=0),
+    _v.void("yourself", disc=1),
+    _v.any_pointer("thirdParty", 2, disc=2),
+)
+_P_Disembargo_Context.add(
+    _v.integer("senderLoopback", "UInt32", 0, 4, False, disc=0),
+    _v.integer("receiverLoopback", "UInt32", 0, 4, False, disc=1),
+    _v.void("accept", disc=2),
+    _v.integer("provide", "UInt32", 0, 4, False, disc=3),
+)
+_P_PromisedAnswer_Op.add(
+    _v.void("noop", disc=0),
+    _v.integer("getPointerField", "UInt16", 2, 2, False, disc=1),
+)

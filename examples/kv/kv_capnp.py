@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -44,6 +46,11 @@ class Directory(_t.Interface["Directory.Client"]):
 
         _ID: ClassVar[int] = 0xbefb8bccfa60d08a
 
+        class Init(TypedDict, total=False):
+            """Directory.open$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            name: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -66,13 +73,17 @@ class Directory(_t.Interface["Directory.Client"]):
 
             name = _d.text_property(0, '', "Directory.open$Params.name")
 
-            def assign(self, /, *, name: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                name: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if name is not None:
-                    self._set_text(0, name, "Directory.open$Params.name")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Directory_OpenParams, [name], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -95,9 +106,14 @@ class Directory(_t.Interface["Directory.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Directory.OpenParams.Builder:
-            """A new message whose root is a Directory.open$Params."""
-            return Directory.OpenParams.Builder.new_message()
+        def new_message(
+            *,
+            name: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Directory.OpenParams.Builder:
+            """A new message whose root is a Directory.open$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Directory.OpenParams.Builder, _P_Directory_OpenParams, [name], _unknown)
 
         @staticmethod
         def read(
@@ -126,6 +142,11 @@ class Directory(_t.Interface["Directory.Client"]):
 
         _ID: ClassVar[int] = 0xba8460afbafa67bd
 
+        class Init(TypedDict, total=False):
+            """Directory.open$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            store: Store.Client | Store.Server | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -151,13 +172,17 @@ class Directory(_t.Interface["Directory.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Directory.open$Results.store")
 
-            def assign(self, /, *, store: Store.Client | Store.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                store: Store.Client | Store.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if store is not None:
-                    self.set_store(store)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Directory_OpenResults, [store], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -185,9 +210,14 @@ class Directory(_t.Interface["Directory.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Directory.OpenResults.Builder:
-            """A new message whose root is a Directory.open$Results."""
-            return Directory.OpenResults.Builder.new_message()
+        def new_message(
+            *,
+            store: Store.Client | Store.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Directory.OpenResults.Builder:
+            """A new message whose root is a Directory.open$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Directory.OpenResults.Builder, _P_Directory_OpenResults, [store], _unknown)
 
         @staticmethod
         def read(
@@ -258,6 +288,11 @@ class Store(_t.Interface["Store.Client"]):
 
         _ID: ClassVar[int] = 0xc700fa56696dd0df
 
+        class Init(TypedDict, total=False):
+            """Store.get$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            key: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -280,13 +315,17 @@ class Store(_t.Interface["Store.Client"]):
 
             key = _d.text_property(0, '', "Store.get$Params.key")
 
-            def assign(self, /, *, key: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                key: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if key is not None:
-                    self._set_text(0, key, "Store.get$Params.key")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Store_GetParams, [key], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -309,9 +348,14 @@ class Store(_t.Interface["Store.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Store.GetParams.Builder:
-            """A new message whose root is a Store.get$Params."""
-            return Store.GetParams.Builder.new_message()
+        def new_message(
+            *,
+            key: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Store.GetParams.Builder:
+            """A new message whose root is a Store.get$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.GetParams.Builder, _P_Store_GetParams, [key], _unknown)
 
         @staticmethod
         def read(
@@ -339,6 +383,13 @@ class Store(_t.Interface["Store.Client"]):
         """struct Store.get$Results (0xbd30083ac7e02037)."""
 
         _ID: ClassVar[int] = 0xbd30083ac7e02037
+
+        class Init(TypedDict, total=False):
+            """Store.get$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: bytes | bytearray | memoryview | None
+
+            found: bool
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -375,22 +426,18 @@ class Store(_t.Interface["Store.Client"]):
 
             found = _d.bool_property(0, 0, False, "Store.get$Results.found")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<B15x').pack_into
-
-            def assign(self, /, *, value: bytes | None = None, found: bool = False) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: bytes | bytearray | memoryview | None = _e.MISSING,
+                found: bool = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    if not ((found is True or found is False)):
-                        raise TypeError  # a Bool that is not a bool
-                    self._ASSIGN(self._b.buf, self._data, found)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                    self.found = found
-                if value is not None:
-                    self.value = value
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Store_GetResults, [value, found], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -413,9 +460,15 @@ class Store(_t.Interface["Store.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Store.GetResults.Builder:
-            """A new message whose root is a Store.get$Results."""
-            return Store.GetResults.Builder.new_message()
+        def new_message(
+            *,
+            value: bytes | bytearray | memoryview | None = _e.MISSING,
+            found: bool = _e.MISSING,
+            **_unknown: Never,
+        ) -> Store.GetResults.Builder:
+            """A new message whose root is a Store.get$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.GetResults.Builder, _P_Store_GetResults, [value, found], _unknown)
 
         @staticmethod
         def read(
@@ -443,6 +496,9 @@ class Store(_t.Interface["Store.Client"]):
         """struct Store.keys$Params (0xa22fd3ba558f27d6)."""
 
         _ID: ClassVar[int] = 0xa22fd3ba558f27d6
+
+        class Init(TypedDict, total=False):
+            """Store.keys$Params as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -482,8 +538,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def new_message() -> Store.KeysParams.Builder:
-            """A new message whose root is a Store.keys$Params."""
-            return Store.KeysParams.Builder.new_message()
+            """A new message whose root is a Store.keys$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.KeysParams.Builder, _P_Store_KeysParams, [], {})
 
         @staticmethod
         def read(
@@ -511,6 +568,11 @@ class Store(_t.Interface["Store.Client"]):
         """struct Store.keys$Results (0x847bd1b3dfc50463)."""
 
         _ID: ClassVar[int] = 0x847bd1b3dfc50463
+
+        class Init(TypedDict, total=False):
+            """Store.keys$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            keys: Sequence[str | None] | _r.ListReader[Any] | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -543,13 +605,17 @@ class Store(_t.Interface["Store.Client"]):
                 for index, item in enumerate(items):
                     target[index] = item
 
-            def assign(self, /, *, keys: Sequence[str] | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                keys: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if keys is not None:
-                    self.set_keys([*keys])
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Store_KeysResults, [keys], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -572,9 +638,14 @@ class Store(_t.Interface["Store.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Store.KeysResults.Builder:
-            """A new message whose root is a Store.keys$Results."""
-            return Store.KeysResults.Builder.new_message()
+        def new_message(
+            *,
+            keys: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Store.KeysResults.Builder:
+            """A new message whose root is a Store.keys$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.KeysResults.Builder, _P_Store_KeysResults, [keys], _unknown)
 
         @staticmethod
         def read(
@@ -602,6 +673,13 @@ class Store(_t.Interface["Store.Client"]):
         """struct Store.put$Params (0xfc2cc970b7db031e)."""
 
         _ID: ClassVar[int] = 0xfc2cc970b7db031e
+
+        class Init(TypedDict, total=False):
+            """Store.put$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            key: str | None
+
+            value: bytes | bytearray | memoryview | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -639,15 +717,18 @@ class Store(_t.Interface["Store.Client"]):
             def value(self, value: bytes | bytearray | memoryview) -> None:
                 _b.set_data(self._b, self._ptr + 1, value, "Store.put$Params.value")
 
-            def assign(self, /, *, key: str | None = None, value: bytes | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                key: str | None = _e.MISSING,
+                value: bytes | bytearray | memoryview | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
-                if key is not None:
-                    self._set_text(0, key, "Store.put$Params.key")
-                if value is not None:
-                    self.value = value
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Store_PutParams, [key, value], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -670,9 +751,15 @@ class Store(_t.Interface["Store.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Store.PutParams.Builder:
-            """A new message whose root is a Store.put$Params."""
-            return Store.PutParams.Builder.new_message()
+        def new_message(
+            *,
+            key: str | None = _e.MISSING,
+            value: bytes | bytearray | memoryview | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Store.PutParams.Builder:
+            """A new message whose root is a Store.put$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.PutParams.Builder, _P_Store_PutParams, [key, value], _unknown)
 
         @staticmethod
         def read(
@@ -701,6 +788,11 @@ class Store(_t.Interface["Store.Client"]):
 
         _ID: ClassVar[int] = 0xd0886cc273a391c9
 
+        class Init(TypedDict, total=False):
+            """Store.put$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            replaced: bool
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -722,20 +814,17 @@ class Store(_t.Interface["Store.Client"]):
 
             replaced = _d.bool_property(0, 0, False, "Store.put$Results.replaced")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<B7x').pack_into
-
-            def assign(self, /, *, replaced: bool = False) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                replaced: bool = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    if not ((replaced is True or replaced is False)):
-                        raise TypeError  # a Bool that is not a bool
-                    self._ASSIGN(self._b.buf, self._data, replaced)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.replaced = replaced
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Store_PutResults, [replaced], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -758,9 +847,14 @@ class Store(_t.Interface["Store.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Store.PutResults.Builder:
-            """A new message whose root is a Store.put$Results."""
-            return Store.PutResults.Builder.new_message()
+        def new_message(
+            *,
+            replaced: bool = _e.MISSING,
+            **_unknown: Never,
+        ) -> Store.PutResults.Builder:
+            """A new message whose root is a Store.put$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.PutResults.Builder, _P_Store_PutResults, [replaced], _unknown)
 
         @staticmethod
         def read(
@@ -789,6 +883,11 @@ class Store(_t.Interface["Store.Client"]):
 
         _ID: ClassVar[int] = 0xa776010c3373d561
 
+        class Init(TypedDict, total=False):
+            """Store.watch$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            watcher: Watcher.Client | Watcher.Server | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -814,13 +913,17 @@ class Store(_t.Interface["Store.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Store.watch$Params.watcher")
 
-            def assign(self, /, *, watcher: Watcher.Client | Watcher.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                watcher: Watcher.Client | Watcher.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if watcher is not None:
-                    self.set_watcher(watcher)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Store_WatchParams, [watcher], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -848,9 +951,14 @@ class Store(_t.Interface["Store.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Store.WatchParams.Builder:
-            """A new message whose root is a Store.watch$Params."""
-            return Store.WatchParams.Builder.new_message()
+        def new_message(
+            *,
+            watcher: Watcher.Client | Watcher.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Store.WatchParams.Builder:
+            """A new message whose root is a Store.watch$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.WatchParams.Builder, _P_Store_WatchParams, [watcher], _unknown)
 
         @staticmethod
         def read(
@@ -878,6 +986,9 @@ class Store(_t.Interface["Store.Client"]):
         """struct Store.watch$Results (0xc2bacf4a9b95dbe5)."""
 
         _ID: ClassVar[int] = 0xc2bacf4a9b95dbe5
+
+        class Init(TypedDict, total=False):
+            """Store.watch$Results as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -917,8 +1028,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def new_message() -> Store.WatchResults.Builder:
-            """A new message whose root is a Store.watch$Results."""
-            return Store.WatchResults.Builder.new_message()
+            """A new message whose root is a Store.watch$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.WatchResults.Builder, _P_Store_WatchResults, [], {})
 
         @staticmethod
         def read(
@@ -1054,6 +1166,13 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
         _ID: ClassVar[int] = 0xa4e95c348a7ada1d
 
+        class Init(TypedDict, total=False):
+            """Watcher.changed$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            key: str | None
+
+            value: bytes | bytearray | memoryview | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -1090,15 +1209,18 @@ class Watcher(_t.Interface["Watcher.Client"]):
             def value(self, value: bytes | bytearray | memoryview) -> None:
                 _b.set_data(self._b, self._ptr + 1, value, "Watcher.changed$Params.value")
 
-            def assign(self, /, *, key: str | None = None, value: bytes | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                key: str | None = _e.MISSING,
+                value: bytes | bytearray | memoryview | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
-                if key is not None:
-                    self._set_text(0, key, "Watcher.changed$Params.key")
-                if value is not None:
-                    self.value = value
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Watcher_ChangedParams, [key, value], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1121,9 +1243,15 @@ class Watcher(_t.Interface["Watcher.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Watcher.ChangedParams.Builder:
-            """A new message whose root is a Watcher.changed$Params."""
-            return Watcher.ChangedParams.Builder.new_message()
+        def new_message(
+            *,
+            key: str | None = _e.MISSING,
+            value: bytes | bytearray | memoryview | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Watcher.ChangedParams.Builder:
+            """A new message whose root is a Watcher.changed$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Watcher.ChangedParams.Builder, _P_Watcher_ChangedParams, [key, value], _unknown)
 
         @staticmethod
         def read(
@@ -1151,6 +1279,9 @@ class Watcher(_t.Interface["Watcher.Client"]):
         """struct Watcher.changed$Results (0xf5858af62119185c)."""
 
         _ID: ClassVar[int] = 0xf5858af62119185c
+
+        class Init(TypedDict, total=False):
+            """Watcher.changed$Results as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1190,8 +1321,9 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
         @staticmethod
         def new_message() -> Watcher.ChangedResults.Builder:
-            """A new message whose root is a Watcher.changed$Results."""
-            return Watcher.ChangedResults.Builder.new_message()
+            """A new message whose root is a Watcher.changed$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Watcher.ChangedResults.Builder, _P_Watcher_ChangedResults, [], {})
 
         @staticmethod
         def read(
@@ -1256,6 +1388,51 @@ class Watcher(_t.Interface["Watcher.Client"]):
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _L_Store_KeysResults_keys = _r.simple_list(_r.TextList)
 Store.KeysResults.Reader.keys.bind(_L_Store_KeysResults_keys)
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_Directory_OpenParams = Directory.OpenParams.Builder._PLAN = _v.StructPlan("Directory.open$Params", 0, 1)
+_P_Directory_OpenResults = Directory.OpenResults.Builder._PLAN = _v.StructPlan("Directory.open$Results", 0, 1)
+_P_Store_GetParams = Store.GetParams.Builder._PLAN = _v.StructPlan("Store.get$Params", 0, 1)
+_P_Store_GetResults = Store.GetResults.Builder._PLAN = _v.StructPlan("Store.get$Results", 1, 1)
+_P_Store_KeysParams = Store.KeysParams.Builder._PLAN = _v.StructPlan("Store.keys$Params", 0, 0)
+_P_Store_KeysResults = Store.KeysResults.Builder._PLAN = _v.StructPlan("Store.keys$Results", 0, 1)
+_P_Store_PutParams = Store.PutParams.Builder._PLAN = _v.StructPlan("Store.put$Params", 0, 2)
+_P_Store_PutResults = Store.PutResults.Builder._PLAN = _v.StructPlan("Store.put$Results", 1, 0)
+_P_Store_WatchParams = Store.WatchParams.Builder._PLAN = _v.StructPlan("Store.watch$Params", 0, 1)
+_P_Store_WatchResults = Store.WatchResults.Builder._PLAN = _v.StructPlan("Store.watch$Results", 0, 0)
+_P_Watcher_ChangedParams = Watcher.ChangedParams.Builder._PLAN = _v.StructPlan("Watcher.changed$Params", 0, 2)
+_P_Watcher_ChangedResults = Watcher.ChangedResults.Builder._PLAN = _v.StructPlan("Watcher.changed$Results", 0, 0)
+_P_Directory_OpenParams.add(
+    _v.text("name", 0),
+)
+_P_Directory_OpenResults.add(
+    _v.capability("store", 0),
+)
+_P_Store_GetParams.add(
+    _v.text("key", 0),
+)
+_P_Store_GetResults.add(
+    _v.data("value", 0),
+    _v.boolean("found", 0, False),
+)
+_P_Store_KeysResults.add(
+    _v.list_("keys", 0, _v.of_text()),
+)
+_P_Store_PutParams.add(
+    _v.text("key", 0),
+    _v.data("value", 1),
+)
+_P_Store_PutResults.add(
+    _v.boolean("replaced", 0, False),
+)
+_P_Store_WatchParams.add(
+    _v.capability("watcher", 0),
+)
+_P_Watcher_ChangedParams.add(
+    _v.text("key", 0),
+    _v.data("value", 1),
+)
 
 
 Directory.METHODS = {"open": (0, Directory.OpenParams, Directory.OpenResults)}

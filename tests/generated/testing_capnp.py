@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -44,6 +46,11 @@ class Callback(_t.Interface["Callback.Client"]):
 
         _ID: ClassVar[int] = 0xcccc6f8d7900e847
 
+        class Init(TypedDict, total=False):
+            """Callback.notify$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -65,18 +72,17 @@ class Callback(_t.Interface["Callback.Client"]):
 
             value = _d.int_property("i64", 0, 0, "Callback.notify$Params.value", "Int64")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
-
-            def assign(self, /, *, value: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, value)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.value = value
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Callback_NotifyParams, [value], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -99,9 +105,14 @@ class Callback(_t.Interface["Callback.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Callback.NotifyParams.Builder:
-            """A new message whose root is a Callback.notify$Params."""
-            return Callback.NotifyParams.Builder.new_message()
+        def new_message(
+            *,
+            value: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Callback.NotifyParams.Builder:
+            """A new message whose root is a Callback.notify$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Callback.NotifyParams.Builder, _P_Callback_NotifyParams, [value], _unknown)
 
         @staticmethod
         def read(
@@ -130,6 +141,11 @@ class Callback(_t.Interface["Callback.Client"]):
 
         _ID: ClassVar[int] = 0x81ac18c2b77a7e34
 
+        class Init(TypedDict, total=False):
+            """Callback.notify$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            ack: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -151,18 +167,17 @@ class Callback(_t.Interface["Callback.Client"]):
 
             ack = _d.int_property("i64", 0, 0, "Callback.notify$Results.ack", "Int64")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
-
-            def assign(self, /, *, ack: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                ack: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, ack)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.ack = ack
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Callback_NotifyResults, [ack], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -185,9 +200,14 @@ class Callback(_t.Interface["Callback.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Callback.NotifyResults.Builder:
-            """A new message whose root is a Callback.notify$Results."""
-            return Callback.NotifyResults.Builder.new_message()
+        def new_message(
+            *,
+            ack: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Callback.NotifyResults.Builder:
+            """A new message whose root is a Callback.notify$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Callback.NotifyResults.Builder, _P_Callback_NotifyResults, [ack], _unknown)
 
         @staticmethod
         def read(
@@ -257,6 +277,9 @@ class Counter(_t.Interface["Counter.Client"]):
 
         _ID: ClassVar[int] = 0xfe82a91f524056f3
 
+        class Init(TypedDict, total=False):
+            """Counter.get$Params as plain values: what ``new_message`` and ``assign`` take."""
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -295,8 +318,9 @@ class Counter(_t.Interface["Counter.Client"]):
 
         @staticmethod
         def new_message() -> Counter.GetParams.Builder:
-            """A new message whose root is a Counter.get$Params."""
-            return Counter.GetParams.Builder.new_message()
+            """A new message whose root is a Counter.get$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Counter.GetParams.Builder, _P_Counter_GetParams, [], {})
 
         @staticmethod
         def read(
@@ -325,6 +349,11 @@ class Counter(_t.Interface["Counter.Client"]):
 
         _ID: ClassVar[int] = 0x9ab7683552ae458d
 
+        class Init(TypedDict, total=False):
+            """Counter.get$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -346,18 +375,17 @@ class Counter(_t.Interface["Counter.Client"]):
 
             value = _d.int_property("i64", 0, 0, "Counter.get$Results.value", "Int64")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
-
-            def assign(self, /, *, value: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, value)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.value = value
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Counter_GetResults, [value], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -380,9 +408,14 @@ class Counter(_t.Interface["Counter.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Counter.GetResults.Builder:
-            """A new message whose root is a Counter.get$Results."""
-            return Counter.GetResults.Builder.new_message()
+        def new_message(
+            *,
+            value: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Counter.GetResults.Builder:
+            """A new message whose root is a Counter.get$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Counter.GetResults.Builder, _P_Counter_GetResults, [value], _unknown)
 
         @staticmethod
         def read(
@@ -411,6 +444,11 @@ class Counter(_t.Interface["Counter.Client"]):
 
         _ID: ClassVar[int] = 0xa8c575b575277d8d
 
+        class Init(TypedDict, total=False):
+            """Counter.increment$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            by: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -432,18 +470,17 @@ class Counter(_t.Interface["Counter.Client"]):
 
             by = _d.int_property("i64", 0, 0, "Counter.increment$Params.by", "Int64")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
-
-            def assign(self, /, *, by: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                by: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, by)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.by = by
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Counter_IncrementParams, [by], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -466,9 +503,14 @@ class Counter(_t.Interface["Counter.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Counter.IncrementParams.Builder:
-            """A new message whose root is a Counter.increment$Params."""
-            return Counter.IncrementParams.Builder.new_message()
+        def new_message(
+            *,
+            by: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Counter.IncrementParams.Builder:
+            """A new message whose root is a Counter.increment$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Counter.IncrementParams.Builder, _P_Counter_IncrementParams, [by], _unknown)
 
         @staticmethod
         def read(
@@ -497,6 +539,11 @@ class Counter(_t.Interface["Counter.Client"]):
 
         _ID: ClassVar[int] = 0x85db5a634a971712
 
+        class Init(TypedDict, total=False):
+            """Counter.increment$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -518,18 +565,17 @@ class Counter(_t.Interface["Counter.Client"]):
 
             value = _d.int_property("i64", 0, 0, "Counter.increment$Results.value", "Int64")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
-
-            def assign(self, /, *, value: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, value)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.value = value
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Counter_IncrementResults, [value], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -552,9 +598,14 @@ class Counter(_t.Interface["Counter.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Counter.IncrementResults.Builder:
-            """A new message whose root is a Counter.increment$Results."""
-            return Counter.IncrementResults.Builder.new_message()
+        def new_message(
+            *,
+            value: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Counter.IncrementResults.Builder:
+            """A new message whose root is a Counter.increment$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Counter.IncrementResults.Builder, _P_Counter_IncrementResults, [value], _unknown)
 
         @staticmethod
         def read(
@@ -641,6 +692,15 @@ class Holder:
 
         _ID: ClassVar[int] = 0x930355621224cb44
 
+        class Init(TypedDict, total=False):
+            """Holder.choice as plain values: what ``new_message`` and ``assign`` take."""
+
+            none: None
+
+            counter: Counter.Client | Counter.Server | None
+
+            text: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -657,11 +717,11 @@ class Holder:
 
             text = _d.Text(5, '')
 
-            def which(self) -> Literal["none", "counter", "text"] | None:
-                """The union member that is set (None: one this schema does not know)."""
-                d = get_u16(self._seg, self._data + 0)[0]
-                names: tuple[Any, ...] = ("none", "counter", "text",)
-                return names[d] if d < len(names) else None
+            _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (0, ("none", "counter", "text",))
+
+            if TYPE_CHECKING:
+                def which(self) -> Literal["none", "counter", "text"] | None:
+                    """The union member that is set (None: one this schema does not know)."""
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -701,6 +761,20 @@ class Holder:
                 names: tuple[Any, ...] = ("none", "counter", "text",)
                 return names[d] if d < len(names) else None
 
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                none: None = _e.MISSING,
+                counter: Counter.Client | Counter.Server | None = _e.MISSING,
+                text: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Holder_Choice, [none, counter, text], _unknown)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -723,6 +797,13 @@ class Holder:
         """group Holder.extra (0xfe253dfde2bb62de)."""
 
         _ID: ClassVar[int] = 0xfe253dfde2bb62de
+
+        class Init(TypedDict, total=False):
+            """Holder.extra as plain values: what ``new_message`` and ``assign`` take."""
+
+            number: int
+
+            callback: Callback.Client | Callback.Server | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -754,20 +835,18 @@ class Holder:
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 6, value, "Holder.extra.callback")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<4xi56x').pack_into
-
-            def assign(self, /, *, number: int = 0, callback: Callback.Client | Callback.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                number: int = _e.MISSING,
+                callback: Callback.Client | Callback.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, number)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 7) << 3] = bytes(64)
-                    self.number = number
-                if callback is not None:
-                    self.set_callback(callback)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Holder_Extra, [number, callback], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -786,6 +865,23 @@ class Holder:
             def callback(self) -> Callback.Client:
                 """The callback capability, usable before the results arrive."""
                 return self._client(6, Callback.Client)
+
+    class Init(TypedDict, total=False):
+        """Holder as plain values: what ``new_message`` and ``assign`` take."""
+
+        name: str | None
+
+        cap: Counter.Client | Counter.Server | None
+
+        inner: Holder.Init | Holder.Reader | Holder.Builder | None
+
+        caps: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None
+
+        items: Sequence[Holder.Init | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None
+
+        choice: Holder.Choice.Init
+
+        extra: Holder.Extra.Init
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -866,19 +962,23 @@ class Holder:
 
         extra: _d.BuilderGroup[Holder.Extra.Builder] = _d.BuilderGroup()
 
-        def assign(self, /, *, name: str | None = None, cap: Counter.Client | Counter.Server | None = None, inner: Holder.Reader | None = None, caps: Sequence[Counter.Client | Counter.Server | None] | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            name: str | None = _e.MISSING,
+            cap: Counter.Client | Counter.Server | None = _e.MISSING,
+            inner: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+            caps: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None = _e.MISSING,
+            items: Sequence[Holder.Init | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            choice: Holder.Choice.Init = _e.MISSING,
+            extra: Holder.Extra.Init = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 7) << 3] = bytes(64)
-            if name is not None:
-                self._set_text(0, name, "Holder.name")
-            if cap is not None:
-                self.set_cap(cap)
-            if inner is not None:
-                _b.copy_struct(self, 2, inner)
-            if caps is not None:
-                self.set_caps([*caps])
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Holder, [name, cap, inner, caps, items, choice, extra], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -918,9 +1018,20 @@ class Holder:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Holder.Builder:
-        """A new message whose root is a Holder."""
-        return Holder.Builder.new_message()
+    def new_message(
+        *,
+        name: str | None = _e.MISSING,
+        cap: Counter.Client | Counter.Server | None = _e.MISSING,
+        inner: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+        caps: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None = _e.MISSING,
+        items: Sequence[Holder.Init | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        choice: Holder.Choice.Init = _e.MISSING,
+        extra: Holder.Extra.Init = _e.MISSING,
+        **_unknown: Never,
+    ) -> Holder.Builder:
+        """A new message whose root is a Holder: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Holder.Builder, _P_Holder, [name, cap, inner, caps, items, choice, extra], _unknown)
 
     @staticmethod
     def read(
@@ -956,6 +1067,13 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0xee86a276b7aec8bf
 
+        class Init(TypedDict, total=False):
+            """Tester.callBack$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            cb: Callback.Client | Callback.Server | None
+
+            value: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -986,20 +1104,18 @@ class Tester(_t.Interface["Tester.Client"]):
 
             value = _d.int_property("i64", 0, 0, "Tester.callBack$Params.value", "Int64")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<q8x').pack_into
-
-            def assign(self, /, *, cb: Callback.Client | Callback.Server | None = None, value: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                cb: Callback.Client | Callback.Server | None = _e.MISSING,
+                value: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, value)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                    self.value = value
-                if cb is not None:
-                    self.set_cb(cb)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_CallBackParams, [cb, value], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1027,9 +1143,15 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.CallBackParams.Builder:
-            """A new message whose root is a Tester.callBack$Params."""
-            return Tester.CallBackParams.Builder.new_message()
+        def new_message(
+            *,
+            cb: Callback.Client | Callback.Server | None = _e.MISSING,
+            value: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.CallBackParams.Builder:
+            """A new message whose root is a Tester.callBack$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.CallBackParams.Builder, _P_Tester_CallBackParams, [cb, value], _unknown)
 
         @staticmethod
         def read(
@@ -1058,6 +1180,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0xb24675892cd51330
 
+        class Init(TypedDict, total=False):
+            """Tester.callBack$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            ack: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -1079,18 +1206,17 @@ class Tester(_t.Interface["Tester.Client"]):
 
             ack = _d.int_property("i64", 0, 0, "Tester.callBack$Results.ack", "Int64")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
-
-            def assign(self, /, *, ack: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                ack: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, ack)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.ack = ack
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_CallBackResults, [ack], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1113,9 +1239,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.CallBackResults.Builder:
-            """A new message whose root is a Tester.callBack$Results."""
-            return Tester.CallBackResults.Builder.new_message()
+        def new_message(
+            *,
+            ack: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.CallBackResults.Builder:
+            """A new message whose root is a Tester.callBack$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.CallBackResults.Builder, _P_Tester_CallBackResults, [ack], _unknown)
 
         @staticmethod
         def read(
@@ -1143,6 +1274,13 @@ class Tester(_t.Interface["Tester.Client"]):
         """struct Tester.callCounter$Params (0xd19b10f34cac012c)."""
 
         _ID: ClassVar[int] = 0xd19b10f34cac012c
+
+        class Init(TypedDict, total=False):
+            """Tester.callCounter$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            counter: Counter.Client | Counter.Server | None
+
+            by: int
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1174,20 +1312,18 @@ class Tester(_t.Interface["Tester.Client"]):
 
             by = _d.int_property("i64", 0, 0, "Tester.callCounter$Params.by", "Int64")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<q8x').pack_into
-
-            def assign(self, /, *, counter: Counter.Client | Counter.Server | None = None, by: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                counter: Counter.Client | Counter.Server | None = _e.MISSING,
+                by: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, by)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                    self.by = by
-                if counter is not None:
-                    self.set_counter(counter)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_CallCounterParams, [counter, by], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1215,9 +1351,15 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.CallCounterParams.Builder:
-            """A new message whose root is a Tester.callCounter$Params."""
-            return Tester.CallCounterParams.Builder.new_message()
+        def new_message(
+            *,
+            counter: Counter.Client | Counter.Server | None = _e.MISSING,
+            by: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.CallCounterParams.Builder:
+            """A new message whose root is a Tester.callCounter$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.CallCounterParams.Builder, _P_Tester_CallCounterParams, [counter, by], _unknown)
 
         @staticmethod
         def read(
@@ -1246,6 +1388,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0x97d6bf729d37e846
 
+        class Init(TypedDict, total=False):
+            """Tester.callCounter$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -1267,18 +1414,17 @@ class Tester(_t.Interface["Tester.Client"]):
 
             value = _d.int_property("i64", 0, 0, "Tester.callCounter$Results.value", "Int64")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
-
-            def assign(self, /, *, value: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, value)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.value = value
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_CallCounterResults, [value], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1301,9 +1447,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.CallCounterResults.Builder:
-            """A new message whose root is a Tester.callCounter$Results."""
-            return Tester.CallCounterResults.Builder.new_message()
+        def new_message(
+            *,
+            value: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.CallCounterResults.Builder:
+            """A new message whose root is a Tester.callCounter$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.CallCounterResults.Builder, _P_Tester_CallCounterResults, [value], _unknown)
 
         @staticmethod
         def read(
@@ -1332,6 +1483,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0xfeb89576b4aa96d5
 
+        class Init(TypedDict, total=False):
+            """Tester.echo$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            msg: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -1354,13 +1510,17 @@ class Tester(_t.Interface["Tester.Client"]):
 
             msg = _d.text_property(0, '', "Tester.echo$Params.msg")
 
-            def assign(self, /, *, msg: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                msg: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if msg is not None:
-                    self._set_text(0, msg, "Tester.echo$Params.msg")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_EchoParams, [msg], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1383,9 +1543,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.EchoParams.Builder:
-            """A new message whose root is a Tester.echo$Params."""
-            return Tester.EchoParams.Builder.new_message()
+        def new_message(
+            *,
+            msg: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.EchoParams.Builder:
+            """A new message whose root is a Tester.echo$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.EchoParams.Builder, _P_Tester_EchoParams, [msg], _unknown)
 
         @staticmethod
         def read(
@@ -1414,6 +1579,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0xa1618b735ff79130
 
+        class Init(TypedDict, total=False):
+            """Tester.echo$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            reply: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -1436,13 +1606,17 @@ class Tester(_t.Interface["Tester.Client"]):
 
             reply = _d.text_property(0, '', "Tester.echo$Results.reply")
 
-            def assign(self, /, *, reply: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                reply: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if reply is not None:
-                    self._set_text(0, reply, "Tester.echo$Results.reply")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_EchoResults, [reply], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1465,9 +1639,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.EchoResults.Builder:
-            """A new message whose root is a Tester.echo$Results."""
-            return Tester.EchoResults.Builder.new_message()
+        def new_message(
+            *,
+            reply: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.EchoResults.Builder:
+            """A new message whose root is a Tester.echo$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.EchoResults.Builder, _P_Tester_EchoResults, [reply], _unknown)
 
         @staticmethod
         def read(
@@ -1495,6 +1674,13 @@ class Tester(_t.Interface["Tester.Client"]):
         """struct Tester.fail$Params (0xcde840d305c8a7d4)."""
 
         _ID: ClassVar[int] = 0xcde840d305c8a7d4
+
+        class Init(TypedDict, total=False):
+            """Tester.fail$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            kind: str | None
+
+            reason: str | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1524,15 +1710,18 @@ class Tester(_t.Interface["Tester.Client"]):
 
             reason = _d.text_property(1, '', "Tester.fail$Params.reason")
 
-            def assign(self, /, *, kind: str | None = None, reason: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                kind: str | None = _e.MISSING,
+                reason: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
-                if kind is not None:
-                    self._set_text(0, kind, "Tester.fail$Params.kind")
-                if reason is not None:
-                    self._set_text(1, reason, "Tester.fail$Params.reason")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_FailParams, [kind, reason], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1555,9 +1744,15 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.FailParams.Builder:
-            """A new message whose root is a Tester.fail$Params."""
-            return Tester.FailParams.Builder.new_message()
+        def new_message(
+            *,
+            kind: str | None = _e.MISSING,
+            reason: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.FailParams.Builder:
+            """A new message whose root is a Tester.fail$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.FailParams.Builder, _P_Tester_FailParams, [kind, reason], _unknown)
 
         @staticmethod
         def read(
@@ -1585,6 +1780,9 @@ class Tester(_t.Interface["Tester.Client"]):
         """struct Tester.fail$Results (0xad21451d070befe4)."""
 
         _ID: ClassVar[int] = 0xad21451d070befe4
+
+        class Init(TypedDict, total=False):
+            """Tester.fail$Results as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1624,8 +1822,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def new_message() -> Tester.FailResults.Builder:
-            """A new message whose root is a Tester.fail$Results."""
-            return Tester.FailResults.Builder.new_message()
+            """A new message whose root is a Tester.fail$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.FailResults.Builder, _P_Tester_FailResults, [], {})
 
         @staticmethod
         def read(
@@ -1653,6 +1852,9 @@ class Tester(_t.Interface["Tester.Client"]):
         """struct Tester.getSelf$Params (0x869121cbdec18493)."""
 
         _ID: ClassVar[int] = 0x869121cbdec18493
+
+        class Init(TypedDict, total=False):
+            """Tester.getSelf$Params as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1692,8 +1894,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def new_message() -> Tester.GetSelfParams.Builder:
-            """A new message whose root is a Tester.getSelf$Params."""
-            return Tester.GetSelfParams.Builder.new_message()
+            """A new message whose root is a Tester.getSelf$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.GetSelfParams.Builder, _P_Tester_GetSelfParams, [], {})
 
         @staticmethod
         def read(
@@ -1722,6 +1925,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0xf8d6fa4604497259
 
+        class Init(TypedDict, total=False):
+            """Tester.getSelf$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            self_: Tester.Client | Tester.Server | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -1747,13 +1955,17 @@ class Tester(_t.Interface["Tester.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.getSelf$Results.self")
 
-            def assign(self, /, *, self_: Tester.Client | Tester.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                self_: Tester.Client | Tester.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if self_ is not None:
-                    self.set_self(self_)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_GetSelfResults, [self_], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1781,9 +1993,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.GetSelfResults.Builder:
-            """A new message whose root is a Tester.getSelf$Results."""
-            return Tester.GetSelfResults.Builder.new_message()
+        def new_message(
+            *,
+            self_: Tester.Client | Tester.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.GetSelfResults.Builder:
+            """A new message whose root is a Tester.getSelf$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.GetSelfResults.Builder, _P_Tester_GetSelfResults, [self_], _unknown)
 
         @staticmethod
         def read(
@@ -1812,6 +2029,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0x905081c282e88fc4
 
+        class Init(TypedDict, total=False):
+            """Tester.holdCaps$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            holder: Holder.Init | Holder.Reader | Holder.Builder | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -1845,13 +2067,17 @@ class Tester(_t.Interface["Tester.Client"]):
                 """A new, empty holder struct."""
                 return _b.init_struct(self, self._ptr + 0, Holder.Builder)
 
-            def assign(self, /, *, holder: Holder.Reader | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                holder: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if holder is not None:
-                    _b.copy_struct(self, 0, holder)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_HoldCapsParams, [holder], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1878,9 +2104,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.HoldCapsParams.Builder:
-            """A new message whose root is a Tester.holdCaps$Params."""
-            return Tester.HoldCapsParams.Builder.new_message()
+        def new_message(
+            *,
+            holder: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.HoldCapsParams.Builder:
+            """A new message whose root is a Tester.holdCaps$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.HoldCapsParams.Builder, _P_Tester_HoldCapsParams, [holder], _unknown)
 
         @staticmethod
         def read(
@@ -1909,6 +2140,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0xcd5986ceafb6230b
 
+        class Init(TypedDict, total=False):
+            """Tester.holdCaps$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            holder: Holder.Init | Holder.Reader | Holder.Builder | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -1942,13 +2178,17 @@ class Tester(_t.Interface["Tester.Client"]):
                 """A new, empty holder struct."""
                 return _b.init_struct(self, self._ptr + 0, Holder.Builder)
 
-            def assign(self, /, *, holder: Holder.Reader | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                holder: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if holder is not None:
-                    _b.copy_struct(self, 0, holder)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_HoldCapsResults, [holder], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1975,9 +2215,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.HoldCapsResults.Builder:
-            """A new message whose root is a Tester.holdCaps$Results."""
-            return Tester.HoldCapsResults.Builder.new_message()
+        def new_message(
+            *,
+            holder: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.HoldCapsResults.Builder:
+            """A new message whose root is a Tester.holdCaps$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.HoldCapsResults.Builder, _P_Tester_HoldCapsResults, [holder], _unknown)
 
         @staticmethod
         def read(
@@ -2006,6 +2251,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0x9582a54ceffea06e
 
+        class Init(TypedDict, total=False):
+            """Tester.newCounter$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            start: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -2027,18 +2277,17 @@ class Tester(_t.Interface["Tester.Client"]):
 
             start = _d.int_property("i64", 0, 0, "Tester.newCounter$Params.start", "Int64")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
-
-            def assign(self, /, *, start: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                start: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, start)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.start = start
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_NewCounterParams, [start], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2061,9 +2310,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.NewCounterParams.Builder:
-            """A new message whose root is a Tester.newCounter$Params."""
-            return Tester.NewCounterParams.Builder.new_message()
+        def new_message(
+            *,
+            start: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.NewCounterParams.Builder:
+            """A new message whose root is a Tester.newCounter$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.NewCounterParams.Builder, _P_Tester_NewCounterParams, [start], _unknown)
 
         @staticmethod
         def read(
@@ -2092,6 +2346,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0x8e5e606c0c82db77
 
+        class Init(TypedDict, total=False):
+            """Tester.newCounter$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            counter: Counter.Client | Counter.Server | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -2117,13 +2376,17 @@ class Tester(_t.Interface["Tester.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.newCounter$Results.counter")
 
-            def assign(self, /, *, counter: Counter.Client | Counter.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                counter: Counter.Client | Counter.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if counter is not None:
-                    self.set_counter(counter)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_NewCounterResults, [counter], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2151,9 +2414,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.NewCounterResults.Builder:
-            """A new message whose root is a Tester.newCounter$Results."""
-            return Tester.NewCounterResults.Builder.new_message()
+        def new_message(
+            *,
+            counter: Counter.Client | Counter.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.NewCounterResults.Builder:
+            """A new message whose root is a Tester.newCounter$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.NewCounterResults.Builder, _P_Tester_NewCounterResults, [counter], _unknown)
 
         @staticmethod
         def read(
@@ -2182,6 +2450,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0xa4d00b24343acc07
 
+        class Init(TypedDict, total=False):
+            """Tester.reflect$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            cap: Counter.Client | Counter.Server | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -2207,13 +2480,17 @@ class Tester(_t.Interface["Tester.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.reflect$Params.cap")
 
-            def assign(self, /, *, cap: Counter.Client | Counter.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                cap: Counter.Client | Counter.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if cap is not None:
-                    self.set_cap(cap)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_ReflectParams, [cap], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2241,9 +2518,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.ReflectParams.Builder:
-            """A new message whose root is a Tester.reflect$Params."""
-            return Tester.ReflectParams.Builder.new_message()
+        def new_message(
+            *,
+            cap: Counter.Client | Counter.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.ReflectParams.Builder:
+            """A new message whose root is a Tester.reflect$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.ReflectParams.Builder, _P_Tester_ReflectParams, [cap], _unknown)
 
         @staticmethod
         def read(
@@ -2272,6 +2554,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0xacc791a6e349f4c1
 
+        class Init(TypedDict, total=False):
+            """Tester.reflect$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            cap: Counter.Client | Counter.Server | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -2297,13 +2584,17 @@ class Tester(_t.Interface["Tester.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.reflect$Results.cap")
 
-            def assign(self, /, *, cap: Counter.Client | Counter.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                cap: Counter.Client | Counter.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if cap is not None:
-                    self.set_cap(cap)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_ReflectResults, [cap], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2331,9 +2622,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.ReflectResults.Builder:
-            """A new message whose root is a Tester.reflect$Results."""
-            return Tester.ReflectResults.Builder.new_message()
+        def new_message(
+            *,
+            cap: Counter.Client | Counter.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.ReflectResults.Builder:
+            """A new message whose root is a Tester.reflect$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.ReflectResults.Builder, _P_Tester_ReflectResults, [cap], _unknown)
 
         @staticmethod
         def read(
@@ -2362,6 +2658,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0x89d5c0e939a9303e
 
+        class Init(TypedDict, total=False):
+            """Tester.slow$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            ms: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -2383,18 +2684,17 @@ class Tester(_t.Interface["Tester.Client"]):
 
             ms = _d.int_property("u32", 0, 0, "Tester.slow$Params.ms", "UInt32")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<I4x').pack_into
-
-            def assign(self, /, *, ms: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                ms: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, ms)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.ms = ms
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_SlowParams, [ms], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2417,9 +2717,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.SlowParams.Builder:
-            """A new message whose root is a Tester.slow$Params."""
-            return Tester.SlowParams.Builder.new_message()
+        def new_message(
+            *,
+            ms: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.SlowParams.Builder:
+            """A new message whose root is a Tester.slow$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.SlowParams.Builder, _P_Tester_SlowParams, [ms], _unknown)
 
         @staticmethod
         def read(
@@ -2448,6 +2753,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0x834d56595ae9a958
 
+        class Init(TypedDict, total=False):
+            """Tester.slow$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            done: bool
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -2469,20 +2779,17 @@ class Tester(_t.Interface["Tester.Client"]):
 
             done = _d.bool_property(0, 0, False, "Tester.slow$Results.done")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<B7x').pack_into
-
-            def assign(self, /, *, done: bool = False) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                done: bool = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    if not ((done is True or done is False)):
-                        raise TypeError  # a Bool that is not a bool
-                    self._ASSIGN(self._b.buf, self._data, done)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.done = done
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_SlowResults, [done], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2505,9 +2812,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.SlowResults.Builder:
-            """A new message whose root is a Tester.slow$Results."""
-            return Tester.SlowResults.Builder.new_message()
+        def new_message(
+            *,
+            done: bool = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.SlowResults.Builder:
+            """A new message whose root is a Tester.slow$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.SlowResults.Builder, _P_Tester_SlowResults, [done], _unknown)
 
         @staticmethod
         def read(
@@ -2535,6 +2847,11 @@ class Tester(_t.Interface["Tester.Client"]):
         """struct Tester.sum$Params (0xe8e9c239995dc3da)."""
 
         _ID: ClassVar[int] = 0xe8e9c239995dc3da
+
+        class Init(TypedDict, total=False):
+            """Tester.sum$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            counters: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2565,13 +2882,17 @@ class Tester(_t.Interface["Tester.Client"]):
                 for index, item in enumerate(items):
                     target[index] = item
 
-            def assign(self, /, *, counters: Sequence[Counter.Client | Counter.Server | None] | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                counters: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if counters is not None:
-                    self.set_counters([*counters])
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_SumParams, [counters], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2594,9 +2915,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.SumParams.Builder:
-            """A new message whose root is a Tester.sum$Params."""
-            return Tester.SumParams.Builder.new_message()
+        def new_message(
+            *,
+            counters: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.SumParams.Builder:
+            """A new message whose root is a Tester.sum$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.SumParams.Builder, _P_Tester_SumParams, [counters], _unknown)
 
         @staticmethod
         def read(
@@ -2625,6 +2951,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
         _ID: ClassVar[int] = 0xf773ed2b61584dac
 
+        class Init(TypedDict, total=False):
+            """Tester.sum$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            total: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -2646,18 +2977,17 @@ class Tester(_t.Interface["Tester.Client"]):
 
             total = _d.int_property("i64", 0, 0, "Tester.sum$Results.total", "Int64")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<q').pack_into
-
-            def assign(self, /, *, total: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                total: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, total)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.total = total
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tester_SumResults, [total], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2680,9 +3010,14 @@ class Tester(_t.Interface["Tester.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tester.SumResults.Builder:
-            """A new message whose root is a Tester.sum$Results."""
-            return Tester.SumResults.Builder.new_message()
+        def new_message(
+            *,
+            total: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tester.SumResults.Builder:
+            """A new message whose root is a Tester.sum$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tester.SumResults.Builder, _P_Tester_SumResults, [total], _unknown)
 
         @staticmethod
         def read(
@@ -2950,6 +3285,9 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
         _ID: ClassVar[int] = 0xdf7b3aadd2f9916a
 
+        class Init(TypedDict, total=False):
+            """Unknown.nothing$Params as plain values: what ``new_message`` and ``assign`` take."""
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -2988,8 +3326,9 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
         @staticmethod
         def new_message() -> Unknown.NothingParams.Builder:
-            """A new message whose root is a Unknown.nothing$Params."""
-            return Unknown.NothingParams.Builder.new_message()
+            """A new message whose root is a Unknown.nothing$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Unknown.NothingParams.Builder, _P_Unknown_NothingParams, [], {})
 
         @staticmethod
         def read(
@@ -3017,6 +3356,9 @@ class Unknown(_t.Interface["Unknown.Client"]):
         """struct Unknown.nothing$Results (0xb6685db13a2858eb)."""
 
         _ID: ClassVar[int] = 0xb6685db13a2858eb
+
+        class Init(TypedDict, total=False):
+            """Unknown.nothing$Results as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3056,8 +3398,9 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
         @staticmethod
         def new_message() -> Unknown.NothingResults.Builder:
-            """A new message whose root is a Unknown.nothing$Results."""
-            return Unknown.NothingResults.Builder.new_message()
+            """A new message whose root is a Unknown.nothing$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Unknown.NothingResults.Builder, _P_Unknown_NothingResults, [], {})
 
         @staticmethod
         def read(
@@ -3127,6 +3470,130 @@ Holder.Builder.extra.bind(Holder.Extra.Builder)
 Tester.HoldCapsParams.Reader.holder.bind(Holder.Reader)
 Tester.HoldCapsResults.Reader.holder.bind(Holder.Reader)
 Tester.SumParams.Reader.counters.bind(_L_Tester_SumParams_counters)
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_Holder = Holder.Builder._PLAN = _v.StructPlan("Holder", 1, 7)
+_P_Callback_NotifyParams = Callback.NotifyParams.Builder._PLAN = _v.StructPlan("Callback.notify$Params", 1, 0)
+_P_Callback_NotifyResults = Callback.NotifyResults.Builder._PLAN = _v.StructPlan("Callback.notify$Results", 1, 0)
+_P_Counter_GetParams = Counter.GetParams.Builder._PLAN = _v.StructPlan("Counter.get$Params", 0, 0)
+_P_Counter_GetResults = Counter.GetResults.Builder._PLAN = _v.StructPlan("Counter.get$Results", 1, 0)
+_P_Counter_IncrementParams = Counter.IncrementParams.Builder._PLAN = _v.StructPlan("Counter.increment$Params", 1, 0)
+_P_Counter_IncrementResults = Counter.IncrementResults.Builder._PLAN = _v.StructPlan("Counter.increment$Results", 1, 0)
+_P_Holder_Choice = Holder.Choice.Builder._PLAN = _v.StructPlan("Holder.choice", 1, 7, 0, True)
+_P_Holder_Extra = Holder.Extra.Builder._PLAN = _v.StructPlan("Holder.extra", 1, 7, -1, True)
+_P_Tester_CallBackParams = Tester.CallBackParams.Builder._PLAN = _v.StructPlan("Tester.callBack$Params", 1, 1)
+_P_Tester_CallBackResults = Tester.CallBackResults.Builder._PLAN = _v.StructPlan("Tester.callBack$Results", 1, 0)
+_P_Tester_CallCounterParams = Tester.CallCounterParams.Builder._PLAN = _v.StructPlan("Tester.callCounter$Params", 1, 1)
+_P_Tester_CallCounterResults = Tester.CallCounterResults.Builder._PLAN = _v.StructPlan("Tester.callCounter$Results", 1, 0)
+_P_Tester_EchoParams = Tester.EchoParams.Builder._PLAN = _v.StructPlan("Tester.echo$Params", 0, 1)
+_P_Tester_EchoResults = Tester.EchoResults.Builder._PLAN = _v.StructPlan("Tester.echo$Results", 0, 1)
+_P_Tester_FailParams = Tester.FailParams.Builder._PLAN = _v.StructPlan("Tester.fail$Params", 0, 2)
+_P_Tester_FailResults = Tester.FailResults.Builder._PLAN = _v.StructPlan("Tester.fail$Results", 0, 0)
+_P_Tester_GetSelfParams = Tester.GetSelfParams.Builder._PLAN = _v.StructPlan("Tester.getSelf$Params", 0, 0)
+_P_Tester_GetSelfResults = Tester.GetSelfResults.Builder._PLAN = _v.StructPlan("Tester.getSelf$Results", 0, 1)
+_P_Tester_HoldCapsParams = Tester.HoldCapsParams.Builder._PLAN = _v.StructPlan("Tester.holdCaps$Params", 0, 1)
+_P_Tester_HoldCapsResults = Tester.HoldCapsResults.Builder._PLAN = _v.StructPlan("Tester.holdCaps$Results", 0, 1)
+_P_Tester_NewCounterParams = Tester.NewCounterParams.Builder._PLAN = _v.StructPlan("Tester.newCounter$Params", 1, 0)
+_P_Tester_NewCounterResults = Tester.NewCounterResults.Builder._PLAN = _v.StructPlan("Tester.newCounter$Results", 0, 1)
+_P_Tester_ReflectParams = Tester.ReflectParams.Builder._PLAN = _v.StructPlan("Tester.reflect$Params", 0, 1)
+_P_Tester_ReflectResults = Tester.ReflectResults.Builder._PLAN = _v.StructPlan("Tester.reflect$Results", 0, 1)
+_P_Tester_SlowParams = Tester.SlowParams.Builder._PLAN = _v.StructPlan("Tester.slow$Params", 1, 0)
+_P_Tester_SlowResults = Tester.SlowResults.Builder._PLAN = _v.StructPlan("Tester.slow$Results", 1, 0)
+_P_Tester_SumParams = Tester.SumParams.Builder._PLAN = _v.StructPlan("Tester.sum$Params", 0, 1)
+_P_Tester_SumResults = Tester.SumResults.Builder._PLAN = _v.StructPlan("Tester.sum$Results", 1, 0)
+_P_Unknown_NothingParams = Unknown.NothingParams.Builder._PLAN = _v.StructPlan("Unknown.nothing$Params", 0, 0)
+_P_Unknown_NothingResults = Unknown.NothingResults.Builder._PLAN = _v.StructPlan("Unknown.nothing$Results", 0, 0)
+_P_Holder.add(
+    _v.text("name", 0),
+    _v.capability("cap", 1),
+    _v.struct("inner", 2, _P_Holder),
+    _v.list_("caps", 3, _v.of_capability()),
+    _v.list_("items", 4, _v.of_struct(_P_Holder)),
+    _v.group("choice", _P_Holder_Choice),
+    _v.group("extra", _P_Holder_Extra),
+)
+_P_Callback_NotifyParams.add(
+    _v.integer("value", "Int64", 0, 8, True),
+)
+_P_Callback_NotifyResults.add(
+    _v.integer("ack", "Int64", 0, 8, True),
+)
+_P_Counter_GetResults.add(
+    _v.integer("value", "Int64", 0, 8, True),
+)
+_P_Counter_IncrementParams.add(
+    _v.integer("by", "Int64", 0, 8, True),
+)
+_P_Counter_IncrementResults.add(
+    _v.integer("value", "Int64", 0, 8, True),
+)
+_P_Holder_Choice.add(
+    _v.void("none", disc=0),
+    _v.capability("counter", 5, disc=1),
+    _v.text("text", 5, disc=2),
+)
+_P_Holder_Extra.add(
+    _v.integer("number", "Int32", 4, 4, True),
+    _v.capability("callback", 6),
+)
+_P_Tester_CallBackParams.add(
+    _v.capability("cb", 0),
+    _v.integer("value", "Int64", 0, 8, True),
+)
+_P_Tester_CallBackResults.add(
+    _v.integer("ack", "Int64", 0, 8, True),
+)
+_P_Tester_CallCounterParams.add(
+    _v.capability("counter", 0),
+    _v.integer("by", "Int64", 0, 8, True),
+)
+_P_Tester_CallCounterResults.add(
+    _v.integer("value", "Int64", 0, 8, True),
+)
+_P_Tester_EchoParams.add(
+    _v.text("msg", 0),
+)
+_P_Tester_EchoResults.add(
+    _v.text("reply", 0),
+)
+_P_Tester_FailParams.add(
+    _v.text("kind", 0),
+    _v.text("reason", 1),
+)
+_P_Tester_GetSelfResults.add(
+    _v.capability("self", 0, key="self_"),
+)
+_P_Tester_HoldCapsParams.add(
+    _v.struct("holder", 0, _P_Holder),
+)
+_P_Tester_HoldCapsResults.add(
+    _v.struct("holder", 0, _P_Holder),
+)
+_P_Tester_NewCounterParams.add(
+    _v.integer("start", "Int64", 0, 8, True),
+)
+_P_Tester_NewCounterResults.add(
+    _v.capability("counter", 0),
+)
+_P_Tester_ReflectParams.add(
+    _v.capability("cap", 0),
+)
+_P_Tester_ReflectResults.add(
+    _v.capability("cap", 0),
+)
+_P_Tester_SlowParams.add(
+    _v.integer("ms", "UInt32", 0, 4, False),
+)
+_P_Tester_SlowResults.add(
+    _v.boolean("done", 0, False),
+)
+_P_Tester_SumParams.add(
+    _v.list_("counters", 0, _v.of_capability()),
+)
+_P_Tester_SumResults.add(
+    _v.integer("total", "Int64", 0, 8, True),
+)
 
 
 Callback.METHODS = {"notify": (0, Callback.NotifyParams, Callback.NotifyResults)}

@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
     get_i16, set_i16,
@@ -35,6 +37,45 @@ class Car:
     """struct Car (0x9999b0462413e9dd)."""
 
     _ID: ClassVar[int] = 0x9999b0462413e9dd
+
+    class Init(TypedDict, total=False):
+        """Car as plain values: what ``new_message`` and ``assign`` take."""
+
+        make: str | None
+
+        model: str | None
+
+        color: int | str
+
+        seats: int
+
+        doors: int
+
+        wheels: Sequence[Wheel.Init | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None
+
+        length: int
+
+        width: int
+
+        height: int
+
+        weight: int
+
+        engine: Engine.Init | Engine.Reader | Engine.Builder | None
+
+        fuelCapacity: float
+
+        fuelLevel: float
+
+        hasPowerWindows: bool
+
+        hasPowerSteering: bool
+
+        hasCruiseControl: bool
+
+        cupHolders: int
+
+        hasNavSystem: bool
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -167,39 +208,34 @@ class Car:
 
         hasNavSystem = _d.bool_property(10, 3, False, "Car.hasNavSystem")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<HBBHHHBBIff32x').pack_into
-
-        def assign(self, /, *, make: str | None = None, model: str | None = None, color: int = 0, seats: int = 0, doors: int = 0, length: int = 0, width: int = 0, height: int = 0, weight: int = 0, engine: Engine.Reader | None = None, fuelCapacity: float = 0.0, fuelLevel: float = 0.0, hasPowerWindows: bool = False, hasPowerSteering: bool = False, hasCruiseControl: bool = False, cupHolders: int = 0, hasNavSystem: bool = False) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            make: str | None = _e.MISSING,
+            model: str | None = _e.MISSING,
+            color: int | str = _e.MISSING,
+            seats: int = _e.MISSING,
+            doors: int = _e.MISSING,
+            wheels: Sequence[Wheel.Init | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            length: int = _e.MISSING,
+            width: int = _e.MISSING,
+            height: int = _e.MISSING,
+            weight: int = _e.MISSING,
+            engine: Engine.Init | Engine.Reader | Engine.Builder | None = _e.MISSING,
+            fuelCapacity: float = _e.MISSING,
+            fuelLevel: float = _e.MISSING,
+            hasPowerWindows: bool = _e.MISSING,
+            hasPowerSteering: bool = _e.MISSING,
+            hasCruiseControl: bool = _e.MISSING,
+            cupHolders: int = _e.MISSING,
+            hasNavSystem: bool = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                if not ((hasPowerWindows is True or hasPowerWindows is False) and (hasPowerSteering is True or hasPowerSteering is False) and (hasCruiseControl is True or hasCruiseControl is False) and (hasNavSystem is True or hasNavSystem is False)):
-                    raise TypeError  # a Bool that is not a bool
-                self._ASSIGN(self._b.buf, self._data, color, seats, doors, length, width, height, hasPowerWindows | hasPowerSteering << 1 | hasCruiseControl << 2 | hasNavSystem << 3, cupHolders, weight, fuelCapacity, fuelLevel)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 4) << 3] = bytes(56)
-                self.color = color
-                self.seats = seats
-                self.doors = doors
-                self.length = length
-                self.width = width
-                self.height = height
-                self.weight = weight
-                self.fuelCapacity = fuelCapacity
-                self.fuelLevel = fuelLevel
-                self.hasPowerWindows = hasPowerWindows
-                self.hasPowerSteering = hasPowerSteering
-                self.hasCruiseControl = hasCruiseControl
-                self.cupHolders = cupHolders
-                self.hasNavSystem = hasNavSystem
-            if make is not None:
-                self._set_text(0, make, "Car.make")
-            if model is not None:
-                self._set_text(1, model, "Car.model")
-            if engine is not None:
-                _b.copy_struct(self, 3, engine)
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Car, [make, model, color, seats, doors, wheels, length, width, height, weight, engine, fuelCapacity, fuelLevel, hasPowerWindows, hasPowerSteering, hasCruiseControl, cupHolders, hasNavSystem], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -226,9 +262,31 @@ class Car:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Car.Builder:
-        """A new message whose root is a Car."""
-        return Car.Builder.new_message()
+    def new_message(
+        *,
+        make: str | None = _e.MISSING,
+        model: str | None = _e.MISSING,
+        color: int | str = _e.MISSING,
+        seats: int = _e.MISSING,
+        doors: int = _e.MISSING,
+        wheels: Sequence[Wheel.Init | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        length: int = _e.MISSING,
+        width: int = _e.MISSING,
+        height: int = _e.MISSING,
+        weight: int = _e.MISSING,
+        engine: Engine.Init | Engine.Reader | Engine.Builder | None = _e.MISSING,
+        fuelCapacity: float = _e.MISSING,
+        fuelLevel: float = _e.MISSING,
+        hasPowerWindows: bool = _e.MISSING,
+        hasPowerSteering: bool = _e.MISSING,
+        hasCruiseControl: bool = _e.MISSING,
+        cupHolders: int = _e.MISSING,
+        hasNavSystem: bool = _e.MISSING,
+        **_unknown: Never,
+    ) -> Car.Builder:
+        """A new message whose root is a Car: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Car.Builder, _P_Car, [make, model, color, seats, doors, wheels, length, width, height, weight, engine, fuelCapacity, fuelLevel, hasPowerWindows, hasPowerSteering, hasCruiseControl, cupHolders, hasNavSystem], _unknown)
 
     @staticmethod
     def read(
@@ -280,6 +338,19 @@ class Engine:
 
     _ID: ClassVar[int] = 0x804f5476deaef525
 
+    class Init(TypedDict, total=False):
+        """Engine as plain values: what ``new_message`` and ``assign`` take."""
+
+        horsepower: int
+
+        cylinders: int
+
+        cc: int
+
+        usesGas: bool
+
+        usesElectric: bool
+
     class Reader(_r.StructReader):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -321,24 +392,21 @@ class Engine:
 
         usesElectric = _d.bool_property(3, 1, False, "Engine.usesElectric")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<HBBI').pack_into
-
-        def assign(self, /, *, horsepower: int = 0, cylinders: int = 0, cc: int = 0, usesGas: bool = False, usesElectric: bool = False) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            horsepower: int = _e.MISSING,
+            cylinders: int = _e.MISSING,
+            cc: int = _e.MISSING,
+            usesGas: bool = _e.MISSING,
+            usesElectric: bool = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                if not ((usesGas is True or usesGas is False) and (usesElectric is True or usesElectric is False)):
-                    raise TypeError  # a Bool that is not a bool
-                self._ASSIGN(self._b.buf, self._data, horsepower, cylinders, usesGas | usesElectric << 1, cc)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                self.horsepower = horsepower
-                self.cylinders = cylinders
-                self.cc = cc
-                self.usesGas = usesGas
-                self.usesElectric = usesElectric
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Engine, [horsepower, cylinders, cc, usesGas, usesElectric], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -361,9 +429,18 @@ class Engine:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Engine.Builder:
-        """A new message whose root is a Engine."""
-        return Engine.Builder.new_message()
+    def new_message(
+        *,
+        horsepower: int = _e.MISSING,
+        cylinders: int = _e.MISSING,
+        cc: int = _e.MISSING,
+        usesGas: bool = _e.MISSING,
+        usesElectric: bool = _e.MISSING,
+        **_unknown: Never,
+    ) -> Engine.Builder:
+        """A new message whose root is a Engine: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Engine.Builder, _P_Engine, [horsepower, cylinders, cc, usesGas, usesElectric], _unknown)
 
     @staticmethod
     def read(
@@ -392,6 +469,11 @@ class ParkingLot:
 
     _ID: ClassVar[int] = 0xf4c6b753280d6022
 
+    class Init(TypedDict, total=False):
+        """ParkingLot as plain values: what ``new_message`` and ``assign`` take."""
+
+        cars: Sequence[Car.Init | Car.Reader | Car.Builder] | _r.ListReader[Any] | None
+
     class Reader(_r.StructReader):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
@@ -416,6 +498,18 @@ class ParkingLot:
             """A new list of ``count`` elements in cars."""
             return _b.init_struct_list(self._b, self._ptr + 0, count, "ParkingLot.cars", Car.Builder)
 
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            cars: Sequence[Car.Init | Car.Reader | Car.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_ParkingLot, [cars], _unknown)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -437,9 +531,14 @@ class ParkingLot:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> ParkingLot.Builder:
-        """A new message whose root is a ParkingLot."""
-        return ParkingLot.Builder.new_message()
+    def new_message(
+        *,
+        cars: Sequence[Car.Init | Car.Reader | Car.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> ParkingLot.Builder:
+        """A new message whose root is a ParkingLot: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(ParkingLot.Builder, _P_ParkingLot, [cars], _unknown)
 
     @staticmethod
     def read(
@@ -468,6 +567,11 @@ class TotalValue:
 
     _ID: ClassVar[int] = 0xc1e8687b69be8e0b
 
+    class Init(TypedDict, total=False):
+        """TotalValue as plain values: what ``new_message`` and ``assign`` take."""
+
+        amount: int
+
     class Reader(_r.StructReader):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -489,18 +593,17 @@ class TotalValue:
 
         amount = _d.int_property("u64", 0, 0, "TotalValue.amount", "UInt64")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<Q').pack_into
-
-        def assign(self, /, *, amount: int = 0) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            amount: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, amount)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                self.amount = amount
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_TotalValue, [amount], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -523,9 +626,14 @@ class TotalValue:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> TotalValue.Builder:
-        """A new message whose root is a TotalValue."""
-        return TotalValue.Builder.new_message()
+    def new_message(
+        *,
+        amount: int = _e.MISSING,
+        **_unknown: Never,
+    ) -> TotalValue.Builder:
+        """A new message whose root is a TotalValue: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(TotalValue.Builder, _P_TotalValue, [amount], _unknown)
 
     @staticmethod
     def read(
@@ -553,6 +661,15 @@ class Wheel:
     """struct Wheel (0xd7323be6aaee753c)."""
 
     _ID: ClassVar[int] = 0xd7323be6aaee753c
+
+    class Init(TypedDict, total=False):
+        """Wheel as plain values: what ``new_message`` and ``assign`` take."""
+
+        diameter: int
+
+        airPressure: float
+
+        snowTires: bool
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -585,22 +702,19 @@ class Wheel:
 
         snowTires = _d.bool_property(2, 0, False, "Wheel.snowTires")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<HB1xf').pack_into
-
-        def assign(self, /, *, diameter: int = 0, airPressure: float = 0.0, snowTires: bool = False) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            diameter: int = _e.MISSING,
+            airPressure: float = _e.MISSING,
+            snowTires: bool = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                if not ((snowTires is True or snowTires is False)):
-                    raise TypeError  # a Bool that is not a bool
-                self._ASSIGN(self._b.buf, self._data, diameter, snowTires, airPressure)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                self.diameter = diameter
-                self.airPressure = airPressure
-                self.snowTires = snowTires
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Wheel, [diameter, airPressure, snowTires], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -623,9 +737,16 @@ class Wheel:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Wheel.Builder:
-        """A new message whose root is a Wheel."""
-        return Wheel.Builder.new_message()
+    def new_message(
+        *,
+        diameter: int = _e.MISSING,
+        airPressure: float = _e.MISSING,
+        snowTires: bool = _e.MISSING,
+        **_unknown: Never,
+    ) -> Wheel.Builder:
+        """A new message whose root is a Wheel: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Wheel.Builder, _P_Wheel, [diameter, airPressure, snowTires], _unknown)
 
     @staticmethod
     def read(
@@ -656,3 +777,49 @@ Car.Reader.color.bind(Color, _E_Color)
 Car.Reader.wheels.bind(Wheel.Reader)
 Car.Reader.engine.bind(Engine.Reader)
 ParkingLot.Reader.cars.bind(Car.Reader)
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_Car = Car.Builder._PLAN = _v.StructPlan("Car", 3, 4)
+_P_Engine = Engine.Builder._PLAN = _v.StructPlan("Engine", 1, 0)
+_P_ParkingLot = ParkingLot.Builder._PLAN = _v.StructPlan("ParkingLot", 0, 1)
+_P_TotalValue = TotalValue.Builder._PLAN = _v.StructPlan("TotalValue", 1, 0)
+_P_Wheel = Wheel.Builder._PLAN = _v.StructPlan("Wheel", 1, 0)
+_P_Car.add(
+    _v.text("make", 0),
+    _v.text("model", 1),
+    _v.enumeration("color", "Color", 0, ('black', 'white', 'red', 'green', 'blue', 'cyan', 'magenta', 'yellow', 'silver')),
+    _v.integer("seats", "UInt8", 2, 1, False),
+    _v.integer("doors", "UInt8", 3, 1, False),
+    _v.list_("wheels", 2, _v.of_struct(_P_Wheel)),
+    _v.integer("length", "UInt16", 4, 2, False),
+    _v.integer("width", "UInt16", 6, 2, False),
+    _v.integer("height", "UInt16", 8, 2, False),
+    _v.integer("weight", "UInt32", 12, 4, False),
+    _v.struct("engine", 3, _P_Engine),
+    _v.floating("fuelCapacity", "Float32", 16, 4),
+    _v.floating("fuelLevel", "Float32", 20, 4),
+    _v.boolean("hasPowerWindows", 80, False),
+    _v.boolean("hasPowerSteering", 81, False),
+    _v.boolean("hasCruiseControl", 82, False),
+    _v.integer("cupHolders", "UInt8", 11, 1, False),
+    _v.boolean("hasNavSystem", 83, False),
+)
+_P_Engine.add(
+    _v.integer("horsepower", "UInt16", 0, 2, False),
+    _v.integer("cylinders", "UInt8", 2, 1, False),
+    _v.integer("cc", "UInt32", 4, 4, False),
+    _v.boolean("usesGas", 24, False),
+    _v.boolean("usesElectric", 25, False),
+)
+_P_ParkingLot.add(
+    _v.list_("cars", 0, _v.of_struct(_P_Car)),
+)
+_P_TotalValue.add(
+    _v.integer("amount", "UInt64", 0, 8, False),
+)
+_P_Wheel.add(
+    _v.integer("diameter", "UInt16", 0, 2, False),
+    _v.floating("airPressure", "Float32", 4, 4),
+    _v.boolean("snowTires", 16, False),
+)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
     get_i16, set_i16,
@@ -35,6 +37,15 @@ class SearchResult:
     """struct SearchResult (0xac80c0cd21fc17f5)."""
 
     _ID: ClassVar[int] = 0xac80c0cd21fc17f5
+
+    class Init(TypedDict, total=False):
+        """SearchResult as plain values: what ``new_message`` and ``assign`` take."""
+
+        url: str | None
+
+        score: float
+
+        snippet: str | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -69,22 +80,19 @@ class SearchResult:
 
         snippet = _d.text_property(1, '', "SearchResult.snippet")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<d16x').pack_into
-
-        def assign(self, /, *, url: str | None = None, score: float = 0.0, snippet: str | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            url: str | None = _e.MISSING,
+            score: float = _e.MISSING,
+            snippet: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, score)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(24)
-                self.score = score
-            if url is not None:
-                self._set_text(0, url, "SearchResult.url")
-            if snippet is not None:
-                self._set_text(1, snippet, "SearchResult.snippet")
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_SearchResult, [url, score, snippet], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -107,9 +115,16 @@ class SearchResult:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> SearchResult.Builder:
-        """A new message whose root is a SearchResult."""
-        return SearchResult.Builder.new_message()
+    def new_message(
+        *,
+        url: str | None = _e.MISSING,
+        score: float = _e.MISSING,
+        snippet: str | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> SearchResult.Builder:
+        """A new message whose root is a SearchResult: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(SearchResult.Builder, _P_SearchResult, [url, score, snippet], _unknown)
 
     @staticmethod
     def read(
@@ -138,6 +153,11 @@ class SearchResultList:
 
     _ID: ClassVar[int] = 0x9e10f22b24271858
 
+    class Init(TypedDict, total=False):
+        """SearchResultList as plain values: what ``new_message`` and ``assign`` take."""
+
+        results: Sequence[SearchResult.Init | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None
+
     class Reader(_r.StructReader):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
@@ -162,6 +182,18 @@ class SearchResultList:
             """A new list of ``count`` elements in results."""
             return _b.init_struct_list(self._b, self._ptr + 0, count, "SearchResultList.results", SearchResult.Builder)
 
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            results: Sequence[SearchResult.Init | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_SearchResultList, [results], _unknown)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -183,9 +215,14 @@ class SearchResultList:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> SearchResultList.Builder:
-        """A new message whose root is a SearchResultList."""
-        return SearchResultList.Builder.new_message()
+    def new_message(
+        *,
+        results: Sequence[SearchResult.Init | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> SearchResultList.Builder:
+        """A new message whose root is a SearchResultList: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(SearchResultList.Builder, _P_SearchResultList, [results], _unknown)
 
     @staticmethod
     def read(
@@ -212,3 +249,16 @@ class SearchResultList:
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 SearchResultList.Reader.results.bind(SearchResult.Reader)
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_SearchResult = SearchResult.Builder._PLAN = _v.StructPlan("SearchResult", 1, 2)
+_P_SearchResultList = SearchResultList.Builder._PLAN = _v.StructPlan("SearchResultList", 0, 1)
+_P_SearchResult.add(
+    _v.text("url", 0),
+    _v.floating("score", "Float64", 0, 8),
+    _v.text("snippet", 1),
+)
+_P_SearchResultList.add(
+    _v.list_("results", 0, _v.of_struct(_P_SearchResult)),
+)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
     get_i16, set_i16,
@@ -35,6 +37,11 @@ class EvaluationResult:
     """struct EvaluationResult (0xa349c302d856d199)."""
 
     _ID: ClassVar[int] = 0xa349c302d856d199
+
+    class Init(TypedDict, total=False):
+        """EvaluationResult as plain values: what ``new_message`` and ``assign`` take."""
+
+        value: int
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -57,18 +64,17 @@ class EvaluationResult:
 
         value = _d.int_property("i32", 0, 0, "EvaluationResult.value", "Int32")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<i4x').pack_into
-
-        def assign(self, /, *, value: int = 0) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            value: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, value)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                self.value = value
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_EvaluationResult, [value], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -91,9 +97,14 @@ class EvaluationResult:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> EvaluationResult.Builder:
-        """A new message whose root is a EvaluationResult."""
-        return EvaluationResult.Builder.new_message()
+    def new_message(
+        *,
+        value: int = _e.MISSING,
+        **_unknown: Never,
+    ) -> EvaluationResult.Builder:
+        """A new message whose root is a EvaluationResult: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(EvaluationResult.Builder, _P_EvaluationResult, [value], _unknown)
 
     @staticmethod
     def read(
@@ -127,6 +138,13 @@ class Expression:
 
         _ID: ClassVar[int] = 0x8266c533d8228eec
 
+        class Init(TypedDict, total=False):
+            """Expression.left as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: int
+
+            expression: Expression.Init | Expression.Reader | Expression.Builder | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
@@ -136,11 +154,11 @@ class Expression:
 
             expression: _d.Struct[Expression.Reader] = _d.Struct(0)
 
-            def which(self) -> Literal["value", "expression"] | None:
-                """The union member that is set (None: one this schema does not know)."""
-                d = get_u16(self._seg, self._data + 2)[0]
-                names: tuple[Any, ...] = ("value", "expression",)
-                return names[d] if d < len(names) else None
+            _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (2, ("value", "expression",))
+
+            if TYPE_CHECKING:
+                def which(self) -> Literal["value", "expression"] | None:
+                    """The union member that is set (None: one this schema does not know)."""
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -183,6 +201,19 @@ class Expression:
                 names: tuple[Any, ...] = ("value", "expression",)
                 return names[d] if d < len(names) else None
 
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: int = _e.MISSING,
+                expression: Expression.Init | Expression.Reader | Expression.Builder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Expression_Left, [value, expression], _unknown)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -205,6 +236,13 @@ class Expression:
 
         _ID: ClassVar[int] = 0xec7567165b87166d
 
+        class Init(TypedDict, total=False):
+            """Expression.right as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: int
+
+            expression: Expression.Init | Expression.Reader | Expression.Builder | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
@@ -214,11 +252,11 @@ class Expression:
 
             expression: _d.Struct[Expression.Reader] = _d.Struct(1)
 
-            def which(self) -> Literal["value", "expression"] | None:
-                """The union member that is set (None: one this schema does not know)."""
-                d = get_u16(self._seg, self._data + 12)[0]
-                names: tuple[Any, ...] = ("value", "expression",)
-                return names[d] if d < len(names) else None
+            _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (12, ("value", "expression",))
+
+            if TYPE_CHECKING:
+                def which(self) -> Literal["value", "expression"] | None:
+                    """The union member that is set (None: one this schema does not know)."""
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -261,6 +299,19 @@ class Expression:
                 names: tuple[Any, ...] = ("value", "expression",)
                 return names[d] if d < len(names) else None
 
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: int = _e.MISSING,
+                expression: Expression.Init | Expression.Reader | Expression.Builder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Expression_Right, [value, expression], _unknown)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -277,6 +328,15 @@ class Expression:
             @property
             def expression(self) -> Expression.Pipeline:
                 return self._struct(1, Expression.Pipeline)
+
+    class Init(TypedDict, total=False):
+        """Expression as plain values: what ``new_message`` and ``assign`` take."""
+
+        op: int | str
+
+        left: Expression.Left.Init
+
+        right: Expression.Right.Init
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -317,18 +377,19 @@ class Expression:
 
         right: _d.BuilderGroup[Expression.Right.Builder] = _d.BuilderGroup()
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<H30x').pack_into
-
-        def assign(self, /, *, op: int = 0) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            op: int | str = _e.MISSING,
+            left: Expression.Left.Init = _e.MISSING,
+            right: Expression.Right.Init = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, op)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(32)
-                self.op = op
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Expression, [op, left, right], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -359,9 +420,16 @@ class Expression:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Expression.Builder:
-        """A new message whose root is a Expression."""
-        return Expression.Builder.new_message()
+    def new_message(
+        *,
+        op: int | str = _e.MISSING,
+        left: Expression.Left.Init = _e.MISSING,
+        right: Expression.Right.Init = _e.MISSING,
+        **_unknown: Never,
+    ) -> Expression.Builder:
+        """A new message whose root is a Expression: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Expression.Builder, _P_Expression, [op, left, right], _unknown)
 
     @staticmethod
     def read(
@@ -414,3 +482,26 @@ Expression.Reader.right.bind(Expression.Right.Reader)
 Expression.Builder.right.bind(Expression.Right.Builder)
 Expression.Left.Reader.expression.bind(Expression.Reader)
 Expression.Right.Reader.expression.bind(Expression.Reader)
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_EvaluationResult = EvaluationResult.Builder._PLAN = _v.StructPlan("EvaluationResult", 1, 0)
+_P_Expression = Expression.Builder._PLAN = _v.StructPlan("Expression", 2, 2)
+_P_Expression_Left = Expression.Left.Builder._PLAN = _v.StructPlan("Expression.left", 2, 2, 2, True)
+_P_Expression_Right = Expression.Right.Builder._PLAN = _v.StructPlan("Expression.right", 2, 2, 12, True)
+_P_EvaluationResult.add(
+    _v.integer("value", "Int32", 0, 4, True),
+)
+_P_Expression.add(
+    _v.enumeration("op", "Operation", 0, ('add', 'subtract', 'multiply', 'divide', 'modulus')),
+    _v.group("left", _P_Expression_Left),
+    _v.group("right", _P_Expression_Right),
+)
+_P_Expression_Left.add(
+    _v.integer("value", "Int32", 4, 4, True, disc=0),
+    _v.struct("expression", 0, _P_Expression, disc=1),
+)
+_P_Expression_Right.add(
+    _v.integer("value", "Int32", 8, 4, True, disc=0),
+    _v.struct("expression", 1, _P_Expression, disc=1),
+)

@@ -2,12 +2,13 @@
 
 Theory of operation
 -------------------
-This is the code a user of ``capsvc gen`` writes: ``ParkingLot.new_message()``,
-``init_cars(n)``, then per car one ``assign(...)`` (the generated constructor-style setter:
-the whole data section in one pack), ``init_wheels(4)`` and ``init_engine()`` with an
-``assign`` each; the server and the client's read-back (upstream reads every car back,
-specs/benchmarks.md §2 "Request") use the generated readers' properties. No offsets, no
-``struct`` formats: everything below the generated API is capsvc's runtime.
+This is the code a user of ``capsvc gen`` writes: the request is built in one
+``ParkingLot.new_message(cars=[...])`` from plain values (a dict per car, its wheels and
+its engine: the generated ``Init`` types, what pycapnp's ``new_message`` takes too), which
+the value encoder (capsvc.codec.values) writes straight into the message; the server and
+the client's read-back (upstream reads every car back, specs/benchmarks.md §2 "Request")
+use the generated readers' properties. No offsets, no ``struct`` formats: everything below
+the generated API is capsvc's runtime.
 """
 
 from __future__ import annotations
@@ -56,32 +57,35 @@ class CapsvcCarsales:
     format = "capsvc"
 
     def setup(self, inputs: tuple[tuple[Any, ...], ...]) -> tuple[ParkingLot.Builder, int]:
-        lot = ParkingLot.new_message()
-        cars = lot.init_cars(len(inputs))
-        for car, (
-            make, model, color, seats, doors,
-            d0, p0, s0, d1, p1, s1, d2, p2, s2, d3, p3, s3,
-            length, width, height, horsepower, cylinders, cc, uses_electric,
-            capacity, level, windows, steering, cruise, cups, nav,
-        ) in zip(cars, inputs, strict=True):  # fmt: skip
-            car.assign(
-                make=make, model=model, color=color, seats=seats, doors=doors,
-                length=length, width=width, height=height,
-                weight=length * width * height // 200,  # no draw (§2 row 9)
-                fuelCapacity=capacity, fuelLevel=level, hasPowerWindows=windows,
-                hasPowerSteering=steering, hasCruiseControl=cruise, cupHolders=cups,
-                hasNavSystem=nav,
-            )  # fmt: skip
-            wheel0, wheel1, wheel2, wheel3 = car.init_wheels(4)
-            wheel0.assign(diameter=d0, airPressure=p0, snowTires=s0)
-            wheel1.assign(diameter=d1, airPressure=p1, snowTires=s1)
-            wheel2.assign(diameter=d2, airPressure=p2, snowTires=s2)
-            wheel3.assign(diameter=d3, airPressure=p3, snowTires=s3)
-            car.init_engine().assign(
-                horsepower=horsepower, cylinders=cylinders, cc=cc,
-                usesGas=True,  # no draw (§2 row 10)
-                usesElectric=uses_electric,
-            )  # fmt: skip
+        lot = ParkingLot.new_message(
+            cars=[
+                {
+                    "make": make, "model": model, "color": color, "seats": seats, "doors": doors,
+                    "wheels": [
+                        {"diameter": d0, "airPressure": p0, "snowTires": s0},
+                        {"diameter": d1, "airPressure": p1, "snowTires": s1},
+                        {"diameter": d2, "airPressure": p2, "snowTires": s2},
+                        {"diameter": d3, "airPressure": p3, "snowTires": s3},
+                    ],
+                    "length": length, "width": width, "height": height,
+                    "weight": length * width * height // 200,  # no draw (§2 row 9)
+                    "engine": {
+                        "horsepower": horsepower, "cylinders": cylinders, "cc": cc,
+                        "usesGas": True,  # no draw (§2 row 10)
+                        "usesElectric": uses_electric,
+                    },
+                    "fuelCapacity": capacity, "fuelLevel": level, "hasPowerWindows": windows,
+                    "hasPowerSteering": steering, "hasCruiseControl": cruise,
+                    "cupHolders": cups, "hasNavSystem": nav,
+                }
+                for (
+                    make, model, color, seats, doors,
+                    d0, p0, s0, d1, p1, s1, d2, p2, s2, d3, p3, s3,
+                    length, width, height, horsepower, cylinders, cc, uses_electric,
+                    capacity, level, windows, steering, cruise, cups, nav,
+                ) in inputs
+            ]
+        )  # fmt: skip
         # Upstream reads each car back from the builder (§2 "Request"): here once the lot
         # is complete, through a reader of the finished message.
         return lot, lot_value(lot.as_reader())

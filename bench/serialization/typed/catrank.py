@@ -2,12 +2,12 @@
 
 Theory of operation
 -------------------
-What a user of ``capsvc gen`` writes: ``init_results(n)`` and one ``assign(...)`` per
-result on the client; on the server one pass over the request's results reading each
-snippet once (specs/benchmarks.md §10 item 3) as a ``str``, the shared scoring rules of
-catrank.py (multiply, then divide, only where the word occurs; one key sort, descending),
-then a response list whose urls and snippets are set from the request's readers. The
-client counts the leading results with score > 1001 (§3 "Check").
+What a user of ``capsvc gen`` writes: one ``new_message(results=[...])`` from plain
+values (a dict per result) on the client; on the server one pass over the request's
+results reading each snippet once (specs/benchmarks.md §10 item 3) as a ``str``, the
+shared scoring rules of catrank.py (multiply, then divide, only where the word occurs;
+one key sort, descending), then a response built the same way, its urls read from the
+request's readers. The client counts the leading results with score > 1001 (§3 "Check").
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ class CapsvcCatrank:
 
     def setup(self, inputs: CatrankInput) -> tuple[SearchResultList.Builder, int]:
         results, good = inputs
-        message = SearchResultList.new_message()
-        out = message.init_results(len(results))
-        for result, score, (url, snippet) in zip(out, scores(len(results)), results, strict=True):
-            # §3: the score, url and snippet drawn for this result, in one assign.
-            result.assign(score=score, url=url, snippet=snippet)
+        # §3: the score, url and snippet drawn for each result.
+        message = SearchResultList.new_message(
+            results=[
+                {"score": score, "url": url, "snippet": snippet}
+                for score, (url, snippet) in zip(scores(len(results)), results, strict=True)
+            ]
+        )
         return message, good
 
     def handle(self, request: SearchResultList.Reader) -> SearchResultList.Builder:
@@ -49,11 +51,12 @@ class CapsvcCatrank:
                 score /= 10000.0
             append((score, snippet, result))
         scored.sort(key=_FIRST, reverse=True)  # scores are unique (§3)
-        response = SearchResultList.new_message()
-        out = response.init_results(len(scored))
-        for target, (score, snippet, result) in zip(out, scored, strict=True):
-            target.assign(url=result.url, score=score, snippet=snippet)
-        return response
+        return SearchResultList.new_message(
+            results=[
+                {"url": result.url, "score": score, "snippet": snippet}
+                for score, snippet, result in scored
+            ]
+        )
 
     def check(self, response: SearchResultList.Reader, expectation: int) -> None:
         count = 0

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 What a user of ``capsvc gen`` writes: the client builds the tree recursively from the
-preorder tokens of eval.py (``node.left.value = v`` or ``node.left.init_expression()``);
+preorder tokens of eval.py as plain values (a dict per node, ``{"value": v}`` or
+``{"expression": ...}`` per side) and encodes it with one ``Expression.new_message``;
 the server evaluates it recursively, dispatching on each side's ``which()`` (§4
 "Server"), in int32 semantics (§1.2).
 """
@@ -20,18 +21,14 @@ from bench.serialization.rng import div32, mod32
 __all__ = ["CapsvcEval", "evaluate"]
 
 
-def _build(node: Expression.Builder, nxt: Callable[[], int]) -> None:
-    node.op = nxt()
+def _build(nxt: Callable[[], int]) -> Expression.Init:
+    """An expression from the preorder tokens, as plain values (``Expression.Init``)."""
+    op = nxt()
     value = nxt()  # a leaf value 1..128, or 0: a child's tokens follow
-    if value:
-        node.left.value = value
-    else:
-        _build(node.left.init_expression(), nxt)
+    left: Expression.Left.Init = {"value": value} if value else {"expression": _build(nxt)}
     value = nxt()
-    if value:
-        node.right.value = value
-    else:
-        _build(node.right.init_expression(), nxt)
+    right: Expression.Right.Init = {"value": value} if value else {"expression": _build(nxt)}
+    return {"op": op, "left": left, "right": right}
 
 
 def evaluate(node: Expression.Reader) -> int:
@@ -61,9 +58,7 @@ class CapsvcEval:
 
     def setup(self, inputs: EvalInput) -> tuple[Expression.Builder, int]:
         tokens, value = inputs
-        message = Expression.new_message()
-        _build(message, iter(tokens).__next__)
-        return message, value
+        return Expression.new_message(**_build(iter(tokens).__next__)), value
 
     def handle(self, request: Expression.Reader) -> EvaluationResult.Builder:
         response = EvaluationResult.new_message()

@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -37,6 +39,21 @@ class Anything:
     """struct Anything (0xe71b63c9468b37c2)."""
 
     _ID: ClassVar[int] = 0xe71b63c9468b37c2
+
+    class Init(TypedDict, total=False):
+        """Anything as plain values: what ``new_message`` and ``assign`` take."""
+
+        pointer: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        anyStruct: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        anyList: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        capability: _t.Client | _t.Server | None
+
+        shop: Shop.Client | Shop.Server | None
+
+        shops: Sequence[Shop.Client | Shop.Server | None] | _r.ListReader[Any] | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -108,17 +125,22 @@ class Anything:
             for index, item in enumerate(items):
                 target[index] = item
 
-        def assign(self, /, *, capability: _t.Client | _t.Server | None = None, shop: Shop.Client | Shop.Server | None = None, shops: Sequence[Shop.Client | Shop.Server | None] | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            pointer: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            anyStruct: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            anyList: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            capability: _t.Client | _t.Server | None = _e.MISSING,
+            shop: Shop.Client | Shop.Server | None = _e.MISSING,
+            shops: Sequence[Shop.Client | Shop.Server | None] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 6) << 3] = bytes(48)
-            if capability is not None:
-                self.set_capability(capability)
-            if shop is not None:
-                self.set_shop(shop)
-            if shops is not None:
-                self.set_shops([*shops])
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Anything, [pointer, anyStruct, anyList, capability, shop, shops], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -151,9 +173,19 @@ class Anything:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Anything.Builder:
-        """A new message whose root is a Anything."""
-        return Anything.Builder.new_message()
+    def new_message(
+        *,
+        pointer: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        anyStruct: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        anyList: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        capability: _t.Client | _t.Server | None = _e.MISSING,
+        shop: Shop.Client | Shop.Server | None = _e.MISSING,
+        shops: Sequence[Shop.Client | Shop.Server | None] | _r.ListReader[Any] | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Anything.Builder:
+        """A new message whose root is a Anything: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Anything.Builder, _P_Anything, [pointer, anyStruct, anyList, capability, shop, shops], _unknown)
 
     @staticmethod
     def read(
@@ -188,6 +220,9 @@ class Base(_t.Interface["Base.Client"]):
         """struct Base.depth$Params (0xc86f0f940e0d1806)."""
 
         _ID: ClassVar[int] = 0xc86f0f940e0d1806
+
+        class Init(TypedDict, total=False):
+            """Base.depth$Params as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -227,8 +262,9 @@ class Base(_t.Interface["Base.Client"]):
 
         @staticmethod
         def new_message() -> Base.DepthParams.Builder:
-            """A new message whose root is a Base.depth$Params."""
-            return Base.DepthParams.Builder.new_message()
+            """A new message whose root is a Base.depth$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Base.DepthParams.Builder, _P_Base_DepthParams, [], {})
 
         @staticmethod
         def read(
@@ -257,6 +293,11 @@ class Base(_t.Interface["Base.Client"]):
 
         _ID: ClassVar[int] = 0xedb2f1aace87baaf
 
+        class Init(TypedDict, total=False):
+            """Base.depth$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            depth: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -278,18 +319,17 @@ class Base(_t.Interface["Base.Client"]):
 
             depth = _d.int_property("u32", 0, 0, "Base.depth$Results.depth", "UInt32")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<I4x').pack_into
-
-            def assign(self, /, *, depth: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                depth: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, depth)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.depth = depth
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Base_DepthResults, [depth], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -312,9 +352,14 @@ class Base(_t.Interface["Base.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Base.DepthResults.Builder:
-            """A new message whose root is a Base.depth$Results."""
-            return Base.DepthResults.Builder.new_message()
+        def new_message(
+            *,
+            depth: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Base.DepthResults.Builder:
+            """A new message whose root is a Base.depth$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Base.DepthResults.Builder, _P_Base_DepthResults, [depth], _unknown)
 
         @staticmethod
         def read(
@@ -375,6 +420,15 @@ class Box:
 
     _ID: ClassVar[int] = 0xf26089fe5b3a8bb4
 
+    class Init(TypedDict, total=False):
+        """Box as plain values: what ``new_message`` and ``assign`` take."""
+
+        value: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        next: Box.Init | Box.Reader | Box.Builder | None
+
+        label: str | None
+
     class Reader(_r.StructReader):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
@@ -423,15 +477,19 @@ class Box:
 
         label = _d.text_property(2, '', "Box.label")
 
-        def assign(self, /, *, next: Box.Reader | None = None, label: str | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            next: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+            label: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(24)
-            if next is not None:
-                _b.copy_struct(self, 1, next)
-            if label is not None:
-                self._set_text(2, label, "Box.label")
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Box, [value, next, label], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -458,9 +516,16 @@ class Box:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Box.Builder:
-        """A new message whose root is a Box."""
-        return Box.Builder.new_message()
+    def new_message(
+        *,
+        value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        next: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+        label: str | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Box.Builder:
+        """A new message whose root is a Box: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Box.Builder, _P_Box, [value, next, label], _unknown)
 
     @staticmethod
     def read(
@@ -488,6 +553,21 @@ class Boxes:
     """struct Boxes (0x9e6b4f98c502f78f)."""
 
     _ID: ClassVar[int] = 0x9e6b4f98c502f78f
+
+    class Init(TypedDict, total=False):
+        """Boxes as plain values: what ``new_message`` and ``assign`` take."""
+
+        texts: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None
+
+        numbers: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None
+
+        trees: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None
+
+        shops: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None
+
+        pair: Pair_Text_Box_Text.Init | Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder | None
+
+        bare: Box.Init | Box.Reader | Box.Builder | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -607,23 +687,22 @@ class Boxes:
             """A new, empty bare struct."""
             return _b.init_struct(self, self._ptr + 5, Box.Builder)
 
-        def assign(self, /, *, texts: Box_Text.Reader | None = None, numbers: Box_List_Int32.Reader | None = None, trees: Box_Tree.Reader | None = None, shops: Box_Shop.Reader | None = None, pair: Pair_Text_Box_Text.Reader | None = None, bare: Box.Reader | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            texts: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+            numbers: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
+            trees: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
+            shops: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
+            pair: Pair_Text_Box_Text.Init | Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder | None = _e.MISSING,
+            bare: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 6) << 3] = bytes(48)
-            if texts is not None:
-                _b.copy_struct(self, 0, texts)
-            if numbers is not None:
-                _b.copy_struct(self, 1, numbers)
-            if trees is not None:
-                _b.copy_struct(self, 2, trees)
-            if shops is not None:
-                _b.copy_struct(self, 3, shops)
-            if pair is not None:
-                _b.copy_struct(self, 4, pair)
-            if bare is not None:
-                _b.copy_struct(self, 5, bare)
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Boxes, [texts, numbers, trees, shops, pair, bare], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -670,9 +749,19 @@ class Boxes:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Boxes.Builder:
-        """A new message whose root is a Boxes."""
-        return Boxes.Builder.new_message()
+    def new_message(
+        *,
+        texts: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+        numbers: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
+        trees: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
+        shops: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
+        pair: Pair_Text_Box_Text.Init | Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder | None = _e.MISSING,
+        bare: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Boxes.Builder:
+        """A new message whose root is a Boxes: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Boxes.Builder, _P_Boxes, [texts, numbers, trees, shops, pair, bare], _unknown)
 
     @staticmethod
     def read(
@@ -717,6 +806,43 @@ class Defaults:
     """struct Defaults (0xa5a498ef8c7964a4)."""
 
     _ID: ClassVar[int] = 0xa5a498ef8c7964a4
+
+    class Init(TypedDict, total=False):
+        """Defaults as plain values: what ``new_message`` and ``assign`` take."""
+
+        b: bool
+
+        i8: int
+
+        i16: int
+
+        i32: int
+
+        i64: int
+
+        u8: int
+
+        u16: int
+
+        u32: int
+
+        u64: int
+
+        f32: float
+
+        f64: float
+
+        color: int | str
+
+        text: str | None
+
+        data: bytes | bytearray | memoryview | None
+
+        numbers: Numbers.Init | Numbers.Reader | Numbers.Builder | None
+
+        list: Sequence[int] | _r.ListReader[Any] | None
+
+        texts: Sequence[str | None] | _r.ListReader[Any] | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -874,41 +1000,33 @@ class Defaults:
             for index, item in enumerate(items):
                 target[index] = item
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<BbhiqB1xHIQ4xH50x').pack_into
-
-        def assign(self, /, *, b: bool = True, i8: int = -7, i16: int = 1234, i32: int = -100000, i64: int = 1234567890123, u8: int = 200, u16: int = 65000, u32: int = 4000000000, u64: int = 18000000000000000000, f32: float = 1.5, f64: float = -2.25, color: int = 2, text: str | None = None, data: bytes | None = None, numbers: Numbers.Reader | None = None, list: Sequence[int] | None = None, texts: Sequence[str] | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            b: bool = _e.MISSING,
+            i8: int = _e.MISSING,
+            i16: int = _e.MISSING,
+            i32: int = _e.MISSING,
+            i64: int = _e.MISSING,
+            u8: int = _e.MISSING,
+            u16: int = _e.MISSING,
+            u32: int = _e.MISSING,
+            u64: int = _e.MISSING,
+            f32: float = _e.MISSING,
+            f64: float = _e.MISSING,
+            color: int | str = _e.MISSING,
+            text: str | None = _e.MISSING,
+            data: bytes | bytearray | memoryview | None = _e.MISSING,
+            numbers: Numbers.Init | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+            list: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            texts: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                if not ((b is True or b is False)):
-                    raise TypeError  # a Bool that is not a bool
-                self._ASSIGN(self._b.buf, self._data, (not b), i8 ^ -7, i16 ^ 1234, i32 ^ -100000, i64 ^ 1234567890123, u8 ^ 200, u16 ^ 65000, u32 ^ 4000000000, u64 ^ 18000000000000000000, color ^ 2)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 5) << 3] = bytes(88)
-                self.b = b
-                self.i8 = i8
-                self.i16 = i16
-                self.i32 = i32
-                self.i64 = i64
-                self.u8 = u8
-                self.u16 = u16
-                self.u32 = u32
-                self.u64 = u64
-                self.color = color
-            self.f32 = f32
-            self.f64 = f64
-            if text is not None:
-                self._set_text(0, text, "Defaults.text")
-            if data is not None:
-                self.data = data
-            if numbers is not None:
-                _b.copy_struct(self, 2, numbers)
-            if list is not None:
-                self.set_list([*list])
-            if texts is not None:
-                self.set_texts([*texts])
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Defaults, [b, i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, color, text, data, numbers, list, texts], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -935,9 +1053,30 @@ class Defaults:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Defaults.Builder:
-        """A new message whose root is a Defaults."""
-        return Defaults.Builder.new_message()
+    def new_message(
+        *,
+        b: bool = _e.MISSING,
+        i8: int = _e.MISSING,
+        i16: int = _e.MISSING,
+        i32: int = _e.MISSING,
+        i64: int = _e.MISSING,
+        u8: int = _e.MISSING,
+        u16: int = _e.MISSING,
+        u32: int = _e.MISSING,
+        u64: int = _e.MISSING,
+        f32: float = _e.MISSING,
+        f64: float = _e.MISSING,
+        color: int | str = _e.MISSING,
+        text: str | None = _e.MISSING,
+        data: bytes | bytearray | memoryview | None = _e.MISSING,
+        numbers: Numbers.Init | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+        list: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+        texts: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Defaults.Builder:
+        """A new message whose root is a Defaults: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Defaults.Builder, _P_Defaults, [b, i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, color, text, data, numbers, list, texts], _unknown)
 
     @staticmethod
     def read(
@@ -965,6 +1104,19 @@ class Keywords:
     """struct Keywords (0xda50319eebd3ccb9)."""
 
     _ID: ClassVar[int] = 0xda50319eebd3ccb9
+
+    class Init(TypedDict, total=False):
+        """Keywords as plain values: what ``new_message`` and ``assign`` take."""
+
+        return_: int
+
+        class_: str | None
+
+        from_: bool
+
+        which_: int
+
+        async_: int
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1008,25 +1160,21 @@ class Keywords:
 
         async_ = _d.int_property("i16", 6, 0, "Keywords.async", "Int16")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<iBBh8x').pack_into
-
-        def assign(self, /, *, return_: int = 0, class_: str | None = None, from_: bool = False, which_: int = 0, async_: int = 0) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            return_: int = _e.MISSING,
+            class_: str | None = _e.MISSING,
+            from_: bool = _e.MISSING,
+            which_: int = _e.MISSING,
+            async_: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                if not ((from_ is True or from_ is False)):
-                    raise TypeError  # a Bool that is not a bool
-                self._ASSIGN(self._b.buf, self._data, return_, from_, which_, async_)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                self.return_ = return_
-                self.from_ = from_
-                self.which_ = which_
-                self.async_ = async_
-            if class_ is not None:
-                self._set_text(0, class_, "Keywords.class")
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Keywords, [return_, class_, from_, which_, async_], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1049,9 +1197,18 @@ class Keywords:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Keywords.Builder:
-        """A new message whose root is a Keywords."""
-        return Keywords.Builder.new_message()
+    def new_message(
+        *,
+        return_: int = _e.MISSING,
+        class_: str | None = _e.MISSING,
+        from_: bool = _e.MISSING,
+        which_: int = _e.MISSING,
+        async_: int = _e.MISSING,
+        **_unknown: Never,
+    ) -> Keywords.Builder:
+        """A new message whose root is a Keywords: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Keywords.Builder, _P_Keywords, [return_, class_, from_, which_, async_], _unknown)
 
     @staticmethod
     def read(
@@ -1086,6 +1243,9 @@ class Left(_t.Interface["Left.Client"]):
         """struct Left.left$Params (0x96ef93687267b257)."""
 
         _ID: ClassVar[int] = 0x96ef93687267b257
+
+        class Init(TypedDict, total=False):
+            """Left.left$Params as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1125,8 +1285,9 @@ class Left(_t.Interface["Left.Client"]):
 
         @staticmethod
         def new_message() -> Left.LeftParams.Builder:
-            """A new message whose root is a Left.left$Params."""
-            return Left.LeftParams.Builder.new_message()
+            """A new message whose root is a Left.left$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Left.LeftParams.Builder, _P_Left_LeftParams, [], {})
 
         @staticmethod
         def read(
@@ -1155,6 +1316,11 @@ class Left(_t.Interface["Left.Client"]):
 
         _ID: ClassVar[int] = 0xe560cb21678a29d7
 
+        class Init(TypedDict, total=False):
+            """Left.left$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            side: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -1177,13 +1343,17 @@ class Left(_t.Interface["Left.Client"]):
 
             side = _d.text_property(0, '', "Left.left$Results.side")
 
-            def assign(self, /, *, side: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                side: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if side is not None:
-                    self._set_text(0, side, "Left.left$Results.side")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Left_LeftResults, [side], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1206,9 +1376,14 @@ class Left(_t.Interface["Left.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Left.LeftResults.Builder:
-            """A new message whose root is a Left.left$Results."""
-            return Left.LeftResults.Builder.new_message()
+        def new_message(
+            *,
+            side: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Left.LeftResults.Builder:
+            """A new message whose root is a Left.left$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Left.LeftResults.Builder, _P_Left_LeftResults, [side], _unknown)
 
         @staticmethod
         def read(
@@ -1268,6 +1443,47 @@ class Lists:
     """struct Lists (0xa5dce944e4620a16)."""
 
     _ID: ClassVar[int] = 0xa5dce944e4620a16
+
+    class Init(TypedDict, total=False):
+        """Lists as plain values: what ``new_message`` and ``assign`` take."""
+
+        voids: Sequence[None] | _r.ListReader[Any] | None
+
+        bools: Sequence[bool] | _r.ListReader[Any] | None
+
+        i8s: Sequence[int] | _r.ListReader[Any] | None
+
+        i16s: Sequence[int] | _r.ListReader[Any] | None
+
+        i32s: Sequence[int] | _r.ListReader[Any] | None
+
+        i64s: Sequence[int] | _r.ListReader[Any] | None
+
+        u8s: Sequence[int] | _r.ListReader[Any] | None
+
+        u16s: Sequence[int] | _r.ListReader[Any] | None
+
+        u32s: Sequence[int] | _r.ListReader[Any] | None
+
+        u64s: Sequence[int] | _r.ListReader[Any] | None
+
+        f32s: Sequence[float] | _r.ListReader[Any] | None
+
+        f64s: Sequence[float] | _r.ListReader[Any] | None
+
+        texts: Sequence[str | None] | _r.ListReader[Any] | None
+
+        datas: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None
+
+        structs: Sequence[Numbers.Init | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None
+
+        colors: Sequence[int | str] | _r.ListReader[Any] | None
+
+        nested: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None
+
+        nestedTexts: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None
+
+        deep: Sequence[Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1525,39 +1741,35 @@ class Lists:
             """A new list of ``count`` elements in deep."""
             return _b.init_list_list(self._b, self._ptr + 18, count, "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8")))
 
-        def assign(self, /, *, bools: Sequence[bool] | None = None, i8s: Sequence[int] | None = None, i16s: Sequence[int] | None = None, i32s: Sequence[int] | None = None, i64s: Sequence[int] | None = None, u8s: Sequence[int] | None = None, u16s: Sequence[int] | None = None, u32s: Sequence[int] | None = None, u64s: Sequence[int] | None = None, f32s: Sequence[float] | None = None, f64s: Sequence[float] | None = None, texts: Sequence[str] | None = None, datas: Sequence[bytes] | None = None, colors: Sequence[int] | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            voids: Sequence[None] | _r.ListReader[Any] | None = _e.MISSING,
+            bools: Sequence[bool] | _r.ListReader[Any] | None = _e.MISSING,
+            i8s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            i16s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            i32s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            i64s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            u8s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            u16s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            u32s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            u64s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            f32s: Sequence[float] | _r.ListReader[Any] | None = _e.MISSING,
+            f64s: Sequence[float] | _r.ListReader[Any] | None = _e.MISSING,
+            texts: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
+            datas: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None = _e.MISSING,
+            structs: Sequence[Numbers.Init | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            colors: Sequence[int | str] | _r.ListReader[Any] | None = _e.MISSING,
+            nested: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
+            nestedTexts: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
+            deep: Sequence[Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 19) << 3] = bytes(152)
-            if bools is not None:
-                self.set_bools([*bools])
-            if i8s is not None:
-                self.set_i8s([*i8s])
-            if i16s is not None:
-                self.set_i16s([*i16s])
-            if i32s is not None:
-                self.set_i32s([*i32s])
-            if i64s is not None:
-                self.set_i64s([*i64s])
-            if u8s is not None:
-                self.set_u8s([*u8s])
-            if u16s is not None:
-                self.set_u16s([*u16s])
-            if u32s is not None:
-                self.set_u32s([*u32s])
-            if u64s is not None:
-                self.set_u64s([*u64s])
-            if f32s is not None:
-                self.set_f32s([*f32s])
-            if f64s is not None:
-                self.set_f64s([*f64s])
-            if texts is not None:
-                self.set_texts([*texts])
-            if datas is not None:
-                self.set_datas([*datas])
-            if colors is not None:
-                self.set_colors([*colors])
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Lists, [voids, bools, i8s, i16s, i32s, i64s, u8s, u16s, u32s, u64s, f32s, f64s, texts, datas, structs, colors, nested, nestedTexts, deep], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1580,9 +1792,32 @@ class Lists:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Lists.Builder:
-        """A new message whose root is a Lists."""
-        return Lists.Builder.new_message()
+    def new_message(
+        *,
+        voids: Sequence[None] | _r.ListReader[Any] | None = _e.MISSING,
+        bools: Sequence[bool] | _r.ListReader[Any] | None = _e.MISSING,
+        i8s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+        i16s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+        i32s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+        i64s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+        u8s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+        u16s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+        u32s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+        u64s: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+        f32s: Sequence[float] | _r.ListReader[Any] | None = _e.MISSING,
+        f64s: Sequence[float] | _r.ListReader[Any] | None = _e.MISSING,
+        texts: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
+        datas: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None = _e.MISSING,
+        structs: Sequence[Numbers.Init | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        colors: Sequence[int | str] | _r.ListReader[Any] | None = _e.MISSING,
+        nested: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
+        nestedTexts: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
+        deep: Sequence[Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Lists.Builder:
+        """A new message whose root is a Lists: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Lists.Builder, _P_Lists, [voids, bools, i8s, i16s, i32s, i64s, u8s, u16s, u32s, u64s, f32s, f64s, texts, datas, structs, colors, nested, nestedTexts, deep], _unknown)
 
     @staticmethod
     def read(
@@ -1610,6 +1845,37 @@ class Numbers:
     """struct Numbers (0x8727bc108e059fff)."""
 
     _ID: ClassVar[int] = 0x8727bc108e059fff
+
+    class Init(TypedDict, total=False):
+        """Numbers as plain values: what ``new_message`` and ``assign`` take."""
+
+        b: bool
+
+        i8: int
+
+        i16: int
+
+        i32: int
+
+        i64: int
+
+        u8: int
+
+        u16: int
+
+        u32: int
+
+        u64: int
+
+        f32: float
+
+        f64: float
+
+        color: int | str
+
+        b2: bool
+
+        v: None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1705,32 +1971,30 @@ class Numbers:
 
         b2 = _d.bool_property(0, 1, False, "Numbers.b2")
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<BbhiqB1xHIQfH2xd').pack_into
-
-        def assign(self, /, *, b: bool = False, i8: int = 0, i16: int = 0, i32: int = 0, i64: int = 0, u8: int = 0, u16: int = 0, u32: int = 0, u64: int = 0, f32: float = 0.0, f64: float = 0.0, color: int = 0, b2: bool = False) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            b: bool = _e.MISSING,
+            i8: int = _e.MISSING,
+            i16: int = _e.MISSING,
+            i32: int = _e.MISSING,
+            i64: int = _e.MISSING,
+            u8: int = _e.MISSING,
+            u16: int = _e.MISSING,
+            u32: int = _e.MISSING,
+            u64: int = _e.MISSING,
+            f32: float = _e.MISSING,
+            f64: float = _e.MISSING,
+            color: int | str = _e.MISSING,
+            b2: bool = _e.MISSING,
+            v: None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                if not ((b is True or b is False) and (b2 is True or b2 is False)):
-                    raise TypeError  # a Bool that is not a bool
-                self._ASSIGN(self._b.buf, self._data, b | b2 << 1, i8, i16, i32, i64, u8, u16, u32, u64, f32, color, f64)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(48)
-                self.b = b
-                self.i8 = i8
-                self.i16 = i16
-                self.i32 = i32
-                self.i64 = i64
-                self.u8 = u8
-                self.u16 = u16
-                self.u32 = u32
-                self.u64 = u64
-                self.f32 = f32
-                self.f64 = f64
-                self.color = color
-                self.b2 = b2
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Numbers, [b, i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, color, b2, v], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1753,9 +2017,27 @@ class Numbers:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Numbers.Builder:
-        """A new message whose root is a Numbers."""
-        return Numbers.Builder.new_message()
+    def new_message(
+        *,
+        b: bool = _e.MISSING,
+        i8: int = _e.MISSING,
+        i16: int = _e.MISSING,
+        i32: int = _e.MISSING,
+        i64: int = _e.MISSING,
+        u8: int = _e.MISSING,
+        u16: int = _e.MISSING,
+        u32: int = _e.MISSING,
+        u64: int = _e.MISSING,
+        f32: float = _e.MISSING,
+        f64: float = _e.MISSING,
+        color: int | str = _e.MISSING,
+        b2: bool = _e.MISSING,
+        v: None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Numbers.Builder:
+        """A new message whose root is a Numbers: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Numbers.Builder, _P_Numbers, [b, i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, color, b2, v], _unknown)
 
     @staticmethod
     def read(
@@ -1783,6 +2065,13 @@ class Pair:
     """struct Pair (0xa47fe1974073d1ed)."""
 
     _ID: ClassVar[int] = 0xa47fe1974073d1ed
+
+    class Init(TypedDict, total=False):
+        """Pair as plain values: what ``new_message`` and ``assign`` take."""
+
+        key: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        value: str | bytes | _r.StructReader | _b.StructBuilder | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1818,6 +2107,19 @@ class Pair:
             """Put a new struct of builder class ``cls`` in the AnyPointer value."""
             return _b.init_struct(self, self._ptr + 1, cls)
 
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            key: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Pair, [key, value], _unknown)
+
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
             return getattr(self, "init_" + name)(*args)
@@ -1839,9 +2141,15 @@ class Pair:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Pair.Builder:
-        """A new message whose root is a Pair."""
-        return Pair.Builder.new_message()
+    def new_message(
+        *,
+        key: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Pair.Builder:
+        """A new message whose root is a Pair: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Pair.Builder, _P_Pair, [key, value], _unknown)
 
     @staticmethod
     def read(
@@ -1876,6 +2184,9 @@ class Right(_t.Interface["Right.Client"]):
         """struct Right.right$Params (0xa77583f7bdb79303)."""
 
         _ID: ClassVar[int] = 0xa77583f7bdb79303
+
+        class Init(TypedDict, total=False):
+            """Right.right$Params as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1915,8 +2226,9 @@ class Right(_t.Interface["Right.Client"]):
 
         @staticmethod
         def new_message() -> Right.RightParams.Builder:
-            """A new message whose root is a Right.right$Params."""
-            return Right.RightParams.Builder.new_message()
+            """A new message whose root is a Right.right$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Right.RightParams.Builder, _P_Right_RightParams, [], {})
 
         @staticmethod
         def read(
@@ -1945,6 +2257,11 @@ class Right(_t.Interface["Right.Client"]):
 
         _ID: ClassVar[int] = 0xf8584f0bc4aad1d1
 
+        class Init(TypedDict, total=False):
+            """Right.right$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            side: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -1967,13 +2284,17 @@ class Right(_t.Interface["Right.Client"]):
 
             side = _d.text_property(0, '', "Right.right$Results.side")
 
-            def assign(self, /, *, side: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                side: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if side is not None:
-                    self._set_text(0, side, "Right.right$Results.side")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Right_RightResults, [side], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -1996,9 +2317,14 @@ class Right(_t.Interface["Right.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Right.RightResults.Builder:
-            """A new message whose root is a Right.right$Results."""
-            return Right.RightResults.Builder.new_message()
+        def new_message(
+            *,
+            side: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Right.RightResults.Builder:
+            """A new message whose root is a Right.right$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Right.RightResults.Builder, _P_Right_RightResults, [side], _unknown)
 
         @staticmethod
         def read(
@@ -2066,6 +2392,19 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
         _ID: ClassVar[int] = 0xe8536eb3e72dd184
 
+        class Init(TypedDict, total=False):
+            """Diamond.tricky$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            self_: str | None
+
+            request: int
+
+            params: bool
+
+            unknown: int
+
+            from_: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -2108,25 +2447,21 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
             from_ = _d.int_property("i16", 2, 0, "Diamond.tricky$Params.from", "Int16")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<BBhi8x').pack_into
-
-            def assign(self, /, *, self_: str | None = None, request: int = 0, params: bool = False, unknown: int = 0, from_: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                self_: str | None = _e.MISSING,
+                request: int = _e.MISSING,
+                params: bool = _e.MISSING,
+                unknown: int = _e.MISSING,
+                from_: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    if not ((params is True or params is False)):
-                        raise TypeError  # a Bool that is not a bool
-                    self._ASSIGN(self._b.buf, self._data, request, params, from_, unknown)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                    self.request = request
-                    self.params = params
-                    self.unknown = unknown
-                    self.from_ = from_
-                if self_ is not None:
-                    self._set_text(0, self_, "Diamond.tricky$Params.self")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Diamond_TrickyParams, [self_, request, params, unknown, from_], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2149,9 +2484,18 @@ class Diamond(_t.Interface["Diamond.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Diamond.TrickyParams.Builder:
-            """A new message whose root is a Diamond.tricky$Params."""
-            return Diamond.TrickyParams.Builder.new_message()
+        def new_message(
+            *,
+            self_: str | None = _e.MISSING,
+            request: int = _e.MISSING,
+            params: bool = _e.MISSING,
+            unknown: int = _e.MISSING,
+            from_: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Diamond.TrickyParams.Builder:
+            """A new message whose root is a Diamond.tricky$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Diamond.TrickyParams.Builder, _P_Diamond_TrickyParams, [self_, request, params, unknown, from_], _unknown)
 
         @staticmethod
         def read(
@@ -2179,6 +2523,13 @@ class Diamond(_t.Interface["Diamond.Client"]):
         """struct Diamond.tricky$Results (0xaa19950e7806feaf)."""
 
         _ID: ClassVar[int] = 0xaa19950e7806feaf
+
+        class Init(TypedDict, total=False):
+            """Diamond.tricky$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            return_: str | None
+
+            self_: Diamond.Client | Diamond.Server | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2211,15 +2562,18 @@ class Diamond(_t.Interface["Diamond.Client"]):
                 """Put a capability here: a client, or a server object (None: null)."""
                 _b.set_client(self._b, self._ptr + 1, value, "Diamond.tricky$Results.self")
 
-            def assign(self, /, *, return_: str | None = None, self_: Diamond.Client | Diamond.Server | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                return_: str | None = _e.MISSING,
+                self_: Diamond.Client | Diamond.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
-                if return_ is not None:
-                    self._set_text(0, return_, "Diamond.tricky$Results.return")
-                if self_ is not None:
-                    self.set_self(self_)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Diamond_TrickyResults, [return_, self_], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2247,9 +2601,15 @@ class Diamond(_t.Interface["Diamond.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Diamond.TrickyResults.Builder:
-            """A new message whose root is a Diamond.tricky$Results."""
-            return Diamond.TrickyResults.Builder.new_message()
+        def new_message(
+            *,
+            return_: str | None = _e.MISSING,
+            self_: Diamond.Client | Diamond.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Diamond.TrickyResults.Builder:
+            """A new message whose root is a Diamond.tricky$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Diamond.TrickyResults.Builder, _P_Diamond_TrickyResults, [return_, self_], _unknown)
 
         @staticmethod
         def read(
@@ -2322,6 +2682,13 @@ class Shapes:
 
         _ID: ClassVar[int] = 0xc58ebb1d6d105781
 
+        class Init(TypedDict, total=False):
+            """Shapes.square as plain values: what ``new_message`` and ``assign`` take."""
+
+            side: float
+
+            label: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 3
@@ -2349,20 +2716,18 @@ class Shapes:
 
             label = _d.text_property(1, '', "Shapes.square.label")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<f44x').pack_into
-
-            def assign(self, /, *, side: float = 0.0, label: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                side: float = _e.MISSING,
+                label: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, side)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(48)
-                    self.side = side
-                if label is not None:
-                    self._set_text(1, label, "Shapes.square.label")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Shapes_Square, [side, label], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2391,6 +2756,13 @@ class Shapes:
                 """group Shapes.style.fill.gradient (0xa2a3c9454f775894)."""
 
                 _ID: ClassVar[int] = 0xa2a3c9454f775894
+
+                class Init(TypedDict, total=False):
+                    """Shapes.style.fill.gradient as plain values: what ``new_message`` and ``assign`` take."""
+
+                    from_: int | str
+
+                    to: int | str
 
                 class Reader(_r.StructReader):
                     __slots__ = ()
@@ -2434,19 +2806,18 @@ class Shapes:
                         except (struct.error, TypeError):
                             raise _b.bad_value(value, "Shapes.style.fill.gradient.to", "Color", "H") from None
 
-                    _ASSIGN: ClassVar[Any] = struct.Struct('<14xHH30x').pack_into
-
-                    def assign(self, /, *, from_: int = 0, to: int = 0) -> None:
+                    def assign(  # type: ignore[override]
+                        self,
+                        /,
+                        *,
+                        from_: int | str = _e.MISSING,
+                        to: int | str = _e.MISSING,
+                        **_unknown: Never,
+                    ) -> None:
                         """Set the whole struct, as a constructor would: each field named takes its
-                        value, every other field its default (a pointer field: null). Set group and
-                        union members after, with their own setters."""
-                        try:
-                            self._ASSIGN(self._b.buf, self._data, from_, to)
-                        except (struct.error, TypeError, OverflowError):
-                            # The setters say which field is wrong, and why.
-                            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(48)
-                            self.from_ = from_
-                            self.to = to
+                        value (plain values, as ``new_message`` takes them), every other field its
+                        default (a pointer field: null). A value that is refused changes nothing."""
+                        _e.assign_values(self, _P_Shapes_Style_Fill_Gradient, [from_, to], _unknown)
 
                     def init(self, name: str, *args: int) -> Any:
                         """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2461,6 +2832,15 @@ class Shapes:
 
                     __slots__ = ()
 
+            class Init(TypedDict, total=False):
+                """Shapes.style.fill as plain values: what ``new_message`` and ``assign`` take."""
+
+                solid: None
+
+                pattern: str | None
+
+                gradient: Shapes.Style.Fill.Gradient.Init
+
             class Reader(_r.StructReader):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 3
@@ -2474,11 +2854,11 @@ class Shapes:
 
                 gradient: _d.Group[Shapes.Style.Fill.Gradient.Reader] = _d.Group()
 
-                def which(self) -> Literal["solid", "pattern", "gradient"] | None:
-                    """The union member that is set (None: one this schema does not know)."""
-                    d = get_u16(self._seg, self._data + 12)[0]
-                    names: tuple[Any, ...] = ("solid", "pattern", "gradient",)
-                    return names[d] if d < len(names) else None
+                _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (12, ("solid", "pattern", "gradient",))
+
+                if TYPE_CHECKING:
+                    def which(self) -> Literal["solid", "pattern", "gradient"] | None:
+                        """The union member that is set (None: one this schema does not know)."""
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2517,6 +2897,20 @@ class Shapes:
                     names: tuple[Any, ...] = ("solid", "pattern", "gradient",)
                     return names[d] if d < len(names) else None
 
+                def assign(  # type: ignore[override]
+                    self,
+                    /,
+                    *,
+                    solid: None = _e.MISSING,
+                    pattern: str | None = _e.MISSING,
+                    gradient: Shapes.Style.Fill.Gradient.Init = _e.MISSING,
+                    **_unknown: Never,
+                ) -> None:
+                    """Set the whole struct, as a constructor would: each field named takes its
+                    value (plain values, as ``new_message`` takes them), every other field its
+                    default (a pointer field: null). A value that is refused changes nothing."""
+                    _e.assign_values(self, _P_Shapes_Style_Fill, [solid, pattern, gradient], _unknown)
+
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                     return getattr(self, "init_" + name)(*args)
@@ -2533,6 +2927,13 @@ class Shapes:
                 @property
                 def gradient(self) -> Shapes.Style.Fill.Gradient.Pipeline:
                     return self._group(Shapes.Style.Fill.Gradient.Pipeline)
+
+        class Init(TypedDict, total=False):
+            """Shapes.style as plain values: what ``new_message`` and ``assign`` take."""
+
+            color: int | str
+
+            fill: Shapes.Style.Fill.Init
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2568,18 +2969,18 @@ class Shapes:
 
             fill: _d.BuilderGroup[Shapes.Style.Fill.Builder] = _d.BuilderGroup()
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<10xH36x').pack_into
-
-            def assign(self, /, *, color: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                color: int | str = _e.MISSING,
+                fill: Shapes.Style.Fill.Init = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, color)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(48)
-                    self.color = color
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Shapes_Style, [color, fill], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2597,6 +2998,21 @@ class Shapes:
             @property
             def fill(self) -> Shapes.Style.Fill.Pipeline:
                 return self._group(Shapes.Style.Fill.Pipeline)
+
+    class Init(TypedDict, total=False):
+        """Shapes as plain values: what ``new_message`` and ``assign`` take."""
+
+        name: str | None
+
+        circle: float
+
+        square: Shapes.Square.Init
+
+        nothing: None
+
+        points: Sequence[int] | _r.ListReader[Any] | None
+
+        style: Shapes.Style.Init
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2617,11 +3033,11 @@ class Shapes:
 
         style: _d.Group[Shapes.Style.Reader] = _d.Group()
 
-        def which(self) -> Literal["circle", "square", "nothing", "points"] | None:
-            """The union member that is set (None: one this schema does not know)."""
-            d = get_u16(self._seg, self._data + 8)[0]
-            names: tuple[Any, ...] = ("circle", "square", "nothing", "points",)
-            return names[d] if d < len(names) else None
+        _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (8, ("circle", "square", "nothing", "points",))
+
+        if TYPE_CHECKING:
+            def which(self) -> Literal["circle", "square", "nothing", "points"] | None:
+                """The union member that is set (None: one this schema does not know)."""
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2681,13 +3097,22 @@ class Shapes:
             names: tuple[Any, ...] = ("circle", "square", "nothing", "points",)
             return names[d] if d < len(names) else None
 
-        def assign(self, /, *, name: str | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            name: str | None = _e.MISSING,
+            circle: float = _e.MISSING,
+            square: Shapes.Square.Init = _e.MISSING,
+            nothing: None = _e.MISSING,
+            points: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            style: Shapes.Style.Init = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(48)
-            if name is not None:
-                self._set_text(0, name, "Shapes.name")
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Shapes, [name, circle, square, nothing, points, style], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2718,9 +3143,19 @@ class Shapes:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Shapes.Builder:
-        """A new message whose root is a Shapes."""
-        return Shapes.Builder.new_message()
+    def new_message(
+        *,
+        name: str | None = _e.MISSING,
+        circle: float = _e.MISSING,
+        square: Shapes.Square.Init = _e.MISSING,
+        nothing: None = _e.MISSING,
+        points: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+        style: Shapes.Style.Init = _e.MISSING,
+        **_unknown: Never,
+    ) -> Shapes.Builder:
+        """A new message whose root is a Shapes: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Shapes.Builder, _P_Shapes, [name, circle, square, nothing, points, style], _unknown)
 
     @staticmethod
     def read(
@@ -2756,6 +3191,13 @@ class Shop(_t.Interface["Shop.Client"]):
 
         _ID: ClassVar[int] = 0xebb6aea0828b140b
 
+        class Init(TypedDict, total=False):
+            """Shop.buy$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            item: str | None
+
+            count: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -2783,20 +3225,18 @@ class Shop(_t.Interface["Shop.Client"]):
 
             count = _d.int_property("u32", 0, 0, "Shop.buy$Params.count", "UInt32")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<I12x').pack_into
-
-            def assign(self, /, *, item: str | None = None, count: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                item: str | None = _e.MISSING,
+                count: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, count)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                    self.count = count
-                if item is not None:
-                    self._set_text(0, item, "Shop.buy$Params.item")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Shop_BuyParams, [item, count], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2819,9 +3259,15 @@ class Shop(_t.Interface["Shop.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Shop.BuyParams.Builder:
-            """A new message whose root is a Shop.buy$Params."""
-            return Shop.BuyParams.Builder.new_message()
+        def new_message(
+            *,
+            item: str | None = _e.MISSING,
+            count: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Shop.BuyParams.Builder:
+            """A new message whose root is a Shop.buy$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Shop.BuyParams.Builder, _P_Shop_BuyParams, [item, count], _unknown)
 
         @staticmethod
         def read(
@@ -2849,6 +3295,13 @@ class Shop(_t.Interface["Shop.Client"]):
         """struct Shop.buy$Results (0xb5b0feede3958f34)."""
 
         _ID: ClassVar[int] = 0xb5b0feede3958f34
+
+        class Init(TypedDict, total=False):
+            """Shop.buy$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            total: float
+
+            receipt: Numbers.Init | Numbers.Reader | Numbers.Builder | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2888,20 +3341,18 @@ class Shop(_t.Interface["Shop.Client"]):
                 """A new, empty receipt struct."""
                 return _b.init_struct(self, self._ptr + 0, Numbers.Builder)
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<d8x').pack_into
-
-            def assign(self, /, *, total: float = 0.0, receipt: Numbers.Reader | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                total: float = _e.MISSING,
+                receipt: Numbers.Init | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, total)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(16)
-                    self.total = total
-                if receipt is not None:
-                    _b.copy_struct(self, 0, receipt)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Shop_BuyResults, [total, receipt], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2928,9 +3379,15 @@ class Shop(_t.Interface["Shop.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Shop.BuyResults.Builder:
-            """A new message whose root is a Shop.buy$Results."""
-            return Shop.BuyResults.Builder.new_message()
+        def new_message(
+            *,
+            total: float = _e.MISSING,
+            receipt: Numbers.Init | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Shop.BuyResults.Builder:
+            """A new message whose root is a Shop.buy$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Shop.BuyResults.Builder, _P_Shop_BuyResults, [total, receipt], _unknown)
 
         @staticmethod
         def read(
@@ -2958,6 +3415,9 @@ class Shop(_t.Interface["Shop.Client"]):
         """struct Shop.list$Params (0x87f34b5c15e689d4)."""
 
         _ID: ClassVar[int] = 0x87f34b5c15e689d4
+
+        class Init(TypedDict, total=False):
+            """Shop.list$Params as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2997,8 +3457,9 @@ class Shop(_t.Interface["Shop.Client"]):
 
         @staticmethod
         def new_message() -> Shop.ListParams.Builder:
-            """A new message whose root is a Shop.list$Params."""
-            return Shop.ListParams.Builder.new_message()
+            """A new message whose root is a Shop.list$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Shop.ListParams.Builder, _P_Shop_ListParams, [], {})
 
         @staticmethod
         def read(
@@ -3026,6 +3487,11 @@ class Shop(_t.Interface["Shop.Client"]):
         """struct Shop.list$Results (0xcb1c936d4236d062)."""
 
         _ID: ClassVar[int] = 0xcb1c936d4236d062
+
+        class Init(TypedDict, total=False):
+            """Shop.list$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            items: Sequence[str | None] | _r.ListReader[Any] | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3058,13 +3524,17 @@ class Shop(_t.Interface["Shop.Client"]):
                 for index, item in enumerate(items):
                     target[index] = item
 
-            def assign(self, /, *, items: Sequence[str] | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                items: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if items is not None:
-                    self.set_items([*items])
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Shop_ListResults, [items], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -3087,9 +3557,14 @@ class Shop(_t.Interface["Shop.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Shop.ListResults.Builder:
-            """A new message whose root is a Shop.list$Results."""
-            return Shop.ListResults.Builder.new_message()
+        def new_message(
+            *,
+            items: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Shop.ListResults.Builder:
+            """A new message whose root is a Shop.list$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Shop.ListResults.Builder, _P_Shop_ListResults, [items], _unknown)
 
         @staticmethod
         def read(
@@ -3117,6 +3592,11 @@ class Shop(_t.Interface["Shop.Client"]):
         """struct Shop.peek$Params (0xb9891045ff38eb55)."""
 
         _ID: ClassVar[int] = 0xb9891045ff38eb55
+
+        class Init(TypedDict, total=False):
+            """Shop.peek$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            tree: Tree.Init | Tree.Reader | Tree.Builder | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3151,13 +3631,17 @@ class Shop(_t.Interface["Shop.Client"]):
                 """A new, empty tree struct."""
                 return _b.init_struct(self, self._ptr + 0, Tree.Builder)
 
-            def assign(self, /, *, tree: Tree.Reader | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                tree: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if tree is not None:
-                    _b.copy_struct(self, 0, tree)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Shop_PeekParams, [tree], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -3184,9 +3668,14 @@ class Shop(_t.Interface["Shop.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Shop.PeekParams.Builder:
-            """A new message whose root is a Shop.peek$Params."""
-            return Shop.PeekParams.Builder.new_message()
+        def new_message(
+            *,
+            tree: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Shop.PeekParams.Builder:
+            """A new message whose root is a Shop.peek$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Shop.PeekParams.Builder, _P_Shop_PeekParams, [tree], _unknown)
 
         @staticmethod
         def read(
@@ -3214,6 +3703,9 @@ class Shop(_t.Interface["Shop.Client"]):
         """struct Shop.peek$Results (0xfbf3e7a2ef3a4eef)."""
 
         _ID: ClassVar[int] = 0xfbf3e7a2ef3a4eef
+
+        class Init(TypedDict, total=False):
+            """Shop.peek$Results as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3253,8 +3745,9 @@ class Shop(_t.Interface["Shop.Client"]):
 
         @staticmethod
         def new_message() -> Shop.PeekResults.Builder:
-            """A new message whose root is a Shop.peek$Results."""
-            return Shop.PeekResults.Builder.new_message()
+            """A new message whose root is a Shop.peek$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Shop.PeekResults.Builder, _P_Shop_PeekResults, [], {})
 
         @staticmethod
         def read(
@@ -3367,6 +3860,9 @@ class Store(_t.Interface["Store.Client"]):
 
         _ID: ClassVar[int] = 0xd2b215c21fe35105
 
+        class Init(TypedDict, total=False):
+            """Store.get$Params as plain values: what ``new_message`` and ``assign`` take."""
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -3405,8 +3901,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def new_message() -> Store.GetParams.Builder:
-            """A new message whose root is a Store.get$Params."""
-            return Store.GetParams.Builder.new_message()
+            """A new message whose root is a Store.get$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.GetParams.Builder, _P_Store_GetParams, [], {})
 
         @staticmethod
         def read(
@@ -3434,6 +3931,13 @@ class Store(_t.Interface["Store.Client"]):
         """struct Store.get$Results (0xd36be23475e9cc90)."""
 
         _ID: ClassVar[int] = 0xd36be23475e9cc90
+
+        class Init(TypedDict, total=False):
+            """Store.get$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+            box: Box.Init | Box.Reader | Box.Builder | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3477,13 +3981,18 @@ class Store(_t.Interface["Store.Client"]):
                 """A new, empty box struct."""
                 return _b.init_struct(self, self._ptr + 1, Box.Builder)
 
-            def assign(self, /, *, box: Box.Reader | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+                box: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
-                if box is not None:
-                    _b.copy_struct(self, 1, box)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Store_GetResults, [value, box], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -3510,9 +4019,15 @@ class Store(_t.Interface["Store.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Store.GetResults.Builder:
-            """A new message whose root is a Store.get$Results."""
-            return Store.GetResults.Builder.new_message()
+        def new_message(
+            *,
+            value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            box: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Store.GetResults.Builder:
+            """A new message whose root is a Store.get$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.GetResults.Builder, _P_Store_GetResults, [value, box], _unknown)
 
         @staticmethod
         def read(
@@ -3541,6 +4056,11 @@ class Store(_t.Interface["Store.Client"]):
 
         _ID: ClassVar[int] = 0xa6180aa386969846
 
+        class Init(TypedDict, total=False):
+            """Store.put$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: str | bytes | _r.StructReader | _b.StructBuilder | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -3566,6 +4086,18 @@ class Store(_t.Interface["Store.Client"]):
                 """Put a new struct of builder class ``cls`` in the AnyPointer value."""
                 return _b.init_struct(self, self._ptr + 0, cls)
 
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Store_PutParams, [value], _unknown)
+
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
                 return getattr(self, "init_" + name)(*args)
@@ -3587,9 +4119,14 @@ class Store(_t.Interface["Store.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Store.PutParams.Builder:
-            """A new message whose root is a Store.put$Params."""
-            return Store.PutParams.Builder.new_message()
+        def new_message(
+            *,
+            value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Store.PutParams.Builder:
+            """A new message whose root is a Store.put$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.PutParams.Builder, _P_Store_PutParams, [value], _unknown)
 
         @staticmethod
         def read(
@@ -3617,6 +4154,9 @@ class Store(_t.Interface["Store.Client"]):
         """struct Store.put$Results (0xd7873a365413a4bc)."""
 
         _ID: ClassVar[int] = 0xd7873a365413a4bc
+
+        class Init(TypedDict, total=False):
+            """Store.put$Results as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3656,8 +4196,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def new_message() -> Store.PutResults.Builder:
-            """A new message whose root is a Store.put$Results."""
-            return Store.PutResults.Builder.new_message()
+            """A new message whose root is a Store.put$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.PutResults.Builder, _P_Store_PutResults, [], {})
 
         @staticmethod
         def read(
@@ -3742,6 +4283,11 @@ class Tree:
 
         _ID: ClassVar[int] = 0xa28ee7bc74f0f76d
 
+        class Init(TypedDict, total=False):
+            """Tree.Reader as plain values: what ``new_message`` and ``assign`` take."""
+
+            x: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -3763,18 +4309,17 @@ class Tree:
 
             x = _d.int_property("u8", 0, 0, "Tree.Reader.x", "UInt8")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<B7x').pack_into
-
-            def assign(self, /, *, x: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                x: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, x)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.x = x
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Tree_Reader_, [x], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -3797,9 +4342,14 @@ class Tree:
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Tree.Reader_.Builder:
-            """A new message whose root is a Tree.Reader."""
-            return Tree.Reader_.Builder.new_message()
+        def new_message(
+            *,
+            x: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Tree.Reader_.Builder:
+            """A new message whose root is a Tree.Reader: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Tree.Reader_.Builder, _P_Tree_Reader_, [x], _unknown)
 
         @staticmethod
         def read(
@@ -3822,6 +4372,19 @@ class Tree:
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tree.Reader_.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
             return Tree.Reader_.Reader.read(_r.unframe_packed(data))
+
+    class Init(TypedDict, total=False):
+        """Tree as plain values: what ``new_message`` and ``assign`` take."""
+
+        value: int
+
+        children: Sequence[Tree.Init | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None
+
+        left: Tree.Init | Tree.Reader | Tree.Builder | None
+
+        other: kitchen_other_capnp.Thing.Init | kitchen_other_capnp.Thing.Reader | kitchen_other_capnp.Thing.Builder | None
+
+        anything: str | bytes | _r.StructReader | _b.StructBuilder | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -3895,22 +4458,21 @@ class Tree:
             """Put a new struct of builder class ``cls`` in the AnyPointer anything."""
             return _b.init_struct(self, self._ptr + 3, cls)
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<i36x').pack_into
-
-        def assign(self, /, *, value: int = 0, left: Tree.Reader | None = None, other: kitchen_other_capnp.Thing.Reader | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            value: int = _e.MISSING,
+            children: Sequence[Tree.Init | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            left: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
+            other: kitchen_other_capnp.Thing.Init | kitchen_other_capnp.Thing.Reader | kitchen_other_capnp.Thing.Builder | None = _e.MISSING,
+            anything: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, value)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 4) << 3] = bytes(40)
-                self.value = value
-            if left is not None:
-                _b.copy_struct(self, 1, left)
-            if other is not None:
-                _b.copy_struct(self, 2, other)
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Tree, [value, children, left, other, anything], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -3941,9 +4503,18 @@ class Tree:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Tree.Builder:
-        """A new message whose root is a Tree."""
-        return Tree.Builder.new_message()
+    def new_message(
+        *,
+        value: int = _e.MISSING,
+        children: Sequence[Tree.Init | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        left: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
+        other: kitchen_other_capnp.Thing.Init | kitchen_other_capnp.Thing.Reader | kitchen_other_capnp.Thing.Builder | None = _e.MISSING,
+        anything: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Tree.Builder:
+        """A new message whose root is a Tree: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Tree.Builder, _P_Tree, [value, children, left, other, anything], _unknown)
 
     @staticmethod
     def read(
@@ -3981,6 +4552,15 @@ class Box_Text:
     """struct Box_Text: a generic bound to (Text) (0xf26089fe5b3a8bb4)."""
 
     _ID: ClassVar[int] = 0xf26089fe5b3a8bb4
+
+    class Init(TypedDict, total=False):
+        """Box_Text as plain values: what ``new_message`` and ``assign`` take."""
+
+        value: str | None
+
+        next: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None
+
+        label: str | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -4027,17 +4607,19 @@ class Box_Text:
 
         label = _d.text_property(2, '', "Box_Text.label")
 
-        def assign(self, /, *, value: str | None = None, next: Box_Text.Reader | None = None, label: str | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            value: str | None = _e.MISSING,
+            next: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+            label: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(24)
-            if value is not None:
-                self._set_text(0, value, "Box_Text.value")
-            if next is not None:
-                _b.copy_struct(self, 1, next)
-            if label is not None:
-                self._set_text(2, label, "Box_Text.label")
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Box_Text, [value, next, label], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4064,9 +4646,16 @@ class Box_Text:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Box_Text.Builder:
-        """A new message whose root is a Box_Text."""
-        return Box_Text.Builder.new_message()
+    def new_message(
+        *,
+        value: str | None = _e.MISSING,
+        next: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+        label: str | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Box_Text.Builder:
+        """A new message whose root is a Box_Text: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Box_Text.Builder, _P_Box_Text, [value, next, label], _unknown)
 
     @staticmethod
     def read(
@@ -4094,6 +4683,15 @@ class Box_List_Int32:
     """struct Box_List_Int32: a generic bound to (List(Int32)) (0xf26089fe5b3a8bb4)."""
 
     _ID: ClassVar[int] = 0xf26089fe5b3a8bb4
+
+    class Init(TypedDict, total=False):
+        """Box_List_Int32 as plain values: what ``new_message`` and ``assign`` take."""
+
+        value: Sequence[int] | _r.ListReader[Any] | None
+
+        next: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None
+
+        label: str | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -4148,17 +4746,19 @@ class Box_List_Int32:
 
         label = _d.text_property(2, '', "Box_List_Int32.label")
 
-        def assign(self, /, *, value: Sequence[int] | None = None, next: Box_List_Int32.Reader | None = None, label: str | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            value: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            next: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
+            label: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(24)
-            if value is not None:
-                self.set_value([*value])
-            if next is not None:
-                _b.copy_struct(self, 1, next)
-            if label is not None:
-                self._set_text(2, label, "Box_List_Int32.label")
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Box_List_Int32, [value, next, label], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4185,9 +4785,16 @@ class Box_List_Int32:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Box_List_Int32.Builder:
-        """A new message whose root is a Box_List_Int32."""
-        return Box_List_Int32.Builder.new_message()
+    def new_message(
+        *,
+        value: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+        next: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
+        label: str | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Box_List_Int32.Builder:
+        """A new message whose root is a Box_List_Int32: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Box_List_Int32.Builder, _P_Box_List_Int32, [value, next, label], _unknown)
 
     @staticmethod
     def read(
@@ -4215,6 +4822,15 @@ class Box_Tree:
     """struct Box_Tree: a generic bound to (Tree) (0xf26089fe5b3a8bb4)."""
 
     _ID: ClassVar[int] = 0xf26089fe5b3a8bb4
+
+    class Init(TypedDict, total=False):
+        """Box_Tree as plain values: what ``new_message`` and ``assign`` take."""
+
+        value: Tree.Init | Tree.Reader | Tree.Builder | None
+
+        next: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None
+
+        label: str | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -4272,17 +4888,19 @@ class Box_Tree:
 
         label = _d.text_property(2, '', "Box_Tree.label")
 
-        def assign(self, /, *, value: Tree.Reader | None = None, next: Box_Tree.Reader | None = None, label: str | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            value: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
+            next: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
+            label: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(24)
-            if value is not None:
-                _b.copy_struct(self, 0, value)
-            if next is not None:
-                _b.copy_struct(self, 1, next)
-            if label is not None:
-                self._set_text(2, label, "Box_Tree.label")
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Box_Tree, [value, next, label], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4313,9 +4931,16 @@ class Box_Tree:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Box_Tree.Builder:
-        """A new message whose root is a Box_Tree."""
-        return Box_Tree.Builder.new_message()
+    def new_message(
+        *,
+        value: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
+        next: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
+        label: str | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Box_Tree.Builder:
+        """A new message whose root is a Box_Tree: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Box_Tree.Builder, _P_Box_Tree, [value, next, label], _unknown)
 
     @staticmethod
     def read(
@@ -4343,6 +4968,15 @@ class Box_Shop:
     """struct Box_Shop: a generic bound to (Shop) (0xf26089fe5b3a8bb4)."""
 
     _ID: ClassVar[int] = 0xf26089fe5b3a8bb4
+
+    class Init(TypedDict, total=False):
+        """Box_Shop as plain values: what ``new_message`` and ``assign`` take."""
+
+        value: Shop.Client | Shop.Server | None
+
+        next: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None
+
+        label: str | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -4392,17 +5026,19 @@ class Box_Shop:
 
         label = _d.text_property(2, '', "Box_Shop.label")
 
-        def assign(self, /, *, value: Shop.Client | Shop.Server | None = None, next: Box_Shop.Reader | None = None, label: str | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            value: Shop.Client | Shop.Server | None = _e.MISSING,
+            next: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
+            label: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 3) << 3] = bytes(24)
-            if value is not None:
-                self.set_value(value)
-            if next is not None:
-                _b.copy_struct(self, 1, next)
-            if label is not None:
-                self._set_text(2, label, "Box_Shop.label")
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Box_Shop, [value, next, label], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4434,9 +5070,16 @@ class Box_Shop:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Box_Shop.Builder:
-        """A new message whose root is a Box_Shop."""
-        return Box_Shop.Builder.new_message()
+    def new_message(
+        *,
+        value: Shop.Client | Shop.Server | None = _e.MISSING,
+        next: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
+        label: str | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Box_Shop.Builder:
+        """A new message whose root is a Box_Shop: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Box_Shop.Builder, _P_Box_Shop, [value, next, label], _unknown)
 
     @staticmethod
     def read(
@@ -4464,6 +5107,13 @@ class Pair_Text_Box_Text:
     """struct Pair_Text_Box_Text: a generic bound to (Text, Box_Text) (0xa47fe1974073d1ed)."""
 
     _ID: ClassVar[int] = 0xa47fe1974073d1ed
+
+    class Init(TypedDict, total=False):
+        """Pair_Text_Box_Text as plain values: what ``new_message`` and ``assign`` take."""
+
+        key: str | None
+
+        value: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -4504,15 +5154,18 @@ class Pair_Text_Box_Text:
             """A new, empty value struct."""
             return _b.init_struct(self, self._ptr + 1, Box_Text.Builder)
 
-        def assign(self, /, *, key: str | None = None, value: Box_Text.Reader | None = None) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            key: str | None = _e.MISSING,
+            value: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
-            if key is not None:
-                self._set_text(0, key, "Pair_Text_Box_Text.key")
-            if value is not None:
-                _b.copy_struct(self, 1, value)
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Pair_Text_Box_Text, [key, value], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4539,9 +5192,15 @@ class Pair_Text_Box_Text:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Pair_Text_Box_Text.Builder:
-        """A new message whose root is a Pair_Text_Box_Text."""
-        return Pair_Text_Box_Text.Builder.new_message()
+    def new_message(
+        *,
+        key: str | None = _e.MISSING,
+        value: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Pair_Text_Box_Text.Builder:
+        """A new message whose root is a Pair_Text_Box_Text: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Pair_Text_Box_Text.Builder, _P_Pair_Text_Box_Text, [key, value], _unknown)
 
     @staticmethod
     def read(
@@ -4577,6 +5236,11 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
         _ID: ClassVar[int] = 0xa6180aa386969846
 
+        class Init(TypedDict, total=False):
+            """Store_Text.put$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: str | None
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -4599,13 +5263,17 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             value = _d.text_property(0, '', "Store_Text.put$Params.value")
 
-            def assign(self, /, *, value: str | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(8)
-                if value is not None:
-                    self._set_text(0, value, "Store_Text.put$Params.value")
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Store_Text_PutParams, [value], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4628,9 +5296,14 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Store_Text.PutParams.Builder:
-            """A new message whose root is a Store_Text.put$Params."""
-            return Store_Text.PutParams.Builder.new_message()
+        def new_message(
+            *,
+            value: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Store_Text.PutParams.Builder:
+            """A new message whose root is a Store_Text.put$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store_Text.PutParams.Builder, _P_Store_Text_PutParams, [value], _unknown)
 
         @staticmethod
         def read(
@@ -4658,6 +5331,9 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         """struct Store_Text.put$Results: a generic bound to (Text) (0xd7873a365413a4bc)."""
 
         _ID: ClassVar[int] = 0xd7873a365413a4bc
+
+        class Init(TypedDict, total=False):
+            """Store_Text.put$Results as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -4697,8 +5373,9 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
         @staticmethod
         def new_message() -> Store_Text.PutResults.Builder:
-            """A new message whose root is a Store_Text.put$Results."""
-            return Store_Text.PutResults.Builder.new_message()
+            """A new message whose root is a Store_Text.put$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store_Text.PutResults.Builder, _P_Store_Text_PutResults, [], {})
 
         @staticmethod
         def read(
@@ -4726,6 +5403,9 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         """struct Store_Text.get$Params: a generic bound to (Text) (0xd2b215c21fe35105)."""
 
         _ID: ClassVar[int] = 0xd2b215c21fe35105
+
+        class Init(TypedDict, total=False):
+            """Store_Text.get$Params as plain values: what ``new_message`` and ``assign`` take."""
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -4765,8 +5445,9 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
         @staticmethod
         def new_message() -> Store_Text.GetParams.Builder:
-            """A new message whose root is a Store_Text.get$Params."""
-            return Store_Text.GetParams.Builder.new_message()
+            """A new message whose root is a Store_Text.get$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store_Text.GetParams.Builder, _P_Store_Text_GetParams, [], {})
 
         @staticmethod
         def read(
@@ -4794,6 +5475,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         """struct Store_Text.get$Results: a generic bound to (Text) (0xd36be23475e9cc90)."""
 
         _ID: ClassVar[int] = 0xd36be23475e9cc90
+
+        class Init(TypedDict, total=False):
+            """Store_Text.get$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            value: str | None
+
+            box: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -4834,15 +5522,18 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
                 """A new, empty box struct."""
                 return _b.init_struct(self, self._ptr + 1, Box_Text.Builder)
 
-            def assign(self, /, *, value: str | None = None, box: Box_Text.Reader | None = None) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                value: str | None = _e.MISSING,
+                box: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                self._b.buf[self._data : (self._ptr + 2) << 3] = bytes(16)
-                if value is not None:
-                    self._set_text(0, value, "Store_Text.get$Results.value")
-                if box is not None:
-                    _b.copy_struct(self, 1, box)
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Store_Text_GetResults, [value, box], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -4869,9 +5560,15 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> Store_Text.GetResults.Builder:
-            """A new message whose root is a Store_Text.get$Results."""
-            return Store_Text.GetResults.Builder.new_message()
+        def new_message(
+            *,
+            value: str | None = _e.MISSING,
+            box: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Store_Text.GetResults.Builder:
+            """A new message whose root is a Store_Text.get$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store_Text.GetResults.Builder, _P_Store_Text_GetResults, [value, box], _unknown)
 
         @staticmethod
         def read(
@@ -4961,6 +5658,9 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
         _ID: ClassVar[int] = 0xa930a1c90684387d
 
+        class Init(TypedDict, total=False):
+            """TextStore.size$Params as plain values: what ``new_message`` and ``assign`` take."""
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -4999,8 +5699,9 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
         @staticmethod
         def new_message() -> TextStore.SizeParams.Builder:
-            """A new message whose root is a TextStore.size$Params."""
-            return TextStore.SizeParams.Builder.new_message()
+            """A new message whose root is a TextStore.size$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(TextStore.SizeParams.Builder, _P_TextStore_SizeParams, [], {})
 
         @staticmethod
         def read(
@@ -5029,6 +5730,11 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
         _ID: ClassVar[int] = 0x8d8deed2c4474a6d
 
+        class Init(TypedDict, total=False):
+            """TextStore.size$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            count: int
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -5050,18 +5756,17 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
             count = _d.int_property("u32", 0, 0, "TextStore.size$Results.count", "UInt32")
 
-            _ASSIGN: ClassVar[Any] = struct.Struct('<I4x').pack_into
-
-            def assign(self, /, *, count: int = 0) -> None:
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                count: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
-                value, every other field its default (a pointer field: null). Set group and
-                union members after, with their own setters."""
-                try:
-                    self._ASSIGN(self._b.buf, self._data, count)
-                except (struct.error, TypeError, OverflowError):
-                    # The setters say which field is wrong, and why.
-                    self._b.buf[self._data : (self._ptr + 0) << 3] = bytes(8)
-                    self.count = count
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_TextStore_SizeResults, [count], _unknown)
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -5084,9 +5789,14 @@ class TextStore(_t.Interface["TextStore.Client"]):
         Promise._READER = Reader
 
         @staticmethod
-        def new_message() -> TextStore.SizeResults.Builder:
-            """A new message whose root is a TextStore.size$Results."""
-            return TextStore.SizeResults.Builder.new_message()
+        def new_message(
+            *,
+            count: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> TextStore.SizeResults.Builder:
+            """A new message whose root is a TextStore.size$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(TextStore.SizeResults.Builder, _P_TextStore_SizeResults, [count], _unknown)
 
         @staticmethod
         def read(
@@ -5229,6 +5939,251 @@ Box_Tree.Reader.next.bind(Box_Tree.Reader)
 Box_Shop.Reader.next.bind(Box_Shop.Reader)
 Pair_Text_Box_Text.Reader.value.bind(Box_Text.Reader)
 Store_Text.GetResults.Reader.box.bind(Box_Text.Reader)
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_Anything = Anything.Builder._PLAN = _v.StructPlan("Anything", 0, 6)
+_P_Box = Box.Builder._PLAN = _v.StructPlan("Box", 0, 3)
+_P_Boxes = Boxes.Builder._PLAN = _v.StructPlan("Boxes", 0, 6)
+_P_Defaults = Defaults.Builder._PLAN = _v.StructPlan("Defaults", 6, 5)
+_P_Keywords = Keywords.Builder._PLAN = _v.StructPlan("Keywords", 1, 1)
+_P_Lists = Lists.Builder._PLAN = _v.StructPlan("Lists", 0, 19)
+_P_Numbers = Numbers.Builder._PLAN = _v.StructPlan("Numbers", 6, 0)
+_P_Pair = Pair.Builder._PLAN = _v.StructPlan("Pair", 0, 2)
+_P_Shapes = Shapes.Builder._PLAN = _v.StructPlan("Shapes", 3, 3, 8)
+_P_Tree = Tree.Builder._PLAN = _v.StructPlan("Tree", 1, 4)
+_P_Base_DepthParams = Base.DepthParams.Builder._PLAN = _v.StructPlan("Base.depth$Params", 0, 0)
+_P_Base_DepthResults = Base.DepthResults.Builder._PLAN = _v.StructPlan("Base.depth$Results", 1, 0)
+_P_Diamond_TrickyParams = Diamond.TrickyParams.Builder._PLAN = _v.StructPlan("Diamond.tricky$Params", 1, 1)
+_P_Diamond_TrickyResults = Diamond.TrickyResults.Builder._PLAN = _v.StructPlan("Diamond.tricky$Results", 0, 2)
+_P_Left_LeftParams = Left.LeftParams.Builder._PLAN = _v.StructPlan("Left.left$Params", 0, 0)
+_P_Left_LeftResults = Left.LeftResults.Builder._PLAN = _v.StructPlan("Left.left$Results", 0, 1)
+_P_Right_RightParams = Right.RightParams.Builder._PLAN = _v.StructPlan("Right.right$Params", 0, 0)
+_P_Right_RightResults = Right.RightResults.Builder._PLAN = _v.StructPlan("Right.right$Results", 0, 1)
+_P_Shapes_Square = Shapes.Square.Builder._PLAN = _v.StructPlan("Shapes.square", 3, 3, -1, True)
+_P_Shapes_Style = Shapes.Style.Builder._PLAN = _v.StructPlan("Shapes.style", 3, 3, -1, True)
+_P_Shop_BuyParams = Shop.BuyParams.Builder._PLAN = _v.StructPlan("Shop.buy$Params", 1, 1)
+_P_Shop_BuyResults = Shop.BuyResults.Builder._PLAN = _v.StructPlan("Shop.buy$Results", 1, 1)
+_P_Shop_ListParams = Shop.ListParams.Builder._PLAN = _v.StructPlan("Shop.list$Params", 0, 0)
+_P_Shop_ListResults = Shop.ListResults.Builder._PLAN = _v.StructPlan("Shop.list$Results", 0, 1)
+_P_Shop_PeekParams = Shop.PeekParams.Builder._PLAN = _v.StructPlan("Shop.peek$Params", 0, 1)
+_P_Shop_PeekResults = Shop.PeekResults.Builder._PLAN = _v.StructPlan("Shop.peek$Results", 0, 0)
+_P_Store_GetParams = Store.GetParams.Builder._PLAN = _v.StructPlan("Store.get$Params", 0, 0)
+_P_Store_GetResults = Store.GetResults.Builder._PLAN = _v.StructPlan("Store.get$Results", 0, 2)
+_P_Store_PutParams = Store.PutParams.Builder._PLAN = _v.StructPlan("Store.put$Params", 0, 1)
+_P_Store_PutResults = Store.PutResults.Builder._PLAN = _v.StructPlan("Store.put$Results", 0, 0)
+_P_TextStore_SizeParams = TextStore.SizeParams.Builder._PLAN = _v.StructPlan("TextStore.size$Params", 0, 0)
+_P_TextStore_SizeResults = TextStore.SizeResults.Builder._PLAN = _v.StructPlan("TextStore.size$Results", 1, 0)
+_P_Tree_Reader_ = Tree.Reader_.Builder._PLAN = _v.StructPlan("Tree.Reader", 1, 0)
+_P_Shapes_Style_Fill = Shapes.Style.Fill.Builder._PLAN = _v.StructPlan("Shapes.style.fill", 3, 3, 12, True)
+_P_Shapes_Style_Fill_Gradient = Shapes.Style.Fill.Gradient.Builder._PLAN = _v.StructPlan("Shapes.style.fill.gradient", 3, 3, -1, True)
+_P_Box_Text = Box_Text.Builder._PLAN = _v.StructPlan("Box_Text", 0, 3)
+_P_Box_List_Int32 = Box_List_Int32.Builder._PLAN = _v.StructPlan("Box_List_Int32", 0, 3)
+_P_Box_Tree = Box_Tree.Builder._PLAN = _v.StructPlan("Box_Tree", 0, 3)
+_P_Box_Shop = Box_Shop.Builder._PLAN = _v.StructPlan("Box_Shop", 0, 3)
+_P_Pair_Text_Box_Text = Pair_Text_Box_Text.Builder._PLAN = _v.StructPlan("Pair_Text_Box_Text", 0, 2)
+_P_Store_Text_PutParams = Store_Text.PutParams.Builder._PLAN = _v.StructPlan("Store_Text.put$Params", 0, 1)
+_P_Store_Text_PutResults = Store_Text.PutResults.Builder._PLAN = _v.StructPlan("Store_Text.put$Results", 0, 0)
+_P_Store_Text_GetParams = Store_Text.GetParams.Builder._PLAN = _v.StructPlan("Store_Text.get$Params", 0, 0)
+_P_Store_Text_GetResults = Store_Text.GetResults.Builder._PLAN = _v.StructPlan("Store_Text.get$Results", 0, 2)
+_P_Anything.add(
+    _v.any_pointer("pointer", 0),
+    _v.any_pointer("anyStruct", 1),
+    _v.any_pointer("anyList", 2),
+    _v.capability("capability", 3),
+    _v.capability("shop", 4),
+    _v.list_("shops", 5, _v.of_capability()),
+)
+_P_Box.add(
+    _v.any_pointer("value", 0),
+    _v.struct("next", 1, _P_Box),
+    _v.text("label", 2),
+)
+_P_Boxes.add(
+    _v.struct("texts", 0, _P_Box_Text),
+    _v.struct("numbers", 1, _P_Box_List_Int32),
+    _v.struct("trees", 2, _P_Box_Tree),
+    _v.struct("shops", 3, _P_Box_Shop),
+    _v.struct("pair", 4, _P_Pair_Text_Box_Text),
+    _v.struct("bare", 5, _P_Box),
+)
+_P_Defaults.add(
+    _v.boolean("b", 0, True),
+    _v.integer("i8", "Int8", 1, 1, True, xor=-0x7),
+    _v.integer("i16", "Int16", 2, 2, True, xor=0x4d2),
+    _v.integer("i32", "Int32", 4, 4, True, xor=-0x186a0),
+    _v.integer("i64", "Int64", 8, 8, True, xor=0x11f71fb04cb),
+    _v.integer("u8", "UInt8", 16, 1, False, xor=0xc8),
+    _v.integer("u16", "UInt16", 18, 2, False, xor=0xfde8),
+    _v.integer("u32", "UInt32", 20, 4, False, xor=0xee6b2800),
+    _v.integer("u64", "UInt64", 24, 8, False, xor=0xf9ccd8a1c5080000),
+    _v.floating("f32", "Float32", 32, 4, xor=0x3fc00000),
+    _v.floating("f64", "Float64", 40, 8, xor=0xc002000000000000),
+    _v.enumeration("color", "Color", 36, ('red', 'green', 'blue'), xor=2),
+    _v.text("text", 0),
+    _v.data("data", 1),
+    _v.struct("numbers", 2, _P_Numbers, default=_r.default_struct(Numbers.Reader, _D_Defaults_numbers).to_dict()),
+    _v.list_("list", 3, _v.of_integer("Int16", 2, True)),
+    _v.list_("texts", 4, _v.of_text()),
+)
+_P_Keywords.add(
+    _v.integer("return", "Int32", 0, 4, True, key="return_"),
+    _v.text("class", 0, key="class_"),
+    _v.boolean("from", 32, False, key="from_"),
+    _v.integer("which", "UInt8", 5, 1, False, key="which_"),
+    _v.integer("async", "Int16", 6, 2, True, key="async_"),
+)
+_P_Lists.add(
+    _v.list_("voids", 0, _v.of_void()),
+    _v.list_("bools", 1, _v.of_bool()),
+    _v.list_("i8s", 2, _v.of_integer("Int8", 1, True)),
+    _v.list_("i16s", 3, _v.of_integer("Int16", 2, True)),
+    _v.list_("i32s", 4, _v.of_integer("Int32", 4, True)),
+    _v.list_("i64s", 5, _v.of_integer("Int64", 8, True)),
+    _v.list_("u8s", 6, _v.of_integer("UInt8", 1, False)),
+    _v.list_("u16s", 7, _v.of_integer("UInt16", 2, False)),
+    _v.list_("u32s", 8, _v.of_integer("UInt32", 4, False)),
+    _v.list_("u64s", 9, _v.of_integer("UInt64", 8, False)),
+    _v.list_("f32s", 10, _v.of_float("Float32", 4)),
+    _v.list_("f64s", 11, _v.of_float("Float64", 8)),
+    _v.list_("texts", 12, _v.of_text()),
+    _v.list_("datas", 13, _v.of_data()),
+    _v.list_("structs", 14, _v.of_struct(_P_Numbers)),
+    _v.list_("colors", 15, _v.of_enum("Color", ('red', 'green', 'blue'))),
+    _v.list_("nested", 16, _v.of_list(_v.of_integer("Int32", 4, True))),
+    _v.list_("nestedTexts", 17, _v.of_list(_v.of_text())),
+    _v.list_("deep", 18, _v.of_list(_v.of_list(_v.of_integer("UInt8", 1, False)))),
+)
+_P_Numbers.add(
+    _v.boolean("b", 0, False),
+    _v.integer("i8", "Int8", 1, 1, True),
+    _v.integer("i16", "Int16", 2, 2, True),
+    _v.integer("i32", "Int32", 4, 4, True),
+    _v.integer("i64", "Int64", 8, 8, True),
+    _v.integer("u8", "UInt8", 16, 1, False),
+    _v.integer("u16", "UInt16", 18, 2, False),
+    _v.integer("u32", "UInt32", 20, 4, False),
+    _v.integer("u64", "UInt64", 24, 8, False),
+    _v.floating("f32", "Float32", 32, 4),
+    _v.floating("f64", "Float64", 40, 8),
+    _v.enumeration("color", "Color", 36, ('red', 'green', 'blue')),
+    _v.boolean("b2", 1, False),
+    _v.void("v"),
+)
+_P_Pair.add(
+    _v.any_pointer("key", 0),
+    _v.any_pointer("value", 1),
+)
+_P_Shapes.add(
+    _v.text("name", 0),
+    _v.floating("circle", "Float64", 0, 8, disc=0),
+    _v.group("square", _P_Shapes_Square, disc=1),
+    _v.void("nothing", disc=2),
+    _v.list_("points", 1, _v.of_integer("Int32", 4, True), disc=3),
+    _v.group("style", _P_Shapes_Style),
+)
+_P_Tree.add(
+    _v.integer("value", "Int32", 0, 4, True),
+    _v.list_("children", 0, _v.of_struct(_P_Tree)),
+    _v.struct("left", 1, _P_Tree),
+    _v.struct("other", 2, _v.plan_of(kitchen_other_capnp.Thing.Builder)),
+    _v.any_pointer("anything", 3),
+)
+_P_Base_DepthResults.add(
+    _v.integer("depth", "UInt32", 0, 4, False),
+)
+_P_Diamond_TrickyParams.add(
+    _v.text("self", 0, key="self_"),
+    _v.integer("request", "UInt8", 0, 1, False),
+    _v.boolean("params", 8, False),
+    _v.integer("unknown", "Int32", 4, 4, True),
+    _v.integer("from", "Int16", 2, 2, True, key="from_"),
+)
+_P_Diamond_TrickyResults.add(
+    _v.text("return", 0, key="return_"),
+    _v.capability("self", 1, key="self_"),
+)
+_P_Left_LeftResults.add(
+    _v.text("side", 0),
+)
+_P_Right_RightResults.add(
+    _v.text("side", 0),
+)
+_P_Shapes_Square.add(
+    _v.floating("side", "Float32", 0, 4),
+    _v.text("label", 1),
+)
+_P_Shapes_Style.add(
+    _v.enumeration("color", "Color", 10, ('red', 'green', 'blue')),
+    _v.group("fill", _P_Shapes_Style_Fill),
+)
+_P_Shop_BuyParams.add(
+    _v.text("item", 0),
+    _v.integer("count", "UInt32", 0, 4, False),
+)
+_P_Shop_BuyResults.add(
+    _v.floating("total", "Float64", 0, 8),
+    _v.struct("receipt", 0, _P_Numbers),
+)
+_P_Shop_ListResults.add(
+    _v.list_("items", 0, _v.of_text()),
+)
+_P_Shop_PeekParams.add(
+    _v.struct("tree", 0, _P_Tree),
+)
+_P_Store_GetResults.add(
+    _v.any_pointer("value", 0),
+    _v.struct("box", 1, _P_Box),
+)
+_P_Store_PutParams.add(
+    _v.any_pointer("value", 0),
+)
+_P_TextStore_SizeResults.add(
+    _v.integer("count", "UInt32", 0, 4, False),
+)
+_P_Tree_Reader_.add(
+    _v.integer("x", "UInt8", 0, 1, False),
+)
+_P_Shapes_Style_Fill.add(
+    _v.void("solid", disc=0),
+    _v.text("pattern", 2, disc=1),
+    _v.group("gradient", _P_Shapes_Style_Fill_Gradient, disc=2),
+)
+_P_Shapes_Style_Fill_Gradient.add(
+    _v.enumeration("from", "Color", 14, ('red', 'green', 'blue'), key="from_"),
+    _v.enumeration("to", "Color", 16, ('red', 'green', 'blue')),
+)
+_P_Box_Text.add(
+    _v.text("value", 0),
+    _v.struct("next", 1, _P_Box_Text),
+    _v.text("label", 2),
+)
+_P_Box_List_Int32.add(
+    _v.list_("value", 0, _v.of_integer("Int32", 4, True)),
+    _v.struct("next", 1, _P_Box_List_Int32),
+    _v.text("label", 2),
+)
+_P_Box_Tree.add(
+    _v.struct("value", 0, _P_Tree),
+    _v.struct("next", 1, _P_Box_Tree),
+    _v.text("label", 2),
+)
+_P_Box_Shop.add(
+    _v.capability("value", 0),
+    _v.struct("next", 1, _P_Box_Shop),
+    _v.text("label", 2),
+)
+_P_Pair_Text_Box_Text.add(
+    _v.text("key", 0),
+    _v.struct("value", 1, _P_Box_Text),
+)
+_P_Store_Text_PutParams.add(
+    _v.text("value", 0),
+)
+_P_Store_Text_GetResults.add(
+    _v.text("value", 0),
+    _v.struct("box", 1, _P_Box_Text),
+)
 
 
 Base.METHODS = {"depth": (0, Base.DepthParams, Base.DepthResults)}

@@ -10,12 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import Any, ClassVar, Literal, Never
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
+from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
     get_i16, set_i16,
@@ -51,6 +53,15 @@ class Thing:
             member._name_ = str(value)
             member._value_ = value
             return member
+
+    class Init(TypedDict, total=False):
+        """Thing as plain values: what ``new_message`` and ``assign`` take."""
+
+        id: int
+
+        tag: str | None
+
+        kind: int | str
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -92,21 +103,19 @@ class Thing:
             except (struct.error, TypeError):
                 raise _b.bad_value(value, "Thing.kind", "Thing.Kind", "H") from None
 
-        _ASSIGN: ClassVar[Any] = struct.Struct('<QH14x').pack_into
-
-        def assign(self, /, *, id: int = 0, tag: str | None = None, kind: int = 0) -> None:
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            id: int = _e.MISSING,
+            tag: str | None = _e.MISSING,
+            kind: int | str = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
-            value, every other field its default (a pointer field: null). Set group and
-            union members after, with their own setters."""
-            try:
-                self._ASSIGN(self._b.buf, self._data, id, kind)
-            except (struct.error, TypeError, OverflowError):
-                # The setters say which field is wrong, and why.
-                self._b.buf[self._data : (self._ptr + 1) << 3] = bytes(24)
-                self.id = id
-                self.kind = kind
-            if tag is not None:
-                self._set_text(0, tag, "Thing.tag")
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Thing, [id, tag, kind], _unknown)
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -129,9 +138,16 @@ class Thing:
     Promise._READER = Reader
 
     @staticmethod
-    def new_message() -> Thing.Builder:
-        """A new message whose root is a Thing."""
-        return Thing.Builder.new_message()
+    def new_message(
+        *,
+        id: int = _e.MISSING,
+        tag: str | None = _e.MISSING,
+        kind: int | str = _e.MISSING,
+        **_unknown: Never,
+    ) -> Thing.Builder:
+        """A new message whose root is a Thing: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Thing.Builder, _P_Thing, [id, tag, kind], _unknown)
 
     @staticmethod
     def read(
@@ -159,3 +175,12 @@ class Thing:
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Thing_Kind = tuple(Thing.Kind)
 Thing.Reader.kind.bind(Thing.Kind, _E_Thing_Kind)
+
+
+# What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
+_P_Thing = Thing.Builder._PLAN = _v.StructPlan("Thing", 2, 1)
+_P_Thing.add(
+    _v.integer("id", "UInt64", 0, 8, False),
+    _v.text("tag", 0),
+    _v.enumeration("kind", "Thing.Kind", 8, ('small', 'large')),
+)

@@ -1,0 +1,145 @@
+"""Whole structs from plain values (capsvc.codec.values): ``new_message(**fields)`` and
+``assign(**fields)`` build what pycapnp's ``new_message(**fields)`` builds from the same
+dict, for every struct of the kitchen schema (Hypothesis: unions, groups, nested structs,
+lists of every element size, enums by name, keyword field names); readers and builders
+given as values are deep-copied; a refused value names the field and changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+
+from capsvc.codegen.render import python_name
+from tests.codegen.conftest import Generated
+from tests.codegen.test_roundtrip import (
+    SETTINGS,
+    STRUCTS,
+    _reference_root,
+    generated_type,
+    new_reference,
+    reference_type,
+)
+from tests.codegen.values import struct_named, values
+
+
+def _types(generated: Generated, scope: str, file_index: int) -> tuple[Any, Any, Any]:
+    """The values strategy, the generated type and pycapnp's, of one kitchen struct."""
+    struct = struct_named(generated.schema, scope, file_index)
+    return (
+        values(generated.schema, struct),
+        generated_type(generated, scope, file_index),
+        reference_type(generated, scope, file_index),
+    )
+
+
+def _python_names(data: dict[str, Any]) -> dict[str, Any]:
+    """The top level's keys as generated keywords (``from`` -> ``from_``)."""
+    return {python_name(key): value for key, value in data.items()}
+
+
+@pytest.mark.parametrize(("scope", "file_index"), STRUCTS)
+def test_new_message_builds_what_pycapnp_builds(
+    generated: Generated, scope: str, file_index: int
+) -> None:
+    strategy, ours, reference = _types(generated, scope, file_index)
+
+    @SETTINGS
+    @given(strategy)
+    def check(data: dict[str, Any]) -> None:
+        expected = new_reference(reference, data).as_reader().to_dict()
+        built = [
+            ours.new_message(**_python_names(data)),  # the generated keywords
+            ours.Builder.new_message(**data),  # a dict by schema names (the compiled path)
+        ]
+        assigned = ours.Builder.new_message()
+        assigned.assign(**_python_names(data))
+        built.append(assigned)
+        for builder in built:
+            segments = [bytes(s) for s in builder.to_segments()]
+            assert _reference_root(reference, segments).to_dict() == expected
+            assert ours.Reader.read(segments).to_dict() == expected
+
+    check()
+
+
+@pytest.mark.parametrize(("scope", "file_index"), STRUCTS)
+def test_readers_given_as_values_are_copied(
+    generated: Generated, scope: str, file_index: int
+) -> None:
+    """A struct value (here the whole struct, as a list element and as a field of a holder)
+    may be a reader of another message: it is deep-copied."""
+    strategy, ours, reference = _types(generated, scope, file_index)
+
+    @SETTINGS
+    @given(strategy)
+    def check(data: dict[str, Any]) -> None:
+        expected = new_reference(reference, data).as_reader().to_dict()
+        source = ours.Builder.new_message(**data)
+        if scope == "Numbers":
+            holder = generated.kitchen.Defaults.new_message(numbers=source.as_reader())
+            assert holder.as_reader().numbers.to_dict() == expected
+            holder.assign(numbers=source)  # a builder: copied from what it holds now
+            assert holder.as_reader().numbers.to_dict() == expected
+        copy = ours.Builder.new_message()
+        copy.assign(**{python_name(k): v for k, v in source.as_reader().to_dict().items()})
+        assert copy.as_reader().to_dict() == expected
+
+    check()
+
+
+def test_lists_of_structs_take_dicts_readers_and_builders(generated: Generated) -> None:
+    kitchen = generated.kitchen
+    leaf = kitchen.Tree.new_message(value=7, children=[{"value": 8}])
+    built = kitchen.Tree.new_message(
+        value=1,
+        children=[{"value": 2}, leaf.as_reader(), leaf, {"value": 3, "children": [{}]}],
+        left={"value": 4, "left": leaf.as_reader()},
+    )
+    reader = built.as_reader()
+    assert [child.value for child in reader.children] == [2, 7, 7, 3]
+    assert [len(child.children) for child in reader.children] == [0, 1, 1, 1]
+    assert reader.children[1].children[0].value == 8
+    assert (reader.left.value, reader.left.left.value) == (4, 7)
+
+
+def test_a_refused_value_names_the_field_and_changes_nothing(generated: Generated) -> None:
+    kitchen = generated.kitchen
+    numbers = kitchen.Numbers.new_message(u8=1, i16=-2)
+    before = bytes(numbers.to_segments()[0])
+    with pytest.raises(ValueError, match=r"^Numbers\.u8: 300 is out of range for UInt8"):
+        numbers.assign(i16=5, u8=300)
+    with pytest.raises(TypeError, match=r"^Numbers\.assign\(\): Numbers has no field 'kee'"):
+        numbers.assign(i16=5, kee=1)  # type: ignore[call-arg]
+    assert bytes(numbers.to_segments()[0]) == before
+    tree = kitchen.Tree.new_message(value=5)
+    before = bytes(tree.to_segments()[0])
+    with pytest.raises(TypeError, match=r"^Tree\.value: expected an int \(Int32\), got str"):
+        tree.assign(children=[{"value": 1}, {"value": "x"}])
+    assert bytes(tree.to_segments()[0]) == before
+
+
+def test_union_members_one_at_a_time_by_name(generated: Generated) -> None:
+    shapes = generated.kitchen.Shapes
+    square = shapes.new_message(square={"side": 2.0}, style={"fill": {"pattern": "dots"}})
+    reader = square.as_reader()
+    assert (reader.which(), reader.square.side, reader.style.fill.which()) == (
+        "square",
+        2.0,
+        "pattern",
+    )
+    assert shapes.new_message(nothing=None).as_reader().which() == "nothing"
+    with pytest.raises(TypeError, match=r"one union member at a time, not both circle and"):
+        shapes.new_message(circle=1.0, square={"side": 2.0})
+    with pytest.raises(TypeError, match=r"^Shapes\.square: expected a dict of Shapes\.square"):
+        shapes.new_message(square=2.0)  # type: ignore[arg-type]
+
+
+def test_enums_by_code_member_or_name(generated: Generated) -> None:
+    kitchen = generated.kitchen
+    blue = kitchen.Color.blue
+    for value in (int(blue), blue, "blue"):
+        assert kitchen.Numbers.new_message(color=value).as_reader().color == blue
+    with pytest.raises(ValueError, match=r"Numbers\.color: Color has no enumerant 'mauve'"):
+        kitchen.Numbers.new_message(color="mauve")
