@@ -274,18 +274,22 @@ def _pack_words(data: bytes) -> bytes:
         write_i64_le(out, word)
         first = index
         while index < words and index - first < 255:
-            tag = _tag(read_i64_le(data, index << 3))
-            if tag != 0xFF and _ONE_ZERO[tag] == 0:
+            # At most one zero byte: fold each byte onto its bit 0 (as ``_tag``), and
+            # the zero bytes' bits, one per zero byte, are a power of two or none.
+            bits: i64 = read_i64_le(data, index << 3)
+            bits |= bits >> 4
+            bits |= bits >> 2
+            bits |= bits >> 1
+            zeros: i64 = ~bits & _LOW_BITS
+            if zeros & (zeros - 1):
                 break
             index += 1
         out.append(u8(index - first))
-        if index > first:
-            out.write(data[first << 3 : index << 3])
+        # Word by word, not a slice: a run is a dozen words of a Text or so, and a
+        # slice per run (an allocation and a copy) costs more than its native reads.
+        for raw in range(first, index):
+            write_i64_le(out, read_i64_le(data, raw << 3))
     return out.getvalue()
-
-
-#: 1 for the tags of words with at most one zero byte (7 or 8 bits set).
-_ONE_ZERO: Final = bytes(1 if _POPCOUNT[tag] >= 7 else 0 for tag in range(256))
 
 
 def _unpack_words(data: bytes, max_words: int) -> bytes:
@@ -318,8 +322,10 @@ def _unpack_words(data: bytes, max_words: int) -> bytes:
             words += count
             if words > max_words:
                 raise DecodeError(f"packed message unpacks to more than {max_words} words")
-            out.write(data[pos : pos + 8])
-            out.write(data[pos + 9 : pos + 1 + raw])
+            # Word by word, not slices (see ``_pack_words``).
+            write_i64_le(out, read_i64_le(data, pos))
+            for at in range(pos + 9, pos + 1 + raw, 8):
+                write_i64_le(out, read_i64_le(data, at))
             pos += 1 + raw
             continue
         if words > max_words:
