@@ -10,6 +10,7 @@ the caller finishes the question early (rpc-protocol.md §4, callee step 4).
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,7 @@ import trio
 from capsvc import names
 from capsvc.errors import Failed, RpcError, Unimplemented
 from capsvc.rpc.hooks import CallResult, LocalServerHook, OutgoingCall
-from capsvc.rpc.payload import Payload
+from capsvc.rpc.payload import Payload, new_codec_return
 
 log = logging.getLogger("capsvc")
 
@@ -125,8 +126,12 @@ def _run_inline(server: Any, call: OutgoingCall) -> None:
         return
     observed = call.observed
     entered = observed.enter() if observed is not None else None
+    outcome: Payload | Awaitable[Payload]
     try:
-        outcome = server._dispatch_inline(call.interface_id, call.method_id, call.params)
+        if getattr(server, "_capsvc_typed", False):
+            outcome = _typed_inline(server, call.interface_id, call.method_id, call.params)
+        else:
+            outcome = server._dispatch_inline(call.interface_id, call.method_id, call.params)
     except Exception as error:
         _fail(result, server, call, error)
         call.params.release()
@@ -139,6 +144,36 @@ def _run_inline(server: Any, call: OutgoingCall) -> None:
         call.params.release()
     else:  # an awaitable after all: finish it in a task of its own
         trio.lowlevel.spawn_system_task(_run_call, server, call, outcome, name="capsvc call")
+
+
+def _typed_inline(
+    server: Any, interface_id: int, method_id: int, params: Payload
+) -> Payload | Awaitable[Payload]:
+    """``capsvc.typed.Server._dispatch_inline`` in compiled code, for a method the server's
+    class has looked up before (its ``_capsvc_found`` entry): the generated params reader,
+    a results builder in a fresh Return, the method called, and what to await if it gave
+    an awaitable. The first call of each method, and one the class does not implement,
+    go through the class's own dispatch (which finds it, or raises Unimplemented)."""
+    entry = server._capsvc_found.get((interface_id, method_id))
+    if entry is None:
+        found: Payload | Awaitable[Payload] = server._dispatch_inline(
+            interface_id, method_id, params
+        )
+        return found
+    name, params_type, results_type = entry
+    reader = params.read_as(params_type.Reader)
+    payload, results = new_codec_return(results_type.Builder)
+    returned = getattr(server, name)(reader, results)
+    # A method fills its results and returns None (checked first: isawaitable is an
+    # isinstance against an ABC).
+    if returned is not None and inspect.isawaitable(returned):
+        return _await_then(returned, payload)
+    return payload
+
+
+async def _await_then(awaitable: Awaitable[object], payload: Payload) -> Payload:
+    await awaitable
+    return payload
 
 
 def _fail(result: CallResult, server: Any, call: OutgoingCall, error: Exception) -> None:

@@ -157,6 +157,9 @@ class Server:
     #: (interface ID, method ordinal) -> (method name, params, results), or None when
     #: the class does not implement it: found once per class, not per call.
     _capsvc_found: ClassVar[dict[tuple[int, int], tuple[str, Any, Any] | None]] = {}
+    #: Calls of a method found before are dispatched by capsvc.runtime in compiled code
+    #: (``_typed_inline``: what ``_dispatch_inline`` below does, without its Python frames).
+    _capsvc_typed: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
