@@ -43,6 +43,23 @@ async def wait_result(result: CallResult, on_cancel: Callable[[], None] | None =
     await trio.lowlevel.wait_task_rescheduled(waiter.abort)
 
 
+async def await_results(
+    result: CallResult,
+    reader: Any,
+    on_cancel: Callable[[], None],
+    keeper: Callable[[CallResult], object],
+) -> Any:
+    """What awaiting a generated results promise does (capsvc.codec.pipeline), compiled:
+    wait for ``result``, then its content read by the generated ``reader`` class. A reader
+    keeps the result alive (``keeper`` of a new reference) only when the results hold
+    capabilities (its cap fields resolve to the payload's hooks); without any it needs
+    only its words."""
+    await wait_result(result, on_cancel)
+    payload = result.payload  # raises the call's error, if it failed
+    keep = keeper(result.add_ref()) if payload.caps else None
+    return payload.read_as(reader, keep=keep)
+
+
 class _Waiter:
     """The task ``wait_result`` parks: called when the result settles, it wakes the task;
     ``abort`` gives up the wait.
@@ -94,15 +111,20 @@ class TrioExecutor:
         call.result.release()
         # Only a call a session delivers straight from a received message may run inline:
         # a local caller must not find the callee running inside its own call.
-        if (
-            call.from_peer
-            and len(hook.pending) == 1
-            and hook.server._runs_inline(call.interface_id, call.method_id)
-        ):
+        if call.from_peer and len(hook.pending) == 1 and _runs_inline(hook.server, call):
             hook.pending.popleft()
             _run_inline(hook.server, call)
         else:
             _pool().run(hook)
+
+
+def _runs_inline(server: Any, call: OutgoingCall) -> bool:
+    # A generated server's answer cached by its class, read here without a Python frame.
+    if getattr(server, "_capsvc_typed", False):
+        inline = server._capsvc_inline.get((call.interface_id, call.method_id))
+        if inline is not None:
+            return bool(inline)
+    return bool(server._runs_inline(call.interface_id, call.method_id))
 
 
 class HandoffCount(Protocol):

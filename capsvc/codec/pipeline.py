@@ -72,31 +72,25 @@ class ResultPromise(StructPipeline, Generic[R]):
     _READER: ClassVar[type[StructReader]]
 
     def __await__(self) -> Generator[Any, None, R]:
-        return self._wait().__await__()
-
-    async def _wait(self) -> R:
-        result = self._result
-        await _wait_result()(result, on_cancel=self.cancel)
-        payload = result.payload
-        # A reader needs its results kept only for their capabilities (its cap fields
-        # resolve to the payload's hooks); its words it holds itself. Without any, no
-        # keeper: one object and one ``__del__`` less per call.
-        keep = _Kept(result.add_ref()) if payload.caps else None
-        return payload.read_as(self._READER, keep=keep)  # type: ignore[return-value]
+        # The wait and the read are one compiled coroutine (capsvc.runtime.await_results):
+        # no Python coroutine frame per await.
+        waiting = _await_results()(self._result, self._READER, self.cancel, _Kept)
+        return waiting.__await__()
 
 
-_WAIT_RESULT: Callable[..., Awaitable[None]] | None = None
+_AWAIT_RESULTS: Callable[..., Awaitable[Any]] | None = None
 
 
-def _wait_result() -> Callable[..., Awaitable[None]]:
-    """capsvc.runtime.wait_result, imported on the first await (not per await: an import
-    statement costs a lookup and a call each time it runs)."""
-    global _WAIT_RESULT
-    if _WAIT_RESULT is None:
-        from capsvc.runtime import wait_result
+def _await_results() -> Callable[..., Awaitable[Any]]:
+    """capsvc.runtime.await_results, imported on the first await (not per await: an import
+    statement costs a lookup and a call each time it runs; and nothing here imports trio
+    until a promise is awaited)."""
+    global _AWAIT_RESULTS
+    if _AWAIT_RESULTS is None:
+        from capsvc.runtime import await_results
 
-        _WAIT_RESULT = wait_result
-    return _WAIT_RESULT
+        _AWAIT_RESULTS = await_results
+    return _AWAIT_RESULTS
 
 
 class _Kept:
