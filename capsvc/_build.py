@@ -64,6 +64,7 @@ MODULES: tuple[str, ...] = (
     "capsvc.flusher",
     "capsvc.connection",
     "capsvc.runtime",
+    "capsvc.typed_calls",
     "capsvc.server",
 )
 

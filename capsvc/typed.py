@@ -29,11 +29,12 @@ from typing import Any, ClassVar, Generic, TypeVar, overload
 from capsvc.codec.building import StructBuilder
 from capsvc.codec.pipeline import StructPipeline
 from capsvc.errors import Failed
-from capsvc.rpc.hooks import BrokenHook, CallResult, Hook, LocalServerHook, OutgoingCall
+from capsvc.rpc.hooks import BrokenHook, Hook, LocalServerHook
 from capsvc.rpc.hooks import null_hook as _null_hook
-from capsvc.rpc.payload import Payload, new_codec_call, new_codec_return
+from capsvc.rpc.payload import Payload, new_codec_return
 from capsvc.runtime import TrioExecutor
 from capsvc.runtime import unimplemented as _unimplemented_error
+from capsvc.typed_calls import Request as Request
 
 C = TypeVar("C", bound="Client")
 C_co = TypeVar("C_co", bound="Client", covariant=True)
@@ -111,33 +112,6 @@ class Client:
 
 _RELEASED: Hook = BrokenHook(Failed("this capability reference was closed"))
 _RELEASED.refs = 1 << 60  # never disposed
-
-
-class Request(Generic[PB, PR]):
-    """A call being prepared: fill ``params`` (the params' generated builder), then
-    ``send()``, which returns the results' promise."""
-
-    __slots__ = ("_hook", "_interface", "_method", "_payload", "_promise", "params")
-
-    def __init__(
-        self,
-        client: Client,
-        interface_id: int,
-        method_id: int,
-        params: type[PB],
-        promise: type[PR],
-    ) -> None:
-        self._hook = client._hook
-        self._interface = interface_id
-        self._method = method_id
-        self._payload, self.params = new_codec_call(params)
-        self._promise = promise
-
-    def send(self) -> PR:
-        result = CallResult()
-        call = OutgoingCall(self._interface, self._method, self._payload, result.add_ref())
-        self._hook.call(call)
-        return self._promise(result, ())
 
 
 class Server:
