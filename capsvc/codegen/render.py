@@ -394,7 +394,11 @@ def _client_method(out: _Out, node: Interface, method: Method, path: str, names:
         out.add("if _unknown:")
         qualified = f"{node.scope}.{method.name}"
         out.add(f'    raise _t.unknown_parameters("{qualified}", _unknown, ({known}{comma}))')
-        out.add(f"_request = self.{method.name}_request()")
+        # The Request made here, not through ``*_request()``: one Python frame less a call.
+        out.add(
+            f"_request = _t.Request(self, {path}._ID, {method.ordinal}, {params}.Builder,"
+            f" {results}.Promise)"
+        )
         if fields:
             out.add("_params = _request.params")
         for field, _, default in fields:

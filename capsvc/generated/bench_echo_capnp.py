@@ -266,7 +266,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("BenchEcho.pingCap", _unknown, ("msg",))
-            _request = self.pingCap_request()
+            _request = _t.Request(self, BenchEcho._ID, 0, BenchEcho.PingCapParams.Builder, BenchEcho.PingCapResults.Promise)
             _params = _request.params
             if msg != '':
                 _params.msg = msg

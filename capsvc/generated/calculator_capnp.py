@@ -489,7 +489,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """
                 if _unknown:
                     raise _t.unknown_parameters("Calculator.Function.call", _unknown, ("params",))
-                _request = self.call_request()
+                _request = _t.Request(self, Calculator.Function._ID, 0, Calculator.Function.CallParams.Builder, Calculator.Function.CallResults.Promise)
                 _params = _request.params
                 if params is not None:
                     _params.set_params([*params])
@@ -716,7 +716,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """
                 if _unknown:
                     raise _t.unknown_parameters("Calculator.Value.read", _unknown, ())
-                _request = self.read_request()
+                _request = _t.Request(self, Calculator.Value._ID, 0, Calculator.Value.ReadParams.Builder, Calculator.Value.ReadResults.Promise)
                 return _request.send()
 
             def read_request(self) -> _t.Request[Calculator.Value.ReadParams.Builder, Calculator.Value.ReadResults.Promise]:
@@ -1394,7 +1394,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Calculator.evaluate", _unknown, ("expression",))
-            _request = self.evaluate_request()
+            _request = _t.Request(self, Calculator._ID, 0, Calculator.EvaluateParams.Builder, Calculator.EvaluateResults.Promise)
             _params = _request.params
             if expression is not None:
                 _b.copy_struct(_params, 0, expression)
@@ -1411,7 +1411,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Calculator.defFunction", _unknown, ("paramCount", "body"))
-            _request = self.defFunction_request()
+            _request = _t.Request(self, Calculator._ID, 1, Calculator.DefFunctionParams.Builder, Calculator.DefFunctionResults.Promise)
             _params = _request.params
             _params.paramCount = paramCount
             if body is not None:
@@ -1429,7 +1429,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Calculator.getOperator", _unknown, ("op",))
-            _request = self.getOperator_request()
+            _request = _t.Request(self, Calculator._ID, 2, Calculator.GetOperatorParams.Builder, Calculator.GetOperatorResults.Promise)
             _params = _request.params
             _params.op = op
             return _request.send()

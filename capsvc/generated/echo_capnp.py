@@ -455,7 +455,7 @@ class Echo(_t.Interface["Echo.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Echo.ping", _unknown, ("msg",))
-            _request = self.ping_request()
+            _request = _t.Request(self, Echo._ID, 0, Echo.PingParams.Builder, Echo.PingResults.Promise)
             _params = _request.params
             if msg != '':
                 _params.msg = msg
@@ -472,7 +472,7 @@ class Echo(_t.Interface["Echo.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Echo.pingData", _unknown, ("data",))
-            _request = self.pingData_request()
+            _request = _t.Request(self, Echo._ID, 1, Echo.PingDataParams.Builder, Echo.PingDataResults.Promise)
             _params = _request.params
             if data != b'':
                 _params.data = data

@@ -254,7 +254,7 @@ class Health(_t.Interface["Health.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Health.check", _unknown, ("service",))
-            _request = self.check_request()
+            _request = _t.Request(self, Health._ID, 0, Health.CheckParams.Builder, Health.CheckResults.Promise)
             _params = _request.params
             if service != '':
                 _params.service = service

@@ -255,7 +255,7 @@ class Directory(_t.Interface["Directory.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Directory.open", _unknown, ("name",))
-            _request = self.open_request()
+            _request = _t.Request(self, Directory._ID, 0, Directory.OpenParams.Builder, Directory.OpenResults.Promise)
             _params = _request.params
             if name != '':
                 _params.name = name
@@ -1068,7 +1068,7 @@ class Store(_t.Interface["Store.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Store.get", _unknown, ("key",))
-            _request = self.get_request()
+            _request = _t.Request(self, Store._ID, 0, Store.GetParams.Builder, Store.GetResults.Promise)
             _params = _request.params
             if key != '':
                 _params.key = key
@@ -1085,7 +1085,7 @@ class Store(_t.Interface["Store.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Store.put", _unknown, ("key", "value"))
-            _request = self.put_request()
+            _request = _t.Request(self, Store._ID, 1, Store.PutParams.Builder, Store.PutResults.Promise)
             _params = _request.params
             if key != '':
                 _params.key = key
@@ -1104,7 +1104,7 @@ class Store(_t.Interface["Store.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Store.keys", _unknown, ())
-            _request = self.keys_request()
+            _request = _t.Request(self, Store._ID, 2, Store.KeysParams.Builder, Store.KeysResults.Promise)
             return _request.send()
 
         def keys_request(self) -> _t.Request[Store.KeysParams.Builder, Store.KeysResults.Promise]:
@@ -1118,7 +1118,7 @@ class Store(_t.Interface["Store.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Store.watch", _unknown, ("watcher",))
-            _request = self.watch_request()
+            _request = _t.Request(self, Store._ID, 3, Store.WatchParams.Builder, Store.WatchResults.Promise)
             _params = _request.params
             if watcher is not None:
                 _params.set_watcher(watcher)
@@ -1361,7 +1361,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Watcher.changed", _unknown, ("key", "value"))
-            _request = self.changed_request()
+            _request = _t.Request(self, Watcher._ID, 0, Watcher.ChangedParams.Builder, Watcher.ChangedResults.Promise)
             _params = _request.params
             if key != '':
                 _params.key = key

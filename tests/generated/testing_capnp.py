@@ -245,7 +245,7 @@ class Callback(_t.Interface["Callback.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Callback.notify", _unknown, ("value",))
-            _request = self.notify_request()
+            _request = _t.Request(self, Callback._ID, 0, Callback.NotifyParams.Builder, Callback.NotifyResults.Promise)
             _params = _request.params
             _params.value = value
             return _request.send()
@@ -643,7 +643,7 @@ class Counter(_t.Interface["Counter.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Counter.increment", _unknown, ("by",))
-            _request = self.increment_request()
+            _request = _t.Request(self, Counter._ID, 0, Counter.IncrementParams.Builder, Counter.IncrementResults.Promise)
             _params = _request.params
             _params.by = by
             return _request.send()
@@ -659,7 +659,7 @@ class Counter(_t.Interface["Counter.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Counter.get", _unknown, ())
-            _request = self.get_request()
+            _request = _t.Request(self, Counter._ID, 1, Counter.GetParams.Builder, Counter.GetResults.Promise)
             return _request.send()
 
         def get_request(self) -> _t.Request[Counter.GetParams.Builder, Counter.GetResults.Promise]:
@@ -3055,7 +3055,7 @@ class Tester(_t.Interface["Tester.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Tester.echo", _unknown, ("msg",))
-            _request = self.echo_request()
+            _request = _t.Request(self, Tester._ID, 0, Tester.EchoParams.Builder, Tester.EchoResults.Promise)
             _params = _request.params
             if msg != '':
                 _params.msg = msg
@@ -3072,7 +3072,7 @@ class Tester(_t.Interface["Tester.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Tester.newCounter", _unknown, ("start",))
-            _request = self.newCounter_request()
+            _request = _t.Request(self, Tester._ID, 1, Tester.NewCounterParams.Builder, Tester.NewCounterResults.Promise)
             _params = _request.params
             _params.start = start
             return _request.send()
@@ -3088,7 +3088,7 @@ class Tester(_t.Interface["Tester.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Tester.callBack", _unknown, ("cb", "value"))
-            _request = self.callBack_request()
+            _request = _t.Request(self, Tester._ID, 2, Tester.CallBackParams.Builder, Tester.CallBackResults.Promise)
             _params = _request.params
             if cb is not None:
                 _params.set_cb(cb)
@@ -3106,7 +3106,7 @@ class Tester(_t.Interface["Tester.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Tester.holdCaps", _unknown, ("holder",))
-            _request = self.holdCaps_request()
+            _request = _t.Request(self, Tester._ID, 3, Tester.HoldCapsParams.Builder, Tester.HoldCapsResults.Promise)
             _params = _request.params
             if holder is not None:
                 _b.copy_struct(_params, 0, holder)
@@ -3123,7 +3123,7 @@ class Tester(_t.Interface["Tester.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Tester.fail", _unknown, ("kind", "reason"))
-            _request = self.fail_request()
+            _request = _t.Request(self, Tester._ID, 4, Tester.FailParams.Builder, Tester.FailResults.Promise)
             _params = _request.params
             if kind != '':
                 _params.kind = kind
@@ -3142,7 +3142,7 @@ class Tester(_t.Interface["Tester.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Tester.slow", _unknown, ("ms",))
-            _request = self.slow_request()
+            _request = _t.Request(self, Tester._ID, 5, Tester.SlowParams.Builder, Tester.SlowResults.Promise)
             _params = _request.params
             _params.ms = ms
             return _request.send()
@@ -3158,7 +3158,7 @@ class Tester(_t.Interface["Tester.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Tester.getSelf", _unknown, ())
-            _request = self.getSelf_request()
+            _request = _t.Request(self, Tester._ID, 6, Tester.GetSelfParams.Builder, Tester.GetSelfResults.Promise)
             return _request.send()
 
         def getSelf_request(self) -> _t.Request[Tester.GetSelfParams.Builder, Tester.GetSelfResults.Promise]:
@@ -3172,7 +3172,7 @@ class Tester(_t.Interface["Tester.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Tester.reflect", _unknown, ("cap",))
-            _request = self.reflect_request()
+            _request = _t.Request(self, Tester._ID, 7, Tester.ReflectParams.Builder, Tester.ReflectResults.Promise)
             _params = _request.params
             if cap is not None:
                 _params.set_cap(cap)
@@ -3189,7 +3189,7 @@ class Tester(_t.Interface["Tester.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Tester.callCounter", _unknown, ("counter", "by"))
-            _request = self.callCounter_request()
+            _request = _t.Request(self, Tester._ID, 8, Tester.CallCounterParams.Builder, Tester.CallCounterResults.Promise)
             _params = _request.params
             if counter is not None:
                 _params.set_counter(counter)
@@ -3207,7 +3207,7 @@ class Tester(_t.Interface["Tester.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Tester.sum", _unknown, ("counters",))
-            _request = self.sum_request()
+            _request = _t.Request(self, Tester._ID, 9, Tester.SumParams.Builder, Tester.SumResults.Promise)
             _params = _request.params
             if counters is not None:
                 _params.set_counters([*counters])
@@ -3438,7 +3438,7 @@ class Unknown(_t.Interface["Unknown.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Unknown.nothing", _unknown, ())
-            _request = self.nothing_request()
+            _request = _t.Request(self, Unknown._ID, 0, Unknown.NothingParams.Builder, Unknown.NothingResults.Promise)
             return _request.send()
 
         def nothing_request(self) -> _t.Request[Unknown.NothingParams.Builder, Unknown.NothingResults.Promise]:

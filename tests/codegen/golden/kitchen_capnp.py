@@ -397,7 +397,7 @@ class Base(_t.Interface["Base.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Base.depth", _unknown, ())
-            _request = self.depth_request()
+            _request = _t.Request(self, Base._ID, 0, Base.DepthParams.Builder, Base.DepthResults.Promise)
             return _request.send()
 
         def depth_request(self) -> _t.Request[Base.DepthParams.Builder, Base.DepthResults.Promise]:
@@ -1421,7 +1421,7 @@ class Left(_t.Interface["Left.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Left.left", _unknown, ())
-            _request = self.left_request()
+            _request = _t.Request(self, Left._ID, 0, Left.LeftParams.Builder, Left.LeftResults.Promise)
             return _request.send()
 
         def left_request(self) -> _t.Request[Left.LeftParams.Builder, Left.LeftResults.Promise]:
@@ -2362,7 +2362,7 @@ class Right(_t.Interface["Right.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Right.right", _unknown, ())
-            _request = self.right_request()
+            _request = _t.Request(self, Right._ID, 0, Right.RightParams.Builder, Right.RightResults.Promise)
             return _request.send()
 
         def right_request(self) -> _t.Request[Right.RightParams.Builder, Right.RightResults.Promise]:
@@ -2647,7 +2647,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Diamond.tricky", _unknown, ("self_", "request", "params", "unknown", "from_"))
-            _request = self.tricky_request()
+            _request = _t.Request(self, Diamond._ID, 0, Diamond.TrickyParams.Builder, Diamond.TrickyResults.Promise)
             _params = _request.params
             if self_ != '':
                 _params.self_ = self_
@@ -3785,7 +3785,7 @@ class Shop(_t.Interface["Shop.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Shop.buy", _unknown, ("item", "count"))
-            _request = self.buy_request()
+            _request = _t.Request(self, Shop._ID, 0, Shop.BuyParams.Builder, Shop.BuyResults.Promise)
             _params = _request.params
             if item != '':
                 _params.item = item
@@ -3803,7 +3803,7 @@ class Shop(_t.Interface["Shop.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Shop.list", _unknown, ())
-            _request = self.list_request()
+            _request = _t.Request(self, Shop._ID, 1, Shop.ListParams.Builder, Shop.ListResults.Promise)
             return _request.send()
 
         def list_request(self) -> _t.Request[Shop.ListParams.Builder, Shop.ListResults.Promise]:
@@ -3817,7 +3817,7 @@ class Shop(_t.Interface["Shop.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Shop.peek", _unknown, ("tree",))
-            _request = self.peek_request()
+            _request = _t.Request(self, Shop._ID, 2, Shop.PeekParams.Builder, Shop.PeekResults.Promise)
             _params = _request.params
             if tree is not None:
                 _b.copy_struct(_params, 0, tree)
@@ -4236,7 +4236,7 @@ class Store(_t.Interface["Store.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Store.put", _unknown, ())
-            _request = self.put_request()
+            _request = _t.Request(self, Store._ID, 0, Store.PutParams.Builder, Store.PutResults.Promise)
             return _request.send()
 
         def put_request(self) -> _t.Request[Store.PutParams.Builder, Store.PutResults.Promise]:
@@ -4250,7 +4250,7 @@ class Store(_t.Interface["Store.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Store.get", _unknown, ())
-            _request = self.get_request()
+            _request = _t.Request(self, Store._ID, 1, Store.GetParams.Builder, Store.GetResults.Promise)
             return _request.send()
 
         def get_request(self) -> _t.Request[Store.GetParams.Builder, Store.GetResults.Promise]:
@@ -5606,7 +5606,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Store_Text.put", _unknown, ("value",))
-            _request = self.put_request()
+            _request = _t.Request(self, Store_Text._ID, 0, Store_Text.PutParams.Builder, Store_Text.PutResults.Promise)
             _params = _request.params
             if value != '':
                 _params.value = value
@@ -5623,7 +5623,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("Store_Text.get", _unknown, ())
-            _request = self.get_request()
+            _request = _t.Request(self, Store_Text._ID, 1, Store_Text.GetParams.Builder, Store_Text.GetResults.Promise)
             return _request.send()
 
         def get_request(self) -> _t.Request[Store_Text.GetParams.Builder, Store_Text.GetResults.Promise]:
@@ -5834,7 +5834,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
             """
             if _unknown:
                 raise _t.unknown_parameters("TextStore.size", _unknown, ())
-            _request = self.size_request()
+            _request = _t.Request(self, TextStore._ID, 0, TextStore.SizeParams.Builder, TextStore.SizeResults.Promise)
             return _request.send()
 
         def size_request(self) -> _t.Request[TextStore.SizeParams.Builder, TextStore.SizeResults.Promise]:
