@@ -11,6 +11,11 @@ Theory of operation (DESIGN.md, "Buffered framing"):
   caller drops the results, so the Finish is produced by the caller's task together with
   its next Call: they leave in one write, and Nagle's algorithm plus delayed ACKs cannot
   stall a call even with TCP_NODELAY off.
+- Calls the reader answers inline (plain ``def`` methods) have their Returns sent by the
+  reader itself once the input it read is used up, before it receives again: a receive
+  that finds nothing (and the ``epoll_ctl`` of its wait) then follows the send instead of
+  delaying it, so that work overlaps the peer's. Anything else produced in the pass still
+  leaves at its end (capsvc.flusher).
 - The reader delivers at most ``MESSAGES_PER_PASS`` messages per scheduler pass, then
   yields: the replies to the first calls leave at the end of that pass while the rest are
   still being read, so with many calls in flight both peers work at once instead of
