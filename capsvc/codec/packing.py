@@ -272,23 +272,26 @@ def _pack_words(data: bytes) -> bytes:
         # 0xff: the word, then a count of following words copied raw: those with at most
         # one zero byte (where packing stops paying), up to 255, as libcapnp chooses.
         write_i64_le(out, word)
+        # The count goes before the raw words: a placeholder, set once the run is known,
+        # so that each word is read once and copied as it is judged (word by word, not
+        # a slice: a run is a dozen words of a Text or so, and a slice per run, an
+        # allocation and a copy, costs more than the native reads).
+        count_at = len(out)
+        out.append(0)
         first = index
         while index < words and index - first < 255:
             # At most one zero byte: fold each byte onto its bit 0 (as ``_tag``), and
             # the zero bytes' bits, one per zero byte, are a power of two or none.
-            bits: i64 = read_i64_le(data, index << 3)
-            bits |= bits >> 4
+            raw: i64 = read_i64_le(data, index << 3)
+            bits = raw | (raw >> 4)
             bits |= bits >> 2
             bits |= bits >> 1
             zeros: i64 = ~bits & _LOW_BITS
             if zeros & (zeros - 1):
                 break
+            write_i64_le(out, raw)
             index += 1
-        out.append(u8(index - first))
-        # Word by word, not a slice: a run is a dozen words of a Text or so, and a
-        # slice per run (an allocation and a copy) costs more than its native reads.
-        for raw in range(first, index):
-            write_i64_le(out, read_i64_le(data, raw << 3))
+        out[count_at] = u8(index - first)
     return out.getvalue()
 
 
@@ -332,12 +335,18 @@ def _unpack_words(data: bytes, max_words: int) -> bytes:
             raise DecodeError(f"packed message unpacks to more than {max_words} words")
         if pos + _POPCOUNT[tag] > end:
             raise DecodeError("packed message ends inside a word's encoding")
-        for byte in range(8):
+        # The word from its stored bytes, written whole. Byte 7 goes in as a signed
+        # byte so that the i64 never overflows.
+        word: i64 = 0
+        for byte in range(7):
             if tag >> byte & 1:
-                out.append(data[pos])
+                word |= i64(data[pos]) << (byte << 3)
                 pos += 1
-            else:
-                out.append(0)
+        if tag & 0x80:
+            top: i64 = data[pos]
+            word |= (top - 256 if top >= 128 else top) << 56
+            pos += 1
+        write_i64_le(out, word)
     return out.getvalue()
 
 
