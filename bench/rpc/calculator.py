@@ -40,6 +40,8 @@ import sys
 import time
 from typing import Any
 
+from bench.rpc.profile import machine_state
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYCAPNP_SERVER = os.path.join(ROOT, "tests", "peers", "pycapnp_server.py")
 SCHEMA = os.path.join(ROOT, "schemas", "calculator.capnp")
@@ -199,28 +201,6 @@ def _measure(pairing: str, concurrency: int, seconds: float) -> dict[str, float]
 
 
 # ---------------------------------------------------------------------- report
-def _machine() -> str:
-    def read(path: str) -> str:
-        try:
-            with open(path) as source:
-                return source.read().strip()
-        except OSError:
-            return "-"
-
-    model = "-"
-    for line in read("/proc/cpuinfo").splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    idle = "/sys/devices/system/cpu/cpuidle/"
-    return (
-        f"CPU {model} x{os.cpu_count()}; cpuidle driver {read(idle + 'current_driver')}, "
-        f"governor {read(idle + 'current_governor_ro')}; haltpoll guest_halt_poll_ns "
-        f"{read('/sys/module/haltpoll/parameters/guest_halt_poll_ns')}; load average "
-        f"{read('/proc/loadavg')}"
-    )
-
-
 def _cell(values: list[float], digits: int = 0) -> str:
     spec = f",.{digits}f"
     return (
@@ -230,7 +210,7 @@ def _cell(values: list[float], digits: int = 0) -> str:
 
 
 def run(rounds: int, seconds: float, levels: list[int]) -> str:
-    lines = [f"machine (before): {_machine()}", ""]
+    lines = [machine_state("before"), ""]
     rows = ["| concurrency | capsvc iterations/s | pycapnp iterations/s | capsvc ÷ pycapnp |",
             "|---|---|---|---|"]  # fmt: skip
     for concurrency in levels:
@@ -243,7 +223,7 @@ def run(rounds: int, seconds: float, levels: list[int]) -> str:
             theirs.append(got["pycapnp"]["per_s"])
         ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
         rows.append(f"| {concurrency} | {_cell(ours)} | {_cell(theirs)} | {_cell(ratios, 2)} |")
-    lines += rows + ["", f"machine (after): {_machine()}"]
+    lines += rows + ["", machine_state("after")]
     return "\n".join(lines)
 
 
