@@ -151,7 +151,7 @@ def _run_inline(server: Any, call: OutgoingCall) -> None:
     outcome: Payload | Awaitable[Payload]
     try:
         if getattr(server, "_capsvc_typed", False):
-            outcome = _typed_inline(server, call.interface_id, call.method_id, call.params)
+            outcome = typed_dispatch(server, call.interface_id, call.method_id, call.params)
         else:
             outcome = server._dispatch_inline(call.interface_id, call.method_id, call.params)
     except Exception as error:
@@ -168,20 +168,20 @@ def _run_inline(server: Any, call: OutgoingCall) -> None:
         trio.lowlevel.spawn_system_task(_run_call, server, call, outcome, name="capsvc call")
 
 
-def _typed_inline(
+def typed_dispatch(
     server: Any, interface_id: int, method_id: int, params: Payload
 ) -> Payload | Awaitable[Payload]:
-    """``capsvc.typed.Server._dispatch_inline`` in compiled code, for a method the server's
-    class has looked up before (its ``_capsvc_found`` entry): the generated params reader,
-    a results builder in a fresh Return, the method called, and what to await if it gave
-    an awaitable. The first call of each method, and one the class does not implement,
-    go through the class's own dispatch (which finds it, or raises Unimplemented)."""
-    entry = server._capsvc_found.get((interface_id, method_id))
+    """A call of a generated server (capsvc.typed.Server), compiled: the method found once
+    per class (``_capsvc_found``), the generated params reader, a results builder in a
+    fresh Return, the method called; the results, or what to await first if the method
+    gave an awaitable. A method the class does not implement raises Unimplemented."""
+    key = (interface_id, method_id)
+    found = server._capsvc_found
+    entry = found.get(key, _UNSEEN)
+    if entry is _UNSEEN:
+        entry = found[key] = server._find(key)
     if entry is None:
-        found: Payload | Awaitable[Payload] = server._dispatch_inline(
-            interface_id, method_id, params
-        )
-        return found
+        raise unimplemented(server, interface_id, method_id)
     name, params_type, results_type = entry
     reader = params.read_as(params_type.Reader)
     payload, results = new_codec_return(results_type.Builder)
@@ -191,6 +191,10 @@ def _typed_inline(
     if returned is not None and inspect.isawaitable(returned):
         return _await_then(returned, payload)
     return payload
+
+
+#: A key not looked up yet (``None`` in ``_capsvc_found`` means "not implemented").
+_UNSEEN: Any = object()
 
 
 async def _await_then(awaitable: Awaitable[object], payload: Payload) -> Payload:

@@ -31,9 +31,8 @@ from capsvc.codec.pipeline import StructPipeline
 from capsvc.errors import Failed
 from capsvc.rpc.hooks import BrokenHook, Hook, LocalServerHook
 from capsvc.rpc.hooks import null_hook as _null_hook
-from capsvc.rpc.payload import Payload, new_codec_return
-from capsvc.runtime import TrioExecutor
-from capsvc.runtime import unimplemented as _unimplemented_error
+from capsvc.rpc.payload import Payload
+from capsvc.runtime import TrioExecutor, typed_dispatch
 from capsvc.typed_calls import Request as Request
 
 C = TypeVar("C", bound="Client")
@@ -131,8 +130,8 @@ class Server:
     #: (interface ID, method ordinal) -> (method name, params, results), or None when
     #: the class does not implement it: found once per class, not per call.
     _capsvc_found: ClassVar[dict[tuple[int, int], tuple[str, Any, Any] | None]] = {}
-    #: Calls of a method found before are dispatched by capsvc.runtime in compiled code
-    #: (``_typed_inline``: what ``_dispatch_inline`` below does, without its Python frames).
+    #: capsvc.runtime dispatches this class's inline calls with ``typed_dispatch`` itself
+    #: (what ``_dispatch_inline`` below calls), without that Python frame.
     _capsvc_typed: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -196,35 +195,14 @@ class Server:
             self._capsvc_inline[key] = inline
         return inline
 
-    def _begin(self, interface_id: int, method_id: int, params: Payload) -> tuple[object, Payload]:
-        found = self._implementation(interface_id, method_id)
-        if found is None:
-            raise _unimplemented_error(self, interface_id, method_id)
-        implementation, params_type, results_type = found
-        reader = params.read_as(params_type.Reader)
-        payload, results = new_codec_return(results_type.Builder)
-        return implementation(reader, results), payload
-
     def _dispatch_inline(
         self, interface_id: int, method_id: int, params: Payload
     ) -> Payload | Awaitable[Payload]:
-        returned, payload = self._begin(interface_id, method_id, params)
-        # A method fills its results and returns None (checked first: isawaitable is an
-        # isinstance against an ABC).
-        if returned is not None and inspect.isawaitable(returned):
-            return _await_then(returned, payload)
-        return payload
+        return typed_dispatch(self, interface_id, method_id, params)
 
     async def _dispatch(self, interface_id: int, method_id: int, params: Payload) -> Payload:
-        returned, payload = self._begin(interface_id, method_id, params)
-        if returned is not None and inspect.isawaitable(returned):
-            await returned
-        return payload
-
-
-async def _await_then(awaitable: Awaitable[object], payload: Payload) -> Payload:
-    await awaitable
-    return payload
+        outcome = typed_dispatch(self, interface_id, method_id, params)
+        return outcome if isinstance(outcome, Payload) else await outcome
 
 
 def unknown_parameters(
