@@ -40,10 +40,10 @@ import sys
 import time
 from typing import Any
 
+from bench.flood import start_server, stop
 from bench.rpc.profile import machine_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PYCAPNP_SERVER = os.path.join(ROOT, "tests", "peers", "pycapnp_server.py")
 SCHEMA = os.path.join(ROOT, "schemas", "calculator.capnp")
 PAIRINGS = ("capsvc", "pycapnp")
 EXPECTED = 46.0  # add(12, 34)
@@ -143,42 +143,11 @@ def client_main(pairing: str, address: str, concurrency: int, seconds: float) ->
 
 
 # ---------------------------------------------------------------------- servers
-def _start_server(pairing: str) -> tuple[subprocess.Popen[str], str]:
-    """The pairing's server on 127.0.0.1 and the address its client dials."""
-    if pairing == "capsvc":
-        command = [sys.executable, "-m", "capsvc", "serve", "--listen", "tcp:127.0.0.1:0",
-                   "--no-busy-poll", "--no-health"]  # fmt: skip
-        pattern = r"listening on (tcp:127\.0\.0\.1:\d+)"
-    else:
-        command = [sys.executable, PYCAPNP_SERVER, "--listen", "127.0.0.1:0",
-                   "--bootstrap", "calculator"]  # fmt: skip
-        pattern = r"LISTENING (\d+)"
-    server = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    assert server.stdout is not None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = server.stdout.readline()
-        if not line:
-            break
-        found = re.search(pattern, line)
-        if found:
-            port = found.group(1)
-            return server, port if pairing == "capsvc" else f"127.0.0.1:{port}"
-    _stop(server)
-    raise RuntimeError(f"the {pairing} calculator server did not start")
-
-
-def _stop(server: subprocess.Popen[str]) -> None:
-    server.terminate()
-    try:
-        server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-    if server.stdout is not None:
-        server.stdout.close()
+def _start_server(pairing: str) -> tuple[subprocess.Popen[bytes], str]:
+    """The pairing's calculator server on 127.0.0.1 (bench.flood starts the same two) and
+    the address its client dials."""
+    server, port = start_server(pairing, ["--no-busy-poll", "--no-health"])
+    return server, f"tcp:127.0.0.1:{port}" if pairing == "capsvc" else f"127.0.0.1:{port}"
 
 
 def _measure(pairing: str, concurrency: int, seconds: float) -> dict[str, float]:
@@ -192,7 +161,7 @@ def _measure(pairing: str, concurrency: int, seconds: float) -> dict[str, float]
             env=dict(os.environ, PYTHONPATH=ROOT),
         )  # fmt: skip
     finally:
-        _stop(server)
+        stop(server)
     found = re.search(r"iterations (\d+) wall ([\d.]+) cpu ([\d.]+)", done.stdout)
     if found is None:
         raise RuntimeError(f"the {pairing} client printed no result:\n{done.stderr[-2000:]}")
