@@ -35,6 +35,8 @@ async def wait_result(result: CallResult, on_cancel: Callable[[], None] | None =
     backpressure = result.backpressure
     if backpressure is not None and backpressure.over_limit:
         await backpressure.wait_writable()
+    if result.local_hook is not None:
+        _begin_awaited(result)
     if result.done:
         await trio.lowlevel.checkpoint()
         return
@@ -102,20 +104,57 @@ class TrioExecutor:
 
     A plain (non-async) method that a connection's reader delivers runs at once instead
     (capsvc.server), when no earlier call to the same object is waiting to begin: its
-    Return then leaves at the end of the pass that read the Call.
+    Return then leaves at the end of the pass that read the Call. So does a plain method a
+    peer called on a promise (a pipelined call) when the promise resolves while the runtime
+    settles another call's results (``_WorkerPool.settling``): the method that resolved it
+    has returned, so no caller of ours is on the stack, and the pipelined call's Return
+    leaves with the Return that resolved it instead of a scheduler pass later.
     """
 
     def start(self, hook: LocalServerHook, call: OutgoingCall) -> None:
         # The running call keeps an uncounted link to its result (see OutgoingCall), so a
         # caller that drops every reference cancels it.
         call.result.release()
-        # Only a call a session delivers straight from a received message may run inline:
-        # a local caller must not find the callee running inside its own call.
-        if call.from_peer and len(hook.pending) == 1 and _runs_inline(hook.server, call):
-            hook.pending.popleft()
-            _run_inline(hook.server, call)
-        else:
-            _pool().run(hook)
+        # Only a call a peer made may run inline, never one a local caller made: that
+        # caller must not find the callee running inside its own call.
+        if len(hook.pending) == 1:
+            if call.from_peer:
+                if _runs_inline(hook.server, call):
+                    hook.pending.popleft()
+                    _run_inline(hook.server, call, None)
+                    return
+            elif call.received:
+                pool = _pool()
+                if 0 < pool.settling < MAX_SETTLING and _runs_inline(hook.server, call):
+                    hook.pending.popleft()
+                    _run_inline(hook.server, call, pool)
+                    return
+        if not call.received:
+            call.result.local_hook = hook  # the caller may begin it when it awaits
+        _pool().run(hook)
+
+
+def _begin_awaited(result: CallResult) -> None:
+    """A local caller awaits the result of its call on a local object: a plain method
+    whose call is next on that object begins now, in the caller's task, instead of a pass
+    later in a worker task (and the caller then waits a pass less). The caller has given
+    up control by awaiting, so nothing of it runs inside the callee, and calls on the
+    object still begin in order (rpc-protocol.md §13.1). The worker task handed the call
+    finds nothing left to begin."""
+    hook = result.local_hook
+    result.local_hook = None
+    if hook is None or not hook.pending:
+        return
+    call = hook.pending[0]
+    if call.result is result and _runs_inline(hook.server, call):
+        hook.pending.popleft()
+        _run_inline(hook.server, call, None)
+
+
+#: How deep released pipelined calls may run inline inside one another's settling (a
+#: chain of calls each pipelined on the one before); deeper ones go to worker tasks, so
+#: a peer's long chain costs passes, not stack.
+MAX_SETTLING = 8
 
 
 def _runs_inline(server: Any, call: OutgoingCall) -> bool:
@@ -141,7 +180,9 @@ def handoff_count() -> HandoffCount:
     return _pool()
 
 
-def _run_inline(server: Any, call: OutgoingCall) -> None:
+def _run_inline(server: Any, call: OutgoingCall, pool: _WorkerPool | None) -> None:
+    """Run a plain method now; ``pool``: settle its results as the runtime settling them
+    (pipelined calls they release may run inline too), if this is itself such a call."""
     result = call.result
     if result.done or result.refs <= 0:
         call.params.release()
@@ -162,7 +203,10 @@ def _run_inline(server: Any, call: OutgoingCall) -> None:
         if observed is not None:
             observed.exit(entered)
     if isinstance(outcome, Payload):
-        result.set_result(outcome)
+        if pool is None:
+            result.set_result(outcome)
+        else:
+            _settle_as_runtime(pool, result, outcome)
         call.params.release()
     else:  # an awaitable after all: finish it in a task of its own
         trio.lowlevel.spawn_system_task(_run_call, server, call, outcome, name="capsvc call")
@@ -202,6 +246,16 @@ async def _await_then(awaitable: Awaitable[object], payload: Payload) -> Payload
     return payload
 
 
+def _settle_as_runtime(pool: _WorkerPool, result: CallResult, payload: Payload) -> None:
+    """Settle ``result``; pipelined calls a peer queued on it may run inline meanwhile
+    (TrioExecutor.start): the method has returned, so only the runtime is on the stack."""
+    pool.settling += 1
+    try:
+        result.set_result(payload)
+    finally:
+        pool.settling -= 1
+
+
 def _fail(result: CallResult, server: Any, call: OutgoingCall, error: Exception) -> None:
     """A server method raised. An RpcError is the method's answer; anything else is a bug
     of the method: its traceback is logged once (WARNING) and the caller gets ``failed``
@@ -239,6 +293,9 @@ class _WorkerPool:
 
     def __init__(self) -> None:
         self.handed_off = 0
+        #: How many results the runtime is settling right now, one inside another
+        #: (TrioExecutor.start: released pipelined calls of peers may run inline).
+        self.settling = 0
         self.idle: list[trio.lowlevel.Task] = []
         self.assigned: dict[trio.lowlevel.Task, LocalServerHook] = {}
 
@@ -286,6 +343,8 @@ def _pool() -> _WorkerPool:
 
 
 async def _run_next_call(hook: LocalServerHook) -> None:
+    if not hook.pending:
+        return  # its caller began it when it awaited the result (_begin_awaited)
     call = hook.pending.popleft()
     if call.result.done or call.result.refs <= 0:
         call.params.release()
@@ -308,7 +367,7 @@ async def _run_call(server: Any, call: OutgoingCall, work: Awaitable[Payload]) -
             except Exception as error:
                 _fail(result, server, call, error)
                 return
-            result.set_result(payload)
+            _settle_as_runtime(_pool(), result, payload)
         if scope.cancelled_caught:
             result.set_error(Failed("call was canceled"))
     finally:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import capsvc
 from capsvc.connection import Connection
@@ -159,7 +160,97 @@ async def test_local_callers_never_run_a_plain_method_inside_their_own_call() ->
     promise = tester.echo(msg="local")
     assert server.log == []  # not begun inside tester.echo(...)
     assert (await promise).reply == "local"
-    assert server.log == [("echo local", WORKER)]
+    # Begun when the caller awaited, in the caller's own task (the caller had given up
+    # control), not a pass later in a worker task.
+    assert server.log == [("echo local", trio.lowlevel.current_task().name)]
+
+
+async def test_a_local_call_nobody_awaits_yet_begins_in_a_worker() -> None:
+    server = MixedTester()
+    tester = capsvc.capability(server, testing.Tester)
+    promise = tester.echo(msg="later")
+    await trio.testing.wait_all_tasks_blocked()  # the caller waits on something else
+    assert server.log == [("echo later", WORKER)]
+    assert (await promise).reply == "later"
+    assert len(server.log) == 1
+
+
+async def test_awaiting_a_later_local_call_does_not_begin_it_before_an_earlier_one() -> None:
+    """rpc-protocol.md §13.1: calls on one object begin in the order they were made, even
+    when the caller awaits the second one first."""
+    server = MixedTester()
+    tester = capsvc.capability(server, testing.Tester)
+    first, second = tester.slow(ms=0), tester.echo(msg="second")
+    assert (await second).reply == "second"
+    assert [what for what, _ in server.log][:2] == ["slow 0 begins", "echo second"]
+    assert (await first).done
+
+
+class PipelineTester(capsvc.Server, interface=testing.Tester):
+    """newCounter is async; the counters' increment is plain. getSelf is plain, but its
+    first call waits for ``gate`` (it returns an awaitable, so that call runs in a task)."""
+
+    def __init__(self) -> None:
+        self.tasks: list[tuple[str, trio.lowlevel.Task]] = []
+        self.self_calls = 0
+        self.gate = trio.Event()
+
+    async def newCounter(self, params: Any, results: Any) -> None:
+        self.tasks.append(("newCounter", trio.lowlevel.current_task()))
+        await trio.lowlevel.checkpoint()
+        results.counter = capsvc.capability(_Incrementer(self.tasks), testing.Counter)
+
+    def getSelf(self, params: Any, results: Any) -> Any:
+        self.self_calls += 1
+        results.self = capsvc.capability(self, testing.Tester)
+        if self.self_calls == 1:
+            return self.gate.wait()
+        return None
+
+    def echo(self, params: Any, results: Any) -> None:
+        results.reply = params.msg
+
+
+class _Incrementer(capsvc.Server, interface=testing.Counter):
+    def __init__(self, tasks: list[tuple[str, trio.lowlevel.Task]]) -> None:
+        self.tasks = tasks
+
+    def increment(self, params: Any, results: Any) -> None:
+        self.tasks.append(("increment", trio.lowlevel.current_task()))
+        results.value = params.by
+
+
+async def test_a_pipelined_plain_call_runs_as_its_promise_resolves() -> None:
+    """A peer's call queued on the results of an async call begins in the task that
+    settles those results, so both Returns leave together (no pass in between)."""
+    server = PipelineTester()
+    async with tcp_pair(server) as client:
+        tester = client.bootstrap(testing.Tester)
+        counter = tester.newCounter(start=0).counter
+        assert (await counter.increment(by=7)).value == 7
+    (first, worker), (second, ran_in) = server.tasks
+    assert (first, second) == ("newCounter", "increment")
+    assert ran_in is worker
+
+
+async def test_a_long_chain_of_pipelined_calls_stays_within_the_stack() -> None:
+    """A peer's chain of calls, each on the results of the one before, released one inside
+    another's settling: the depth that runs inline is bounded, so a long chain costs worker
+    tasks, not a RecursionError."""
+    server = PipelineTester()
+    async with tcp_pair(server, messages_per_pass=1000) as client:
+        tester = client.bootstrap(testing.Tester)
+        for _ in range(400):
+            tester = tester.getSelf().self
+        reply = tester.echo(msg="end of chain")
+        # Every call has reached the server and waits behind the first, whose results
+        # release the whole chain at once.
+        await trio.testing.wait_all_tasks_blocked()
+        assert server.self_calls == 1
+        server.gate.set()
+        with trio.fail_after(10):  # real time: loopback TCP; fails only if the chain hangs
+            assert (await reply).reply == "end of chain"
+    assert server.self_calls == 400
 
 
 class _Counter(capsvc.Server, interface=testing.Counter):

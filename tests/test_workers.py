@@ -230,12 +230,14 @@ async def test_sigterm_drains_every_worker_and_no_call_is_lost(tmp_path: Path) -
                     conn = await nursery.start(_hold_connection, server.address)
                     echo = conn.bootstrap(Echo)
 
-                    async def slow(echo: Any = echo) -> None:
-                        replies.append((await echo.ping(msg="sleep:1500")).reply)
+                    async def slow(echo: Any = echo, *, task_status: Any) -> None:
+                        promise = echo.ping(msg="sleep:1500")  # the Call is queued now
+                        task_status.started()
+                        replies.append((await promise).reply)
 
-                    nursery.start_soon(slow)
-                    # Calls on one connection arrive in order: this answer means the
-                    # slow call is in flight in its worker.
+                    await nursery.start(slow)
+                    # Calls on one connection arrive in order, and the slow one was queued
+                    # first: this answer means the slow call is in flight in its worker.
                     await answered_by(echo)
                     arrived += 1
                 server.process.send_signal(signal.SIGTERM)

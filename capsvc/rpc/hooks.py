@@ -106,7 +106,8 @@ class Executor(Protocol):
     ``start`` must begin the calls on one hook in the order it receives them
     (rpc-protocol.md §13.1 and §13.3); ``LocalServerHook.pending`` is the queue for that.
     ``call.from_peer`` says the session is delivering the call straight from a received
-    message, so that a method that never blocks may run at once, inside that delivery.
+    message, so that a method that never blocks may run at once, inside that delivery;
+    ``call.received`` says a peer made the call (it may have waited behind a promise).
     """
 
     def start(self, hook: LocalServerHook, call: OutgoingCall) -> None: ...
@@ -197,7 +198,15 @@ class OutgoingCall:
     the caller dropping its own references still cancels the call).
     """
 
-    __slots__ = ("from_peer", "interface_id", "method_id", "observed", "params", "result")
+    __slots__ = (
+        "from_peer",
+        "interface_id",
+        "method_id",
+        "observed",
+        "params",
+        "received",
+        "result",
+    )
 
     def __init__(
         self, interface_id: int, method_id: int, params: Payload, result: CallResult
@@ -209,6 +218,10 @@ class OutgoingCall:
         #: True only while a session hands the call, just received, to its target: a call
         #: queued on the way (behind a promise, an embargo) is delivered later without it.
         self.from_peer = False
+        #: True for a call a peer made (set once by the session, never cleared): when a
+        #: promise it waited behind resolves while the runtime settles another call's
+        #: results, it may run inline there too (capsvc.runtime.TrioExecutor).
+        self.received = False
         #: A received call's observer (CallObserver.received), if one watches: the runtime
         #: enters it around the method, so that e.g. a tracing span is current there.
         self.observed: ObservedCall | None = None
@@ -283,6 +296,7 @@ class CallResult:
         "_when_unwanted",
         "backpressure",
         "done",
+        "local_hook",
         "refs",
     )
 
@@ -298,6 +312,9 @@ class CallResult:
         self._when_unwanted: Callable[[], None] | None = None
         #: The driver of the connection the call went out on, if it went to a peer.
         self.backpressure: Backpressure | None = None
+        #: The local object a call of ours waits to begin on, until it settles: a caller
+        #: that awaits the result may begin it there and then (capsvc.runtime.wait_result).
+        self.local_hook: LocalServerHook | None = None
 
     # -- ownership --------------------------------------------------------------------
     def add_ref(self) -> CallResult:
@@ -423,6 +440,7 @@ class CallResult:
 
     def _settle(self, payload: Payload | None, error: RpcError | None) -> None:
         self.done = True
+        self.local_hook = None
         self._payload = payload
         self._error = error
         self._question = None

@@ -435,6 +435,7 @@ class RpcSession:
         self.answers.start(answer_id, result, redirected=redirected, size=size)
         self.calls_received += 1
         call = OutgoingCall(header.interface_id, header.method_id, params, result.add_ref())
+        call.received = True
         if self.observer is not None:
             observed = self.observer.received(header.interface_id, header.method_id, params)
             result.add_done_callback(observed)
