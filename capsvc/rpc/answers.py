@@ -138,11 +138,11 @@ class AnswerTable:
             session.on_idle()
 
     # -------------------------------------------------------------- from the peer
-    def on_finish(self, body: Any) -> None:
-        answer = self.entries.get(body.questionId)
+    def on_finish(self, question_id: int, release: bool) -> None:
+        """The peer's Finish for ``question_id`` (``release``: its releaseResultCaps)."""
+        answer = self.entries.get(question_id)
         if answer is None:
             return  # it may have crossed our noFinishNeeded Return (rpc-protocol.md §13.8)
-        release = body.releaseResultCaps
         exports, answer.result_exports = answer.result_exports, []
         if self.advance(answer, AI.FINISH) is AS.CANCELING:
             if not answer.result.pipelined:

@@ -49,26 +49,40 @@ class ImportTable:
         self.entries: dict[int, Import] = {}
 
     def receive(self, desc: Any) -> tuple[Hook | None, bool]:
-        """A new reference for a received CapDescriptor, and whether it was reflected."""
+        """A new reference for a received CapDescriptor (a pycapnp reader), and whether it
+        was reflected."""
         which = desc.which()
         if which == "none":
             return None, False
         if which == "senderHosted":
-            return self._import(desc.senderHosted, promise=False), False
+            return self.receive_entry(wire.SENDER_HOSTED, desc.senderHosted, ())
         if which == "senderPromise":
-            return self._import(desc.senderPromise, promise=True), False
+            return self.receive_entry(wire.SENDER_PROMISE, desc.senderPromise, ())
         if which == "receiverHosted":
-            return self.session.exports.receiver_hosted(desc.receiverHosted), True
+            return self.receive_entry(wire.RECEIVER_HOSTED, desc.receiverHosted, ())
         if which == "receiverAnswer":
             promised = desc.receiverAnswer
-            return self.session.answers.pipelined(
-                promised.questionId,
-                wire.transform_path(promised.transform),
-                "receiverAnswer names unknown question",
-            ), True
+            path = wire.transform_path(promised.transform)
+            return self.receive_entry(wire.RECEIVER_ANSWER, promised.questionId, path)
         if which == "thirdPartyHosted":  # Level 3: take its vine as senderHosted (§5)
             return self._import(desc.thirdPartyHosted.vineId, promise=False), False
         raise RemoteProtocolError(f"unknown capability descriptor {which!r}")
+
+    def receive_entry(
+        self, kind: int, number: int, path: tuple[int, ...]
+    ) -> tuple[Hook | None, bool]:
+        """The same for a descriptor read from the raw words (wire.read_cap_table)."""
+        if kind == wire.SENDER_HOSTED:
+            return self._import(number, promise=False), False
+        if kind == wire.SENDER_PROMISE:
+            return self._import(number, promise=True), False
+        if kind == wire.RECEIVER_HOSTED:
+            return self.session.exports.receiver_hosted(number), True
+        if kind == wire.RECEIVER_ANSWER:
+            return self.session.answers.pipelined(
+                number, path, "receiverAnswer names unknown question"
+            ), True
+        return None, False  # none
 
     def _import(self, import_id: int, *, promise: bool) -> Hook:
         entry = self.entries.get(import_id)
@@ -96,11 +110,9 @@ class ImportTable:
         session = self.session
         if session.closed is not None:
             return
-        message = wire.Message.new_message()
-        body = message.init("release")
-        body.id = hook.import_id
-        body.referenceCount = entry.remote_refcount
-        session.outbox.send(message.to_segments(), urgent=False)
+        session.outbox.send(
+            wire.release_message(hook.import_id, entry.remote_refcount), urgent=False
+        )
 
     def unresolved_promises(self) -> bool:
         """True if we hold an imported promise the peer has not resolved yet (a call of

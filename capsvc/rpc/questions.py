@@ -177,12 +177,8 @@ class QuestionTable:
         session = self.session
         if session.closed is not None:
             return
-        message = wire.Message.new_message()
-        body = message.init("finish")
-        body.questionId = question.id
-        body.releaseResultCaps = release_result_caps
-        body.requireEarlyCancellationWorkaround = False  # rpc-protocol.md §13.5
-        session.outbox.send(message.to_segments(), urgent=False)
+        # requireEarlyCancellationWorkaround is false (rpc-protocol.md §13.5).
+        session.outbox.send(wire.finish_message(question.id, release_result_caps), urgent=False)
 
     def _forget(self, question: Question) -> None:
         if self.entries.get(question.id) is question:

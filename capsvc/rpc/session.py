@@ -300,16 +300,33 @@ class RpcSession:
     def _dispatch(self, segments: Segments) -> None:
         tag = wire.message_tag(segments)
         # The common messages, read from the raw words alone (no pycapnp reader of the
-        # whole message): a Call to an import and a Return with results, both cap-free.
+        # whole message): a Call to an import and a Return with results, with their cap
+        # tables, and every Finish and Release.
         if tag == wire.CALL:
             call = wire.read_call_header(segments)
-            if call is not None and call.target_is_import and not call.has_caps:
-                self._on_fast_call(call, None, segments)
-                return
+            if call is not None and (call.target_is_import or call.promised is not None):
+                entries = wire.read_cap_table(segments, call.content_word) if call.has_caps else []
+                if entries is not None:
+                    self._on_fast_call(call, None, segments, entries)
+                    return
         elif tag == wire.RETURN:
             header = wire.read_return_header(segments)
-            if header is not None and header.which == 0 and not header.has_caps:
-                self._on_results_return(header, None, segments)
+            if header is not None and header.which == 0:
+                entries = (
+                    wire.read_cap_table(segments, header.content_word) if header.has_caps else []
+                )
+                if entries is not None:
+                    self._on_results_return(header, None, segments, entries)
+                    return
+        elif tag == wire.FINISH:
+            finish = wire.read_finish(segments)
+            if finish is not None:
+                self.answers.on_finish(*finish)
+                return
+        elif tag == wire.RELEASE:
+            release = wire.read_release(segments)
+            if release is not None:
+                self.exports.release(*release)
                 return
         message = wire.read_message(
             segments,
@@ -365,9 +382,16 @@ class RpcSession:
             return
         self._on_fast_call(header, message, segments)
 
-    def _on_fast_call(self, header: wire.CallHeader, message: Any, segments: Segments) -> None:
+    def _on_fast_call(
+        self,
+        header: wire.CallHeader,
+        message: Any,
+        segments: Segments,
+        entries: list[wire.CapEntry] | None = None,
+    ) -> None:
         """A Call whose header came from the raw words. ``message``, the pycapnp reader, is
-        needed only for a promisedAnswer target or a capTable; it is None otherwise."""
+        needed only for a promisedAnswer target, or a capTable not read from the raw words
+        (``entries``); it is None otherwise."""
         answer_id = header.question_id
         if answer_id in self.answers.entries:
             raise RemoteProtocolError(f"call reuses question ID {answer_id} still in use")
@@ -380,11 +404,16 @@ class RpcSession:
                 if export is not None
                 else self.exports.target(header.imported_cap)  # raises: not exported
             )
+        elif header.promised is not None:
+            question, path = header.promised
+            target = self.answers.pipelined(question, path, GONE_ANSWER)
         else:
             target = self.message_target(message.call.target)
-        caps, _ = (
-            self._receive_cap_table(message.call.params.capTable) if header.has_caps else ([], ())
-        )
+        caps: list[Hook | None] = []
+        if entries is not None:
+            caps, _ = self._receive_cap_entries(entries)
+        elif header.has_caps:
+            caps, _ = self._receive_cap_table(message.call.params.capTable)
         params = ReceivedPayload(
             segments,
             message,
@@ -462,9 +491,24 @@ class RpcSession:
                 reflected.append(index)
         return caps, tuple(reflected)
 
+    def _receive_cap_entries(
+        self, entries: list[wire.CapEntry]
+    ) -> tuple[list[Hook | None], tuple[int, ...]]:
+        """The same for a cap table read from the raw words (wire.read_cap_table)."""
+        caps: list[Hook | None] = []
+        reflected: list[int] = []
+        receive = self.imports.receive_entry
+        for index, (kind, number, path) in enumerate(entries):
+            hook, was_reflected = receive(kind, number, path)
+            caps.append(hook)
+            if was_reflected:
+                reflected.append(index)
+        return caps, tuple(reflected)
+
     # -------------------------------------------------------------- finish, release, resolve
     def _on_finish(self, message: Any, segments: Segments) -> None:
-        self.answers.on_finish(message.finish)
+        body = message.finish
+        self.answers.on_finish(body.questionId, body.releaseResultCaps)
 
     def _on_release(self, message: Any, segments: Segments) -> None:
         body = message.release
@@ -485,25 +529,37 @@ class RpcSession:
             self._on_return_slow(message, segments)
 
     def _on_results_return(
-        self, header: wire.ReturnHeader, message: Any, segments: Segments
+        self,
+        header: wire.ReturnHeader,
+        message: Any,
+        segments: Segments,
+        entries: list[wire.CapEntry] | None = None,
     ) -> None:
-        """A Return carrying results, read from the raw words (the common case)."""
+        """A Return carrying results, read from the raw words (the common case); its cap
+        table too when ``entries`` has it, else through ``message``."""
         question = self.questions.awaiting(header.answer_id)
         self._returned(question, header.release_param_caps, header.no_finish_needed)
         if question.state is QS.FINISHED_EARLY:
             # We finished with releaseResultCaps=true: the callee releases them itself.
             self._settle(question, QI.RETURN, None, None)
             return
-        payload = self._results_payload(message, segments, header)
+        payload = self._results_payload(message, segments, header, entries)
         self._settle(question, QI.RETURN, payload, None)
 
     def _results_payload(
-        self, message: Any, segments: Segments, header: wire.ReturnHeader | None
+        self,
+        message: Any,
+        segments: Segments,
+        header: wire.ReturnHeader | None,
+        entries: list[wire.CapEntry] | None = None,
     ) -> ReceivedPayload:
         results = None
-        if header is None or header.has_caps:
-            results = getattr(message, "return").results
-        caps, reflected = self._receive_cap_table(results.capTable) if results else ([], ())
+        if entries is not None:
+            caps, reflected = self._receive_cap_entries(entries)
+        else:
+            if header is None or header.has_caps:
+                results = getattr(message, "return").results
+            caps, reflected = self._receive_cap_table(results.capTable) if results else ([], ())
         return ReceivedPayload(
             segments,
             message,

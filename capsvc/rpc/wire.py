@@ -1,12 +1,16 @@
 """rpc.capnp as pycapnp gives it, and small helpers for reading and writing its messages.
 
-Theory of operation: the engine builds every outgoing message with pycapnp and reads every
-incoming one with pycapnp, except for the two things pycapnp cannot do outside its own RPC
-system: capability pointers inside payload content (capsvc.rpc.pointers) and messages with an
-unknown union tag (we read the tag from the raw words instead of calling ``which()``, which
-raises on an unknown ordinal). We use the rpc.capnp that pycapnp ships (it is the current one:
-rpc-protocol.md §2), loaded with the import path its ``c++.capnp`` import needs
-(pycapnp-notes.md §1.1: without it the interpreter aborts).
+Theory of operation: the messages of every call are read and written from raw words here,
+with no pycapnp object: the headers of Calls and Returns (their payloads are the generated
+codecs' business, capsvc.rpc.payload), and whole Finish and Release messages. Received
+Calls and Returns whose cap tables are not empty, and the rarer messages (Bootstrap,
+Resolve, Disembargo, Abort, Returns without results), go through pycapnp, except for the two
+things pycapnp cannot do outside its own RPC system: capability pointers inside payload
+content (capsvc.rpc.pointers) and messages with an unknown union tag (we read the tag from
+the raw words instead of calling ``which()``, which raises on an unknown ordinal). We use
+the rpc.capnp that pycapnp ships (it is the current one: rpc-protocol.md §2), loaded with
+the import path its ``c++.capnp`` import needs (pycapnp-notes.md §1.1: without it the
+interpreter aborts).
 """
 
 from __future__ import annotations
@@ -197,6 +201,7 @@ class CallHeader:
         "imported_cap",
         "interface_id",
         "method_id",
+        "promised",
         "question_id",
         "send_to",
         "target_is_import",
@@ -209,6 +214,8 @@ class CallHeader:
         self.send_to = 0  # 0 caller, 1 yourself, 2 thirdParty
         self.target_is_import = True
         self.imported_cap = 0
+        #: A promisedAnswer target read from the raw words: (question ID, pointer path).
+        self.promised: tuple[int, tuple[int, ...]] | None = None
         self.has_caps = False
         self.content_word = -1  # the params' content pointer, a word of segment 0
 
@@ -232,8 +239,11 @@ def read_call_header(segments: Sequence[Segment]) -> CallHeader | None:
     if target is None or target[1] < 1:
         return None
     target_base = target[0] * 8
-    header.target_is_import = _u16(segment, target_base + _TARGET_TAG) == 0
+    target_tag = _u16(segment, target_base + _TARGET_TAG)
+    header.target_is_import = target_tag == 0
     header.imported_cap = _u32(segment, target_base + _TARGET_IMPORTED)
+    if target_tag == 1 and target[2] >= 1:  # promisedAnswer, the target's pointer 0
+        header.promised = _promised_answer(segment, target[0] + target[1])
     params = _near_struct(segment, data + data_words + 1)
     if params is None:
         return None
@@ -300,6 +310,144 @@ def _payload_pointers(segment: Segment, payload: tuple[int, int, int]) -> tuple[
     content_word = data + data_words if pointers >= 1 else -1
     has_caps = pointers >= 2 and _u64(segment, (content_word + 1) * 8) != 0
     return content_word, has_caps
+
+
+# ---------------------------------------------------------------------- cap tables
+# CapDescriptor union ordinals (rpc.capnp), and where its fields sit.
+CAP_NONE, SENDER_HOSTED, SENDER_PROMISE, RECEIVER_HOSTED, RECEIVER_ANSWER = 0, 1, 2, 3, 4
+_CAP_TAG: Final = 2 * int(rpc.CapDescriptor.schema.node.struct.discriminantOffset)
+_CAP_ID: Final = _slot_byte_offset(rpc.CapDescriptor.schema, "senderHosted")
+_PROMISED_QUESTION: Final = _slot_byte_offset(rpc.PromisedAnswer.schema, "questionId")
+_OP_TAG: Final = 2 * int(rpc.PromisedAnswer.Op.schema.node.struct.discriminantOffset)
+_OP_FIELD: Final = _slot_byte_offset(rpc.PromisedAnswer.Op.schema, "getPointerField")
+for _name in ("senderPromise", "receiverHosted"):  # one slot shared by the union members
+    assert _slot_byte_offset(rpc.CapDescriptor.schema, _name) == _CAP_ID
+
+#: One received CapDescriptor: (kind, id, transform path). ``id`` is the export or import
+#: ID, or for receiverAnswer the question ID with ``path`` its pointer path.
+CapEntry = tuple[int, int, tuple[int, ...]]
+
+
+def _composite_list(segment: Segment, word: int) -> tuple[int, int, int, int] | None:
+    """(first element word, count, data words, pointers) of the near composite list
+    pointer at ``word``; None for anything else (pycapnp reads and judges it)."""
+    if word < 0 or (word + 1) * 8 > len(segment):
+        return None
+    tagged = _i32(segment, word * 8)
+    described = _u32(segment, word * 8 + 4)
+    if tagged & 3 != 1 or described & 7 != 7:
+        return None
+    tag_word = word + 1 + (tagged >> 2)
+    words = described >> 3
+    if tag_word < 0 or (tag_word + 1 + words) * 8 > len(segment):
+        return None
+    tag = _i32(segment, tag_word * 8)
+    data_words = _u16(segment, tag_word * 8 + 4)
+    pointers = _u16(segment, tag_word * 8 + 6)
+    count = tag >> 2
+    if tag & 3 or count < 0 or count * (data_words + pointers) > words:
+        return None
+    return tag_word + 1, count, data_words, pointers
+
+
+def read_cap_table(segments: Sequence[Segment], content_word: int) -> list[CapEntry] | None:
+    """The capTable of the Payload whose content pointer is ``content_word`` (its capTable
+    pointer is the next word), read from the raw words; None to say "read it with pycapnp"
+    (far pointers, descriptors of Level 3 or unknown kinds, unusual encodings)."""
+    segment = segments[0]
+    table = _composite_list(segment, content_word + 1)
+    if table is None:
+        return None
+    first, count, data_words, pointers = table
+    if data_words < 1:
+        return None  # every element is "none": rare enough for pycapnp (and bounded there)
+    size = data_words + pointers
+    entries: list[CapEntry] = []
+    for index in range(count):
+        at = first + index * size
+        kind = _u16(segment, at * 8 + _CAP_TAG)
+        if kind == RECEIVER_ANSWER:
+            if pointers < 1:
+                return None
+            promised = _promised_answer(segment, at + data_words)
+            if promised is None:
+                return None
+            entries.append((kind, promised[0], promised[1]))
+        elif kind <= RECEIVER_HOSTED:
+            entries.append((kind, _u32(segment, at * 8 + _CAP_ID), ()))
+        else:
+            return None
+    return entries
+
+
+def _promised_answer(segment: Segment, word: int) -> tuple[int, tuple[int, ...]] | None:
+    """A PromisedAnswer's (questionId, pointer path), or None to leave it to pycapnp."""
+    answer = _near_struct(segment, word)
+    if answer is None or answer[1] < 1:
+        return None
+    data, data_words, pointers = answer
+    question = _u32(segment, data * 8 + _PROMISED_QUESTION)
+    if pointers < 1 or _u64(segment, (data + data_words) * 8) == 0:
+        return question, ()  # no transform: the answer's root capability
+    ops = _composite_list(segment, data + data_words)
+    if ops is None or ops[2] < 1:
+        return None
+    first, count, op_data, op_pointers = ops
+    path: list[int] = []
+    for index in range(count):
+        at = (first + index * (op_data + op_pointers)) * 8
+        op = _u16(segment, at + _OP_TAG)
+        if op == 1:  # getPointerField
+            path.append(_u16(segment, at + _OP_FIELD))
+        elif op != 0:  # not noop: unknown, pycapnp's path says so
+            return None
+    return question, tuple(path)
+
+
+# ---------------------------------------------------------------------- Finish and Release
+# Both are one data word each, no pointers, and per call wherever capabilities travel:
+# read and written here from raw words, never through a pycapnp message.
+_FINISH_QUESTION: Final = _slot_byte_offset(rpc.Finish.schema, "questionId")
+_RELEASE_ID: Final = _slot_byte_offset(rpc.Release.schema, "id")
+_RELEASE_COUNT: Final = _slot_byte_offset(rpc.Release.schema, "referenceCount")
+_FINISH_FLAGS_BYTE: Final = 4  # releaseResultCaps is bit 32, the workaround flag bit 33
+# The root pointer (Message: one data word, one pointer), then Message's data word (the
+# union tag) and its pointer to the body (one data word, no pointers), then the body.
+_SMALL_MESSAGE: Final = struct.Struct("<IHHHxxxxxxIHHII")
+
+
+def read_finish(segments: Sequence[Segment]) -> tuple[int, bool] | None:
+    """A Finish's (questionId, releaseResultCaps), or None to say "read it with pycapnp"."""
+    segment = segments[0]
+    body = _message_body(segment)
+    if body is None or body[1] < 1:
+        return None
+    base = body[0] * 8
+    # Bools are stored XOR their default: releaseResultCaps defaults to true.
+    return _u32(segment, base + _FINISH_QUESTION), not segment[base + _FINISH_FLAGS_BYTE] & 1
+
+
+def read_release(segments: Sequence[Segment]) -> tuple[int, int] | None:
+    """A Release's (id, referenceCount), or None to say "read it with pycapnp"."""
+    segment = segments[0]
+    body = _message_body(segment)
+    if body is None or body[1] < 1:
+        return None
+    base = body[0] * 8
+    return _u32(segment, base + _RELEASE_ID), _u32(segment, base + _RELEASE_COUNT)
+
+
+def finish_message(question_id: int, release_result_caps: bool) -> list[bytes]:
+    """The segments of a Finish, the words pycapnp would build; it never asks for the
+    early-cancellation workaround (rpc-protocol.md §13.5)."""
+    # Stored XOR their defaults (both true): releaseResultCaps, and the workaround flag.
+    flags = (0 if release_result_caps else 1) | 2
+    return [_SMALL_MESSAGE.pack(0, 1, 1, FINISH, 0, 1, 0, question_id, flags)]
+
+
+def release_message(import_id: int, count: int) -> list[bytes]:
+    """The segments of a Release of ``count`` references to ``import_id``."""
+    return [_SMALL_MESSAGE.pack(0, 1, 1, RELEASE, 0, 1, 0, import_id, count)]
 
 
 def transform_path(transform: Any) -> tuple[int, ...]:
