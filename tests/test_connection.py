@@ -330,16 +330,20 @@ class NagleMemoryStream(trio.abc.Stream, SocketBackedStream):
 @asynccontextmanager
 async def memory_pair(*, nodelay: bool) -> AsyncIterator[tuple[Connection, Connection]]:
     left, right = memory_stream_pair()
-    client = Connection(NagleMemoryStream(right, nodelay=nodelay))
+    stream = NagleMemoryStream(right, nodelay=nodelay)
+    client = Connection(stream)
     server = Connection(left, Tester()._new_hook())
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(server.run)
-        nursery.start_soon(client.run)
-        try:
-            yield client, server
-        finally:
-            await client.aclose()
-            nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.run)
+            nursery.start_soon(client.run)
+            try:
+                yield client, server
+            finally:
+                await client.aclose()
+                nursery.cancel_scope.cancel()
+    finally:
+        stream.socket.close()  # whether or not the connection got to close its stream
 
 
 async def warm_tester(client: Connection, server: Connection) -> object:
