@@ -333,17 +333,15 @@ async def memory_pair(*, nodelay: bool) -> AsyncIterator[tuple[Connection, Conne
     stream = NagleMemoryStream(right, nodelay=nodelay)
     client = Connection(stream)
     server = Connection(left, Tester()._new_hook())
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(server.run)
-            nursery.start_soon(client.run)
-            try:
-                yield client, server
-            finally:
-                await client.aclose()
-                nursery.cancel_scope.cancel()
-    finally:
-        stream.socket.close()  # whether or not the connection got to close its stream
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.run)
+        nursery.start_soon(client.run)
+        try:
+            yield client, server
+        finally:
+            await client.aclose()
+            stream.socket.close()  # whether or not the connection got to close its stream
+            nursery.cancel_scope.cancel()
 
 
 async def warm_tester(client: Connection, server: Connection) -> object:

@@ -416,24 +416,32 @@ _FINISH_FLAGS_BYTE: Final = 4  # releaseResultCaps is bit 32, the workaround fla
 _SMALL_MESSAGE: Final = struct.Struct("<IHHHxxxxxxIHHII")
 
 
-def read_finish(segments: Sequence[Segment]) -> tuple[int, bool] | None:
-    """A Finish's (questionId, releaseResultCaps), or None to say "read it with pycapnp"."""
+def _one_word_body(segments: Sequence[Segment]) -> tuple[Segment, int] | None:
+    """Segment 0 and the byte offset of the message body's first data word, if the body is
+    near and has one; None leaves the message to pycapnp."""
     segment = segments[0]
     body = _message_body(segment)
     if body is None or body[1] < 1:
         return None
-    base = body[0] * 8
+    return segment, body[0] * 8
+
+
+def read_finish(segments: Sequence[Segment]) -> tuple[int, bool] | None:
+    """A Finish's (questionId, releaseResultCaps), or None to say "read it with pycapnp"."""
+    found = _one_word_body(segments)
+    if found is None:
+        return None
+    segment, base = found
     # Bools are stored XOR their default: releaseResultCaps defaults to true.
     return _u32(segment, base + _FINISH_QUESTION), not segment[base + _FINISH_FLAGS_BYTE] & 1
 
 
 def read_release(segments: Sequence[Segment]) -> tuple[int, int] | None:
     """A Release's (id, referenceCount), or None to say "read it with pycapnp"."""
-    segment = segments[0]
-    body = _message_body(segment)
-    if body is None or body[1] < 1:
+    found = _one_word_body(segments)
+    if found is None:
         return None
-    base = body[0] * 8
+    segment, base = found
     return _u32(segment, base + _RELEASE_ID), _u32(segment, base + _RELEASE_COUNT)
 
 
