@@ -28,7 +28,7 @@ from capsvc.errors import Failed, LimitExceeded, RemoteProtocolError, RpcError
 from capsvc.rpc import copying, wire
 from capsvc.rpc.hooks import BrokenHook, CallResult, Hook, Path
 from capsvc.rpc.lifecycle import ANSWER_TRANSITIONS, AnswerInput, AnswerState, step_answer
-from capsvc.rpc.payload import WritablePayload, new_return_payload
+from capsvc.rpc.payload import CodecPayload, WritablePayload, new_return_payload
 
 if TYPE_CHECKING:
     from capsvc.rpc.session import RpcSession
@@ -210,12 +210,15 @@ class AnswerTable:
         if copied:
             payload = copying.copy_to_return(payload, new_return_payload())
         assert isinstance(payload, WritablePayload)
-        body = payload.header()
-        body.answerId = answer.id
-        body.releaseParamCaps = False
         no_caps = not any(hook is not None for hook in payload.caps)
-        if no_caps:
-            body.noFinishNeeded = True
+        if isinstance(payload, CodecPayload):
+            payload.write_return_header(answer.id, no_caps)
+        else:
+            body = payload.header()
+            body.answerId = answer.id
+            body.releaseParamCaps = False
+            if no_caps:
+                body.noFinishNeeded = True
         segments = payload.write(_no_caps if no_caps else self._describer(answer, frozen))
         if copied:
             payload.release()  # after the place was reserved: its drops follow the Return

@@ -457,7 +457,15 @@ class CodecPayload(WritablePayload):
     written in the same order (``write``).
     """
 
-    __slots__ = ("body", "builder", "content_path", "content_word", "payload_builder")
+    __slots__ = (
+        "body",
+        "builder",
+        "content_path",
+        "content_word",
+        "header_at",
+        "payload_builder",
+        "target_at",
+    )
 
     def __init__(
         self,
@@ -466,6 +474,7 @@ class CodecPayload(WritablePayload):
         payload_builder: Any,
         content_path: Path,
         content_word: int,
+        target_at: int = -1,
     ) -> None:
         super().__init__()
         self.builder = builder
@@ -474,9 +483,26 @@ class CodecPayload(WritablePayload):
         self.content_path = content_path
         self.content_word = content_word  # the content pointer, a word of the one segment
         self.caps = builder.caps
+        #: Byte offsets of the Call's or Return's data section, and of its MessageTarget's
+        #: (a Call's, allocated with the template; -1 for a Return).
+        self.header_at = body._data
+        self.target_at = target_at
 
     def header(self) -> Any:
         return self.body
+
+    def write_call_header(
+        self, question_id: int, interface_id: int, method_id: int, import_id: int
+    ) -> None:
+        """The Call's header fields and its target, import ``import_id``, straight into
+        the words (wire.write_call_header): no builder property per field."""
+        buf = self.builder.buf
+        wire.write_call_header(buf, self.header_at, question_id, interface_id, method_id)
+        wire.write_imported_target(buf, self.target_at, import_id)
+
+    def write_return_header(self, answer_id: int, no_finish: bool) -> None:
+        """The Return's answerId and flags (wire.write_return_header)."""
+        wire.write_return_header(self.builder.buf, self.header_at, answer_id, no_finish)
 
     def write(self, describe: Callable[[Any, int, Hook], None]) -> list[bytes | bytearray]:
         caps = self.caps
@@ -534,36 +560,45 @@ class _Kind:
     def __init__(self, body: Any, content_path: Path) -> None:
         self.body = body  # rpc_capnp.Call or rpc_capnp.Return
         self.content_path = content_path
-        #: content type -> (message bytes, first word of the Call/Return, Payload, content)
-        self.templates: dict[type[StructBuilder], tuple[bytes, int, int, int]] = {}
+        #: content type -> (message bytes, first word of the Call/Return, Payload, content,
+        #: byte offset of a Call's MessageTarget data or -1)
+        self.templates: dict[type[StructBuilder], tuple[bytes, int, int, int, int]] = {}
 
 
 _CALL = _Kind(rpc_capnp.Call, wire.CALL_CONTENT_PATH)
 _RETURN = _Kind(rpc_capnp.Return, wire.RETURN_CONTENT_PATH)
 
 
-def _template(content: type[StructBuilder], kind: _Kind) -> tuple[bytes, int, int, int]:
+def _template(content: type[StructBuilder], kind: _Kind) -> tuple[bytes, int, int, int, int]:
     message = rpc_capnp.Message.new_message()
     body: rpc_capnp.Call.Builder | rpc_capnp.Return.Builder
+    target_at = -1
     if kind is _CALL:
         body = message.init_call()
+        target_at = body.init_target()._data  # so that a target is a few word writes
         holder = body.params
     else:
         body = message.init_return()
         holder = body.results
     inner = init_struct(holder, holder._ptr, content)
-    return bytes(message._b.buf), body._data >> 3, holder._data >> 3, inner._data >> 3
+    return (
+        bytes(message._b.buf),
+        body._data >> 3,
+        holder._data >> 3,
+        inner._data >> 3,
+        target_at,
+    )
 
 
 def _from_template(content: type[B], kind: _Kind) -> tuple[CodecPayload, B]:
     template = kind.templates.get(content)
     if template is None:
         template = kind.templates[content] = _template(content, kind)
-    data, body_at, holder_at, content_at = template
+    data, body_at, holder_at, content_at, target_at = template
     builder = MessageBuilder.__new__(MessageBuilder)
     builder.buf = bytearray(data)
     builder.caps = []
     body = new_builder(kind.body.Builder, builder, body_at)
     holder = new_builder(rpc_capnp.Payload.Builder, builder, holder_at)
-    payload = CodecPayload(builder, body, holder, kind.content_path, holder._ptr)
+    payload = CodecPayload(builder, body, holder, kind.content_path, holder._ptr, target_at)
     return payload, new_builder(content, builder, content_at)

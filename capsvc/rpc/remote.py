@@ -51,6 +51,11 @@ class RemoteHook(Hook):
         an import goes back as ``receiverHosted``, a pipelined one as ``receiverAnswer``)."""
         raise NotImplementedError
 
+    def imported_target(self) -> int:
+        """The import ID a Call to this capability names as its importedCap target, or -1
+        when the target is something else (a promisedAnswer)."""
+        return -1
+
     def pinned(self) -> RemoteHook:
         """A new reference to what a descriptor written now stands for, forever after."""
         return self.add_ref()  # type: ignore[return-value]
@@ -70,6 +75,9 @@ class ImportHook(RemoteHook):
 
     def write_target(self, target: Any) -> None:
         target.importedCap = self.import_id
+
+    def imported_target(self) -> int:
+        return self.import_id
 
     def write_descriptor(self, desc: Any) -> None:
         desc.receiverHosted = self.import_id
@@ -156,6 +164,9 @@ class ImportPromiseHook(RemotePromise):
     def write_target(self, target: Any) -> None:
         target.importedCap = self.import_id
 
+    def imported_target(self) -> int:
+        return self.import_id
+
     def write_descriptor(self, desc: Any) -> None:
         desc.receiverHosted = self.import_id
 
@@ -205,6 +216,9 @@ class PinnedHook(RemoteHook):
 
     def write_target(self, target: Any) -> None:
         self.inner.write_target(target)
+
+    def imported_target(self) -> int:
+        return self.inner.imported_target()
 
     def write_descriptor(self, desc: Any) -> None:
         self.inner.write_descriptor(desc)

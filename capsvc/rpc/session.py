@@ -54,6 +54,7 @@ from capsvc.rpc.imports import ImportTable
 from capsvc.rpc.lifecycle import QuestionInput, QuestionState
 from capsvc.rpc.outbox import Outbox
 from capsvc.rpc.payload import (
+    CodecPayload,
     Payload,
     ReceivedPayload,
     SharedPayload,
@@ -268,11 +269,15 @@ class RpcSession:
         ):
             params = copying.copy_to_call(params, new_call_payload())
             call.params.release()
-        body = params.header()
-        body.questionId = question.id
-        body.interfaceId = call.interface_id
-        body.methodId = call.method_id
-        target.write_target(body.target)
+        import_id = target.imported_target()
+        if isinstance(params, CodecPayload) and import_id >= 0:
+            params.write_call_header(question.id, call.interface_id, call.method_id, import_id)
+        else:
+            body = params.header()
+            body.questionId = question.id
+            body.interfaceId = call.interface_id
+            body.methodId = call.method_id
+            target.write_target(body.target)
         describe = self.exports.describe
         exports = question.param_exports
         segments = params.write(lambda desc, _index, hook: describe(desc, hook, exports))

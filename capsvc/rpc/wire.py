@@ -312,6 +312,40 @@ def _payload_pointers(segment: Segment, payload: tuple[int, int, int]) -> tuple[
     return content_word, has_caps
 
 
+# ---------------------------------------------------------------------- header writes
+# The header fields of the Calls and Returns the generated codecs build (CodecPayload),
+# written straight into the message at their offsets instead of through one builder
+# property each; the rarer ones (a promisedAnswer target, flags) still go through builders.
+_U16_AT: Final = struct.Struct("<H")
+_U32_AT: Final = struct.Struct("<I")
+_U64_AT: Final = struct.Struct("<Q")
+
+
+def write_call_header(
+    buf: bytearray, data_at: int, question_id: int, interface_id: int, method_id: int
+) -> None:
+    """questionId, interfaceId and methodId of the Call whose data section is at byte
+    ``data_at`` of ``buf``."""
+    _U32_AT.pack_into(buf, data_at + _CALL_QUESTION, question_id)
+    _U64_AT.pack_into(buf, data_at + _CALL_INTERFACE, interface_id)
+    _U16_AT.pack_into(buf, data_at + _CALL_METHOD, method_id)
+
+
+def write_imported_target(buf: bytearray, data_at: int, import_id: int) -> None:
+    """A MessageTarget (data section at byte ``data_at``) naming import ``import_id``."""
+    _U16_AT.pack_into(buf, data_at + _TARGET_TAG, 0)  # importedCap
+    _U32_AT.pack_into(buf, data_at + _TARGET_IMPORTED, import_id)
+
+
+def write_return_header(buf: bytearray, data_at: int, answer_id: int, no_finish: bool) -> None:
+    """answerId of a Return with results (data section at byte ``data_at``),
+    releaseParamCaps false (C++ sends false: rpc-protocol.md §4) and noFinishNeeded."""
+    _U32_AT.pack_into(buf, data_at + _RETURN_ANSWER, answer_id)
+    # Bools are stored XOR their defaults: releaseParamCaps defaults to true.
+    flags = buf[data_at + _RETURN_FLAGS_BYTE] & ~3
+    buf[data_at + _RETURN_FLAGS_BYTE] = flags | 1 | (2 if no_finish else 0)
+
+
 # ---------------------------------------------------------------------- cap tables
 # CapDescriptor union ordinals (rpc.capnp), and where its fields sit.
 CAP_NONE, SENDER_HOSTED, SENDER_PROMISE, RECEIVER_HOSTED, RECEIVER_ANSWER = 0, 1, 2, 3, 4

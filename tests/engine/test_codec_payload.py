@@ -2,8 +2,9 @@
 
 Theory of operation: each new message starts as a copy of an empty message built once per
 content type; the test builds the same message step by step with the generated rpc.capnp
-codecs and compares the bytes, fills two messages differently to show they share nothing,
-and reads the result back with pycapnp (the reference), capabilities included.
+codecs and compares the bytes, writes headers into the words and reads them with pycapnp,
+fills two messages differently to show they share nothing, and reads the result back
+with pycapnp (the reference), capabilities included.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from capsvc.rpc.payload import new_codec_call, new_codec_return
 def step_by_step(content: type, call: bool) -> bytes:
     message = rpc_capnp.Message.new_message()
     if call:
-        holder = message.init_call().params
+        body = message.init_call()
+        body.init_target()  # an empty MessageTarget, so that naming an import is word writes
+        holder = body.params
     else:
         holder = message.init_return().results
     init_struct(holder, holder._ptr, content)
@@ -53,6 +56,46 @@ def test_an_empty_message_is_what_the_codecs_build(content: type, call: bool) ->
         assert payload.caps is payload.builder.caps
         path = wire.CALL_CONTENT_PATH if call else wire.RETURN_CONTENT_PATH
         assert payload.content_path == path
+
+
+@pytest.mark.parametrize("import_id", [0, 7, 2**32 - 1])
+def test_call_headers_written_into_the_words_read_back_in_pycapnp(import_id: int) -> None:
+    payload, params = new_codec_call(Echo.PingParams.Builder)
+    params.msg = "hi"
+    payload.write_call_header(2**32 - 2, 0xFEDC_BA98_7654_3210, 65535, import_id)
+    call = wire.Message.from_segments(payload.write(lambda *_: None)).call
+    assert (call.questionId, call.interfaceId, call.methodId) == (
+        2**32 - 2,
+        0xFEDCBA9876543210,
+        65535,
+    )
+    assert call.target.which() == "importedCap"
+    assert call.target.importedCap == import_id
+    assert call.sendResultsTo.which() == "caller"
+    assert call.params.content.as_struct(capnp_echo().schema.methods["ping"].param_type).msg == "hi"
+
+
+@pytest.mark.parametrize("no_finish", [True, False])
+def test_return_headers_written_into_the_words_read_back_in_pycapnp(no_finish: bool) -> None:
+    payload, results = new_codec_return(Echo.PingResults.Builder)
+    results.reply = "hello"
+    payload.write_return_header(123456, no_finish)
+    returned = getattr(wire.Message.from_segments(payload.write(lambda *_: None)), "return")
+    assert returned.answerId == 123456
+    assert returned.releaseParamCaps is False
+    assert returned.noFinishNeeded is no_finish
+    assert returned.which() == "results"
+    assert (
+        returned.results.content.as_struct(capnp_echo().schema.methods["ping"].result_type).reply
+        == "hello"
+    )
+
+
+def capnp_echo() -> Any:
+    import os
+
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return capnp.load(os.path.join(here, "schemas", "echo.capnp")).Echo
 
 
 def test_messages_from_one_template_share_nothing() -> None:
