@@ -27,14 +27,28 @@ from typing import TYPE_CHECKING, Any
 from capsvc.errors import Failed, LimitExceeded, RemoteProtocolError, RpcError
 from capsvc.rpc import copying, wire
 from capsvc.rpc.hooks import BrokenHook, CallResult, Hook, Path
-from capsvc.rpc.lifecycle import ANSWER_TRANSITIONS, AnswerInput, AnswerState, step_answer
+from capsvc.rpc.lifecycle import (
+    A_CANCELING,
+    A_DONE,
+    A_RETURNED,
+    A_RUNNING,
+    A_RUNNING_TAKEN,
+    AI_DISCONNECT,
+    AI_FINISH,
+    AI_RESULTS,
+    AI_RESULTS_NO_FINISH,
+    AI_TAKE,
+    ANSWER_TRANSITIONS,
+    AnswerInput,
+    AnswerState,
+    step_answer,
+)
 from capsvc.rpc.payload import CodecPayload, WritablePayload, new_return_payload
 
 if TYPE_CHECKING:
     from capsvc.rpc.session import RpcSession
 
 log = logging.getLogger("capsvc")
-AS, AI = AnswerState, AnswerInput
 
 
 def _no_caps(desc: Any, index: int, hook: Hook) -> None:
@@ -48,7 +62,7 @@ class Answer:
 
     def __init__(self, answer_id: int, result: CallResult, redirected: bool, size: int) -> None:
         self.id = answer_id
-        self.state = AS.RUNNING
+        self.state = A_RUNNING
         #: The Call message's size in bytes, counted against the flow budget while it runs.
         self.size = size
         self.result = result  # owned
@@ -62,7 +76,7 @@ class Answer:
 
 
 #: The states of an answer whose Return is not sent yet: a call in flight (flow budget).
-_IN_FLIGHT = frozenset((AS.RUNNING, AS.RUNNING_TAKEN, AS.CANCELING))
+_IN_FLIGHT = frozenset((A_RUNNING, A_RUNNING_TAKEN, A_CANCELING))
 
 
 class AnswerTable:
@@ -103,7 +117,7 @@ class AnswerTable:
         promisedAnswer target, a receiverAnswer descriptor, a Disembargo's target). A gone
         answer gives a capability broken with ``unknown`` (rpc.c++ getMessageTarget)."""
         answer = self.entries.get(answer_id)
-        if answer is None or answer.state is AS.CANCELING:
+        if answer is None or answer.state is A_CANCELING:
             return BrokenHook(Failed(unknown))
         frozen = answer.frozen
         if frozen is not None:
@@ -121,7 +135,7 @@ class AnswerTable:
         answer.state = after
         if before in _IN_FLIGHT and after not in _IN_FLIGHT:
             self._landed(answer)
-        if after is AS.DONE:
+        if after is A_DONE:
             self._forget(answer)
         return after
 
@@ -144,7 +158,7 @@ class AnswerTable:
         if answer is None:
             return  # it may have crossed our noFinishNeeded Return (rpc-protocol.md §13.8)
         exports, answer.result_exports = answer.result_exports, []
-        if self.advance(answer, AI.FINISH) is AS.CANCELING:
+        if self.advance(answer, AI_FINISH) is A_CANCELING:
             if not answer.result.pipelined:
                 # Nothing is pipelined on the results: cancel the work (§4 callee step 4);
                 # a call not started yet never starts. If something is (a call, or a
@@ -161,14 +175,14 @@ class AnswerTable:
             raise RemoteProtocolError(
                 f"takeFromOtherQuestion names answer {answer_id}, which was not sent to 'yourself'"
             )
-        self.advance(answer, AI.TAKE)
+        self.advance(answer, AI_TAKE)
         return answer
 
     # -------------------------------------------------------------- the Return
     def _results_ready(self, answer: Answer) -> None:
         if self.session.closed is not None or self.entries.get(answer.id) is not answer:
             return
-        if answer.state is AS.CANCELING:
+        if answer.state is A_CANCELING:
             self._send_simple_return(answer, "canceled")
         elif answer.redirected:
             # rpc-protocol.md §6.2: always resultsSentElsewhere, even when the call failed
@@ -194,7 +208,7 @@ class AnswerTable:
         outbox.fill(place, segments)
         answer.frozen = frozen or None
         # rpc-protocol.md §4 callee step 3: cap-free results need no Finish (C++ does this).
-        if self.advance(answer, AI.RESULTS_NO_FINISH if no_caps else AI.RESULTS) is AS.RETURNED:
+        if self.advance(answer, AI_RESULTS_NO_FINISH if no_caps else AI_RESULTS) is A_RETURNED:
             # Until the Finish, only the results' capabilities can still be asked for
             # (pipelined calls, Disembargos): the content need not be held (Limits).
             answer.result.keep_caps_only()
@@ -255,7 +269,7 @@ class AnswerTable:
         body.releaseParamCaps = False
         setattr(body, which, None)
         self.session.outbox.send(message.to_segments())
-        self.advance(answer, AI.RESULTS)
+        self.advance(answer, AI_RESULTS)
 
     def _send_exception_return(self, answer: Answer, error: RpcError) -> None:
         message = wire.Message.new_message()
@@ -264,7 +278,7 @@ class AnswerTable:
         body.releaseParamCaps = False
         wire.write_exception(body.init("exception"), error)
         self.session.outbox.send(message.to_segments())
-        self.advance(answer, AI.RESULTS)
+        self.advance(answer, AI_RESULTS)
 
     # -------------------------------------------------------------- the end
     def _forget(self, answer: Answer) -> None:
@@ -282,7 +296,7 @@ class AnswerTable:
         if self.session.on_flow_released is not None:
             self.session.on_flow_released()
         for answer in answers.values():
-            answer.state = step_answer(answer.state, AI.DISCONNECT, answer.id)
+            answer.state = step_answer(answer.state, AI_DISCONNECT, answer.id)
             frozen, answer.frozen = answer.frozen, None
             for hook in (frozen or {}).values():
                 hook.release()

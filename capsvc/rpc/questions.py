@@ -26,6 +26,13 @@ from capsvc.rpc import wire
 from capsvc.rpc.hooks import CallResult, Hook, Path
 from capsvc.rpc.ids import IdAllocator
 from capsvc.rpc.lifecycle import (
+    Q_AWAITING_RETURN,
+    Q_DONE,
+    Q_FINISHED_EARLY,
+    Q_RETURNED,
+    Q_TAKING,
+    QI_DISCONNECT,
+    QI_UNWANTED,
     QUESTION_TRANSITIONS,
     QuestionInput,
     QuestionState,
@@ -35,8 +42,6 @@ from capsvc.rpc.remote import PipelineHook
 
 if TYPE_CHECKING:
     from capsvc.rpc.session import RpcSession
-
-QS = QuestionState
 
 
 class Question:
@@ -59,7 +64,7 @@ class Question:
         self.table = table
         self.session = table.session
         self.id = question_id
-        self.state = QS.AWAITING_RETURN
+        self.state = Q_AWAITING_RETURN
         #: The caller's results (an uncounted link: the caller owns the references).
         self.result: CallResult | None = result
         self.holders = 1  # the caller's interest in ``result``
@@ -108,7 +113,7 @@ class Question:
     def drop_holder(self) -> None:
         self.holders -= 1
         if self.holders == 0:
-            self.table.advance(self, QuestionInput.UNWANTED)
+            self.table.advance(self, QI_UNWANTED)
 
     # -------------------------------------------------------------- wire
     def write_promised_answer(self, builder: Any, path: Path) -> None:
@@ -147,7 +152,7 @@ class QuestionTable:
     def awaiting_return(self) -> bool:
         """True if a question of ours still waits for its Return (see
         RpcSession.flow_blocked)."""
-        return any(question.state is QS.AWAITING_RETURN for question in self.entries.values())
+        return any(question.state is Q_AWAITING_RETURN for question in self.entries.values())
 
     def awaiting(self, answer_id: int) -> Question:
         """The question a Return names (unknown IDs are violations: rpc-protocol.md §4)."""
@@ -162,13 +167,13 @@ class QuestionTable:
         after = QUESTION_TRANSITIONS[before].get(event) or step_question(before, event, question.id)
         question.state = after
         upstream = question.upstream
-        if upstream is not None and after not in (QS.AWAITING_RETURN, QS.FINISHED_EARLY):
+        if upstream is not None and after not in (Q_AWAITING_RETURN, Q_FINISHED_EARLY):
             question.upstream = None
             upstream.drop_holder()
-        if before is QS.AWAITING_RETURN and after is QS.FINISHED_EARLY:
+        if before is Q_AWAITING_RETURN and after is Q_FINISHED_EARLY:
             self._send_finish(question, release_result_caps=True)
-        elif after is QS.DONE:
-            if before is QS.RETURNED and not question.no_finish_needed:
+        elif after is Q_DONE:
+            if before is Q_RETURNED and not question.no_finish_needed:
                 self._send_finish(question, release_result_caps=False)
             self._forget(question)
         return after
@@ -190,8 +195,8 @@ class QuestionTable:
         questions, self.entries = self.entries, {}
         unanswered = []
         for question in questions.values():
-            if question.state in (QS.AWAITING_RETURN, QS.TAKING):
+            if question.state in (Q_AWAITING_RETURN, Q_TAKING):
                 unanswered.append(question)
-            question.state = step_question(question.state, QuestionInput.DISCONNECT, question.id)
+            question.state = step_question(question.state, QI_DISCONNECT, question.id)
             question.upstream = None
         return unanswered

@@ -51,7 +51,18 @@ from capsvc.rpc.hooks import (
     null_hook,
 )
 from capsvc.rpc.imports import ImportTable
-from capsvc.rpc.lifecycle import QuestionInput, QuestionState
+from capsvc.rpc.lifecycle import (
+    Q_AWAITING_RETURN,
+    Q_FINISHED_EARLY,
+    Q_RETURNED,
+    Q_TAKING,
+    QI_RETURN,
+    QI_RETURN_CANCELED,
+    QI_RETURN_TAKE,
+    QI_TAKE_SETTLED,
+    QI_UNWANTED,
+    QuestionInput,
+)
 from capsvc.rpc.outbox import Outbox
 from capsvc.rpc.payload import (
     CodecPayload,
@@ -66,7 +77,6 @@ from capsvc.rpc.questions import Question, QuestionTable
 from capsvc.rpc.remote import PipelineHook, RemoteHook
 
 Segments = Sequence[bytes | bytearray | memoryview]
-QS, QI = QuestionState, QuestionInput
 
 #: rpc.c++ getMessageTarget's words for a promisedAnswer naming an answer that is gone.
 GONE_ANSWER = "Pipeline call on a request that returned no capabilities or was already closed."
@@ -544,12 +554,12 @@ class RpcSession:
         table too when ``entries`` has it, else through ``message``."""
         question = self.questions.awaiting(header.answer_id)
         self._returned(question, header.release_param_caps, header.no_finish_needed)
-        if question.state is QS.FINISHED_EARLY:
+        if question.state is Q_FINISHED_EARLY:
             # We finished with releaseResultCaps=true: the callee releases them itself.
-            self._settle(question, QI.RETURN, None, None)
+            self._settle(question, QI_RETURN, None, None)
             return
         payload = self._results_payload(message, segments, header, entries)
-        self._settle(question, QI.RETURN, payload, None)
+        self._settle(question, QI_RETURN, payload, None)
 
     def _results_payload(
         self,
@@ -580,15 +590,15 @@ class RpcSession:
         body = getattr(message, "return")
         question = self.questions.awaiting(body.answerId)
         self._returned(question, body.releaseParamCaps, body.noFinishNeeded)
-        early = question.state is QS.FINISHED_EARLY
+        early = question.state is Q_FINISHED_EARLY
         which = body.which()
         if which == "results":
             payload = None if early else self._results_payload(message, segments, None)
-            self._settle(question, QI.RETURN, payload, None)
+            self._settle(question, QI_RETURN, payload, None)
         elif which == "exception":
-            self._settle(question, QI.RETURN, None, wire.read_exception(body.exception))
+            self._settle(question, QI_RETURN, None, wire.read_exception(body.exception))
         elif which == "canceled":
-            self._settle(question, QI.RETURN_CANCELED, None, None)
+            self._settle(question, QI_RETURN_CANCELED, None, None)
         elif which == "takeFromOtherQuestion":
             self._take_from_other_question(question, body.takeFromOtherQuestion)
         elif which == "resultsSentElsewhere":
@@ -600,7 +610,7 @@ class RpcSession:
     def _returned(self, question: Question, release_param_caps: bool, no_finish: bool) -> None:
         """What every Return does first: a second one is a violation; releaseParamCaps
         (C++ sends false; honour true) and noFinishNeeded are taken in."""
-        if question.state not in (QS.AWAITING_RETURN, QS.FINISHED_EARLY):
+        if question.state not in (Q_AWAITING_RETURN, Q_FINISHED_EARLY):
             raise RemoteProtocolError(
                 f"return for question {question.id}, which is not awaiting one"
             )
@@ -612,22 +622,22 @@ class RpcSession:
     def _take_from_other_question(self, question: Question, other_id: int) -> None:
         """rpc-protocol.md §6.2: the results are those of our answer ``other_id``."""
         answer = self.answers.take(other_id)  # each answer is taken once
-        if question.state is QS.FINISHED_EARLY:
+        if question.state is Q_FINISHED_EARLY:
             # Nobody wants the results any more: stop the work of the other call (its
             # Return, resultsSentElsewhere, still goes out).
-            self.questions.advance(question, QI.RETURN_TAKE)
+            self.questions.advance(question, QI_RETURN_TAKE)
             if not answer.result.pipelined:
                 answer.result.cancel()
             return
-        self.questions.advance(question, QI.RETURN_TAKE)
+        self.questions.advance(question, QI_RETURN_TAKE)
         source = answer.result.add_ref()
 
         def forward(done: CallResult) -> None:
-            if question.state is QS.TAKING:
+            if question.state is Q_TAKING:
                 if done.error is not None:
-                    self._settle(question, QI.TAKE_SETTLED, None, done.error)
+                    self._settle(question, QI_TAKE_SETTLED, None, done.error)
                 else:
-                    self._settle(question, QI.TAKE_SETTLED, SharedPayload(done.payload), None)
+                    self._settle(question, QI_TAKE_SETTLED, SharedPayload(done.payload), None)
             source.release()
 
         source.add_done_callback(forward)
@@ -648,7 +658,7 @@ class RpcSession:
         guard = bool(question.pipelines)
         if guard:
             question.add_holder()
-        if self.questions.advance(question, event) is not QS.RETURNED:
+        if self.questions.advance(question, event) is not Q_RETURNED:
             # Finished early (or disconnected): nobody waits for these results.
             result, question.result = question.result, None
             if result is not None:
@@ -678,8 +688,8 @@ class RpcSession:
             payload.release()
         if guard:
             question.drop_holder()
-        elif not question.holders and question.state is QS.RETURNED:
-            self.questions.advance(question, QI.UNWANTED)  # (settling the result may have)
+        elif not question.holders and question.state is Q_RETURNED:
+            self.questions.advance(question, QI_UNWANTED)  # (settling the result may have)
 
     # -------------------------------------------------------------- abort, unimplemented
     def _on_abort(self, message: Any, segments: Segments) -> None:
@@ -700,11 +710,11 @@ class RpcSession:
                 inner.bootstrap.questionId if which == "bootstrap" else inner.call.questionId
             )
             question = self.questions.entries.get(question_id)
-            if question is not None and question.state is QS.AWAITING_RETURN:
+            if question is not None and question.state is Q_AWAITING_RETURN:
                 # The peer never saw the call: nothing to finish either.
                 question.no_finish_needed = True
                 failure = Unimplemented(f"peer does not implement {which}")
-                self._settle(question, QI.RETURN, None, failure)
+                self._settle(question, QI_RETURN, None, failure)
             return
         raise RemoteProtocolError(f"peer did not understand our {which!r} message")
 
