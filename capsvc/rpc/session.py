@@ -511,6 +511,8 @@ class RpcSession:
     ) -> tuple[list[Hook | None], tuple[int, ...]]:
         """The same for a cap table read from the raw words (wire.read_cap_table)."""
         caps: list[Hook | None] = []
+        if not entries:  # the common case: a cap-free payload
+            return caps, ()
         reflected: list[int] = []
         receive = self.imports.receive_entry
         for index, (kind, number, path) in enumerate(entries):
