@@ -117,21 +117,24 @@ class TrioExecutor:
         call.result.release()
         # Only a call a peer made may run inline, never one a local caller made: that
         # caller must not find the callee running inside its own call.
-        if len(hook.pending) == 1:
-            if call.from_peer:
-                if _runs_inline(hook.server, call):
-                    hook.pending.popleft()
-                    _run_inline(hook.server, call, None)
-                    return
-            elif call.received:
-                pool = _pool()
-                if 0 < pool.settling < MAX_SETTLING and _runs_inline(hook.server, call):
-                    hook.pending.popleft()
-                    _run_inline(hook.server, call, pool)
-                    return
+        alone = len(hook.pending) == 1
+        if alone and call.from_peer and _runs_inline(hook.server, call):
+            hook.pending.popleft()
+            _run_inline(hook.server, call, None)
+            return
+        pool = _pool()
+        if (
+            alone
+            and call.received
+            and 0 < pool.settling < MAX_SETTLING
+            and _runs_inline(hook.server, call)
+        ):
+            hook.pending.popleft()
+            _run_inline(hook.server, call, pool)
+            return
         if not call.received:
             call.result.local_hook = hook  # the caller may begin it when it awaits
-        _pool().run(hook)
+        pool.run(hook)
 
 
 def _begin_awaited(result: CallResult) -> None:
@@ -209,7 +212,9 @@ def _run_inline(server: Any, call: OutgoingCall, pool: _WorkerPool | None) -> No
             _settle_as_runtime(pool, result, outcome)
         call.params.release()
     else:  # an awaitable after all: finish it in a task of its own
-        trio.lowlevel.spawn_system_task(_run_call, server, call, outcome, name="capsvc call")
+        trio.lowlevel.spawn_system_task(
+            _run_call, server, call, outcome, pool or _pool(), name="capsvc call"
+        )
 
 
 def typed_dispatch(
@@ -311,7 +316,7 @@ class _WorkerPool:
     async def _work(self, hook: LocalServerHook | None) -> None:
         me = trio.lowlevel.current_task()
         while hook is not None:
-            await _run_next_call(hook)
+            await _run_next_call(hook, self)
             # An idle worker must not keep the last object it served alive. Rebound, not
             # deleted: mypyc does not support `del` of a local in an async function.
             hook = None
@@ -342,7 +347,7 @@ def _pool() -> _WorkerPool:
         return pool
 
 
-async def _run_next_call(hook: LocalServerHook) -> None:
+async def _run_next_call(hook: LocalServerHook, pool: _WorkerPool) -> None:
     if not hook.pending:
         return  # its caller began it when it awaited the result (_begin_awaited)
     call = hook.pending.popleft()
@@ -350,10 +355,13 @@ async def _run_next_call(hook: LocalServerHook) -> None:
         call.params.release()
         return  # cancelled before it started
     server = hook.server
-    await _run_call(server, call, server._dispatch(call.interface_id, call.method_id, call.params))
+    work = server._dispatch(call.interface_id, call.method_id, call.params)
+    await _run_call(server, call, work, pool)
 
 
-async def _run_call(server: Any, call: OutgoingCall, work: Awaitable[Payload]) -> None:
+async def _run_call(
+    server: Any, call: OutgoingCall, work: Awaitable[Payload], pool: _WorkerPool
+) -> None:
     """Await ``work`` (the method's results) with a cancel scope the caller's Finish can
     trigger (rpc-protocol.md §4, callee step 4), and settle the call's result."""
     result = call.result
@@ -367,7 +375,7 @@ async def _run_call(server: Any, call: OutgoingCall, work: Awaitable[Payload]) -
             except Exception as error:
                 _fail(result, server, call, error)
                 return
-            _settle_as_runtime(_pool(), result, payload)
+            _settle_as_runtime(pool, result, payload)
         if scope.cancelled_caught:
             result.set_error(Failed("call was canceled"))
     finally:

@@ -497,30 +497,17 @@ class RpcSession:
 
     def _receive_cap_table(self, cap_table: Any) -> tuple[list[Hook | None], tuple[int, ...]]:
         """The hooks of a received cap table, and the indices the peer reflected to us."""
-        caps: list[Hook | None] = []
-        reflected: list[int] = []
-        for index, desc in enumerate(cap_table):
-            hook, was_reflected = self.imports.receive(desc)
-            caps.append(hook)
-            if was_reflected:
-                reflected.append(index)
-        return caps, tuple(reflected)
+        receive = self.imports.receive
+        return _hooks_and_reflected([receive(desc) for desc in cap_table])
 
     def _receive_cap_entries(
         self, entries: list[wire.CapEntry]
     ) -> tuple[list[Hook | None], tuple[int, ...]]:
         """The same for a cap table read from the raw words (wire.read_cap_table)."""
-        caps: list[Hook | None] = []
         if not entries:  # the common case: a cap-free payload
-            return caps, ()
-        reflected: list[int] = []
+            return [], ()
         receive = self.imports.receive_entry
-        for index, (kind, number, path) in enumerate(entries):
-            hook, was_reflected = receive(kind, number, path)
-            caps.append(hook)
-            if was_reflected:
-                reflected.append(index)
-        return caps, tuple(reflected)
+        return _hooks_and_reflected([receive(kind, num, path) for kind, num, path in entries])
 
     # -------------------------------------------------------------- finish, release, resolve
     def _on_finish(self, message: Any, segments: Segments) -> None:
@@ -776,3 +763,11 @@ RpcSession._HANDLERS = {
 def _kj_reason(error: Exception) -> str:
     text = str(error)
     return text.split("\nstack:")[0]
+
+
+def _hooks_and_reflected(
+    received: list[tuple[Hook | None, bool]],
+) -> tuple[list[Hook | None], tuple[int, ...]]:
+    """A cap table's hooks, in order, and the indices of those the peer reflected to us."""
+    caps = [hook for hook, _ in received]
+    return caps, tuple(index for index, (_, reflected) in enumerate(received) if reflected)
