@@ -243,7 +243,13 @@ class Connection:
                 if self._drain_reason is not None:
                     nursery.start_soon(self._finish_drain, nursery.cancel_scope)
                 self._running = True
-                await self._reader()
+                try:
+                    await self._reader()
+                finally:
+                    # From here the nursery may close (its last task ending) before this
+                    # task resumes: ``drain`` must not start a task in it (a server
+                    # draining a connection whose peer just left, issue 13 point 2).
+                    self._nursery = None
                 nursery.cancel_scope.cancel()
         finally:
             self._shutdown(self.close_reason or Disconnected("connection closed"))

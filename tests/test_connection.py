@@ -488,3 +488,31 @@ async def test_one_call_at_a_time_costs_the_reader_one_step_each() -> None:
         assert calls <= steps.steps <= calls + 2, steps.steps
         await client.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_drain_while_the_connection_closes_is_harmless() -> None:
+    """Regression: a server draining (SIGTERM) a connection whose peer had just left
+    started the drain's task in the connection's nursery after that nursery had closed,
+    and the RuntimeError took every other connection of the server down with it. The
+    drain here comes k scheduler passes after the peer closed, for every k up to the
+    connection's end, so one of them lands between its last task ending and ``run``
+    returning."""
+    for passes in range(12):
+        left, right = memory_stream_pair()
+        server = Connection(left, Tester()._new_hook())
+        ended = trio.Event()
+
+        async def serve(server: Connection = server, ended: trio.Event = ended) -> None:
+            await server.run()
+            ended.set()
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(serve)
+                await trio.testing.wait_all_tasks_blocked()
+                await right.aclose()  # the peer leaves
+                for _ in range(passes):
+                    await trio.lowlevel.checkpoint()
+                server.drain("the server is shutting down")
+                await ended.wait()
+        assert isinstance(server.close_reason, capsvc.Disconnected)
