@@ -29,6 +29,19 @@ class Flushable(Protocol):
     def flush_at_end_of_pass(self) -> None: ...
 
 
+#: How many scheduler passes a reader's offer stays open (capsvc.connection, "Callers
+#: read") while the loop keeps running: the caller it woke may first start another task
+#: that makes the call. A caller that cannot read wakes the reader itself, so this bounds
+#: only how long input nobody waits for (an Abort, end of file) stays unread.
+OFFER_PASSES = 4
+
+
+class StandingBy(Protocol):
+    """A connection whose reader task stands by while a caller reads for it."""
+
+    def wake_unclaimed(self) -> None: ...
+
+
 class EndOfPassFlusher(trio.abc.Instrument):
     """The per-run instrument; see the module docstring."""
 
@@ -37,17 +50,33 @@ class EndOfPassFlusher(trio.abc.Instrument):
         #: Scheduler passes so far: a reader that sees this move knows that the tasks it
         #: woke have run and their output has left since it last looked.
         self.passes = 0
+        #: Connections whose reader stands by for a caller to read in its place
+        #: (capsvc.connection, "Callers read"), each with ``passes`` when it began to.
+        #: One unclaimed for OFFER_PASSES passes, or when the loop is about to sleep,
+        #: gets its reader back.
+        self.offers: dict[StandingBy, int] = {}
 
     def before_io_wait(self, timeout: float) -> None:
         self.passes += 1
-        if not self.dirty:
-            return
-        dirty, self.dirty = self.dirty, {}
-        for connection in dirty:
-            try:
-                connection.flush_at_end_of_pass()
-            except Exception:  # an instrument that raises is disabled by trio: never raise
-                trio.lowlevel.current_trio_token().run_sync_soon(_log_flush_error)
+        if self.dirty:
+            dirty, self.dirty = self.dirty, {}
+            for connection in dirty:
+                try:
+                    connection.flush_at_end_of_pass()
+                except Exception:  # an instrument that raises is disabled by trio: never
+                    trio.lowlevel.current_trio_token().run_sync_soon(_log_flush_error)
+        if self.offers:
+            self._wake_unclaimed(timeout > 0)
+
+    def _wake_unclaimed(self, sleeping: bool) -> None:
+        # After the sends above: the wake-up (a write to trio's wake-up socket, which cuts
+        # the coming sleep short) follows this pass's output instead of delaying it. A
+        # loop about to sleep has no task left that could take an offer: wake them all.
+        passes = self.passes
+        for standing_by, since in list(self.offers.items()):
+            if sleeping or passes - since >= OFFER_PASSES:
+                del self.offers[standing_by]
+                trio.lowlevel.current_trio_token().run_sync_soon(standing_by.wake_unclaimed)
 
 
 def _log_flush_error() -> None:

@@ -40,6 +40,12 @@ async def wait_result(result: CallResult, on_cancel: Callable[[], None] | None =
     if result.done:
         await trio.lowlevel.checkpoint()
         return
+    if backpressure is not None and backpressure.claim_reading():
+        # One call at a time: this task reads its Return itself (capsvc.connection,
+        # "Callers read"), a scheduler pass sooner than the reader task would wake it.
+        await backpressure.read_for(result, on_cancel)
+        if result.done:
+            return
     waiter = _Waiter(trio.lowlevel.current_task(), result, on_cancel)
     result.add_done_callback(waiter)
     await trio.lowlevel.wait_task_rescheduled(waiter.abort)

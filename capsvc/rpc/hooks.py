@@ -238,12 +238,23 @@ class RemoteQuestion(Protocol):
 class Backpressure(Protocol):
     """The driver of the connection a call went out on, as the caller's runtime sees it:
     whether its output is over its bound, and a way to wait until it is not (DESIGN.md,
-    "Buffered framing"). The engine only passes it along; it never waits itself."""
+    "Buffered framing"); and whether the caller may read the connection for its result
+    itself (capsvc.connection, "Callers read"). The engine only passes it along; it never
+    waits itself."""
 
     @property
     def over_limit(self) -> bool: ...
 
     async def wait_writable(self) -> None: ...
+
+    def claim_reading(self) -> bool:
+        """Whether a caller about to wait for a result is to read the connection itself."""
+        ...
+
+    async def read_for(self, result: CallResult, on_cancel: Callable[[], None] | None) -> None:
+        """Read and deliver the peer's messages in the calling task until ``result``
+        settles, or until the connection's reader must take over again."""
+        ...
 
 
 class ObservedCall(Protocol):

@@ -1,0 +1,256 @@
+"""Callers read (capsvc.connection, "Callers read"; issue 10, c1 per-call cost).
+
+A caller awaiting the only question in flight on a connection that exports nothing reads
+its Return in its own task while the connection's reader task stands by. Both connections
+of each test share one trio loop over a socket pair (capsvc's FastSocketStream, the stream
+TCP and Unix connections use), so a task's steps can be counted. Every way the reading can
+end is checked: the caller's result, a cancelled caller, end of file, an error, a framing
+violation, a caller that stops calling, and concurrent callers.
+Real time only where a peer must act (the waits are bounded by ``fail_after``).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import capsvc
+from capsvc.connection import Connection
+from capsvc.transport.fastsocket import FastSocketStream
+from tests.support.tester import Counter, Tester, TesterImpl
+
+IO_DEADLINE = 10  # real time: bounds waits on the other end of a socket
+
+
+class TaskSteps(trio.abc.Instrument):
+    """Counts the steps of the tasks with one name (a connection's run task: its reader)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name == self.name:
+            self.steps += 1
+
+
+class Slow(TesterImpl):
+    """A Tester whose ``slow`` says when it began and whether it was cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.began = trio.Event()
+        self.cancelled = trio.Event()
+
+    async def slow(self, params: Any, results: Any) -> None:
+        self.began.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            self.cancelled.set()
+
+
+@asynccontextmanager
+async def pair(
+    server_object: Any = None, client_bootstrap: Any = None
+) -> AsyncIterator[tuple[Connection, Connection]]:
+    left, right = socket.socketpair()
+    served_object = server_object if server_object is not None else TesterImpl()
+    served = Connection(FastSocketStream(left), served_object._new_hook(), busy_poll=None)
+    offered = client_bootstrap._new_hook() if client_bootstrap is not None else None
+    client = Connection(FastSocketStream(right), offered, busy_poll=None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(served.run, name="served connection")
+        nursery.start_soon(client.run, name="client connection")
+        try:
+            yield client, served
+        finally:
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def warm(client: Connection) -> Any:
+    tester = client.bootstrap(Tester)
+    assert (await tester.echo(msg="warm")).reply == "warm"  # the bootstrap has resolved
+    return tester
+
+
+async def test_a_lone_call_is_read_by_its_caller_and_the_reader_stands_by() -> None:
+    async with pair() as (client, _served):
+        tester = await warm(client)
+        steps = TaskSteps("client connection")
+        trio.lowlevel.add_instrument(steps)
+        try:
+            for index in range(40):
+                assert (await tester.echo(msg=str(index))).reply == str(index)
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        # Without callers reading, the client's reader takes a step per Return.
+        assert steps.steps <= 2, steps.steps
+
+
+async def test_concurrent_calls_are_read_by_the_reader_task() -> None:
+    async with pair() as (client, _served):
+        tester = await warm(client)
+        steps = TaskSteps("client connection")
+        replies: list[str] = []
+
+        async def caller(name: str) -> None:
+            for index in range(10):
+                replies.append((await tester.echo(msg=f"{name}{index}")).reply)
+
+        trio.lowlevel.add_instrument(steps)
+        try:
+            with trio.fail_after(IO_DEADLINE):
+                async with trio.open_nursery() as nursery:
+                    for name in "abcd":
+                        nursery.start_soon(caller, name)
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        assert sorted(replies) == sorted(f"{n}{i}" for n in "abcd" for i in range(10))
+        assert steps.steps >= 10, steps.steps  # the reader read (its steps, not callers')
+
+
+async def test_the_reader_takes_over_when_the_caller_stops_calling() -> None:
+    """After its call the caller goes quiet; the peer then ends the connection. Nobody
+    calls again, so only the reader can notice: it must be reading again."""
+    async with pair() as (client, served):
+        tester = await warm(client)
+        assert (await tester.echo(msg="last")).reply == "last"
+        with trio.fail_after(IO_DEADLINE):
+            served.drain("the server is going away")
+            await client.wait_closed()
+        assert isinstance(client.close_reason, capsvc.Disconnected)
+        assert "the server is going away" in str(client.close_reason)
+
+
+async def test_a_cancelled_reading_caller_hands_reading_back() -> None:
+    slow = Slow()
+    async with pair(slow) as (client, _served):
+        tester = await warm(client)
+        with trio.fail_after(IO_DEADLINE):
+            async with trio.open_nursery() as nursery:
+
+                async def caller() -> None:
+                    await tester.slow(ms=0)
+
+                nursery.start_soon(caller)
+                await slow.began.wait()  # the caller is reading for its Return now
+                assert client._caller_reading
+                nursery.cancel_scope.cancel()
+            await slow.cancelled.wait()  # its Finish reached the server
+            assert not client._caller_reading
+            # The connection goes on: later calls are read, by callers or the reader.
+            for index in range(3):
+                assert (await tester.echo(msg=str(index))).reply == str(index)
+
+
+async def test_end_of_file_while_the_caller_reads_fails_the_call_typed() -> None:
+    slow = Slow()
+    async with pair(slow) as (client, served):
+        tester = await warm(client)
+        with trio.fail_after(IO_DEADLINE):
+            async with trio.open_nursery() as nursery:
+                failures: list[BaseException] = []
+
+                async def caller() -> None:
+                    with pytest.raises(capsvc.Disconnected) as raised:
+                        await tester.slow(ms=0)
+                    failures.append(raised.value)
+
+                nursery.start_soon(caller)
+                await slow.began.wait()
+                assert client._caller_reading
+                served.stream.socket.shutdown(socket.SHUT_WR)  # type: ignore[attr-defined]
+            await client.wait_closed()
+        assert len(failures) == 1
+        assert str(client.close_reason) == "peer closed the connection"
+
+
+async def test_a_stream_closed_under_the_reading_caller_fails_the_call_typed() -> None:
+    """The caller's receive meets an error (here ClosedResourceError: the stream was
+    closed by another task); it hands the error to the reader task, which ends the
+    connection, and the call fails with Disconnected."""
+    slow = Slow()
+    async with pair(slow) as (client, _served):
+        tester = await warm(client)
+        with trio.fail_after(IO_DEADLINE):
+            async with trio.open_nursery() as nursery:
+                failures: list[BaseException] = []
+
+                async def caller() -> None:
+                    with pytest.raises(capsvc.Disconnected) as raised:
+                        await tester.slow(ms=0)
+                    failures.append(raised.value)
+
+                nursery.start_soon(caller)
+                await slow.began.wait()
+                assert client._caller_reading
+                await client.stream.aclose()
+            await client.wait_closed()
+        assert len(failures) == 1
+        assert "ClosedResourceError" in str(client.close_reason), client.close_reason
+
+
+async def test_a_framing_violation_read_by_a_caller_aborts_with_its_reason() -> None:
+    slow = Slow()
+    async with pair(slow) as (client, served):
+        tester = await warm(client)
+        with trio.fail_after(IO_DEADLINE):
+            async with trio.open_nursery() as nursery:
+                failures: list[BaseException] = []
+
+                async def caller() -> None:
+                    try:
+                        await tester.slow(ms=0)
+                    except capsvc.RpcError as error:
+                        failures.append(error)
+
+                nursery.start_soon(caller)
+                await slow.began.wait()
+                assert client._caller_reading
+                # A frame header claiming 2**31 segments, from the server's side.
+                served.stream.socket.send(b"\xff\xff\xff\x7f" + bytes(4))  # type: ignore[attr-defined]
+                await client.wait_closed()
+        assert len(failures) == 1
+        assert "segment" in str(client.session.abort_reason), client.session.abort_reason
+        assert str(failures[0]) == str(client.close_reason)
+
+
+async def test_a_connection_that_exports_keeps_reading_in_its_reader() -> None:
+    """The peer may call what we export at any time: such calls must not run in a task
+    of ours that happens to be waiting for a Return, so nothing is read by callers."""
+    async with pair() as (client, _served):
+        tester = await warm(client)
+
+        class Mine(capsvc.Server, interface=Counter):
+            async def increment(self, params: Any, results: Any) -> int:
+                return 40 + int(params.by)
+
+        steps = TaskSteps("client connection")
+        trio.lowlevel.add_instrument(steps)
+        try:
+            for _ in range(5):
+                assert (await tester.callCounter(counter=Mine(), by=1)).value == 41
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        assert steps.steps >= 5, steps.steps
+
+
+async def test_a_connection_that_offers_a_bootstrap_keeps_reading_in_its_reader() -> None:
+    async with pair(client_bootstrap=TesterImpl()) as (client, _served):
+        tester = await warm(client)
+        steps = TaskSteps("client connection")
+        trio.lowlevel.add_instrument(steps)
+        try:
+            for index in range(5):
+                assert (await tester.echo(msg=str(index))).reply == str(index)
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        assert steps.steps >= 5, steps.steps
