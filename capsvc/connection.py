@@ -503,7 +503,7 @@ class Connection:
             trio.lowlevel.reschedule(task)
 
     def wake_unclaimed(self) -> None:
-        """The flusher: no caller took the reader's offer within a pass; it reads again."""
+        """The flusher: no caller took the reader's offer in time; it reads again."""
         if not self._caller_reading:
             self._wake_standby()
 
