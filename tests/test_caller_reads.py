@@ -12,7 +12,7 @@ Real time only where a peer must act (the waits are bounded by ``fail_after``).
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,21 +23,10 @@ import trio.testing
 import capsvc
 from capsvc.connection import Connection
 from capsvc.transport.fastsocket import FastSocketStream
+from tests.support.checks import TaskSteps
 from tests.support.tester import Counter, Tester, TesterImpl
 
 IO_DEADLINE = 10  # real time: bounds waits on the other end of a socket
-
-
-class TaskSteps(trio.abc.Instrument):
-    """Counts the steps of the tasks with one name (a connection's run task: its reader)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.steps = 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if task.name == self.name:
-            self.steps += 1
 
 
 class Slow(TesterImpl):
@@ -151,76 +140,61 @@ async def test_a_cancelled_reading_caller_hands_reading_back() -> None:
                 assert (await tester.echo(msg=str(index))).reply == str(index)
 
 
-async def test_end_of_file_while_the_caller_reads_fails_the_call_typed() -> None:
+async def fail_the_reading_caller(
+    act: Callable[[Connection, Connection], Awaitable[object]],
+) -> tuple[Connection, BaseException]:
+    """A caller reads for the Return of a call that never ends; ``act(client, served)``
+    then breaks the connection. Returns the client and the error the call failed with."""
     slow = Slow()
+    failures: list[BaseException] = []
     async with pair(slow) as (client, served):
         tester = await warm(client)
         with trio.fail_after(IO_DEADLINE):
             async with trio.open_nursery() as nursery:
-                failures: list[BaseException] = []
 
                 async def caller() -> None:
-                    with pytest.raises(capsvc.Disconnected) as raised:
+                    with pytest.raises(capsvc.RpcError) as raised:
                         await tester.slow(ms=0)
                     failures.append(raised.value)
 
                 nursery.start_soon(caller)
                 await slow.began.wait()
                 assert client._caller_reading
-                served.stream.socket.shutdown(socket.SHUT_WR)  # type: ignore[attr-defined]
+                await act(client, served)
             await client.wait_closed()
-        assert len(failures) == 1
-        assert str(client.close_reason) == "peer closed the connection"
+    assert len(failures) == 1
+    return client, failures[0]
+
+
+async def test_end_of_file_while_the_caller_reads_fails_the_call_typed() -> None:
+    async def half_close(client: Connection, served: Connection) -> None:
+        served.stream.socket.shutdown(socket.SHUT_WR)  # type: ignore[attr-defined]
+
+    client, failure = await fail_the_reading_caller(half_close)
+    assert isinstance(failure, capsvc.Disconnected)
+    assert str(client.close_reason) == "peer closed the connection"
 
 
 async def test_a_stream_closed_under_the_reading_caller_fails_the_call_typed() -> None:
-    """The caller's receive meets an error (here ClosedResourceError: the stream was
-    closed by another task); it hands the error to the reader task, which ends the
-    connection, and the call fails with Disconnected."""
-    slow = Slow()
-    async with pair(slow) as (client, _served):
-        tester = await warm(client)
-        with trio.fail_after(IO_DEADLINE):
-            async with trio.open_nursery() as nursery:
-                failures: list[BaseException] = []
+    """The caller's receive meets an error (here ClosedResourceError: another task
+    closed the stream); the reader task gets it and ends the connection."""
 
-                async def caller() -> None:
-                    with pytest.raises(capsvc.Disconnected) as raised:
-                        await tester.slow(ms=0)
-                    failures.append(raised.value)
+    async def close(client: Connection, served: Connection) -> None:
+        await client.stream.aclose()
 
-                nursery.start_soon(caller)
-                await slow.began.wait()
-                assert client._caller_reading
-                await client.stream.aclose()
-            await client.wait_closed()
-        assert len(failures) == 1
-        assert "ClosedResourceError" in str(client.close_reason), client.close_reason
+    client, failure = await fail_the_reading_caller(close)
+    assert isinstance(failure, capsvc.Disconnected)
+    assert "ClosedResourceError" in str(client.close_reason), client.close_reason
 
 
 async def test_a_framing_violation_read_by_a_caller_aborts_with_its_reason() -> None:
-    slow = Slow()
-    async with pair(slow) as (client, served):
-        tester = await warm(client)
-        with trio.fail_after(IO_DEADLINE):
-            async with trio.open_nursery() as nursery:
-                failures: list[BaseException] = []
+    async def garbage(client: Connection, served: Connection) -> None:
+        # A frame header claiming 2**31 segments, from the server's side.
+        served.stream.socket.send(b"\xff\xff\xff\x7f" + bytes(4))  # type: ignore[attr-defined]
 
-                async def caller() -> None:
-                    try:
-                        await tester.slow(ms=0)
-                    except capsvc.RpcError as error:
-                        failures.append(error)
-
-                nursery.start_soon(caller)
-                await slow.began.wait()
-                assert client._caller_reading
-                # A frame header claiming 2**31 segments, from the server's side.
-                served.stream.socket.send(b"\xff\xff\xff\x7f" + bytes(4))  # type: ignore[attr-defined]
-                await client.wait_closed()
-        assert len(failures) == 1
-        assert "segment" in str(client.session.abort_reason), client.session.abort_reason
-        assert str(failures[0]) == str(client.close_reason)
+    client, failure = await fail_the_reading_caller(garbage)
+    assert "segment" in str(client.session.abort_reason), client.session.abort_reason
+    assert str(failure) == str(client.close_reason)
 
 
 async def test_a_connection_that_exports_keeps_reading_in_its_reader() -> None:

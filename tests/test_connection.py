@@ -26,7 +26,7 @@ from capsvc.transport import open_listeners, open_stream
 from capsvc.transport.address import parse_address
 from capsvc.transport.capabilities import SocketBackedStream
 from capsvc.transport.memory import memory_stream_pair
-from tests.support.checks import assert_tables, poll_until
+from tests.support.checks import TaskSteps, assert_tables, poll_until
 
 HERE = os.path.dirname(__file__)
 testing = capsvc.load_schema(os.path.join(HERE, "schemas", "testing.capnp"))
@@ -447,18 +447,6 @@ async def test_an_abort_the_vanished_peer_cannot_read_does_not_hold_the_close(
     assert "segment" in str(connection.close_reason)
 
 
-class _ReaderSteps(trio.abc.Instrument):
-    """Counts the steps of one task (the served connection's run task)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.steps = 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if task.name == self.name:
-            self.steps += 1
-
-
 class InlineTester(capsvc.Server, interface=testing.Tester):
     def echo(self, params: object, results: object) -> str:  # plain: runs in the reader
         return params.msg  # type: ignore[attr-defined,no-any-return]
@@ -474,7 +462,7 @@ async def test_one_call_at_a_time_costs_the_reader_one_step_each() -> None:
     left, right = socket.socketpair()
     served = Connection(FastSocketStream(left), InlineTester()._new_hook(), busy_poll=None)
     client = Connection(FastSocketStream(right), busy_poll=None)
-    steps = _ReaderSteps("served connection")
+    steps = TaskSteps("served connection")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(served.run, name="served connection")
         nursery.start_soon(client.run, name="client connection")

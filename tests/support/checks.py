@@ -94,3 +94,15 @@ def peer_deadline(seconds: float = 20.0) -> trio.CancelScope:
     Generous: it only decides how long a hung test takes to fail.
     """
     return trio.fail_after(seconds)
+
+
+class TaskSteps(trio.abc.Instrument):
+    """Counts the steps of the tasks with one name (a connection's run task, its reader)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name == self.name:
+            self.steps += 1
