@@ -228,3 +228,13 @@ async def test_a_connection_that_offers_a_bootstrap_keeps_reading_in_its_reader(
         finally:
             trio.lowlevel.remove_instrument(steps)
         assert steps.steps >= 5, steps.steps
+
+
+async def test_an_abort_read_by_a_caller_ends_the_connection_with_its_reason() -> None:
+    async def abort(client: Connection, served: Connection) -> None:
+        served.expire_drain("the server gave up on this connection")
+
+    client, failure = await fail_the_reading_caller(abort)
+    assert isinstance(failure, capsvc.Disconnected)
+    assert "the server gave up on this connection" in str(failure)
+    assert "the server gave up on this connection" in str(client.close_reason)
