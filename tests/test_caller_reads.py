@@ -25,24 +25,9 @@ from capsvc.connection import Connection
 from capsvc.transport.fastsocket import FastSocketStream
 from tests.support.checks import TaskSteps
 from tests.support.tester import Counter, Tester, TesterImpl
+from tests.test_connection import WatchedTester
 
 IO_DEADLINE = 10  # real time: bounds waits on the other end of a socket
-
-
-class Slow(TesterImpl):
-    """A Tester whose ``slow`` says when it began and whether it was cancelled."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.began = trio.Event()
-        self.cancelled = trio.Event()
-
-    async def slow(self, params: Any, results: Any) -> None:
-        self.began.set()
-        try:
-            await trio.sleep_forever()
-        finally:
-            self.cancelled.set()
 
 
 @asynccontextmanager
@@ -120,7 +105,7 @@ async def test_the_reader_takes_over_when_the_caller_stops_calling() -> None:
 
 
 async def test_a_cancelled_reading_caller_hands_reading_back() -> None:
-    slow = Slow()
+    slow = WatchedTester()
     async with pair(slow) as (client, _served):
         tester = await warm(client)
         with trio.fail_after(IO_DEADLINE):
@@ -145,7 +130,7 @@ async def fail_the_reading_caller(
 ) -> tuple[Connection, BaseException]:
     """A caller reads for the Return of a call that never ends; ``act(client, served)``
     then breaks the connection. Returns the client and the error the call failed with."""
-    slow = Slow()
+    slow = WatchedTester()
     failures: list[BaseException] = []
     async with pair(slow) as (client, served):
         tester = await warm(client)
