@@ -17,18 +17,21 @@ Theory of operation (DESIGN.md, "Buffered framing"):
   delaying it, so that work overlaps the peer's. Anything else produced in the pass still
   leaves at its end (capsvc.flusher).
 - Callers read: on a connection that offers no bootstrap and exports nothing (no peer's
-  call can arrive for us, so none runs in a caller's task), a caller awaiting the only question
-  in flight reads the stream itself instead of waiting for the reader task to wake it
-  (``read_for``, from capsvc.runtime.wait_result). The reader offers this after it
-  delivered input while no other question is in flight (one call at a time) and stands
-  by: the woken caller's next call sends its Call and receives its Return in its own task,
+  call can arrive for us, so none runs in a caller's task), a caller that would be the
+  only one waiting for a result reads the stream itself instead of waiting for the reader
+  task to wake it (``read_for``, from capsvc.runtime.wait_result). The reader offers this
+  after it delivered input that left no caller waiting (one call at a time, or one task's
+  pipelined calls) and stands by: the woken caller's next call sends its Call and
+  receives its Return in its own task,
   so a round trip costs the client one scheduler pass instead of two (the reader's, then
   the caller's), and the receive that finds nothing follows the send (measured with raw
   trio: a reader task waking the caller is ~15% slower than one task at one call at a
   time). Anything but plain messages (end of file, an error, the session ending, flow
   control, a long batch) the caller hands back to the reader task, which goes on from
-  there; so does a caller cancelled while it reads. An offer no caller takes within the
-  next pass wakes the reader again (capsvc.flusher), so input is never left unread.
+  there; so does a caller cancelled while it reads, and one whose result came while other
+  callers still wait. A caller that cannot read wakes a reader standing by; an offer no
+  caller takes is withdrawn when the loop is about to sleep, or after a few passes
+  (capsvc.flusher), so input is never left unread.
 - The reader delivers at most ``MESSAGES_PER_PASS`` messages per scheduler pass, then
   yields: the replies to the first calls leave at the end of that pass while the rest are
   still being read, so with many calls in flight both peers work at once instead of
@@ -210,6 +213,8 @@ class Connection:
         self._nursery: trio.Nursery | None = None
         # Callers read (module docstring): the reader task while it stands by, whether a
         # caller reads now, and what the last one handed back to the reader.
+        #: Callers parked waiting for results of calls on this connection (runtime._Waiter).
+        self.waiting = 0
         self._can_stand_by = False  # set below, with the stream's fast paths
         self._standby_task: trio.lowlevel.Task | None = None
         self._caller_reading = False
@@ -461,13 +466,13 @@ class Connection:
     # ------------------------------------------------------------------ callers read
     def _may_stand_by(self) -> bool:
         """Whether the reader, having delivered what it read, should let callers read in
-        its place (module docstring): one call at a time on a connection that offers no
-        bootstrap and exports nothing (so no peer's call can run in a caller's task), not
-        draining."""
+        its place (module docstring): no caller waits for a result any more, and the
+        connection offers no bootstrap and exports nothing (so no peer's call can run in a
+        caller's task), not draining."""
         session = self.session
         return (
             self._can_stand_by
-            and len(session.questions.entries) <= 1
+            and self.waiting == 0
             and not session.exports.entries
             and session.bootstrap_hook is None
             and self._drain_reason is None
@@ -510,13 +515,12 @@ class Connection:
     def claim_reading(self) -> bool:
         """A caller is about to wait for a result of this connection
         (capsvc.runtime.wait_result): True if it is to read the stream itself
-        (``read_for``), because the reader stands by, nobody else reads, and its call is
-        the only question in flight on a connection exporting nothing. Otherwise a reader
-        standing by reads again now: a waiting caller needs it."""
+        (``read_for``), because the reader stands by, nobody else reads or waits, and the
+        connection exports nothing. Otherwise a reader standing by reads again now: a
+        waiting caller needs it."""
         if self._standby_task is None or self._caller_reading:
             return False
-        session = self.session
-        if len(session.questions.entries) == 1 and not session.exports.entries:
+        if self.waiting == 0 and not self.session.exports.entries:
             self._caller_reading = True
             if self._flusher is not None:
                 self._flusher.offers.pop(self, None)
@@ -558,8 +562,8 @@ class Connection:
                     return
         finally:
             self._caller_reading = False
-            if handing_back or not result.done or len(self.session.questions.entries) > 1:
-                # (Other calls went out while we read: their Returns are the reader's.)
+            if handing_back or not result.done or self.waiting:
+                # (Other callers wait for Returns we did not read: the reader's job.)
                 self._wake_standby()
             elif self._standby_task is not None:
                 flusher.offers[self] = flusher.passes  # a next call of ours may read again

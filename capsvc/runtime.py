@@ -20,7 +20,7 @@ import trio
 
 from capsvc import names
 from capsvc.errors import Failed, RpcError, Unimplemented
-from capsvc.rpc.hooks import CallResult, LocalServerHook, OutgoingCall
+from capsvc.rpc.hooks import Backpressure, CallResult, LocalServerHook, OutgoingCall
 from capsvc.rpc.payload import Payload, new_codec_return
 
 log = logging.getLogger("capsvc")
@@ -46,8 +46,10 @@ async def wait_result(result: CallResult, on_cancel: Callable[[], None] | None =
         await backpressure.read_for(result, on_cancel)
         if result.done:
             return
-    waiter = _Waiter(trio.lowlevel.current_task(), result, on_cancel)
+    waiter = _Waiter(trio.lowlevel.current_task(), result, on_cancel, backpressure)
     result.add_done_callback(waiter)
+    if backpressure is not None:
+        backpressure.waiting += 1  # (a caller waiting: none may read in the reader's place)
     await trio.lowlevel.wait_task_rescheduled(waiter.abort)
 
 
@@ -78,22 +80,29 @@ class _Waiter:
     the garbage collector runs, delaying the promise's release (and so its Finish).
     """
 
-    __slots__ = ("on_cancel", "result", "task")
+    __slots__ = ("connection", "on_cancel", "result", "task")
 
     def __init__(
         self,
         task: trio.lowlevel.Task,
         result: CallResult,
         on_cancel: Callable[[], None] | None,
+        connection: Backpressure | None,
     ) -> None:
         self.task = task
         self.result = result
         self.on_cancel = on_cancel
+        #: The connection the call went out on, whose count of waiting callers this is in.
+        self.connection = connection
 
     def __call__(self, _: CallResult) -> None:
+        if self.connection is not None:
+            self.connection.waiting -= 1
         trio.lowlevel.reschedule(self.task)
 
     def abort(self, _: Any) -> trio.lowlevel.Abort:
+        if self.connection is not None:
+            self.connection.waiting -= 1
         self.result.remove_done_callback(self)
         if self.on_cancel is not None:
             self.on_cancel()

@@ -1,7 +1,8 @@
 """Callers read (capsvc.connection, "Callers read"; issue 10, c1 per-call cost).
 
-A caller awaiting the only question in flight on a connection that exports nothing reads
-its Return in its own task while the connection's reader task stands by. Both connections
+A caller that would be the only one waiting for a result, on a connection that offers no
+bootstrap and exports nothing, reads its Return in its own task while the connection's
+reader task stands by. Both connections
 of each test share one trio loop over a socket pair (capsvc's FastSocketStream, the stream
 TCP and Unix connections use), so a task's steps can be counted. Every way the reading can
 end is checked: the caller's result, a cancelled caller, end of file, an error, a framing
@@ -66,6 +67,23 @@ async def test_a_lone_call_is_read_by_its_caller_and_the_reader_stands_by() -> N
         finally:
             trio.lowlevel.remove_instrument(steps)
         # Without callers reading, the client's reader takes a step per Return.
+        assert steps.steps <= 2, steps.steps
+
+
+async def test_a_task_awaiting_the_last_of_its_pipelined_calls_reads_them_all() -> None:
+    """Two questions in flight, one task waiting (for the call pipelined on the other's
+    result): the caller reads both Returns, as the calculator's pipelined calls do."""
+    async with pair() as (client, _served):
+        tester = await warm(client)
+        steps = TaskSteps("client connection")
+        trio.lowlevel.add_instrument(steps)
+        try:
+            for start in range(20):
+                counter = tester.newCounter(start=start).counter  # not awaited
+                assert (await counter.increment(by=2)).value == start + 2
+                del counter
+        finally:
+            trio.lowlevel.remove_instrument(steps)
         assert steps.steps <= 2, steps.steps
 
 

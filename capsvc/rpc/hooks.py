@@ -242,6 +242,9 @@ class Backpressure(Protocol):
     itself (capsvc.connection, "Callers read"). The engine only passes it along; it never
     waits itself."""
 
+    #: How many callers wait (parked) for results of calls that went out on it.
+    waiting: int
+
     @property
     def over_limit(self) -> bool: ...
 
