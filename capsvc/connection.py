@@ -218,6 +218,7 @@ class Connection:
         self._can_stand_by = False  # set below, with the stream's fast paths
         self._standby_task: trio.lowlevel.Task | None = None
         self._caller_reading = False
+        self._interrupted = False  # _interrupt_reading_caller woke the reading caller
         self._handback: bytes | bytearray | BaseException | None = None
         self._drain_reason: str | None = None
         self._drain_expired = False
@@ -321,6 +322,7 @@ class Connection:
         # rpc.capnp: an Abort says why the connection ends; disconnected tells the peer
         # the fault is not its own and a new connection may succeed.
         session.abort(reason, ExceptionType.DISCONNECTED)
+        self._interrupt_reading_caller()
         with trio.move_on_after(5):
             await self._wait_output_written()
         self.close_reason = session.closed
@@ -374,10 +376,11 @@ class Connection:
                 await self._wait_flow()
             data: bytes | bytearray | None
             try:
-                if stand_by:
+                if stand_by and self._may_stand_by():  # (asked again: we may have waited)
                     stand_by = False
                     data = await self._stand_by()
                 else:
+                    stand_by = False
                     # The fast receive parks only when nothing is waiting: a Call answered
                     # inline has its Return flushed at the end of this very pass.
                     data = await receive_some(65536)
@@ -512,6 +515,19 @@ class Connection:
         if not self._caller_reading:
             self._wake_standby()
 
+    def _interrupt_reading_caller(self) -> None:
+        """The session ended from our side (a drain's Abort, a timeout) while a caller
+        reads: its call has failed, so wake it from its receive now instead of when the
+        peer next sends or the stream closes (the reader task takes over)."""
+        stream = self.stream
+        if not self._caller_reading or self._interrupted:
+            return
+        if isinstance(stream, SocketBackedStream):
+            self._interrupted = True
+            # trio wakes the socket's waiter with ClosedResourceError; the socket stays
+            # open and usable (the next wait registers it again).
+            trio.lowlevel.notify_closing(stream.socket)
+
     def claim_reading(self) -> bool:
         """A caller is about to wait for a result of this connection
         (capsvc.runtime.wait_result): True if it is to read the stream itself
@@ -548,7 +564,10 @@ class Connection:
                     handing_back = True
                     raise
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
-                    self._handback = error
+                    # After ``_interrupt_reading_caller`` the stream is fine and the session
+                    # has ended: the reader task finishes that as its own receive would.
+                    if not (self._interrupted and isinstance(error, trio.ClosedResourceError)):
+                        self._handback = error
                     handing_back = True
                     return
                 if not data:
@@ -562,8 +581,10 @@ class Connection:
                     return
         finally:
             self._caller_reading = False
-            if handing_back or not result.done or self.waiting:
-                # (Other callers wait for Returns we did not read: the reader's job.)
+            self._interrupted = False
+            if handing_back or not result.done or not self._may_stand_by():
+                # (Other callers wait for Returns we did not read, or the connection now
+                # exports something or drains: the reader's job.)
                 self._wake_standby()
             elif self._standby_task is not None:
                 flusher.offers[self] = flusher.passes  # a next call of ours may read again
@@ -576,8 +597,13 @@ class Connection:
         session = self.session
         decoder = self._decoder
         delivered = 0
+        exports = session.exports.entries
         try:
             while delivered < self.messages_per_pass and not session.flow_blocked:
+                if exports:
+                    # Another task passed a capability while we read: the peer's calls to
+                    # it must not run in this caller's task (module docstring).
+                    break
                 segments = decoder.next_message()
                 if segments is None:
                     self._note_input(delivered > 0)
@@ -710,6 +736,7 @@ class Connection:
         # An idle connection is let go (disconnected); a stalled one broke a rule (failed).
         idle = reason.endswith("(Limits.idle_timeout)")
         self.session.abort(reason, ExceptionType.DISCONNECTED if idle else ExceptionType.FAILED)
+        self._interrupt_reading_caller()
         with trio.move_on_after(5):
             await self._wait_output_written()
         self.close_reason = self.session.closed

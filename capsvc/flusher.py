@@ -66,7 +66,10 @@ class EndOfPassFlusher(trio.abc.Instrument):
                 except Exception:  # an instrument that raises is disabled by trio: never
                     trio.lowlevel.current_trio_token().run_sync_soon(_log_flush_error)
         if self.offers:
-            self._wake_unclaimed(timeout > 0)
+            # About to sleep: a timeout, or none with nothing runnable (trio's idle pass
+            # under an autojump clock or wait_all_tasks_blocked also has timeout 0).
+            sleeping = timeout > 0 or not trio.lowlevel.current_statistics().tasks_runnable
+            self._wake_unclaimed(sleeping)
 
     def _wake_unclaimed(self, sleeping: bool) -> None:
         # After the sends above: the wake-up (a write to trio's wake-up socket, which cuts

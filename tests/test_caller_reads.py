@@ -12,6 +12,7 @@ Real time only where a peer must act (the waits are bounded by ``fail_after``).
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -241,3 +242,90 @@ async def test_an_abort_read_by_a_caller_ends_the_connection_with_its_reason() -
     assert isinstance(failure, capsvc.Disconnected)
     assert "the server gave up on this connection" in str(failure)
     assert "the server gave up on this connection" in str(client.close_reason)
+
+
+async def test_a_peers_call_to_what_another_task_exported_meanwhile_runs_in_the_reader() -> None:
+    """While caller A reads, task B passes a capability: the peer's call to it is
+    delivered by the reader task, never in A's task (module docstring)."""
+    ran_in: list[str] = []
+
+    class Mine(capsvc.Server, interface=Counter):
+        def increment(self, params: Any, results: Any) -> int:  # plain: runs where delivered
+            ran_in.append(trio.lowlevel.current_task().name)
+            return 40 + int(params.by)
+
+    class SlowTester(TesterImpl):
+        """Every Tester method (callCounter too), and a slow that never ends."""
+
+        began = trio.Event()
+
+        async def slow(self, params: Any, results: Any) -> None:
+            self.began.set()
+            await trio.sleep_forever()
+
+    slow = SlowTester()
+    async with pair(slow) as (client, _served):
+        tester = await warm(client)
+        with trio.fail_after(IO_DEADLINE):
+            async with trio.open_nursery() as nursery:
+
+                async def reading_caller() -> None:
+                    await tester.slow(ms=0)
+
+                nursery.start_soon(reading_caller, name="the reading caller")
+                await slow.began.wait()
+                assert client._caller_reading
+                assert (await tester.callCounter(counter=Mine(), by=1)).value == 41
+                nursery.cancel_scope.cancel()
+    assert ran_in == ["client connection"]
+
+
+async def test_input_is_read_before_the_loop_counts_as_idle() -> None:
+    """trio's idle pass (wait_all_tasks_blocked, an autojump clock) polls with a zero
+    timeout: an offer nobody took must be withdrawn then too, or the peer's Abort sits
+    unread in our socket while trio reports every task blocked."""
+    async with pair() as (client, served):
+        await warm(client)
+        served.session.abort("the server says goodbye")
+        served.flush_at_end_of_pass()  # the Abort is in our socket, nothing else to run
+        await trio.testing.wait_all_tasks_blocked()
+        assert client.closed
+        assert "the server says goodbye" in str(client.close_reason)
+
+
+async def test_a_drain_of_our_own_fails_the_reading_callers_call_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The session ends from our side while a caller reads and the peer stays silent (its
+    socket open, nothing sent): the caller is woken from its receive at once, not when the
+    drain's linger ends (ABORT_LINGER_SECONDS, virtual here)."""
+    left, right = socket.socketpair()
+    silent = socket.socket(fileno=os.dup(left.fileno()))  # keeps the peer's end open
+    slow = WatchedTester()
+    served = Connection(FastSocketStream(left), slow._new_hook(), busy_poll=None)
+    client = Connection(FastSocketStream(right), busy_poll=None)
+    failures: list[tuple[BaseException, float]] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(served.run)
+            nursery.start_soon(client.run)
+            tester = await warm(client)
+
+            async def caller() -> None:
+                with pytest.raises(capsvc.Disconnected) as raised:
+                    await tester.slow(ms=0)
+                failures.append((raised.value, trio.current_time()))
+
+            nursery.start_soon(caller)
+            await slow.began.wait()
+            assert client._caller_reading
+            await served.stream.aclose()  # the peer's Connection is gone; its socket is not
+            started = trio.current_time()
+            client.expire_drain("the client is going away")
+            await client.wait_closed()
+            nursery.cancel_scope.cancel()
+    finally:
+        silent.close()
+    [(failure, failed_at)] = failures
+    assert "the client is going away" in str(failure)
+    assert failed_at - started < 0.1, failed_at - started
