@@ -57,18 +57,28 @@ async def warm(client: Connection) -> Any:
     return tester
 
 
+async def reader_steps(work: Callable[[], Awaitable[object]]) -> int:
+    """How many steps the client connection's reader task takes while ``work`` runs."""
+    steps = TaskSteps("client connection")
+    trio.lowlevel.add_instrument(steps)
+    try:
+        await work()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    return steps.steps
+
+
 async def test_a_lone_call_is_read_by_its_caller_and_the_reader_stands_by() -> None:
     async with pair() as (client, _served):
         tester = await warm(client)
-        steps = TaskSteps("client connection")
-        trio.lowlevel.add_instrument(steps)
-        try:
+
+        async def work() -> None:
             for index in range(40):
                 assert (await tester.echo(msg=str(index))).reply == str(index)
-        finally:
-            trio.lowlevel.remove_instrument(steps)
+
+        steps = await reader_steps(work)
         # Without callers reading, the client's reader takes a step per Return.
-        assert steps.steps <= 2, steps.steps
+        assert steps <= 2, steps
 
 
 async def test_a_task_awaiting_the_last_of_its_pipelined_calls_reads_them_all() -> None:
@@ -76,38 +86,35 @@ async def test_a_task_awaiting_the_last_of_its_pipelined_calls_reads_them_all() 
     result): the caller reads both Returns, as the calculator's pipelined calls do."""
     async with pair() as (client, _served):
         tester = await warm(client)
-        steps = TaskSteps("client connection")
-        trio.lowlevel.add_instrument(steps)
-        try:
+
+        async def work() -> None:
             for start in range(20):
                 counter = tester.newCounter(start=start).counter  # not awaited
                 assert (await counter.increment(by=2)).value == start + 2
                 del counter
-        finally:
-            trio.lowlevel.remove_instrument(steps)
-        assert steps.steps <= 2, steps.steps
+
+        steps = await reader_steps(work)
+        assert steps <= 2, steps
 
 
 async def test_concurrent_calls_are_read_by_the_reader_task() -> None:
     async with pair() as (client, _served):
         tester = await warm(client)
-        steps = TaskSteps("client connection")
         replies: list[str] = []
 
         async def caller(name: str) -> None:
             for index in range(10):
                 replies.append((await tester.echo(msg=f"{name}{index}")).reply)
 
-        trio.lowlevel.add_instrument(steps)
-        try:
+        async def work() -> None:
             with trio.fail_after(IO_DEADLINE):
                 async with trio.open_nursery() as nursery:
                     for name in "abcd":
                         nursery.start_soon(caller, name)
-        finally:
-            trio.lowlevel.remove_instrument(steps)
+
+        steps = await reader_steps(work)
         assert sorted(replies) == sorted(f"{n}{i}" for n in "abcd" for i in range(10))
-        assert steps.steps >= 10, steps.steps  # the reader read (its steps, not callers')
+        assert steps >= 10, steps  # the reader read (its steps, not callers')
 
 
 async def test_the_reader_takes_over_when_the_caller_stops_calling() -> None:
@@ -211,27 +218,24 @@ async def test_a_connection_that_exports_keeps_reading_in_its_reader() -> None:
             async def increment(self, params: Any, results: Any) -> int:
                 return 40 + int(params.by)
 
-        steps = TaskSteps("client connection")
-        trio.lowlevel.add_instrument(steps)
-        try:
+        async def work() -> None:
             for _ in range(5):
                 assert (await tester.callCounter(counter=Mine(), by=1)).value == 41
-        finally:
-            trio.lowlevel.remove_instrument(steps)
-        assert steps.steps >= 5, steps.steps
+
+        steps = await reader_steps(work)
+        assert steps >= 5, steps
 
 
 async def test_a_connection_that_offers_a_bootstrap_keeps_reading_in_its_reader() -> None:
     async with pair(client_bootstrap=TesterImpl()) as (client, _served):
         tester = await warm(client)
-        steps = TaskSteps("client connection")
-        trio.lowlevel.add_instrument(steps)
-        try:
+
+        async def work() -> None:
             for index in range(5):
                 assert (await tester.echo(msg=str(index))).reply == str(index)
-        finally:
-            trio.lowlevel.remove_instrument(steps)
-        assert steps.steps >= 5, steps.steps
+
+        steps = await reader_steps(work)
+        assert steps >= 5, steps
 
 
 async def test_an_abort_read_by_a_caller_ends_the_connection_with_its_reason() -> None:
