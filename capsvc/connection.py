@@ -366,7 +366,7 @@ class Connection:
         since_yield = 0  # messages delivered since the reader last let other tasks run
         passes = current_flusher()  # counts the loop's passes, whatever this stream is
         passes_seen = -1  # its count when since_yield was last reset
-        stand_by = False  # callers may read in our place (module docstring)
+        offer = False  # delivered a whole batch: callers may read in our place next
         while True:
             if outbox.pending_bytes > self.max_buffered:
                 self._reading_paused = True
@@ -376,11 +376,12 @@ class Connection:
                 await self._wait_flow()
             data: bytes | bytearray | None
             try:
-                if stand_by and self._may_stand_by():  # (asked again: we may have waited)
-                    stand_by = False
+                # (Asked here, not when the batch was delivered: we may have waited since.)
+                if offer and self._may_stand_by():
+                    offer = False
                     data = await self._stand_by()
                 else:
-                    stand_by = False
+                    offer = False
                     # The fast receive parks only when nothing is waiting: a Call answered
                     # inline has its Return flushed at the end of this very pass.
                     data = await receive_some(65536)
@@ -450,7 +451,7 @@ class Connection:
                 await trio.lowlevel.cancel_shielded_checkpoint()
             elif delivered and not decoder.buffered:
                 self._flush_now()
-                stand_by = self._may_stand_by()
+                offer = True
 
     def _flush_now(self) -> None:
         """Send now what is queued, not at the end of the pass: when every call in the
@@ -484,8 +485,8 @@ class Connection:
 
     async def _stand_by(self) -> bytes | bytearray | None:
         """Park the reader task while callers read; returns what the last one handed back:
-        bytes it read and did not deliver (``b""``: end of file), or None. An error it met
-        is raised here, as if our own receive had met it."""
+        ``b""`` for the end of file it met, else None (what it left undelivered is in the
+        decoder). An error it met is raised here, as if our own receive had met it."""
         flusher = self._flusher
         assert flusher is not None
         self._standby_task = trio.lowlevel.current_task()
@@ -498,17 +499,19 @@ class Connection:
 
     def _abort_standby(self, _: Any) -> trio.lowlevel.Abort:
         self._standby_task = None
-        if self._flusher is not None:
-            self._flusher.offers.pop(self, None)
+        self._withdraw_offer()
         return trio.lowlevel.Abort.SUCCEEDED
 
     def _wake_standby(self) -> None:
         task = self._standby_task
         if task is not None:
             self._standby_task = None
-            if self._flusher is not None:
-                self._flusher.offers.pop(self, None)
+            self._withdraw_offer()
             trio.lowlevel.reschedule(task)
+
+    def _withdraw_offer(self) -> None:
+        if self._flusher is not None:
+            self._flusher.offers.pop(self, None)
 
     def wake_unclaimed(self) -> None:
         """The flusher: no caller took the reader's offer in time; it reads again."""
@@ -519,9 +522,9 @@ class Connection:
         """The session ended from our side (a drain's Abort, a timeout) while a caller
         reads: its call has failed, so wake it from its receive now instead of when the
         peer next sends or the stream closes (the reader task takes over)."""
-        stream = self.stream
         if not self._caller_reading or self._interrupted:
             return
+        stream = self.stream
         if isinstance(stream, SocketBackedStream):
             self._interrupted = True
             # trio wakes the socket's waiter with ClosedResourceError; the socket stays
@@ -531,15 +534,14 @@ class Connection:
     def claim_reading(self) -> bool:
         """A caller is about to wait for a result of this connection
         (capsvc.runtime.wait_result): True if it is to read the stream itself
-        (``read_for``), because the reader stands by, nobody else reads or waits, and the
-        connection exports nothing. Otherwise a reader standing by reads again now: a
-        waiting caller needs it."""
+        (``read_for``): the reader stands by, nobody else reads, and it still may
+        (``_may_stand_by``: nobody waits, nothing exported, not draining). Otherwise a
+        reader standing by reads again now: a waiting caller needs it."""
         if self._standby_task is None or self._caller_reading:
             return False
-        if self.waiting == 0 and not self.session.exports.entries:
+        if self._may_stand_by():
             self._caller_reading = True
-            if self._flusher is not None:
-                self._flusher.offers.pop(self, None)
+            self._withdraw_offer()
             return True
         self._wake_standby()
         return False
