@@ -25,7 +25,7 @@ import trio.testing
 import capsvc
 from capsvc.connection import Connection
 from capsvc.transport.fastsocket import FastSocketStream
-from tests.support.checks import TaskSteps
+from tests.support.checks import TaskSteps, both_running
 from tests.support.tester import Counter, Tester, TesterImpl
 from tests.test_connection import WatchedTester
 
@@ -41,14 +41,8 @@ async def pair(
     served = Connection(FastSocketStream(left), served_object._new_hook(), busy_poll=None)
     offered = client_bootstrap._new_hook() if client_bootstrap is not None else None
     client = Connection(FastSocketStream(right), offered, busy_poll=None)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(served.run, name="served connection")
-        nursery.start_soon(client.run, name="client connection")
-        try:
-            yield client, served
-        finally:
-            await client.aclose()
-            nursery.cancel_scope.cancel()
+    async with both_running(client, served):
+        yield client, served
 
 
 async def warm(client: Connection) -> Any:

@@ -26,7 +26,7 @@ from capsvc.transport import open_listeners, open_stream
 from capsvc.transport.address import parse_address
 from capsvc.transport.capabilities import SocketBackedStream
 from capsvc.transport.memory import memory_stream_pair
-from tests.support.checks import TaskSteps, assert_tables, poll_until
+from tests.support.checks import TaskSteps, assert_tables, both_running, poll_until
 
 HERE = os.path.dirname(__file__)
 testing = capsvc.load_schema(os.path.join(HERE, "schemas", "testing.capnp"))
@@ -85,19 +85,13 @@ async def tcp_pair(
     """A client and a server Connection joined by real loopback TCP, both in this process."""
     listeners = await open_listeners("tcp:127.0.0.1:0", nodelay=nodelay)
     port = listeners[0].socket.getsockname()[1]  # type: ignore[attr-defined]
-    async with trio.open_nursery() as nursery:
-        client_stream = await open_stream(f"tcp:127.0.0.1:{port}", nodelay=nodelay)
-        server_stream = await listeners[0].accept()
-        bootstrap = server_object if server_object is not None else Tester()
-        server = Connection(server_stream, bootstrap._new_hook(), coalesce=coalesce)
-        client = Connection(client_stream, coalesce=coalesce)
-        nursery.start_soon(server.run)
-        nursery.start_soon(client.run)
-        try:
-            yield client, server
-        finally:
-            await client.aclose()
-            nursery.cancel_scope.cancel()
+    client_stream = await open_stream(f"tcp:127.0.0.1:{port}", nodelay=nodelay)
+    server_stream = await listeners[0].accept()
+    bootstrap = server_object if server_object is not None else Tester()
+    server = Connection(server_stream, bootstrap._new_hook(), coalesce=coalesce)
+    client = Connection(client_stream, coalesce=coalesce)
+    async with both_running(client, server):
+        yield client, server
     for listener in listeners:
         await listener.aclose()
 
@@ -333,15 +327,11 @@ async def memory_pair(*, nodelay: bool) -> AsyncIterator[tuple[Connection, Conne
     stream = NagleMemoryStream(right, nodelay=nodelay)
     client = Connection(stream)
     server = Connection(left, Tester()._new_hook())
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(server.run)
-        nursery.start_soon(client.run)
-        try:
+    try:
+        async with both_running(client, server):
             yield client, server
-        finally:
-            await client.aclose()
-            stream.socket.close()  # whether or not the connection got to close its stream
-            nursery.cancel_scope.cancel()
+    finally:
+        stream.socket.close()  # whether or not the connection got to close its stream
 
 
 async def warm_tester(client: Connection, server: Connection) -> object:

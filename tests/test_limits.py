@@ -28,6 +28,7 @@ from capsvc.limits import Limits, parse_limit
 from capsvc.rpc import wire
 from capsvc.rpc.session import RpcSession
 from capsvc.transport.memory import memory_stream_pair
+from tests.support.checks import both_running
 from tests.support.tester import CallbackImpl, CounterImpl, Tester
 from tests.test_cli import run, running
 
@@ -73,14 +74,8 @@ async def pair(
         left, (server or SlowTester())._new_hook(), limits=server_limits, served=True
     )
     client_conn = Connection(right, limits=client_limits)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(server_conn.run)
-        nursery.start_soon(client_conn.run)
-        try:
-            yield client_conn, server_conn
-        finally:
-            await client_conn.aclose()
-            nursery.cancel_scope.cancel()
+    async with both_running(client_conn, server_conn):
+        yield client_conn, server_conn
 
 
 def bootstrap_frame(question_id: int) -> bytes:

@@ -9,13 +9,17 @@ its condition holds, so the limits are generous: they only decide how long a fai
 from __future__ import annotations
 
 import gc
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import trio
 import trio.lowlevel
 
 import capsvc
+
+if TYPE_CHECKING:
+    from capsvc.connection import Connection
 
 EMPTY = {"questions": 0, "answers": 0, "exports": 0, "imports": 0, "embargoes": 0}
 
@@ -106,3 +110,17 @@ class TaskSteps(trio.abc.Instrument):
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         if task.name == self.name:
             self.steps += 1
+
+
+@asynccontextmanager
+async def both_running(client: Connection, server: Connection) -> AsyncIterator[None]:
+    """Run both ends of a connection (tasks named "client connection" and "served
+    connection", for TaskSteps); on the way out, close the client and stop both."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.run, name="served connection")
+        nursery.start_soon(client.run, name="client connection")
+        try:
+            yield
+        finally:
+            await client.aclose()
+            nursery.cancel_scope.cancel()
