@@ -45,6 +45,7 @@ MODULES: tuple[str, ...] = (
     "capsvc.codec.plans",
     "capsvc.codec.scalars",
     "capsvc.codec.values",
+    "capsvc.codec.rows",
     "capsvc.rpc.answers",
     "capsvc.rpc.copying",
     "capsvc.rpc.embargoes",

@@ -47,11 +47,12 @@ __all__ = [
 
 BENCHMARKS = ("carsales", "catrank", "eval")
 MODES = ("object", "bytes", "pipe", "pipe-async")  # §6, without object-size / client / server
-# capnp: pycapnp; capsvc: capsvc gen's generated codecs (typed/); capnp-direct: the
-# hand-tuned accessors (direct/, an upper bound, not a goal's subject); capnpy: the capnpy
-# package (optional, peer); msgpack.
-FORMATS = ("capnp", "capsvc", "capnp-direct", "capnpy", "msgpack")
-CAPNP_FORMATS = FORMATS[:4]  # the Cap'n Proto formats: each has a packed form
+# capnp: pycapnp; capsvc: capsvc gen's generated codecs (typed/), whole structs as rows;
+# capsvc-fields: the same codecs a field at a time; capnp-direct: the hand-tuned accessors
+# (direct/, an upper bound, not a goal's subject); capnpy: the capnpy package (optional,
+# peer); msgpack.
+FORMATS = ("capnp", "capsvc", "capsvc-fields", "capnp-direct", "capnpy", "msgpack")
+CAPNP_FORMATS = FORMATS[:5]  # the Cap'n Proto formats: each has a packed form
 COMPRESSIONS = ("none", "packed")  # §6; snappy is optional upstream and skipped here
 
 

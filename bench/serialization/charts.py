@@ -16,6 +16,7 @@ from bench.serialization.report import _BENCHMARKS, _MODES, _collect
 _FORMATS = (
     ("capnp", "pycapnp"),
     ("capsvc", "capsvc"),
+    ("capsvc-fields", "capsvc fields"),
     ("capnp-direct", "direct"),
     ("capnpy", "capnpy"),
     ("msgpack", "msgpack"),

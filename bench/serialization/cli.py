@@ -166,9 +166,9 @@ def _add_suite_args(parser: argparse.ArgumentParser) -> None:
         "--format",
         action="extend",
         type=_choices(FORMATS),
-        help="capnp (pycapnp), capsvc (generated codecs), capnp-direct (hand-tuned "
-        "accessors, an upper bound), capnpy (if installed), msgpack (default: all but "
-        "capnpy when it is not installed)",
+        help="capnp (pycapnp), capsvc (generated codecs, rows), capsvc-fields (generated "
+        "codecs, a field at a time), capnp-direct (hand-tuned accessors, an upper bound), "
+        "capnpy (if installed), msgpack (default: all but capnpy when it is not installed)",
     )
     group.add_argument(
         "--compression",

@@ -318,7 +318,7 @@ class DirectCodec:
 
 def make_codec(benchmark_module: Any, fmt: str, compression: str) -> Any:
     """The codec for one benchmark (its schema types, its float width) in one format."""
-    if fmt == "capsvc":
+    if fmt in ("capsvc", "capsvc-fields"):
         import importlib
 
         from bench.serialization.typed.codec import CapsvcCodec
@@ -329,6 +329,7 @@ def make_codec(benchmark_module: Any, fmt: str, compression: str) -> Any:
             getattr(generated, benchmark_module.REQUEST_TYPE),
             getattr(generated, benchmark_module.RESPONSE_TYPE),
             compression,
+            fmt,
         )
     if fmt == "capnpy":
         from bench.serialization.peer_capnpy import make_capnpy_codec

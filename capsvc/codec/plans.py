@@ -97,6 +97,7 @@ class FieldPlan:
     __slots__ = (
         "default",
         "disc",
+        "enum_members",
         "enum_names",
         "high",
         "index",
@@ -108,6 +109,7 @@ class FieldPlan:
         "members",
         "name",
         "offset",
+        "row_via_reader",
         "schema_type",
         "signed",
         "target",
@@ -130,6 +132,8 @@ class FieldPlan:
         target: StructPlan | None = None,
         list_plan: ListPlan | None = None,
         enum_names: tuple[str, ...] = (),
+        enum_members: tuple[object, ...] = (),
+        row_via_reader: bool = False,
     ) -> None:
         self.name = name
         self.key = key or name
@@ -146,6 +150,11 @@ class FieldPlan:
         self.target = target
         self.list = list_plan
         self.enum_names: dict[str, int] = {name: code for code, name in enumerate(enum_names)}
+        #: The enum's members by code (an enum field's row value, capsvc.codec.rows).
+        self.enum_members = enum_members
+        #: Whether rows read this field through the generated reader's own field (a
+        #: pointer field with a schema default: capsvc.codec.rows reads no defaults).
+        self.row_via_reader = row_via_reader
         #: The Bool fields of a ``BOOL_BYTE`` item.
         self.members: list[FieldPlan] = []
         #: A struct field's default value (``struct``), or None.
@@ -171,11 +180,22 @@ class StructPlan:
         "order",
         "pointer_fields",
         "pointers",
+        "reader",
+        "scratch",
+        "scratch_level",
     )
 
     def __init__(
         self, name: str, data_words: int, pointers: int, disc_at: int = -1, is_group: bool = False
     ) -> None:
+        #: The generated reader class of this struct or group (rows read the fields they
+        #: do not read natively through it: capsvc.codec.rows); set by generated modules.
+        self.reader: type | None = None
+        #: The lists rows of this struct are gathered in before they become tuples, one
+        #: per level of a struct that holds itself (so a row costs no list of its own:
+        #: capsvc.codec.rows), and how many rows of it are being read now.
+        self.scratch: list[list[object]] = []
+        self.scratch_level = 0
         self.name = name
         self.data_words = data_words
         self.pointers = pointers
@@ -287,18 +307,29 @@ def enumeration(
     xor: int = 0,
     disc: int = -1,
     key: str = "",
+    members: tuple[object, ...] = (),
 ) -> FieldPlan:
     return FieldPlan(
-        name, ENUM, offset, schema_type, key=key, width=2, xor=xor, disc=disc, enum_names=names
+        name,
+        ENUM,
+        offset,
+        schema_type,
+        key=key,
+        width=2,
+        xor=xor,
+        disc=disc,
+        enum_names=names,
+        enum_members=members,
     )
 
 
-def text(name: str, slot: int, disc: int = -1, key: str = "") -> FieldPlan:
-    return FieldPlan(name, TEXT, slot, "Text", key=key, disc=disc)
+def text(name: str, slot: int, disc: int = -1, key: str = "", defaulted: bool = False) -> FieldPlan:
+    """A Text field; ``defaulted``: the schema gives it a default (read when null)."""
+    return FieldPlan(name, TEXT, slot, "Text", key=key, disc=disc, row_via_reader=defaulted)
 
 
-def data(name: str, slot: int, disc: int = -1, key: str = "") -> FieldPlan:
-    return FieldPlan(name, DATA, slot, "Data", key=key, disc=disc)
+def data(name: str, slot: int, disc: int = -1, key: str = "", defaulted: bool = False) -> FieldPlan:
+    return FieldPlan(name, DATA, slot, "Data", key=key, disc=disc, row_via_reader=defaulted)
 
 
 def struct(
@@ -311,7 +342,16 @@ def struct(
 ) -> FieldPlan:
     """A struct field; ``default``: the schema's default value, as ``to_dict()`` gives it (a
     dict given for the field starts from it, as libcapnp's builders start from it)."""
-    field = FieldPlan(name, STRUCT, slot, target.name, key=key, disc=disc, target=target)
+    field = FieldPlan(
+        name,
+        STRUCT,
+        slot,
+        target.name,
+        key=key,
+        disc=disc,
+        target=target,
+        row_via_reader=default is not None,
+    )
     field.default = default
     return field
 
@@ -320,8 +360,12 @@ def group(name: str, target: StructPlan, disc: int = -1, key: str = "") -> Field
     return FieldPlan(name, GROUP, 0, target.name, key=key, disc=disc, target=target)
 
 
-def list_(name: str, slot: int, plan: ListPlan, disc: int = -1, key: str = "") -> FieldPlan:
-    return FieldPlan(name, LIST, slot, "List", key=key, disc=disc, list_plan=plan)
+def list_(
+    name: str, slot: int, plan: ListPlan, disc: int = -1, key: str = "", defaulted: bool = False
+) -> FieldPlan:
+    return FieldPlan(
+        name, LIST, slot, "List", key=key, disc=disc, list_plan=plan, row_via_reader=defaulted
+    )
 
 
 def capability(name: str, slot: int, disc: int = -1, key: str = "") -> FieldPlan:

@@ -78,7 +78,14 @@ from capsvc.codec.scalars import (
     zero_words,
 )
 
-__all__ = ["MISSING", "assign_fields", "assign_values", "new_message", "new_message_from"]
+__all__ = [
+    "MISSING",
+    "assign_fields",
+    "assign_values",
+    "new_message",
+    "new_message_from",
+    "new_message_row",
+]
 
 
 class _Missing:
@@ -168,6 +175,19 @@ def new_message(
     builder = MessageBuilder()
     enc = _Encoder(builder, 1, plan, "new_message")
     _append_struct(enc, plan, _with_unknown(enc, plan, values, unknown) if unknown else values)
+    enc.finish()
+    write_struct_pointer(builder.buf, 0, 1, plan.data_words, plan.pointers)
+    return new_builder(cls, builder, 1)
+
+
+def new_message_row(cls: type[B], plan: StructPlan, row: object) -> B:
+    """A message whose root is a ``cls`` struct of ``plan`` holding ``row``
+    (capsvc.codec.rows: every field in schema order, None for a field left out)."""
+    builder = MessageBuilder()
+    enc = _Encoder(builder, 1, plan, "from_row")
+    if not isinstance(row, tuple):
+        raise bad_type(row, plan.name, f"a {plan.name} row (a tuple)")
+    _append_struct(enc, plan, _row_values(enc, plan, row))
     enc.finish()
     write_struct_pointer(builder.buf, 0, 1, plan.data_words, plan.pointers)
     return new_builder(cls, builder, 1)
@@ -265,7 +285,10 @@ def _place(
 
 
 def _values_of(enc: _Encoder, plan: StructPlan, fields: object) -> list[object]:
-    """A mapping of fields (by either of their names) as a list in the plan's order."""
+    """A mapping of fields (by either of their names), or a row (a tuple of every field
+    in the plan's order), as a list in the plan's order."""
+    if type(fields) is tuple:
+        return _row_values(enc, plan, fields)
     if type(fields) is not dict:
         if not isinstance(fields, Mapping):
             raise bad_type(fields, plan.name, f"a dict of {plan.name}'s fields")
@@ -286,6 +309,21 @@ def _values_of(enc: _Encoder, plan: StructPlan, fields: object) -> list[object]:
         if used == count:
             return values
     return _place(enc, plan, [MISSING] * len(order), fields)  # a few (or a key to blame)
+
+
+def _row_values(enc: _Encoder, plan: StructPlan, row: tuple[object, ...]) -> list[object]:
+    """A row (capsvc.codec.rows: every field in schema order, None where a field is left
+    at its default or a union member is not set) as values in the plan's order."""
+    if len(row) != len(plan.order):
+        raise TypeError(
+            f"{enc.where()}: a {plan.name} row holds {len(plan.order)} values"
+            f" ({', '.join(plan.keys)}), not {len(row)}"
+        )
+    values = list(row)
+    for index in range(len(values)):
+        if values[index] is None:
+            values[index] = MISSING
+    return values
 
 
 # ---------------------------------------------------------------------- structs
@@ -407,7 +445,9 @@ def _fill(
             group = _values_of(enc, field.target, value)
             _fill(enc, field.target, group, w, wbase, start, ptr)
         elif kind == VOID:
-            if value is not None:
+            # None selects a Void union member in a dict; True does in a row, where None
+            # stands for a member not set.
+            if value is not None and value is not True:
                 raise bad_type(value, field.label, "None (Void)")
         elif value is not None:
             at = ptr + field.offset
@@ -445,12 +485,13 @@ def _struct(
     label: str,
     default: dict[str, object] | None = None,
 ) -> None:
-    if type(value) is not dict:  # (a dict first: Mapping's isinstance runs Python code)
+    if type(value) is not dict and type(value) is not tuple:  # (before Mapping's isinstance,
+        # which runs Python code)
         if isinstance(value, StructReader) or isinstance(value, StructBuilder):
             enc.copy_later(at, value)
             return
         if not isinstance(value, Mapping):
-            expected = f"a dict of {plan.name}'s fields, or a {plan.name} reader"
+            expected = f"a dict of {plan.name}'s fields, a {plan.name} row or reader"
             raise bad_type(value, label, expected)
     start = enc.end()
     patch(w, rel, ((start - at - 1) << 2) & 0xFFFFFFFF, plan.data_words | plan.pointers << 16)
@@ -582,14 +623,14 @@ def _composite(enc: _Encoder, plan: StructPlan, items: Sequence[object], label: 
     patch(out, tag, (len(items) << 2) & 0xFFFFFFFF, data_words | plan.pointers << 16)
     element_values: list[list[object] | None] = []
     for index, item in enumerate(items):
-        if type(item) is not dict:
+        if type(item) is not dict and type(item) is not tuple:
             if isinstance(item, StructReader) or isinstance(item, StructBuilder):
                 out.write(zero_words(size))
                 enc.copy_element_later(first + index * size, data_words, plan.pointers, item)
                 element_values.append(None)
                 continue
             if not isinstance(item, Mapping):
-                expected = f"a dict of {plan.name}'s fields, or a {plan.name} reader"
+                expected = f"a dict of {plan.name}'s fields, a {plan.name} row or reader"
                 raise bad_type(item, f"{label}[{index}]", expected)
         values = _values_of(enc, plan, item)
         element_values.append(values)

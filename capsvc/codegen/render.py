@@ -50,6 +50,8 @@ RESERVED = frozenset(
         "Client",
         "Server",
         "Init",
+        "Row",
+        "from_row",
         "init",
         "assign",
         "read",
@@ -229,13 +231,17 @@ def _header(out: _Out, file: File, relative: bool) -> None:
     out.add("import enum")
     out.add("import struct")
     out.add("from collections.abc import Awaitable, Sequence")
-    out.add("from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack")
+    out.add(
+        "from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict,"
+        " Unpack"
+    )
     out.add("")
     out.add("from capsvc.codec import building as _b")
     out.add("from capsvc.codec import descriptors as _d")
     out.add("from capsvc.codec import pipeline as _p")
     out.add("from capsvc.codec import plans as _v")
     out.add("from capsvc.codec import reading as _r")
+    out.add("from capsvc.codec import rows as _w")
     out.add("from capsvc.codec import values as _e")
     if has_interfaces:
         out.add("from capsvc import typed as _t")
@@ -566,6 +572,8 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
         out.add("")
         _init_type(out, node, path, names)
         out.add("")
+        _row_type(out, node, names)
+        out.add("")
         _reader(out, node, path, names)
         out.add("")
         _builder(out, node, path, names)
@@ -592,6 +600,8 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
             out.add(f'    """A new message whose root is a {node.scope}: the fields named take')
             out.add('    their values (plain values, ``Init``), every other field its default."""')
             out.add(f"    return _e.new_message({path}.Builder, {values})")
+            out.add("")
+            _row_functions(out, node, path)
             out.add("")
             out.add("@staticmethod")
             out.add("def read(")
@@ -632,9 +642,75 @@ def _init_type(out: _Out, node: Struct, path: str, names: _Names) -> None:
             out.add(f"{python_name(field.name)}: {_init_field_type(field, names)}")
 
 
+def _row_type(out: _Out, node: Struct, names: _Names) -> None:
+    """``Row``: the struct as one tuple of its fields in schema order (capsvc.codec.rows),
+    what ``row()`` reads and what the encoder takes wherever it takes an ``Init``."""
+    fields = sorted(node.fields, key=lambda f: f.code_order)
+    items = ", ".join(_row_field_type(field, names) for field in fields) or "()"
+    out.add(f'Row: TypeAlias = "tuple[{items}]"')
+
+
+def _row_field_type(field: Field, names: _Names) -> str:
+    if field.group is not None:
+        value = f"{names.of(field.group)}.Row"
+    else:
+        assert field.type is not None
+        if field.type.kind == "void":
+            return "Literal[True] | None" if field.discriminant is not None else "None"
+        value = _row_value_type(field.type, names)
+        if field.type.kind == "struct" and field.default is None:
+            return f"{value} | None"  # a null pointer
+    return f"{value} | None" if field.discriminant is not None else value
+
+
+def _row_value_type(kind: Type, names: _Names) -> str:
+    """What a row holds for a field (or a list element) of ``kind``."""
+    k = kind.kind
+    if k == "void":
+        return "None"
+    if k == "bool":
+        return "bool"
+    if k in NUMBERS:
+        return "float" if k.startswith("float") else "int"
+    if k == "enum":
+        return names.of(kind.target)
+    if k == "text":
+        return "str"
+    if k == "data":
+        return "bytes"
+    if k == "struct":
+        return f"{names.of(kind.target)}.Row"
+    if k == "list":
+        assert kind.element is not None
+        return f"list[{_row_value_type(kind.element, names)}]"
+    if k == "interface":
+        return f"{names.of(kind.target)}.Client"
+    return "_r.AnyPointer"
+
+
+def _row_functions(out: _Out, node: Struct, path: str) -> None:
+    """``row(reader)`` and ``rows(list_reader)``: whole structs as tuples, in one call."""
+    plan = _plan_name(path)
+    out.add("@staticmethod")
+    out.add(f"def row(reader: {path}.Reader | {path}.Builder) -> {path}.Row:")
+    out.add('    """Every field at once, as a tuple in schema order (a union member not set')
+    out.add('    is None): what ``from_row``, and any field of this type, take back."""')
+    out.add(f"    return _w.struct_row(reader, {plan})")
+    out.add("")
+    out.add("@staticmethod")
+    out.add(f"def from_row(row: {path}.Row) -> {path}.Builder:")
+    out.add(f'    """A new message whose root is a {node.scope} holding ``row``."""')
+    out.add(f"    return _e.new_message_row({path}.Builder, {plan}, row)")
+    out.add("")
+    out.add("@staticmethod")
+    out.add(f"def rows(readers: _r.ListReader[{path}.Reader]) -> list[{path}.Row]:")
+    out.add(f'    """Every element of a list of {node.scope} as a row, in one call."""')
+    out.add(f"    return _w.list_rows(readers, {plan})")
+
+
 def _init_field_type(field: Field, names: _Names) -> str:
     if field.group is not None:
-        return f"{names.of(field.group)}.Init"
+        return f"{names.of(field.group)}.Init | {names.of(field.group)}.Row"
     assert field.type is not None
     return _init_value_type(field.type, names)
 
@@ -658,7 +734,7 @@ def _init_value_type(kind: Type, names: _Names, *, element: bool = False) -> str
     if k == "struct":
         target = names.of(kind.target)
         null = "" if element else " | None"
-        return f"{target}.Init | {target}.Reader | {target}.Builder{null}"
+        return f"{target}.Init | {target}.Row | {target}.Reader | {target}.Builder{null}"
     if k == "list":
         assert kind.element is not None
         inner = _init_value_type(kind.element, names, element=True)
@@ -1401,6 +1477,7 @@ def _plans(out: _Out, file: File, names: _Names) -> None:
         if node.is_group:
             arguments += ", True"
         out.add(f"{_plan_name(path)} = {path}.Builder._PLAN = _v.StructPlan({arguments})")
+        out.add(f"{_plan_name(path)}.reader = {path}.Reader")
     for node in structs:
         if not node.fields:
             continue
@@ -1440,10 +1517,13 @@ def _field_plan(field: Field, path: str, names: _Names) -> str:
         if xor:
             tail = f", xor={xor}{tail}"
         enumerants = _enumerants(kind, names)
+        members = f"_E_{names.of(kind.target).replace('.', '_')}"
         return (
             f'_v.enumeration({name}, "{_enum_label(kind, names)}", {field.offset * 2},'
-            f" {enumerants!r}{tail})"
+            f" {enumerants!r}{tail}, members={members})"
         )
+    if field.default and k in ("text", "data", "list"):
+        tail += ", defaulted=True"  # rows read a default through the reader's field
     if k == "text":
         return f"_v.text({name}, {field.offset}{tail})"
     if k == "data":

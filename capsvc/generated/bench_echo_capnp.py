@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -51,6 +52,8 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             """BenchEcho.pingCap$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             msg: str | None
+
+        Row: TypeAlias = "tuple[str]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -117,6 +120,22 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             return _e.new_message(BenchEcho.PingCapParams.Builder, _P_BenchEcho_PingCapParams, [msg], _unknown)
 
         @staticmethod
+        def row(reader: BenchEcho.PingCapParams.Reader | BenchEcho.PingCapParams.Builder) -> BenchEcho.PingCapParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_BenchEcho_PingCapParams)
+
+        @staticmethod
+        def from_row(row: BenchEcho.PingCapParams.Row) -> BenchEcho.PingCapParams.Builder:
+            """A new message whose root is a BenchEcho.pingCap$Params holding ``row``."""
+            return _e.new_message_row(BenchEcho.PingCapParams.Builder, _P_BenchEcho_PingCapParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[BenchEcho.PingCapParams.Reader]) -> list[BenchEcho.PingCapParams.Row]:
+            """Every element of a list of BenchEcho.pingCap$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_BenchEcho_PingCapParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -149,6 +168,8 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             reply: str | None
 
             cap: BenchEcho.Client | BenchEcho.Server | None
+
+        Row: TypeAlias = "tuple[str, BenchEcho.Client]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -231,6 +252,22 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             return _e.new_message(BenchEcho.PingCapResults.Builder, _P_BenchEcho_PingCapResults, [reply, cap], _unknown)
 
         @staticmethod
+        def row(reader: BenchEcho.PingCapResults.Reader | BenchEcho.PingCapResults.Builder) -> BenchEcho.PingCapResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_BenchEcho_PingCapResults)
+
+        @staticmethod
+        def from_row(row: BenchEcho.PingCapResults.Row) -> BenchEcho.PingCapResults.Builder:
+            """A new message whose root is a BenchEcho.pingCap$Results holding ``row``."""
+            return _e.new_message_row(BenchEcho.PingCapResults.Builder, _P_BenchEcho_PingCapResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[BenchEcho.PingCapResults.Reader]) -> list[BenchEcho.PingCapResults.Row]:
+            """Every element of a list of BenchEcho.pingCap$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_BenchEcho_PingCapResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -290,7 +327,9 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_BenchEcho_PingCapParams = BenchEcho.PingCapParams.Builder._PLAN = _v.StructPlan("BenchEcho.pingCap$Params", 0, 1)
+_P_BenchEcho_PingCapParams.reader = BenchEcho.PingCapParams.Reader
 _P_BenchEcho_PingCapResults = BenchEcho.PingCapResults.Builder._PLAN = _v.StructPlan("BenchEcho.pingCap$Results", 0, 2)
+_P_BenchEcho_PingCapResults.reader = BenchEcho.PingCapResults.Reader
 _P_BenchEcho_PingCapParams.add(
     _v.text("msg", 0),
 )

@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -56,7 +57,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 function: Calculator.Function.Client | Calculator.Function.Server | None
 
-                params: Sequence[Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder] | _r.ListReader[Any] | None
+                params: Sequence[Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder] | _r.ListReader[Any] | None
+
+            Row: TypeAlias = "tuple[Calculator.Function.Client, list[Calculator.Expression.Row]]"
 
             class Reader(_r.StructReader):
                 __slots__ = ()
@@ -96,7 +99,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     /,
                     *,
                     function: Calculator.Function.Client | Calculator.Function.Server | None = _e.MISSING,
-                    params: Sequence[Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+                    params: Sequence[Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder] | _r.ListReader[Any] | None = _e.MISSING,
                     **_unknown: Never,
                 ) -> None:
                     """Set the whole struct, as a constructor would: each field named takes its
@@ -131,7 +134,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             parameter: int
 
-            call: Calculator.Expression.Call.Init
+            call: Calculator.Expression.Call.Init | Calculator.Expression.Call.Row
+
+        Row: TypeAlias = "tuple[float | None, Calculator.Value.Client | None, int | None, Calculator.Expression.Call.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -197,7 +202,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 literal: float = _e.MISSING,
                 previousResult: Calculator.Value.Client | Calculator.Value.Server | None = _e.MISSING,
                 parameter: int = _e.MISSING,
-                call: Calculator.Expression.Call.Init = _e.MISSING,
+                call: Calculator.Expression.Call.Init | Calculator.Expression.Call.Row = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -240,12 +245,28 @@ class Calculator(_t.Interface["Calculator.Client"]):
             literal: float = _e.MISSING,
             previousResult: Calculator.Value.Client | Calculator.Value.Server | None = _e.MISSING,
             parameter: int = _e.MISSING,
-            call: Calculator.Expression.Call.Init = _e.MISSING,
+            call: Calculator.Expression.Call.Init | Calculator.Expression.Call.Row = _e.MISSING,
             **_unknown: Never,
         ) -> Calculator.Expression.Builder:
             """A new message whose root is a Calculator.Expression: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Calculator.Expression.Builder, _P_Calculator_Expression, [literal, previousResult, parameter, call], _unknown)
+
+        @staticmethod
+        def row(reader: Calculator.Expression.Reader | Calculator.Expression.Builder) -> Calculator.Expression.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Calculator_Expression)
+
+        @staticmethod
+        def from_row(row: Calculator.Expression.Row) -> Calculator.Expression.Builder:
+            """A new message whose root is a Calculator.Expression holding ``row``."""
+            return _e.new_message_row(Calculator.Expression.Builder, _P_Calculator_Expression, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Calculator.Expression.Reader]) -> list[Calculator.Expression.Row]:
+            """Every element of a list of Calculator.Expression as a row, in one call."""
+            return _w.list_rows(readers, _P_Calculator_Expression)
 
         @staticmethod
         def read(
@@ -285,6 +306,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """Calculator.Function.call$Params as plain values: what ``new_message`` and ``assign`` take."""
 
                 params: Sequence[float] | _r.ListReader[Any] | None
+
+            Row: TypeAlias = "tuple[list[float]]"
 
             class Reader(_r.StructReader):
                 __slots__ = ()
@@ -359,6 +382,22 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _e.new_message(Calculator.Function.CallParams.Builder, _P_Calculator_Function_CallParams, [params], _unknown)
 
             @staticmethod
+            def row(reader: Calculator.Function.CallParams.Reader | Calculator.Function.CallParams.Builder) -> Calculator.Function.CallParams.Row:
+                """Every field at once, as a tuple in schema order (a union member not set
+                is None): what ``from_row``, and any field of this type, take back."""
+                return _w.struct_row(reader, _P_Calculator_Function_CallParams)
+
+            @staticmethod
+            def from_row(row: Calculator.Function.CallParams.Row) -> Calculator.Function.CallParams.Builder:
+                """A new message whose root is a Calculator.Function.call$Params holding ``row``."""
+                return _e.new_message_row(Calculator.Function.CallParams.Builder, _P_Calculator_Function_CallParams, row)
+
+            @staticmethod
+            def rows(readers: _r.ListReader[Calculator.Function.CallParams.Reader]) -> list[Calculator.Function.CallParams.Row]:
+                """Every element of a list of Calculator.Function.call$Params as a row, in one call."""
+                return _w.list_rows(readers, _P_Calculator_Function_CallParams)
+
+            @staticmethod
             def read(
                 segments: _r.Segments,
                 *,
@@ -389,6 +428,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """Calculator.Function.call$Results as plain values: what ``new_message`` and ``assign`` take."""
 
                 value: float
+
+            Row: TypeAlias = "tuple[float]"
 
             class Reader(_r.StructReader):
                 __slots__ = ()
@@ -452,6 +493,22 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """A new message whose root is a Calculator.Function.call$Results: the fields named take
                 their values (plain values, ``Init``), every other field its default."""
                 return _e.new_message(Calculator.Function.CallResults.Builder, _P_Calculator_Function_CallResults, [value], _unknown)
+
+            @staticmethod
+            def row(reader: Calculator.Function.CallResults.Reader | Calculator.Function.CallResults.Builder) -> Calculator.Function.CallResults.Row:
+                """Every field at once, as a tuple in schema order (a union member not set
+                is None): what ``from_row``, and any field of this type, take back."""
+                return _w.struct_row(reader, _P_Calculator_Function_CallResults)
+
+            @staticmethod
+            def from_row(row: Calculator.Function.CallResults.Row) -> Calculator.Function.CallResults.Builder:
+                """A new message whose root is a Calculator.Function.call$Results holding ``row``."""
+                return _e.new_message_row(Calculator.Function.CallResults.Builder, _P_Calculator_Function_CallResults, row)
+
+            @staticmethod
+            def rows(readers: _r.ListReader[Calculator.Function.CallResults.Reader]) -> list[Calculator.Function.CallResults.Row]:
+                """Every element of a list of Calculator.Function.call$Results as a row, in one call."""
+                return _w.list_rows(readers, _P_Calculator_Function_CallResults)
 
             @staticmethod
             def read(
@@ -543,6 +600,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             class Init(TypedDict, total=False):
                 """Calculator.Value.read$Params as plain values: what ``new_message`` and ``assign`` take."""
 
+            Row: TypeAlias = "tuple[()]"
+
             class Reader(_r.StructReader):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 0
@@ -586,6 +645,22 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _e.new_message(Calculator.Value.ReadParams.Builder, _P_Calculator_Value_ReadParams, [], {})
 
             @staticmethod
+            def row(reader: Calculator.Value.ReadParams.Reader | Calculator.Value.ReadParams.Builder) -> Calculator.Value.ReadParams.Row:
+                """Every field at once, as a tuple in schema order (a union member not set
+                is None): what ``from_row``, and any field of this type, take back."""
+                return _w.struct_row(reader, _P_Calculator_Value_ReadParams)
+
+            @staticmethod
+            def from_row(row: Calculator.Value.ReadParams.Row) -> Calculator.Value.ReadParams.Builder:
+                """A new message whose root is a Calculator.Value.read$Params holding ``row``."""
+                return _e.new_message_row(Calculator.Value.ReadParams.Builder, _P_Calculator_Value_ReadParams, row)
+
+            @staticmethod
+            def rows(readers: _r.ListReader[Calculator.Value.ReadParams.Reader]) -> list[Calculator.Value.ReadParams.Row]:
+                """Every element of a list of Calculator.Value.read$Params as a row, in one call."""
+                return _w.list_rows(readers, _P_Calculator_Value_ReadParams)
+
+            @staticmethod
             def read(
                 segments: _r.Segments,
                 *,
@@ -616,6 +691,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """Calculator.Value.read$Results as plain values: what ``new_message`` and ``assign`` take."""
 
                 value: float
+
+            Row: TypeAlias = "tuple[float]"
 
             class Reader(_r.StructReader):
                 __slots__ = ()
@@ -681,6 +758,22 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _e.new_message(Calculator.Value.ReadResults.Builder, _P_Calculator_Value_ReadResults, [value], _unknown)
 
             @staticmethod
+            def row(reader: Calculator.Value.ReadResults.Reader | Calculator.Value.ReadResults.Builder) -> Calculator.Value.ReadResults.Row:
+                """Every field at once, as a tuple in schema order (a union member not set
+                is None): what ``from_row``, and any field of this type, take back."""
+                return _w.struct_row(reader, _P_Calculator_Value_ReadResults)
+
+            @staticmethod
+            def from_row(row: Calculator.Value.ReadResults.Row) -> Calculator.Value.ReadResults.Builder:
+                """A new message whose root is a Calculator.Value.read$Results holding ``row``."""
+                return _e.new_message_row(Calculator.Value.ReadResults.Builder, _P_Calculator_Value_ReadResults, row)
+
+            @staticmethod
+            def rows(readers: _r.ListReader[Calculator.Value.ReadResults.Reader]) -> list[Calculator.Value.ReadResults.Row]:
+                """Every element of a list of Calculator.Value.read$Results as a row, in one call."""
+                return _w.list_rows(readers, _P_Calculator_Value_ReadResults)
+
+            @staticmethod
             def read(
                 segments: _r.Segments,
                 *,
@@ -744,7 +837,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             paramCount: int
 
-            body: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None
+            body: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder | None
+
+        Row: TypeAlias = "tuple[int, Calculator.Expression.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -789,7 +884,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 /,
                 *,
                 paramCount: int = _e.MISSING,
-                body: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
+                body: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -825,12 +920,28 @@ class Calculator(_t.Interface["Calculator.Client"]):
         def new_message(
             *,
             paramCount: int = _e.MISSING,
-            body: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
+            body: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> Calculator.DefFunctionParams.Builder:
             """A new message whose root is a Calculator.defFunction$Params: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Calculator.DefFunctionParams.Builder, _P_Calculator_DefFunctionParams, [paramCount, body], _unknown)
+
+        @staticmethod
+        def row(reader: Calculator.DefFunctionParams.Reader | Calculator.DefFunctionParams.Builder) -> Calculator.DefFunctionParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Calculator_DefFunctionParams)
+
+        @staticmethod
+        def from_row(row: Calculator.DefFunctionParams.Row) -> Calculator.DefFunctionParams.Builder:
+            """A new message whose root is a Calculator.defFunction$Params holding ``row``."""
+            return _e.new_message_row(Calculator.DefFunctionParams.Builder, _P_Calculator_DefFunctionParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Calculator.DefFunctionParams.Reader]) -> list[Calculator.DefFunctionParams.Row]:
+            """Every element of a list of Calculator.defFunction$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Calculator_DefFunctionParams)
 
         @staticmethod
         def read(
@@ -863,6 +974,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """Calculator.defFunction$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             func: Calculator.Function.Client | Calculator.Function.Server | None
+
+        Row: TypeAlias = "tuple[Calculator.Function.Client]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -937,6 +1050,22 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message(Calculator.DefFunctionResults.Builder, _P_Calculator_DefFunctionResults, [func], _unknown)
 
         @staticmethod
+        def row(reader: Calculator.DefFunctionResults.Reader | Calculator.DefFunctionResults.Builder) -> Calculator.DefFunctionResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Calculator_DefFunctionResults)
+
+        @staticmethod
+        def from_row(row: Calculator.DefFunctionResults.Row) -> Calculator.DefFunctionResults.Builder:
+            """A new message whose root is a Calculator.defFunction$Results holding ``row``."""
+            return _e.new_message_row(Calculator.DefFunctionResults.Builder, _P_Calculator_DefFunctionResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Calculator.DefFunctionResults.Reader]) -> list[Calculator.DefFunctionResults.Row]:
+            """Every element of a list of Calculator.defFunction$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Calculator_DefFunctionResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -966,7 +1095,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
         class Init(TypedDict, total=False):
             """Calculator.evaluate$Params as plain values: what ``new_message`` and ``assign`` take."""
 
-            expression: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None
+            expression: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder | None
+
+        Row: TypeAlias = "tuple[Calculator.Expression.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1005,7 +1136,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 self,
                 /,
                 *,
-                expression: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
+                expression: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -1040,12 +1171,28 @@ class Calculator(_t.Interface["Calculator.Client"]):
         @staticmethod
         def new_message(
             *,
-            expression: Calculator.Expression.Init | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
+            expression: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> Calculator.EvaluateParams.Builder:
             """A new message whose root is a Calculator.evaluate$Params: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Calculator.EvaluateParams.Builder, _P_Calculator_EvaluateParams, [expression], _unknown)
+
+        @staticmethod
+        def row(reader: Calculator.EvaluateParams.Reader | Calculator.EvaluateParams.Builder) -> Calculator.EvaluateParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Calculator_EvaluateParams)
+
+        @staticmethod
+        def from_row(row: Calculator.EvaluateParams.Row) -> Calculator.EvaluateParams.Builder:
+            """A new message whose root is a Calculator.evaluate$Params holding ``row``."""
+            return _e.new_message_row(Calculator.EvaluateParams.Builder, _P_Calculator_EvaluateParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Calculator.EvaluateParams.Reader]) -> list[Calculator.EvaluateParams.Row]:
+            """Every element of a list of Calculator.evaluate$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Calculator_EvaluateParams)
 
         @staticmethod
         def read(
@@ -1078,6 +1225,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """Calculator.evaluate$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             value: Calculator.Value.Client | Calculator.Value.Server | None
+
+        Row: TypeAlias = "tuple[Calculator.Value.Client]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1152,6 +1301,22 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message(Calculator.EvaluateResults.Builder, _P_Calculator_EvaluateResults, [value], _unknown)
 
         @staticmethod
+        def row(reader: Calculator.EvaluateResults.Reader | Calculator.EvaluateResults.Builder) -> Calculator.EvaluateResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Calculator_EvaluateResults)
+
+        @staticmethod
+        def from_row(row: Calculator.EvaluateResults.Row) -> Calculator.EvaluateResults.Builder:
+            """A new message whose root is a Calculator.evaluate$Results holding ``row``."""
+            return _e.new_message_row(Calculator.EvaluateResults.Builder, _P_Calculator_EvaluateResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Calculator.EvaluateResults.Reader]) -> list[Calculator.EvaluateResults.Row]:
+            """Every element of a list of Calculator.evaluate$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Calculator_EvaluateResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1182,6 +1347,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """Calculator.getOperator$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             op: int | str
+
+        Row: TypeAlias = "tuple[Calculator.Operator]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1255,6 +1422,22 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message(Calculator.GetOperatorParams.Builder, _P_Calculator_GetOperatorParams, [op], _unknown)
 
         @staticmethod
+        def row(reader: Calculator.GetOperatorParams.Reader | Calculator.GetOperatorParams.Builder) -> Calculator.GetOperatorParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Calculator_GetOperatorParams)
+
+        @staticmethod
+        def from_row(row: Calculator.GetOperatorParams.Row) -> Calculator.GetOperatorParams.Builder:
+            """A new message whose root is a Calculator.getOperator$Params holding ``row``."""
+            return _e.new_message_row(Calculator.GetOperatorParams.Builder, _P_Calculator_GetOperatorParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Calculator.GetOperatorParams.Reader]) -> list[Calculator.GetOperatorParams.Row]:
+            """Every element of a list of Calculator.getOperator$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Calculator_GetOperatorParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1285,6 +1468,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """Calculator.getOperator$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             func: Calculator.Function.Client | Calculator.Function.Server | None
+
+        Row: TypeAlias = "tuple[Calculator.Function.Client]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1357,6 +1542,22 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """A new message whose root is a Calculator.getOperator$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Calculator.GetOperatorResults.Builder, _P_Calculator_GetOperatorResults, [func], _unknown)
+
+        @staticmethod
+        def row(reader: Calculator.GetOperatorResults.Reader | Calculator.GetOperatorResults.Builder) -> Calculator.GetOperatorResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Calculator_GetOperatorResults)
+
+        @staticmethod
+        def from_row(row: Calculator.GetOperatorResults.Row) -> Calculator.GetOperatorResults.Builder:
+            """A new message whose root is a Calculator.getOperator$Results holding ``row``."""
+            return _e.new_message_row(Calculator.GetOperatorResults.Builder, _P_Calculator_GetOperatorResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Calculator.GetOperatorResults.Reader]) -> list[Calculator.GetOperatorResults.Row]:
+            """Every element of a list of Calculator.getOperator$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Calculator_GetOperatorResults)
 
         @staticmethod
         def read(
@@ -1474,17 +1675,29 @@ Calculator.Function.CallParams.Reader.params.bind(_L_Calculator_Function_CallPar
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_Calculator_Expression = Calculator.Expression.Builder._PLAN = _v.StructPlan("Calculator.Expression", 2, 2, 8)
+_P_Calculator_Expression.reader = Calculator.Expression.Reader
 _P_Calculator_DefFunctionParams = Calculator.DefFunctionParams.Builder._PLAN = _v.StructPlan("Calculator.defFunction$Params", 1, 1)
+_P_Calculator_DefFunctionParams.reader = Calculator.DefFunctionParams.Reader
 _P_Calculator_DefFunctionResults = Calculator.DefFunctionResults.Builder._PLAN = _v.StructPlan("Calculator.defFunction$Results", 0, 1)
+_P_Calculator_DefFunctionResults.reader = Calculator.DefFunctionResults.Reader
 _P_Calculator_EvaluateParams = Calculator.EvaluateParams.Builder._PLAN = _v.StructPlan("Calculator.evaluate$Params", 0, 1)
+_P_Calculator_EvaluateParams.reader = Calculator.EvaluateParams.Reader
 _P_Calculator_EvaluateResults = Calculator.EvaluateResults.Builder._PLAN = _v.StructPlan("Calculator.evaluate$Results", 0, 1)
+_P_Calculator_EvaluateResults.reader = Calculator.EvaluateResults.Reader
 _P_Calculator_GetOperatorParams = Calculator.GetOperatorParams.Builder._PLAN = _v.StructPlan("Calculator.getOperator$Params", 1, 0)
+_P_Calculator_GetOperatorParams.reader = Calculator.GetOperatorParams.Reader
 _P_Calculator_GetOperatorResults = Calculator.GetOperatorResults.Builder._PLAN = _v.StructPlan("Calculator.getOperator$Results", 0, 1)
+_P_Calculator_GetOperatorResults.reader = Calculator.GetOperatorResults.Reader
 _P_Calculator_Expression_Call = Calculator.Expression.Call.Builder._PLAN = _v.StructPlan("Calculator.Expression.call", 2, 2, -1, True)
+_P_Calculator_Expression_Call.reader = Calculator.Expression.Call.Reader
 _P_Calculator_Function_CallParams = Calculator.Function.CallParams.Builder._PLAN = _v.StructPlan("Calculator.Function.call$Params", 0, 1)
+_P_Calculator_Function_CallParams.reader = Calculator.Function.CallParams.Reader
 _P_Calculator_Function_CallResults = Calculator.Function.CallResults.Builder._PLAN = _v.StructPlan("Calculator.Function.call$Results", 1, 0)
+_P_Calculator_Function_CallResults.reader = Calculator.Function.CallResults.Reader
 _P_Calculator_Value_ReadParams = Calculator.Value.ReadParams.Builder._PLAN = _v.StructPlan("Calculator.Value.read$Params", 0, 0)
+_P_Calculator_Value_ReadParams.reader = Calculator.Value.ReadParams.Reader
 _P_Calculator_Value_ReadResults = Calculator.Value.ReadResults.Builder._PLAN = _v.StructPlan("Calculator.Value.read$Results", 1, 0)
+_P_Calculator_Value_ReadResults.reader = Calculator.Value.ReadResults.Reader
 _P_Calculator_Expression.add(
     _v.floating("literal", "Float64", 0, 8, disc=0),
     _v.capability("previousResult", 0, disc=1),
@@ -1505,7 +1718,7 @@ _P_Calculator_EvaluateResults.add(
     _v.capability("value", 0),
 )
 _P_Calculator_GetOperatorParams.add(
-    _v.enumeration("op", "Calculator.Operator", 0, ('add', 'subtract', 'multiply', 'divide')),
+    _v.enumeration("op", "Calculator.Operator", 0, ('add', 'subtract', 'multiply', 'divide'), members=_E_Calculator_Operator),
 )
 _P_Calculator_GetOperatorResults.add(
     _v.capability("func", 0),

@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -50,6 +51,8 @@ class Echo(_t.Interface["Echo.Client"]):
             """Echo.ping$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             msg: str | None
+
+        Row: TypeAlias = "tuple[str]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -116,6 +119,22 @@ class Echo(_t.Interface["Echo.Client"]):
             return _e.new_message(Echo.PingParams.Builder, _P_Echo_PingParams, [msg], _unknown)
 
         @staticmethod
+        def row(reader: Echo.PingParams.Reader | Echo.PingParams.Builder) -> Echo.PingParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Echo_PingParams)
+
+        @staticmethod
+        def from_row(row: Echo.PingParams.Row) -> Echo.PingParams.Builder:
+            """A new message whose root is a Echo.ping$Params holding ``row``."""
+            return _e.new_message_row(Echo.PingParams.Builder, _P_Echo_PingParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Echo.PingParams.Reader]) -> list[Echo.PingParams.Row]:
+            """Every element of a list of Echo.ping$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Echo_PingParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -146,6 +165,8 @@ class Echo(_t.Interface["Echo.Client"]):
             """Echo.ping$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             reply: str | None
+
+        Row: TypeAlias = "tuple[str]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -212,6 +233,22 @@ class Echo(_t.Interface["Echo.Client"]):
             return _e.new_message(Echo.PingResults.Builder, _P_Echo_PingResults, [reply], _unknown)
 
         @staticmethod
+        def row(reader: Echo.PingResults.Reader | Echo.PingResults.Builder) -> Echo.PingResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Echo_PingResults)
+
+        @staticmethod
+        def from_row(row: Echo.PingResults.Row) -> Echo.PingResults.Builder:
+            """A new message whose root is a Echo.ping$Results holding ``row``."""
+            return _e.new_message_row(Echo.PingResults.Builder, _P_Echo_PingResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Echo.PingResults.Reader]) -> list[Echo.PingResults.Row]:
+            """Every element of a list of Echo.ping$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Echo_PingResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -242,6 +279,8 @@ class Echo(_t.Interface["Echo.Client"]):
             """Echo.pingData$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             data: bytes | bytearray | memoryview | None
+
+        Row: TypeAlias = "tuple[bytes]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -316,6 +355,22 @@ class Echo(_t.Interface["Echo.Client"]):
             return _e.new_message(Echo.PingDataParams.Builder, _P_Echo_PingDataParams, [data], _unknown)
 
         @staticmethod
+        def row(reader: Echo.PingDataParams.Reader | Echo.PingDataParams.Builder) -> Echo.PingDataParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Echo_PingDataParams)
+
+        @staticmethod
+        def from_row(row: Echo.PingDataParams.Row) -> Echo.PingDataParams.Builder:
+            """A new message whose root is a Echo.pingData$Params holding ``row``."""
+            return _e.new_message_row(Echo.PingDataParams.Builder, _P_Echo_PingDataParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Echo.PingDataParams.Reader]) -> list[Echo.PingDataParams.Row]:
+            """Every element of a list of Echo.pingData$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Echo_PingDataParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -346,6 +401,8 @@ class Echo(_t.Interface["Echo.Client"]):
             """Echo.pingData$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             data: bytes | bytearray | memoryview | None
+
+        Row: TypeAlias = "tuple[bytes]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -418,6 +475,22 @@ class Echo(_t.Interface["Echo.Client"]):
             """A new message whose root is a Echo.pingData$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Echo.PingDataResults.Builder, _P_Echo_PingDataResults, [data], _unknown)
+
+        @staticmethod
+        def row(reader: Echo.PingDataResults.Reader | Echo.PingDataResults.Builder) -> Echo.PingDataResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Echo_PingDataResults)
+
+        @staticmethod
+        def from_row(row: Echo.PingDataResults.Row) -> Echo.PingDataResults.Builder:
+            """A new message whose root is a Echo.pingData$Results holding ``row``."""
+            return _e.new_message_row(Echo.PingDataResults.Builder, _P_Echo_PingDataResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Echo.PingDataResults.Reader]) -> list[Echo.PingDataResults.Row]:
+            """Every element of a list of Echo.pingData$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Echo_PingDataResults)
 
         @staticmethod
         def read(
@@ -501,9 +574,13 @@ class Echo(_t.Interface["Echo.Client"]):
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_Echo_PingParams = Echo.PingParams.Builder._PLAN = _v.StructPlan("Echo.ping$Params", 0, 1)
+_P_Echo_PingParams.reader = Echo.PingParams.Reader
 _P_Echo_PingResults = Echo.PingResults.Builder._PLAN = _v.StructPlan("Echo.ping$Results", 0, 1)
+_P_Echo_PingResults.reader = Echo.PingResults.Reader
 _P_Echo_PingDataParams = Echo.PingDataParams.Builder._PLAN = _v.StructPlan("Echo.pingData$Params", 0, 1)
+_P_Echo_PingDataParams.reader = Echo.PingDataParams.Reader
 _P_Echo_PingDataResults = Echo.PingDataResults.Builder._PLAN = _v.StructPlan("Echo.pingData$Results", 0, 1)
+_P_Echo_PingDataResults.reader = Echo.PingDataResults.Reader
 _P_Echo_PingParams.add(
     _v.text("msg", 0),
 )

@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -50,6 +51,8 @@ class Health(_t.Interface["Health.Client"]):
             """Health.check$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             service: str | None
+
+        Row: TypeAlias = "tuple[str]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -116,6 +119,22 @@ class Health(_t.Interface["Health.Client"]):
             return _e.new_message(Health.CheckParams.Builder, _P_Health_CheckParams, [service], _unknown)
 
         @staticmethod
+        def row(reader: Health.CheckParams.Reader | Health.CheckParams.Builder) -> Health.CheckParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Health_CheckParams)
+
+        @staticmethod
+        def from_row(row: Health.CheckParams.Row) -> Health.CheckParams.Builder:
+            """A new message whose root is a Health.check$Params holding ``row``."""
+            return _e.new_message_row(Health.CheckParams.Builder, _P_Health_CheckParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Health.CheckParams.Reader]) -> list[Health.CheckParams.Row]:
+            """Every element of a list of Health.check$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Health_CheckParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -146,6 +165,8 @@ class Health(_t.Interface["Health.Client"]):
             """Health.check$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             status: int | str
+
+        Row: TypeAlias = "tuple[ServingStatus]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -217,6 +238,22 @@ class Health(_t.Interface["Health.Client"]):
             """A new message whose root is a Health.check$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Health.CheckResults.Builder, _P_Health_CheckResults, [status], _unknown)
+
+        @staticmethod
+        def row(reader: Health.CheckResults.Reader | Health.CheckResults.Builder) -> Health.CheckResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Health_CheckResults)
+
+        @staticmethod
+        def from_row(row: Health.CheckResults.Row) -> Health.CheckResults.Builder:
+            """A new message whose root is a Health.check$Results holding ``row``."""
+            return _e.new_message_row(Health.CheckResults.Builder, _P_Health_CheckResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Health.CheckResults.Reader]) -> list[Health.CheckResults.Row]:
+            """Every element of a list of Health.check$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Health_CheckResults)
 
         @staticmethod
         def read(
@@ -301,12 +338,14 @@ Health.CheckResults.Reader.status.bind(ServingStatus, _E_ServingStatus)
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_Health_CheckParams = Health.CheckParams.Builder._PLAN = _v.StructPlan("Health.check$Params", 0, 1)
+_P_Health_CheckParams.reader = Health.CheckParams.Reader
 _P_Health_CheckResults = Health.CheckResults.Builder._PLAN = _v.StructPlan("Health.check$Results", 1, 0)
+_P_Health_CheckResults.reader = Health.CheckResults.Reader
 _P_Health_CheckParams.add(
     _v.text("service", 0),
 )
 _P_Health_CheckResults.add(
-    _v.enumeration("status", "ServingStatus", 0, ('unknown', 'serving', 'notServing', 'serviceUnknown')),
+    _v.enumeration("status", "ServingStatus", 0, ('unknown', 'serving', 'notServing', 'serviceUnknown'), members=_E_ServingStatus),
 )
 
 

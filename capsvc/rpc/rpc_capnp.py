@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -46,6 +47,8 @@ class Accept:
         provision: str | bytes | _r.StructReader | _b.StructBuilder | None
 
         embargo: bool
+
+    Row: TypeAlias = "tuple[int, _r.AnyPointer, bool]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -129,6 +132,22 @@ class Accept:
         return _e.new_message(Accept.Builder, _P_Accept, [questionId, provision, embargo], _unknown)
 
     @staticmethod
+    def row(reader: Accept.Reader | Accept.Builder) -> Accept.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Accept)
+
+    @staticmethod
+    def from_row(row: Accept.Row) -> Accept.Builder:
+        """A new message whose root is a Accept holding ``row``."""
+        return _e.new_message_row(Accept.Builder, _P_Accept, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Accept.Reader]) -> list[Accept.Row]:
+        """Every element of a list of Accept as a row, in one call."""
+        return _w.list_rows(readers, _P_Accept)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -161,6 +180,8 @@ class Bootstrap:
         questionId: int
 
         deprecatedObjectId: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+    Row: TypeAlias = "tuple[int, _r.AnyPointer]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -237,6 +258,22 @@ class Bootstrap:
         return _e.new_message(Bootstrap.Builder, _P_Bootstrap, [questionId, deprecatedObjectId], _unknown)
 
     @staticmethod
+    def row(reader: Bootstrap.Reader | Bootstrap.Builder) -> Bootstrap.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Bootstrap)
+
+    @staticmethod
+    def from_row(row: Bootstrap.Row) -> Bootstrap.Builder:
+        """A new message whose root is a Bootstrap holding ``row``."""
+        return _e.new_message_row(Bootstrap.Builder, _P_Bootstrap, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Bootstrap.Reader]) -> list[Bootstrap.Row]:
+        """Every element of a list of Bootstrap as a row, in one call."""
+        return _w.list_rows(readers, _P_Bootstrap)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -276,6 +313,8 @@ class Call:
             yourself: None
 
             thirdParty: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        Row: TypeAlias = "tuple[Literal[True] | None, Literal[True] | None, _r.AnyPointer | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -376,7 +415,7 @@ class Call:
 
         questionId: int
 
-        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None
+        target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None
 
         interfaceId: int
 
@@ -388,9 +427,11 @@ class Call:
 
         onlyPromisePipeline: bool
 
-        params: Payload.Init | Payload.Reader | Payload.Builder | None
+        params: Payload.Init | Payload.Row | Payload.Reader | Payload.Builder | None
 
-        sendResultsTo: Call.SendResultsTo.Init
+        sendResultsTo: Call.SendResultsTo.Init | Call.SendResultsTo.Row
+
+    Row: TypeAlias = "tuple[int, MessageTarget.Row | None, int, int, bool, bool, bool, Payload.Row | None, Call.SendResultsTo.Row]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -482,14 +523,14 @@ class Call:
             /,
             *,
             questionId: int = _e.MISSING,
-            target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+            target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
             interfaceId: int = _e.MISSING,
             methodId: int = _e.MISSING,
             allowThirdPartyTailCall: bool = _e.MISSING,
             noPromisePipelining: bool = _e.MISSING,
             onlyPromisePipeline: bool = _e.MISSING,
-            params: Payload.Init | Payload.Reader | Payload.Builder | None = _e.MISSING,
-            sendResultsTo: Call.SendResultsTo.Init = _e.MISSING,
+            params: Payload.Init | Payload.Row | Payload.Reader | Payload.Builder | None = _e.MISSING,
+            sendResultsTo: Call.SendResultsTo.Init | Call.SendResultsTo.Row = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -533,19 +574,35 @@ class Call:
     def new_message(
         *,
         questionId: int = _e.MISSING,
-        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+        target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
         interfaceId: int = _e.MISSING,
         methodId: int = _e.MISSING,
         allowThirdPartyTailCall: bool = _e.MISSING,
         noPromisePipelining: bool = _e.MISSING,
         onlyPromisePipeline: bool = _e.MISSING,
-        params: Payload.Init | Payload.Reader | Payload.Builder | None = _e.MISSING,
-        sendResultsTo: Call.SendResultsTo.Init = _e.MISSING,
+        params: Payload.Init | Payload.Row | Payload.Reader | Payload.Builder | None = _e.MISSING,
+        sendResultsTo: Call.SendResultsTo.Init | Call.SendResultsTo.Row = _e.MISSING,
         **_unknown: Never,
     ) -> Call.Builder:
         """A new message whose root is a Call: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Call.Builder, _P_Call, [questionId, target, interfaceId, methodId, allowThirdPartyTailCall, noPromisePipelining, onlyPromisePipeline, params, sendResultsTo], _unknown)
+
+    @staticmethod
+    def row(reader: Call.Reader | Call.Builder) -> Call.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Call)
+
+    @staticmethod
+    def from_row(row: Call.Row) -> Call.Builder:
+        """A new message whose root is a Call holding ``row``."""
+        return _e.new_message_row(Call.Builder, _P_Call, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Call.Reader]) -> list[Call.Row]:
+        """Every element of a list of Call as a row, in one call."""
+        return _w.list_rows(readers, _P_Call)
 
     @staticmethod
     def read(
@@ -585,11 +642,13 @@ class CapDescriptor:
 
         receiverHosted: int
 
-        receiverAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None
+        receiverAnswer: PromisedAnswer.Init | PromisedAnswer.Row | PromisedAnswer.Reader | PromisedAnswer.Builder | None
 
-        thirdPartyHosted: ThirdPartyCapDescriptor.Init | ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder | None
+        thirdPartyHosted: ThirdPartyCapDescriptor.Init | ThirdPartyCapDescriptor.Row | ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder | None
 
         attachedFd: int
+
+    Row: TypeAlias = "tuple[Literal[True] | None, int | None, int | None, int | None, PromisedAnswer.Row | None, ThirdPartyCapDescriptor.Row | None, int]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -707,8 +766,8 @@ class CapDescriptor:
             senderHosted: int = _e.MISSING,
             senderPromise: int = _e.MISSING,
             receiverHosted: int = _e.MISSING,
-            receiverAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
-            thirdPartyHosted: ThirdPartyCapDescriptor.Init | ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder | None = _e.MISSING,
+            receiverAnswer: PromisedAnswer.Init | PromisedAnswer.Row | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
+            thirdPartyHosted: ThirdPartyCapDescriptor.Init | ThirdPartyCapDescriptor.Row | ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder | None = _e.MISSING,
             attachedFd: int = _e.MISSING,
             **_unknown: Never,
         ) -> None:
@@ -752,14 +811,30 @@ class CapDescriptor:
         senderHosted: int = _e.MISSING,
         senderPromise: int = _e.MISSING,
         receiverHosted: int = _e.MISSING,
-        receiverAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
-        thirdPartyHosted: ThirdPartyCapDescriptor.Init | ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder | None = _e.MISSING,
+        receiverAnswer: PromisedAnswer.Init | PromisedAnswer.Row | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
+        thirdPartyHosted: ThirdPartyCapDescriptor.Init | ThirdPartyCapDescriptor.Row | ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder | None = _e.MISSING,
         attachedFd: int = _e.MISSING,
         **_unknown: Never,
     ) -> CapDescriptor.Builder:
         """A new message whose root is a CapDescriptor: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(CapDescriptor.Builder, _P_CapDescriptor, [none, senderHosted, senderPromise, receiverHosted, receiverAnswer, thirdPartyHosted, attachedFd], _unknown)
+
+    @staticmethod
+    def row(reader: CapDescriptor.Reader | CapDescriptor.Builder) -> CapDescriptor.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_CapDescriptor)
+
+    @staticmethod
+    def from_row(row: CapDescriptor.Row) -> CapDescriptor.Builder:
+        """A new message whose root is a CapDescriptor holding ``row``."""
+        return _e.new_message_row(CapDescriptor.Builder, _P_CapDescriptor, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[CapDescriptor.Reader]) -> list[CapDescriptor.Row]:
+        """Every element of a list of CapDescriptor as a row, in one call."""
+        return _w.list_rows(readers, _P_CapDescriptor)
 
     @staticmethod
     def read(
@@ -803,6 +878,8 @@ class Disembargo:
             accept: None
 
             provide: int
+
+        Row: TypeAlias = "tuple[int | None, int | None, Literal[True] | None, int | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -896,9 +973,11 @@ class Disembargo:
     class Init(TypedDict, total=False):
         """Disembargo as plain values: what ``new_message`` and ``assign`` take."""
 
-        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None
+        target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None
 
-        context: Disembargo.Context.Init
+        context: Disembargo.Context.Init | Disembargo.Context.Row
+
+    Row: TypeAlias = "tuple[MessageTarget.Row | None, Disembargo.Context.Row]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -942,8 +1021,8 @@ class Disembargo:
             self,
             /,
             *,
-            target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
-            context: Disembargo.Context.Init = _e.MISSING,
+            target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+            context: Disembargo.Context.Init | Disembargo.Context.Row = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -982,13 +1061,29 @@ class Disembargo:
     @staticmethod
     def new_message(
         *,
-        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
-        context: Disembargo.Context.Init = _e.MISSING,
+        target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+        context: Disembargo.Context.Init | Disembargo.Context.Row = _e.MISSING,
         **_unknown: Never,
     ) -> Disembargo.Builder:
         """A new message whose root is a Disembargo: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Disembargo.Builder, _P_Disembargo, [target, context], _unknown)
+
+    @staticmethod
+    def row(reader: Disembargo.Reader | Disembargo.Builder) -> Disembargo.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Disembargo)
+
+    @staticmethod
+    def from_row(row: Disembargo.Row) -> Disembargo.Builder:
+        """A new message whose root is a Disembargo holding ``row``."""
+        return _e.new_message_row(Disembargo.Builder, _P_Disembargo, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Disembargo.Reader]) -> list[Disembargo.Row]:
+        """Every element of a list of Disembargo as a row, in one call."""
+        return _w.list_rows(readers, _P_Disembargo)
 
     @staticmethod
     def read(
@@ -1047,6 +1142,8 @@ class Exception:
         obsoleteDurability: int
 
         trace: str | None
+
+    Row: TypeAlias = "tuple[str, Exception.Type, bool, int, str]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1150,6 +1247,22 @@ class Exception:
         return _e.new_message(Exception.Builder, _P_Exception, [reason, type, obsoleteIsCallersFault, obsoleteDurability, trace], _unknown)
 
     @staticmethod
+    def row(reader: Exception.Reader | Exception.Builder) -> Exception.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Exception)
+
+    @staticmethod
+    def from_row(row: Exception.Row) -> Exception.Builder:
+        """A new message whose root is a Exception holding ``row``."""
+        return _e.new_message_row(Exception.Builder, _P_Exception, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Exception.Reader]) -> list[Exception.Row]:
+        """Every element of a list of Exception as a row, in one call."""
+        return _w.list_rows(readers, _P_Exception)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -1184,6 +1297,8 @@ class Finish:
         releaseResultCaps: bool
 
         requireEarlyCancellationWorkaround: bool
+
+    Row: TypeAlias = "tuple[int, bool, bool]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1263,6 +1378,22 @@ class Finish:
         return _e.new_message(Finish.Builder, _P_Finish, [questionId, releaseResultCaps, requireEarlyCancellationWorkaround], _unknown)
 
     @staticmethod
+    def row(reader: Finish.Reader | Finish.Builder) -> Finish.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Finish)
+
+    @staticmethod
+    def from_row(row: Finish.Row) -> Finish.Builder:
+        """A new message whose root is a Finish holding ``row``."""
+        return _e.new_message_row(Finish.Builder, _P_Finish, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Finish.Reader]) -> list[Finish.Row]:
+        """Every element of a list of Finish as a row, in one call."""
+        return _w.list_rows(readers, _P_Finish)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -1294,9 +1425,11 @@ class Join:
 
         questionId: int
 
-        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None
+        target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None
 
         keyPart: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+    Row: TypeAlias = "tuple[int, MessageTarget.Row | None, _r.AnyPointer]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1350,7 +1483,7 @@ class Join:
             /,
             *,
             questionId: int = _e.MISSING,
-            target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+            target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
             keyPart: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
@@ -1387,13 +1520,29 @@ class Join:
     def new_message(
         *,
         questionId: int = _e.MISSING,
-        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+        target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
         keyPart: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
         **_unknown: Never,
     ) -> Join.Builder:
         """A new message whose root is a Join: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Join.Builder, _P_Join, [questionId, target, keyPart], _unknown)
+
+    @staticmethod
+    def row(reader: Join.Reader | Join.Builder) -> Join.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Join)
+
+    @staticmethod
+    def from_row(row: Join.Row) -> Join.Builder:
+        """A new message whose root is a Join holding ``row``."""
+        return _e.new_message_row(Join.Builder, _P_Join, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Join.Reader]) -> list[Join.Row]:
+        """Every element of a list of Join as a row, in one call."""
+        return _w.list_rows(readers, _P_Join)
 
     @staticmethod
     def read(
@@ -1425,33 +1574,35 @@ class Message:
     class Init(TypedDict, total=False):
         """Message as plain values: what ``new_message`` and ``assign`` take."""
 
-        unimplemented: Message.Init | Message.Reader | Message.Builder | None
+        unimplemented: Message.Init | Message.Row | Message.Reader | Message.Builder | None
 
-        abort: Exception.Init | Exception.Reader | Exception.Builder | None
+        abort: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder | None
 
-        bootstrap: Bootstrap.Init | Bootstrap.Reader | Bootstrap.Builder | None
+        bootstrap: Bootstrap.Init | Bootstrap.Row | Bootstrap.Reader | Bootstrap.Builder | None
 
-        call: Call.Init | Call.Reader | Call.Builder | None
+        call: Call.Init | Call.Row | Call.Reader | Call.Builder | None
 
-        return_: Return.Init | Return.Reader | Return.Builder | None
+        return_: Return.Init | Return.Row | Return.Reader | Return.Builder | None
 
-        finish: Finish.Init | Finish.Reader | Finish.Builder | None
+        finish: Finish.Init | Finish.Row | Finish.Reader | Finish.Builder | None
 
-        resolve: Resolve.Init | Resolve.Reader | Resolve.Builder | None
+        resolve: Resolve.Init | Resolve.Row | Resolve.Reader | Resolve.Builder | None
 
-        release: Release.Init | Release.Reader | Release.Builder | None
+        release: Release.Init | Release.Row | Release.Reader | Release.Builder | None
 
-        disembargo: Disembargo.Init | Disembargo.Reader | Disembargo.Builder | None
+        disembargo: Disembargo.Init | Disembargo.Row | Disembargo.Reader | Disembargo.Builder | None
 
         obsoleteSave: str | bytes | _r.StructReader | _b.StructBuilder | None
 
         obsoleteDelete: str | bytes | _r.StructReader | _b.StructBuilder | None
 
-        provide: Provide.Init | Provide.Reader | Provide.Builder | None
+        provide: Provide.Init | Provide.Row | Provide.Reader | Provide.Builder | None
 
-        accept: Accept.Init | Accept.Reader | Accept.Builder | None
+        accept: Accept.Init | Accept.Row | Accept.Reader | Accept.Builder | None
 
-        join: Join.Init | Join.Reader | Join.Builder | None
+        join: Join.Init | Join.Row | Join.Reader | Join.Builder | None
+
+    Row: TypeAlias = "tuple[Message.Row | None, Exception.Row | None, Bootstrap.Row | None, Call.Row | None, Return.Row | None, Finish.Row | None, Resolve.Row | None, Release.Row | None, Disembargo.Row | None, _r.AnyPointer | None, _r.AnyPointer | None, Provide.Row | None, Accept.Row | None, Join.Row | None]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1758,20 +1909,20 @@ class Message:
             self,
             /,
             *,
-            unimplemented: Message.Init | Message.Reader | Message.Builder | None = _e.MISSING,
-            abort: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
-            bootstrap: Bootstrap.Init | Bootstrap.Reader | Bootstrap.Builder | None = _e.MISSING,
-            call: Call.Init | Call.Reader | Call.Builder | None = _e.MISSING,
-            return_: Return.Init | Return.Reader | Return.Builder | None = _e.MISSING,
-            finish: Finish.Init | Finish.Reader | Finish.Builder | None = _e.MISSING,
-            resolve: Resolve.Init | Resolve.Reader | Resolve.Builder | None = _e.MISSING,
-            release: Release.Init | Release.Reader | Release.Builder | None = _e.MISSING,
-            disembargo: Disembargo.Init | Disembargo.Reader | Disembargo.Builder | None = _e.MISSING,
+            unimplemented: Message.Init | Message.Row | Message.Reader | Message.Builder | None = _e.MISSING,
+            abort: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder | None = _e.MISSING,
+            bootstrap: Bootstrap.Init | Bootstrap.Row | Bootstrap.Reader | Bootstrap.Builder | None = _e.MISSING,
+            call: Call.Init | Call.Row | Call.Reader | Call.Builder | None = _e.MISSING,
+            return_: Return.Init | Return.Row | Return.Reader | Return.Builder | None = _e.MISSING,
+            finish: Finish.Init | Finish.Row | Finish.Reader | Finish.Builder | None = _e.MISSING,
+            resolve: Resolve.Init | Resolve.Row | Resolve.Reader | Resolve.Builder | None = _e.MISSING,
+            release: Release.Init | Release.Row | Release.Reader | Release.Builder | None = _e.MISSING,
+            disembargo: Disembargo.Init | Disembargo.Row | Disembargo.Reader | Disembargo.Builder | None = _e.MISSING,
             obsoleteSave: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
             obsoleteDelete: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
-            provide: Provide.Init | Provide.Reader | Provide.Builder | None = _e.MISSING,
-            accept: Accept.Init | Accept.Reader | Accept.Builder | None = _e.MISSING,
-            join: Join.Init | Join.Reader | Join.Builder | None = _e.MISSING,
+            provide: Provide.Init | Provide.Row | Provide.Reader | Provide.Builder | None = _e.MISSING,
+            accept: Accept.Init | Accept.Row | Accept.Reader | Accept.Builder | None = _e.MISSING,
+            join: Join.Init | Join.Row | Join.Reader | Join.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -1850,25 +2001,41 @@ class Message:
     @staticmethod
     def new_message(
         *,
-        unimplemented: Message.Init | Message.Reader | Message.Builder | None = _e.MISSING,
-        abort: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
-        bootstrap: Bootstrap.Init | Bootstrap.Reader | Bootstrap.Builder | None = _e.MISSING,
-        call: Call.Init | Call.Reader | Call.Builder | None = _e.MISSING,
-        return_: Return.Init | Return.Reader | Return.Builder | None = _e.MISSING,
-        finish: Finish.Init | Finish.Reader | Finish.Builder | None = _e.MISSING,
-        resolve: Resolve.Init | Resolve.Reader | Resolve.Builder | None = _e.MISSING,
-        release: Release.Init | Release.Reader | Release.Builder | None = _e.MISSING,
-        disembargo: Disembargo.Init | Disembargo.Reader | Disembargo.Builder | None = _e.MISSING,
+        unimplemented: Message.Init | Message.Row | Message.Reader | Message.Builder | None = _e.MISSING,
+        abort: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder | None = _e.MISSING,
+        bootstrap: Bootstrap.Init | Bootstrap.Row | Bootstrap.Reader | Bootstrap.Builder | None = _e.MISSING,
+        call: Call.Init | Call.Row | Call.Reader | Call.Builder | None = _e.MISSING,
+        return_: Return.Init | Return.Row | Return.Reader | Return.Builder | None = _e.MISSING,
+        finish: Finish.Init | Finish.Row | Finish.Reader | Finish.Builder | None = _e.MISSING,
+        resolve: Resolve.Init | Resolve.Row | Resolve.Reader | Resolve.Builder | None = _e.MISSING,
+        release: Release.Init | Release.Row | Release.Reader | Release.Builder | None = _e.MISSING,
+        disembargo: Disembargo.Init | Disembargo.Row | Disembargo.Reader | Disembargo.Builder | None = _e.MISSING,
         obsoleteSave: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
         obsoleteDelete: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
-        provide: Provide.Init | Provide.Reader | Provide.Builder | None = _e.MISSING,
-        accept: Accept.Init | Accept.Reader | Accept.Builder | None = _e.MISSING,
-        join: Join.Init | Join.Reader | Join.Builder | None = _e.MISSING,
+        provide: Provide.Init | Provide.Row | Provide.Reader | Provide.Builder | None = _e.MISSING,
+        accept: Accept.Init | Accept.Row | Accept.Reader | Accept.Builder | None = _e.MISSING,
+        join: Join.Init | Join.Row | Join.Reader | Join.Builder | None = _e.MISSING,
         **_unknown: Never,
     ) -> Message.Builder:
         """A new message whose root is a Message: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Message.Builder, _P_Message, [unimplemented, abort, bootstrap, call, return_, finish, resolve, release, disembargo, obsoleteSave, obsoleteDelete, provide, accept, join], _unknown)
+
+    @staticmethod
+    def row(reader: Message.Reader | Message.Builder) -> Message.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Message)
+
+    @staticmethod
+    def from_row(row: Message.Row) -> Message.Builder:
+        """A new message whose root is a Message holding ``row``."""
+        return _e.new_message_row(Message.Builder, _P_Message, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Message.Reader]) -> list[Message.Row]:
+        """Every element of a list of Message as a row, in one call."""
+        return _w.list_rows(readers, _P_Message)
 
     @staticmethod
     def read(
@@ -1902,7 +2069,9 @@ class MessageTarget:
 
         importedCap: int
 
-        promisedAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None
+        promisedAnswer: PromisedAnswer.Init | PromisedAnswer.Row | PromisedAnswer.Reader | PromisedAnswer.Builder | None
+
+    Row: TypeAlias = "tuple[int | None, PromisedAnswer.Row | None]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1965,7 +2134,7 @@ class MessageTarget:
             /,
             *,
             importedCap: int = _e.MISSING,
-            promisedAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
+            promisedAnswer: PromisedAnswer.Init | PromisedAnswer.Row | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -2001,12 +2170,28 @@ class MessageTarget:
     def new_message(
         *,
         importedCap: int = _e.MISSING,
-        promisedAnswer: PromisedAnswer.Init | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
+        promisedAnswer: PromisedAnswer.Init | PromisedAnswer.Row | PromisedAnswer.Reader | PromisedAnswer.Builder | None = _e.MISSING,
         **_unknown: Never,
     ) -> MessageTarget.Builder:
         """A new message whose root is a MessageTarget: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(MessageTarget.Builder, _P_MessageTarget, [importedCap, promisedAnswer], _unknown)
+
+    @staticmethod
+    def row(reader: MessageTarget.Reader | MessageTarget.Builder) -> MessageTarget.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_MessageTarget)
+
+    @staticmethod
+    def from_row(row: MessageTarget.Row) -> MessageTarget.Builder:
+        """A new message whose root is a MessageTarget holding ``row``."""
+        return _e.new_message_row(MessageTarget.Builder, _P_MessageTarget, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[MessageTarget.Reader]) -> list[MessageTarget.Row]:
+        """Every element of a list of MessageTarget as a row, in one call."""
+        return _w.list_rows(readers, _P_MessageTarget)
 
     @staticmethod
     def read(
@@ -2040,7 +2225,9 @@ class Payload:
 
         content: str | bytes | _r.StructReader | _b.StructBuilder | None
 
-        capTable: Sequence[CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None
+        capTable: Sequence[CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None
+
+    Row: TypeAlias = "tuple[_r.AnyPointer, list[CapDescriptor.Row]]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2080,7 +2267,7 @@ class Payload:
             /,
             *,
             content: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
-            capTable: Sequence[CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            capTable: Sequence[CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -2112,12 +2299,28 @@ class Payload:
     def new_message(
         *,
         content: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
-        capTable: Sequence[CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        capTable: Sequence[CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None = _e.MISSING,
         **_unknown: Never,
     ) -> Payload.Builder:
         """A new message whose root is a Payload: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Payload.Builder, _P_Payload, [content, capTable], _unknown)
+
+    @staticmethod
+    def row(reader: Payload.Reader | Payload.Builder) -> Payload.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Payload)
+
+    @staticmethod
+    def from_row(row: Payload.Row) -> Payload.Builder:
+        """A new message whose root is a Payload holding ``row``."""
+        return _e.new_message_row(Payload.Builder, _P_Payload, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Payload.Reader]) -> list[Payload.Row]:
+        """Every element of a list of Payload as a row, in one call."""
+        return _w.list_rows(readers, _P_Payload)
 
     @staticmethod
     def read(
@@ -2157,6 +2360,8 @@ class PromisedAnswer:
             noop: None
 
             getPointerField: int
+
+        Row: TypeAlias = "tuple[Literal[True] | None, int | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2252,6 +2457,22 @@ class PromisedAnswer:
             return _e.new_message(PromisedAnswer.Op.Builder, _P_PromisedAnswer_Op, [noop, getPointerField], _unknown)
 
         @staticmethod
+        def row(reader: PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder) -> PromisedAnswer.Op.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_PromisedAnswer_Op)
+
+        @staticmethod
+        def from_row(row: PromisedAnswer.Op.Row) -> PromisedAnswer.Op.Builder:
+            """A new message whose root is a PromisedAnswer.Op holding ``row``."""
+            return _e.new_message_row(PromisedAnswer.Op.Builder, _P_PromisedAnswer_Op, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[PromisedAnswer.Op.Reader]) -> list[PromisedAnswer.Op.Row]:
+            """Every element of a list of PromisedAnswer.Op as a row, in one call."""
+            return _w.list_rows(readers, _P_PromisedAnswer_Op)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2278,7 +2499,9 @@ class PromisedAnswer:
 
         questionId: int
 
-        transform: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None
+        transform: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Row | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None
+
+    Row: TypeAlias = "tuple[int, list[PromisedAnswer.Op.Row]]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2314,7 +2537,7 @@ class PromisedAnswer:
             /,
             *,
             questionId: int = _e.MISSING,
-            transform: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            transform: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Row | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -2346,12 +2569,28 @@ class PromisedAnswer:
     def new_message(
         *,
         questionId: int = _e.MISSING,
-        transform: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        transform: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Row | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None = _e.MISSING,
         **_unknown: Never,
     ) -> PromisedAnswer.Builder:
         """A new message whose root is a PromisedAnswer: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(PromisedAnswer.Builder, _P_PromisedAnswer, [questionId, transform], _unknown)
+
+    @staticmethod
+    def row(reader: PromisedAnswer.Reader | PromisedAnswer.Builder) -> PromisedAnswer.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_PromisedAnswer)
+
+    @staticmethod
+    def from_row(row: PromisedAnswer.Row) -> PromisedAnswer.Builder:
+        """A new message whose root is a PromisedAnswer holding ``row``."""
+        return _e.new_message_row(PromisedAnswer.Builder, _P_PromisedAnswer, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[PromisedAnswer.Reader]) -> list[PromisedAnswer.Row]:
+        """Every element of a list of PromisedAnswer as a row, in one call."""
+        return _w.list_rows(readers, _P_PromisedAnswer)
 
     @staticmethod
     def read(
@@ -2385,9 +2624,11 @@ class Provide:
 
         questionId: int
 
-        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None
+        target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None
 
         recipient: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+    Row: TypeAlias = "tuple[int, MessageTarget.Row | None, _r.AnyPointer]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2441,7 +2682,7 @@ class Provide:
             /,
             *,
             questionId: int = _e.MISSING,
-            target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+            target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
             recipient: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
@@ -2478,13 +2719,29 @@ class Provide:
     def new_message(
         *,
         questionId: int = _e.MISSING,
-        target: MessageTarget.Init | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
+        target: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder | None = _e.MISSING,
         recipient: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
         **_unknown: Never,
     ) -> Provide.Builder:
         """A new message whose root is a Provide: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Provide.Builder, _P_Provide, [questionId, target, recipient], _unknown)
+
+    @staticmethod
+    def row(reader: Provide.Reader | Provide.Builder) -> Provide.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Provide)
+
+    @staticmethod
+    def from_row(row: Provide.Row) -> Provide.Builder:
+        """A new message whose root is a Provide holding ``row``."""
+        return _e.new_message_row(Provide.Builder, _P_Provide, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Provide.Reader]) -> list[Provide.Row]:
+        """Every element of a list of Provide as a row, in one call."""
+        return _w.list_rows(readers, _P_Provide)
 
     @staticmethod
     def read(
@@ -2519,6 +2776,8 @@ class Release:
         id: int
 
         referenceCount: int
+
+    Row: TypeAlias = "tuple[int, int]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2591,6 +2850,22 @@ class Release:
         return _e.new_message(Release.Builder, _P_Release, [id, referenceCount], _unknown)
 
     @staticmethod
+    def row(reader: Release.Reader | Release.Builder) -> Release.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Release)
+
+    @staticmethod
+    def from_row(row: Release.Row) -> Release.Builder:
+        """A new message whose root is a Release holding ``row``."""
+        return _e.new_message_row(Release.Builder, _P_Release, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Release.Reader]) -> list[Release.Row]:
+        """Every element of a list of Release as a row, in one call."""
+        return _w.list_rows(readers, _P_Release)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -2622,9 +2897,11 @@ class Resolve:
 
         promiseId: int
 
-        cap: CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder | None
+        cap: CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder | None
 
-        exception: Exception.Init | Exception.Reader | Exception.Builder | None
+        exception: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder | None
+
+    Row: TypeAlias = "tuple[int, CapDescriptor.Row | None, Exception.Row | None]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2707,8 +2984,8 @@ class Resolve:
             /,
             *,
             promiseId: int = _e.MISSING,
-            cap: CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder | None = _e.MISSING,
-            exception: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
+            cap: CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder | None = _e.MISSING,
+            exception: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -2748,13 +3025,29 @@ class Resolve:
     def new_message(
         *,
         promiseId: int = _e.MISSING,
-        cap: CapDescriptor.Init | CapDescriptor.Reader | CapDescriptor.Builder | None = _e.MISSING,
-        exception: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
+        cap: CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder | None = _e.MISSING,
+        exception: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder | None = _e.MISSING,
         **_unknown: Never,
     ) -> Resolve.Builder:
         """A new message whose root is a Resolve: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Resolve.Builder, _P_Resolve, [promiseId, cap, exception], _unknown)
+
+    @staticmethod
+    def row(reader: Resolve.Reader | Resolve.Builder) -> Resolve.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Resolve)
+
+    @staticmethod
+    def from_row(row: Resolve.Row) -> Resolve.Builder:
+        """A new message whose root is a Resolve holding ``row``."""
+        return _e.new_message_row(Resolve.Builder, _P_Resolve, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Resolve.Reader]) -> list[Resolve.Row]:
+        """Every element of a list of Resolve as a row, in one call."""
+        return _w.list_rows(readers, _P_Resolve)
 
     @staticmethod
     def read(
@@ -2792,9 +3085,9 @@ class Return:
 
         noFinishNeeded: bool
 
-        results: Payload.Init | Payload.Reader | Payload.Builder | None
+        results: Payload.Init | Payload.Row | Payload.Reader | Payload.Builder | None
 
-        exception: Exception.Init | Exception.Reader | Exception.Builder | None
+        exception: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder | None
 
         canceled: None
 
@@ -2803,6 +3096,8 @@ class Return:
         takeFromOtherQuestion: int
 
         acceptFromThirdParty: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+    Row: TypeAlias = "tuple[int, bool, bool, Payload.Row | None, Exception.Row | None, Literal[True] | None, Literal[True] | None, int | None, _r.AnyPointer | None]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2941,8 +3236,8 @@ class Return:
             answerId: int = _e.MISSING,
             releaseParamCaps: bool = _e.MISSING,
             noFinishNeeded: bool = _e.MISSING,
-            results: Payload.Init | Payload.Reader | Payload.Builder | None = _e.MISSING,
-            exception: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
+            results: Payload.Init | Payload.Row | Payload.Reader | Payload.Builder | None = _e.MISSING,
+            exception: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder | None = _e.MISSING,
             canceled: None = _e.MISSING,
             resultsSentElsewhere: None = _e.MISSING,
             takeFromOtherQuestion: int = _e.MISSING,
@@ -2988,8 +3283,8 @@ class Return:
         answerId: int = _e.MISSING,
         releaseParamCaps: bool = _e.MISSING,
         noFinishNeeded: bool = _e.MISSING,
-        results: Payload.Init | Payload.Reader | Payload.Builder | None = _e.MISSING,
-        exception: Exception.Init | Exception.Reader | Exception.Builder | None = _e.MISSING,
+        results: Payload.Init | Payload.Row | Payload.Reader | Payload.Builder | None = _e.MISSING,
+        exception: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder | None = _e.MISSING,
         canceled: None = _e.MISSING,
         resultsSentElsewhere: None = _e.MISSING,
         takeFromOtherQuestion: int = _e.MISSING,
@@ -2999,6 +3294,22 @@ class Return:
         """A new message whose root is a Return: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Return.Builder, _P_Return, [answerId, releaseParamCaps, noFinishNeeded, results, exception, canceled, resultsSentElsewhere, takeFromOtherQuestion, acceptFromThirdParty], _unknown)
+
+    @staticmethod
+    def row(reader: Return.Reader | Return.Builder) -> Return.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Return)
+
+    @staticmethod
+    def from_row(row: Return.Row) -> Return.Builder:
+        """A new message whose root is a Return holding ``row``."""
+        return _e.new_message_row(Return.Builder, _P_Return, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Return.Reader]) -> list[Return.Row]:
+        """Every element of a list of Return as a row, in one call."""
+        return _w.list_rows(readers, _P_Return)
 
     @staticmethod
     def read(
@@ -3033,6 +3344,8 @@ class ThirdPartyCapDescriptor:
         id: str | bytes | _r.StructReader | _b.StructBuilder | None
 
         vineId: int
+
+    Row: TypeAlias = "tuple[_r.AnyPointer, int]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -3109,6 +3422,22 @@ class ThirdPartyCapDescriptor:
         return _e.new_message(ThirdPartyCapDescriptor.Builder, _P_ThirdPartyCapDescriptor, [id, vineId], _unknown)
 
     @staticmethod
+    def row(reader: ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder) -> ThirdPartyCapDescriptor.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_ThirdPartyCapDescriptor)
+
+    @staticmethod
+    def from_row(row: ThirdPartyCapDescriptor.Row) -> ThirdPartyCapDescriptor.Builder:
+        """A new message whose root is a ThirdPartyCapDescriptor holding ``row``."""
+        return _e.new_message_row(ThirdPartyCapDescriptor.Builder, _P_ThirdPartyCapDescriptor, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[ThirdPartyCapDescriptor.Reader]) -> list[ThirdPartyCapDescriptor.Row]:
+        """Every element of a list of ThirdPartyCapDescriptor as a row, in one call."""
+        return _w.list_rows(readers, _P_ThirdPartyCapDescriptor)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -3168,25 +3497,45 @@ Return.Reader.exception.bind(Exception.Reader)
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_Accept = Accept.Builder._PLAN = _v.StructPlan("Accept", 1, 1)
+_P_Accept.reader = Accept.Reader
 _P_Bootstrap = Bootstrap.Builder._PLAN = _v.StructPlan("Bootstrap", 1, 1)
+_P_Bootstrap.reader = Bootstrap.Reader
 _P_Call = Call.Builder._PLAN = _v.StructPlan("Call", 3, 3)
+_P_Call.reader = Call.Reader
 _P_CapDescriptor = CapDescriptor.Builder._PLAN = _v.StructPlan("CapDescriptor", 1, 1, 0)
+_P_CapDescriptor.reader = CapDescriptor.Reader
 _P_Disembargo = Disembargo.Builder._PLAN = _v.StructPlan("Disembargo", 1, 1)
+_P_Disembargo.reader = Disembargo.Reader
 _P_Exception = Exception.Builder._PLAN = _v.StructPlan("Exception", 1, 2)
+_P_Exception.reader = Exception.Reader
 _P_Finish = Finish.Builder._PLAN = _v.StructPlan("Finish", 1, 0)
+_P_Finish.reader = Finish.Reader
 _P_Join = Join.Builder._PLAN = _v.StructPlan("Join", 1, 2)
+_P_Join.reader = Join.Reader
 _P_Message = Message.Builder._PLAN = _v.StructPlan("Message", 1, 1, 0)
+_P_Message.reader = Message.Reader
 _P_MessageTarget = MessageTarget.Builder._PLAN = _v.StructPlan("MessageTarget", 1, 1, 4)
+_P_MessageTarget.reader = MessageTarget.Reader
 _P_Payload = Payload.Builder._PLAN = _v.StructPlan("Payload", 0, 2)
+_P_Payload.reader = Payload.Reader
 _P_PromisedAnswer = PromisedAnswer.Builder._PLAN = _v.StructPlan("PromisedAnswer", 1, 1)
+_P_PromisedAnswer.reader = PromisedAnswer.Reader
 _P_Provide = Provide.Builder._PLAN = _v.StructPlan("Provide", 1, 2)
+_P_Provide.reader = Provide.Reader
 _P_Release = Release.Builder._PLAN = _v.StructPlan("Release", 1, 0)
+_P_Release.reader = Release.Reader
 _P_Resolve = Resolve.Builder._PLAN = _v.StructPlan("Resolve", 1, 1, 4)
+_P_Resolve.reader = Resolve.Reader
 _P_Return = Return.Builder._PLAN = _v.StructPlan("Return", 2, 1, 6)
+_P_Return.reader = Return.Reader
 _P_ThirdPartyCapDescriptor = ThirdPartyCapDescriptor.Builder._PLAN = _v.StructPlan("ThirdPartyCapDescriptor", 1, 1)
+_P_ThirdPartyCapDescriptor.reader = ThirdPartyCapDescriptor.Reader
 _P_Call_SendResultsTo = Call.SendResultsTo.Builder._PLAN = _v.StructPlan("Call.sendResultsTo", 3, 3, 6, True)
+_P_Call_SendResultsTo.reader = Call.SendResultsTo.Reader
 _P_Disembargo_Context = Disembargo.Context.Builder._PLAN = _v.StructPlan("Disembargo.context", 1, 1, 4, True)
+_P_Disembargo_Context.reader = Disembargo.Context.Reader
 _P_PromisedAnswer_Op = PromisedAnswer.Op.Builder._PLAN = _v.StructPlan("PromisedAnswer.Op", 1, 0, 0)
+_P_PromisedAnswer_Op.reader = PromisedAnswer.Op.Reader
 _P_Accept.add(
     _v.integer("questionId", "UInt32", 0, 4, False),
     _v.any_pointer("provision", 0),
@@ -3222,7 +3571,7 @@ _P_Disembargo.add(
 )
 _P_Exception.add(
     _v.text("reason", 0),
-    _v.enumeration("type", "Exception.Type", 4, ('failed', 'overloaded', 'disconnected', 'unimplemented')),
+    _v.enumeration("type", "Exception.Type", 4, ('failed', 'overloaded', 'disconnected', 'unimplemented'), members=_E_Exception_Type),
     _v.boolean("obsoleteIsCallersFault", 0, False),
     _v.integer("obsoleteDurability", "UInt16", 2, 2, False),
     _v.text("trace", 1),

@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -50,6 +51,8 @@ class Directory(_t.Interface["Directory.Client"]):
             """Directory.open$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             name: str | None
+
+        Row: TypeAlias = "tuple[str]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -116,6 +119,22 @@ class Directory(_t.Interface["Directory.Client"]):
             return _e.new_message(Directory.OpenParams.Builder, _P_Directory_OpenParams, [name], _unknown)
 
         @staticmethod
+        def row(reader: Directory.OpenParams.Reader | Directory.OpenParams.Builder) -> Directory.OpenParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Directory_OpenParams)
+
+        @staticmethod
+        def from_row(row: Directory.OpenParams.Row) -> Directory.OpenParams.Builder:
+            """A new message whose root is a Directory.open$Params holding ``row``."""
+            return _e.new_message_row(Directory.OpenParams.Builder, _P_Directory_OpenParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Directory.OpenParams.Reader]) -> list[Directory.OpenParams.Row]:
+            """Every element of a list of Directory.open$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Directory_OpenParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -146,6 +165,8 @@ class Directory(_t.Interface["Directory.Client"]):
             """Directory.open$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             store: Store.Client | Store.Server | None
+
+        Row: TypeAlias = "tuple[Store.Client]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -218,6 +239,22 @@ class Directory(_t.Interface["Directory.Client"]):
             """A new message whose root is a Directory.open$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Directory.OpenResults.Builder, _P_Directory_OpenResults, [store], _unknown)
+
+        @staticmethod
+        def row(reader: Directory.OpenResults.Reader | Directory.OpenResults.Builder) -> Directory.OpenResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Directory_OpenResults)
+
+        @staticmethod
+        def from_row(row: Directory.OpenResults.Row) -> Directory.OpenResults.Builder:
+            """A new message whose root is a Directory.open$Results holding ``row``."""
+            return _e.new_message_row(Directory.OpenResults.Builder, _P_Directory_OpenResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Directory.OpenResults.Reader]) -> list[Directory.OpenResults.Row]:
+            """Every element of a list of Directory.open$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Directory_OpenResults)
 
         @staticmethod
         def read(
@@ -293,6 +330,8 @@ class Store(_t.Interface["Store.Client"]):
 
             key: str | None
 
+        Row: TypeAlias = "tuple[str]"
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -358,6 +397,22 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message(Store.GetParams.Builder, _P_Store_GetParams, [key], _unknown)
 
         @staticmethod
+        def row(reader: Store.GetParams.Reader | Store.GetParams.Builder) -> Store.GetParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_GetParams)
+
+        @staticmethod
+        def from_row(row: Store.GetParams.Row) -> Store.GetParams.Builder:
+            """A new message whose root is a Store.get$Params holding ``row``."""
+            return _e.new_message_row(Store.GetParams.Builder, _P_Store_GetParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.GetParams.Reader]) -> list[Store.GetParams.Row]:
+            """Every element of a list of Store.get$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_GetParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -390,6 +445,8 @@ class Store(_t.Interface["Store.Client"]):
             value: bytes | bytearray | memoryview | None
 
             found: bool
+
+        Row: TypeAlias = "tuple[bytes, bool]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -471,6 +528,22 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message(Store.GetResults.Builder, _P_Store_GetResults, [value, found], _unknown)
 
         @staticmethod
+        def row(reader: Store.GetResults.Reader | Store.GetResults.Builder) -> Store.GetResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_GetResults)
+
+        @staticmethod
+        def from_row(row: Store.GetResults.Row) -> Store.GetResults.Builder:
+            """A new message whose root is a Store.get$Results holding ``row``."""
+            return _e.new_message_row(Store.GetResults.Builder, _P_Store_GetResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.GetResults.Reader]) -> list[Store.GetResults.Row]:
+            """Every element of a list of Store.get$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_GetResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -499,6 +572,8 @@ class Store(_t.Interface["Store.Client"]):
 
         class Init(TypedDict, total=False):
             """Store.keys$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -543,6 +618,22 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message(Store.KeysParams.Builder, _P_Store_KeysParams, [], {})
 
         @staticmethod
+        def row(reader: Store.KeysParams.Reader | Store.KeysParams.Builder) -> Store.KeysParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_KeysParams)
+
+        @staticmethod
+        def from_row(row: Store.KeysParams.Row) -> Store.KeysParams.Builder:
+            """A new message whose root is a Store.keys$Params holding ``row``."""
+            return _e.new_message_row(Store.KeysParams.Builder, _P_Store_KeysParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.KeysParams.Reader]) -> list[Store.KeysParams.Row]:
+            """Every element of a list of Store.keys$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_KeysParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -573,6 +664,8 @@ class Store(_t.Interface["Store.Client"]):
             """Store.keys$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             keys: Sequence[str | None] | _r.ListReader[Any] | None
+
+        Row: TypeAlias = "tuple[list[str]]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -648,6 +741,22 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message(Store.KeysResults.Builder, _P_Store_KeysResults, [keys], _unknown)
 
         @staticmethod
+        def row(reader: Store.KeysResults.Reader | Store.KeysResults.Builder) -> Store.KeysResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_KeysResults)
+
+        @staticmethod
+        def from_row(row: Store.KeysResults.Row) -> Store.KeysResults.Builder:
+            """A new message whose root is a Store.keys$Results holding ``row``."""
+            return _e.new_message_row(Store.KeysResults.Builder, _P_Store_KeysResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.KeysResults.Reader]) -> list[Store.KeysResults.Row]:
+            """Every element of a list of Store.keys$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_KeysResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -680,6 +789,8 @@ class Store(_t.Interface["Store.Client"]):
             key: str | None
 
             value: bytes | bytearray | memoryview | None
+
+        Row: TypeAlias = "tuple[str, bytes]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -762,6 +873,22 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message(Store.PutParams.Builder, _P_Store_PutParams, [key, value], _unknown)
 
         @staticmethod
+        def row(reader: Store.PutParams.Reader | Store.PutParams.Builder) -> Store.PutParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_PutParams)
+
+        @staticmethod
+        def from_row(row: Store.PutParams.Row) -> Store.PutParams.Builder:
+            """A new message whose root is a Store.put$Params holding ``row``."""
+            return _e.new_message_row(Store.PutParams.Builder, _P_Store_PutParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.PutParams.Reader]) -> list[Store.PutParams.Row]:
+            """Every element of a list of Store.put$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_PutParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -792,6 +919,8 @@ class Store(_t.Interface["Store.Client"]):
             """Store.put$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             replaced: bool
+
+        Row: TypeAlias = "tuple[bool]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -857,6 +986,22 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message(Store.PutResults.Builder, _P_Store_PutResults, [replaced], _unknown)
 
         @staticmethod
+        def row(reader: Store.PutResults.Reader | Store.PutResults.Builder) -> Store.PutResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_PutResults)
+
+        @staticmethod
+        def from_row(row: Store.PutResults.Row) -> Store.PutResults.Builder:
+            """A new message whose root is a Store.put$Results holding ``row``."""
+            return _e.new_message_row(Store.PutResults.Builder, _P_Store_PutResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.PutResults.Reader]) -> list[Store.PutResults.Row]:
+            """Every element of a list of Store.put$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_PutResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -887,6 +1032,8 @@ class Store(_t.Interface["Store.Client"]):
             """Store.watch$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             watcher: Watcher.Client | Watcher.Server | None
+
+        Row: TypeAlias = "tuple[Watcher.Client]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -961,6 +1108,22 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message(Store.WatchParams.Builder, _P_Store_WatchParams, [watcher], _unknown)
 
         @staticmethod
+        def row(reader: Store.WatchParams.Reader | Store.WatchParams.Builder) -> Store.WatchParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_WatchParams)
+
+        @staticmethod
+        def from_row(row: Store.WatchParams.Row) -> Store.WatchParams.Builder:
+            """A new message whose root is a Store.watch$Params holding ``row``."""
+            return _e.new_message_row(Store.WatchParams.Builder, _P_Store_WatchParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.WatchParams.Reader]) -> list[Store.WatchParams.Row]:
+            """Every element of a list of Store.watch$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_WatchParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -989,6 +1152,8 @@ class Store(_t.Interface["Store.Client"]):
 
         class Init(TypedDict, total=False):
             """Store.watch$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1031,6 +1196,22 @@ class Store(_t.Interface["Store.Client"]):
             """A new message whose root is a Store.watch$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Store.WatchResults.Builder, _P_Store_WatchResults, [], {})
+
+        @staticmethod
+        def row(reader: Store.WatchResults.Reader | Store.WatchResults.Builder) -> Store.WatchResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_WatchResults)
+
+        @staticmethod
+        def from_row(row: Store.WatchResults.Row) -> Store.WatchResults.Builder:
+            """A new message whose root is a Store.watch$Results holding ``row``."""
+            return _e.new_message_row(Store.WatchResults.Builder, _P_Store_WatchResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.WatchResults.Reader]) -> list[Store.WatchResults.Row]:
+            """Every element of a list of Store.watch$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_WatchResults)
 
         @staticmethod
         def read(
@@ -1173,6 +1354,8 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
             value: bytes | bytearray | memoryview | None
 
+        Row: TypeAlias = "tuple[str, bytes]"
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -1254,6 +1437,22 @@ class Watcher(_t.Interface["Watcher.Client"]):
             return _e.new_message(Watcher.ChangedParams.Builder, _P_Watcher_ChangedParams, [key, value], _unknown)
 
         @staticmethod
+        def row(reader: Watcher.ChangedParams.Reader | Watcher.ChangedParams.Builder) -> Watcher.ChangedParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Watcher_ChangedParams)
+
+        @staticmethod
+        def from_row(row: Watcher.ChangedParams.Row) -> Watcher.ChangedParams.Builder:
+            """A new message whose root is a Watcher.changed$Params holding ``row``."""
+            return _e.new_message_row(Watcher.ChangedParams.Builder, _P_Watcher_ChangedParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Watcher.ChangedParams.Reader]) -> list[Watcher.ChangedParams.Row]:
+            """Every element of a list of Watcher.changed$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Watcher_ChangedParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1282,6 +1481,8 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
         class Init(TypedDict, total=False):
             """Watcher.changed$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1324,6 +1525,22 @@ class Watcher(_t.Interface["Watcher.Client"]):
             """A new message whose root is a Watcher.changed$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Watcher.ChangedResults.Builder, _P_Watcher_ChangedResults, [], {})
+
+        @staticmethod
+        def row(reader: Watcher.ChangedResults.Reader | Watcher.ChangedResults.Builder) -> Watcher.ChangedResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Watcher_ChangedResults)
+
+        @staticmethod
+        def from_row(row: Watcher.ChangedResults.Row) -> Watcher.ChangedResults.Builder:
+            """A new message whose root is a Watcher.changed$Results holding ``row``."""
+            return _e.new_message_row(Watcher.ChangedResults.Builder, _P_Watcher_ChangedResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Watcher.ChangedResults.Reader]) -> list[Watcher.ChangedResults.Row]:
+            """Every element of a list of Watcher.changed$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Watcher_ChangedResults)
 
         @staticmethod
         def read(
@@ -1392,17 +1609,29 @@ Store.KeysResults.Reader.keys.bind(_L_Store_KeysResults_keys)
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_Directory_OpenParams = Directory.OpenParams.Builder._PLAN = _v.StructPlan("Directory.open$Params", 0, 1)
+_P_Directory_OpenParams.reader = Directory.OpenParams.Reader
 _P_Directory_OpenResults = Directory.OpenResults.Builder._PLAN = _v.StructPlan("Directory.open$Results", 0, 1)
+_P_Directory_OpenResults.reader = Directory.OpenResults.Reader
 _P_Store_GetParams = Store.GetParams.Builder._PLAN = _v.StructPlan("Store.get$Params", 0, 1)
+_P_Store_GetParams.reader = Store.GetParams.Reader
 _P_Store_GetResults = Store.GetResults.Builder._PLAN = _v.StructPlan("Store.get$Results", 1, 1)
+_P_Store_GetResults.reader = Store.GetResults.Reader
 _P_Store_KeysParams = Store.KeysParams.Builder._PLAN = _v.StructPlan("Store.keys$Params", 0, 0)
+_P_Store_KeysParams.reader = Store.KeysParams.Reader
 _P_Store_KeysResults = Store.KeysResults.Builder._PLAN = _v.StructPlan("Store.keys$Results", 0, 1)
+_P_Store_KeysResults.reader = Store.KeysResults.Reader
 _P_Store_PutParams = Store.PutParams.Builder._PLAN = _v.StructPlan("Store.put$Params", 0, 2)
+_P_Store_PutParams.reader = Store.PutParams.Reader
 _P_Store_PutResults = Store.PutResults.Builder._PLAN = _v.StructPlan("Store.put$Results", 1, 0)
+_P_Store_PutResults.reader = Store.PutResults.Reader
 _P_Store_WatchParams = Store.WatchParams.Builder._PLAN = _v.StructPlan("Store.watch$Params", 0, 1)
+_P_Store_WatchParams.reader = Store.WatchParams.Reader
 _P_Store_WatchResults = Store.WatchResults.Builder._PLAN = _v.StructPlan("Store.watch$Results", 0, 0)
+_P_Store_WatchResults.reader = Store.WatchResults.Reader
 _P_Watcher_ChangedParams = Watcher.ChangedParams.Builder._PLAN = _v.StructPlan("Watcher.changed$Params", 0, 2)
+_P_Watcher_ChangedParams.reader = Watcher.ChangedParams.Reader
 _P_Watcher_ChangedResults = Watcher.ChangedResults.Builder._PLAN = _v.StructPlan("Watcher.changed$Results", 0, 0)
+_P_Watcher_ChangedResults.reader = Watcher.ChangedResults.Reader
 _P_Directory_OpenParams.add(
     _v.text("name", 0),
 )

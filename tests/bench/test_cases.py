@@ -17,6 +17,7 @@ from bench.serialization.peer_capnpy import available as capnpy_available
 FORMATS = (
     "capnp",
     "capsvc",
+    "capsvc-fields",
     "capnp-direct",
     "msgpack",
     *(("capnpy",) if capnpy_available() else ()),  # an optional package
@@ -154,12 +155,12 @@ def test_check_rejects_a_corrupted_response(benchmark: str, fmt: str) -> None:
     if fmt == "capnp":
         _corrupt_capnp(benchmark, response)
         response = codec.view(response)
-    elif fmt in ("capnp-direct", "capsvc", "capnpy"):
+    elif fmt in ("capnp-direct", "capsvc", "capsvc-fields", "capnpy"):
         # through pycapnp: copy the message into a builder, corrupt, back to this format
         if fmt == "capnpy":
             segments = response_type.from_bytes(response.dumps()).__enter__().as_builder()
         else:
-            segments = response.to_segments() if fmt == "capsvc" else response
+            segments = response if fmt == "capnp-direct" else response.to_segments()
             segments = response_type.from_segments([bytes(s) for s in segments]).as_builder()
         _corrupt_capnp(benchmark, segments)
         response = _in_format(benchmark, fmt, segments)

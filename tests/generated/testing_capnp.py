@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -50,6 +51,8 @@ class Callback(_t.Interface["Callback.Client"]):
             """Callback.notify$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             value: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -115,6 +118,22 @@ class Callback(_t.Interface["Callback.Client"]):
             return _e.new_message(Callback.NotifyParams.Builder, _P_Callback_NotifyParams, [value], _unknown)
 
         @staticmethod
+        def row(reader: Callback.NotifyParams.Reader | Callback.NotifyParams.Builder) -> Callback.NotifyParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Callback_NotifyParams)
+
+        @staticmethod
+        def from_row(row: Callback.NotifyParams.Row) -> Callback.NotifyParams.Builder:
+            """A new message whose root is a Callback.notify$Params holding ``row``."""
+            return _e.new_message_row(Callback.NotifyParams.Builder, _P_Callback_NotifyParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Callback.NotifyParams.Reader]) -> list[Callback.NotifyParams.Row]:
+            """Every element of a list of Callback.notify$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Callback_NotifyParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -145,6 +164,8 @@ class Callback(_t.Interface["Callback.Client"]):
             """Callback.notify$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             ack: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -208,6 +229,22 @@ class Callback(_t.Interface["Callback.Client"]):
             """A new message whose root is a Callback.notify$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Callback.NotifyResults.Builder, _P_Callback_NotifyResults, [ack], _unknown)
+
+        @staticmethod
+        def row(reader: Callback.NotifyResults.Reader | Callback.NotifyResults.Builder) -> Callback.NotifyResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Callback_NotifyResults)
+
+        @staticmethod
+        def from_row(row: Callback.NotifyResults.Row) -> Callback.NotifyResults.Builder:
+            """A new message whose root is a Callback.notify$Results holding ``row``."""
+            return _e.new_message_row(Callback.NotifyResults.Builder, _P_Callback_NotifyResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Callback.NotifyResults.Reader]) -> list[Callback.NotifyResults.Row]:
+            """Every element of a list of Callback.notify$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Callback_NotifyResults)
 
         @staticmethod
         def read(
@@ -280,6 +317,8 @@ class Counter(_t.Interface["Counter.Client"]):
         class Init(TypedDict, total=False):
             """Counter.get$Params as plain values: what ``new_message`` and ``assign`` take."""
 
+        Row: TypeAlias = "tuple[()]"
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -323,6 +362,22 @@ class Counter(_t.Interface["Counter.Client"]):
             return _e.new_message(Counter.GetParams.Builder, _P_Counter_GetParams, [], {})
 
         @staticmethod
+        def row(reader: Counter.GetParams.Reader | Counter.GetParams.Builder) -> Counter.GetParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Counter_GetParams)
+
+        @staticmethod
+        def from_row(row: Counter.GetParams.Row) -> Counter.GetParams.Builder:
+            """A new message whose root is a Counter.get$Params holding ``row``."""
+            return _e.new_message_row(Counter.GetParams.Builder, _P_Counter_GetParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Counter.GetParams.Reader]) -> list[Counter.GetParams.Row]:
+            """Every element of a list of Counter.get$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Counter_GetParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -353,6 +408,8 @@ class Counter(_t.Interface["Counter.Client"]):
             """Counter.get$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             value: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -418,6 +475,22 @@ class Counter(_t.Interface["Counter.Client"]):
             return _e.new_message(Counter.GetResults.Builder, _P_Counter_GetResults, [value], _unknown)
 
         @staticmethod
+        def row(reader: Counter.GetResults.Reader | Counter.GetResults.Builder) -> Counter.GetResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Counter_GetResults)
+
+        @staticmethod
+        def from_row(row: Counter.GetResults.Row) -> Counter.GetResults.Builder:
+            """A new message whose root is a Counter.get$Results holding ``row``."""
+            return _e.new_message_row(Counter.GetResults.Builder, _P_Counter_GetResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Counter.GetResults.Reader]) -> list[Counter.GetResults.Row]:
+            """Every element of a list of Counter.get$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Counter_GetResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -448,6 +521,8 @@ class Counter(_t.Interface["Counter.Client"]):
             """Counter.increment$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             by: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -513,6 +588,22 @@ class Counter(_t.Interface["Counter.Client"]):
             return _e.new_message(Counter.IncrementParams.Builder, _P_Counter_IncrementParams, [by], _unknown)
 
         @staticmethod
+        def row(reader: Counter.IncrementParams.Reader | Counter.IncrementParams.Builder) -> Counter.IncrementParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Counter_IncrementParams)
+
+        @staticmethod
+        def from_row(row: Counter.IncrementParams.Row) -> Counter.IncrementParams.Builder:
+            """A new message whose root is a Counter.increment$Params holding ``row``."""
+            return _e.new_message_row(Counter.IncrementParams.Builder, _P_Counter_IncrementParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Counter.IncrementParams.Reader]) -> list[Counter.IncrementParams.Row]:
+            """Every element of a list of Counter.increment$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Counter_IncrementParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -543,6 +634,8 @@ class Counter(_t.Interface["Counter.Client"]):
             """Counter.increment$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             value: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -606,6 +699,22 @@ class Counter(_t.Interface["Counter.Client"]):
             """A new message whose root is a Counter.increment$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Counter.IncrementResults.Builder, _P_Counter_IncrementResults, [value], _unknown)
+
+        @staticmethod
+        def row(reader: Counter.IncrementResults.Reader | Counter.IncrementResults.Builder) -> Counter.IncrementResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Counter_IncrementResults)
+
+        @staticmethod
+        def from_row(row: Counter.IncrementResults.Row) -> Counter.IncrementResults.Builder:
+            """A new message whose root is a Counter.increment$Results holding ``row``."""
+            return _e.new_message_row(Counter.IncrementResults.Builder, _P_Counter_IncrementResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Counter.IncrementResults.Reader]) -> list[Counter.IncrementResults.Row]:
+            """Every element of a list of Counter.increment$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Counter_IncrementResults)
 
         @staticmethod
         def read(
@@ -700,6 +809,8 @@ class Holder:
             counter: Counter.Client | Counter.Server | None
 
             text: str | None
+
+        Row: TypeAlias = "tuple[Literal[True] | None, Counter.Client | None, str | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -805,6 +916,8 @@ class Holder:
 
             callback: Callback.Client | Callback.Server | None
 
+        Row: TypeAlias = "tuple[int, Callback.Client]"
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -873,15 +986,17 @@ class Holder:
 
         cap: Counter.Client | Counter.Server | None
 
-        inner: Holder.Init | Holder.Reader | Holder.Builder | None
+        inner: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder | None
 
         caps: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None
 
-        items: Sequence[Holder.Init | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None
+        items: Sequence[Holder.Init | Holder.Row | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None
 
-        choice: Holder.Choice.Init
+        choice: Holder.Choice.Init | Holder.Choice.Row
 
-        extra: Holder.Extra.Init
+        extra: Holder.Extra.Init | Holder.Extra.Row
+
+    Row: TypeAlias = "tuple[str, Counter.Client, Holder.Row | None, list[Counter.Client], list[Holder.Row], Holder.Choice.Row, Holder.Extra.Row]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -968,11 +1083,11 @@ class Holder:
             *,
             name: str | None = _e.MISSING,
             cap: Counter.Client | Counter.Server | None = _e.MISSING,
-            inner: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+            inner: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder | None = _e.MISSING,
             caps: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None = _e.MISSING,
-            items: Sequence[Holder.Init | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None = _e.MISSING,
-            choice: Holder.Choice.Init = _e.MISSING,
-            extra: Holder.Extra.Init = _e.MISSING,
+            items: Sequence[Holder.Init | Holder.Row | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            choice: Holder.Choice.Init | Holder.Choice.Row = _e.MISSING,
+            extra: Holder.Extra.Init | Holder.Extra.Row = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -1022,16 +1137,32 @@ class Holder:
         *,
         name: str | None = _e.MISSING,
         cap: Counter.Client | Counter.Server | None = _e.MISSING,
-        inner: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+        inner: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder | None = _e.MISSING,
         caps: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None = _e.MISSING,
-        items: Sequence[Holder.Init | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None = _e.MISSING,
-        choice: Holder.Choice.Init = _e.MISSING,
-        extra: Holder.Extra.Init = _e.MISSING,
+        items: Sequence[Holder.Init | Holder.Row | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        choice: Holder.Choice.Init | Holder.Choice.Row = _e.MISSING,
+        extra: Holder.Extra.Init | Holder.Extra.Row = _e.MISSING,
         **_unknown: Never,
     ) -> Holder.Builder:
         """A new message whose root is a Holder: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Holder.Builder, _P_Holder, [name, cap, inner, caps, items, choice, extra], _unknown)
+
+    @staticmethod
+    def row(reader: Holder.Reader | Holder.Builder) -> Holder.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Holder)
+
+    @staticmethod
+    def from_row(row: Holder.Row) -> Holder.Builder:
+        """A new message whose root is a Holder holding ``row``."""
+        return _e.new_message_row(Holder.Builder, _P_Holder, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Holder.Reader]) -> list[Holder.Row]:
+        """Every element of a list of Holder as a row, in one call."""
+        return _w.list_rows(readers, _P_Holder)
 
     @staticmethod
     def read(
@@ -1073,6 +1204,8 @@ class Tester(_t.Interface["Tester.Client"]):
             cb: Callback.Client | Callback.Server | None
 
             value: int
+
+        Row: TypeAlias = "tuple[Callback.Client, int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1154,6 +1287,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.CallBackParams.Builder, _P_Tester_CallBackParams, [cb, value], _unknown)
 
         @staticmethod
+        def row(reader: Tester.CallBackParams.Reader | Tester.CallBackParams.Builder) -> Tester.CallBackParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_CallBackParams)
+
+        @staticmethod
+        def from_row(row: Tester.CallBackParams.Row) -> Tester.CallBackParams.Builder:
+            """A new message whose root is a Tester.callBack$Params holding ``row``."""
+            return _e.new_message_row(Tester.CallBackParams.Builder, _P_Tester_CallBackParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.CallBackParams.Reader]) -> list[Tester.CallBackParams.Row]:
+            """Every element of a list of Tester.callBack$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_CallBackParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1184,6 +1333,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.callBack$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             ack: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1249,6 +1400,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.CallBackResults.Builder, _P_Tester_CallBackResults, [ack], _unknown)
 
         @staticmethod
+        def row(reader: Tester.CallBackResults.Reader | Tester.CallBackResults.Builder) -> Tester.CallBackResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_CallBackResults)
+
+        @staticmethod
+        def from_row(row: Tester.CallBackResults.Row) -> Tester.CallBackResults.Builder:
+            """A new message whose root is a Tester.callBack$Results holding ``row``."""
+            return _e.new_message_row(Tester.CallBackResults.Builder, _P_Tester_CallBackResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.CallBackResults.Reader]) -> list[Tester.CallBackResults.Row]:
+            """Every element of a list of Tester.callBack$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_CallBackResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1281,6 +1448,8 @@ class Tester(_t.Interface["Tester.Client"]):
             counter: Counter.Client | Counter.Server | None
 
             by: int
+
+        Row: TypeAlias = "tuple[Counter.Client, int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1362,6 +1531,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.CallCounterParams.Builder, _P_Tester_CallCounterParams, [counter, by], _unknown)
 
         @staticmethod
+        def row(reader: Tester.CallCounterParams.Reader | Tester.CallCounterParams.Builder) -> Tester.CallCounterParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_CallCounterParams)
+
+        @staticmethod
+        def from_row(row: Tester.CallCounterParams.Row) -> Tester.CallCounterParams.Builder:
+            """A new message whose root is a Tester.callCounter$Params holding ``row``."""
+            return _e.new_message_row(Tester.CallCounterParams.Builder, _P_Tester_CallCounterParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.CallCounterParams.Reader]) -> list[Tester.CallCounterParams.Row]:
+            """Every element of a list of Tester.callCounter$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_CallCounterParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1392,6 +1577,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.callCounter$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             value: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1457,6 +1644,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.CallCounterResults.Builder, _P_Tester_CallCounterResults, [value], _unknown)
 
         @staticmethod
+        def row(reader: Tester.CallCounterResults.Reader | Tester.CallCounterResults.Builder) -> Tester.CallCounterResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_CallCounterResults)
+
+        @staticmethod
+        def from_row(row: Tester.CallCounterResults.Row) -> Tester.CallCounterResults.Builder:
+            """A new message whose root is a Tester.callCounter$Results holding ``row``."""
+            return _e.new_message_row(Tester.CallCounterResults.Builder, _P_Tester_CallCounterResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.CallCounterResults.Reader]) -> list[Tester.CallCounterResults.Row]:
+            """Every element of a list of Tester.callCounter$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_CallCounterResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1487,6 +1690,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.echo$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             msg: str | None
+
+        Row: TypeAlias = "tuple[str]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1553,6 +1758,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.EchoParams.Builder, _P_Tester_EchoParams, [msg], _unknown)
 
         @staticmethod
+        def row(reader: Tester.EchoParams.Reader | Tester.EchoParams.Builder) -> Tester.EchoParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_EchoParams)
+
+        @staticmethod
+        def from_row(row: Tester.EchoParams.Row) -> Tester.EchoParams.Builder:
+            """A new message whose root is a Tester.echo$Params holding ``row``."""
+            return _e.new_message_row(Tester.EchoParams.Builder, _P_Tester_EchoParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.EchoParams.Reader]) -> list[Tester.EchoParams.Row]:
+            """Every element of a list of Tester.echo$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_EchoParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1583,6 +1804,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.echo$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             reply: str | None
+
+        Row: TypeAlias = "tuple[str]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1649,6 +1872,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.EchoResults.Builder, _P_Tester_EchoResults, [reply], _unknown)
 
         @staticmethod
+        def row(reader: Tester.EchoResults.Reader | Tester.EchoResults.Builder) -> Tester.EchoResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_EchoResults)
+
+        @staticmethod
+        def from_row(row: Tester.EchoResults.Row) -> Tester.EchoResults.Builder:
+            """A new message whose root is a Tester.echo$Results holding ``row``."""
+            return _e.new_message_row(Tester.EchoResults.Builder, _P_Tester_EchoResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.EchoResults.Reader]) -> list[Tester.EchoResults.Row]:
+            """Every element of a list of Tester.echo$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_EchoResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1681,6 +1920,8 @@ class Tester(_t.Interface["Tester.Client"]):
             kind: str | None
 
             reason: str | None
+
+        Row: TypeAlias = "tuple[str, str]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1755,6 +1996,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.FailParams.Builder, _P_Tester_FailParams, [kind, reason], _unknown)
 
         @staticmethod
+        def row(reader: Tester.FailParams.Reader | Tester.FailParams.Builder) -> Tester.FailParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_FailParams)
+
+        @staticmethod
+        def from_row(row: Tester.FailParams.Row) -> Tester.FailParams.Builder:
+            """A new message whose root is a Tester.fail$Params holding ``row``."""
+            return _e.new_message_row(Tester.FailParams.Builder, _P_Tester_FailParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.FailParams.Reader]) -> list[Tester.FailParams.Row]:
+            """Every element of a list of Tester.fail$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_FailParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1783,6 +2040,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
         class Init(TypedDict, total=False):
             """Tester.fail$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1827,6 +2086,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.FailResults.Builder, _P_Tester_FailResults, [], {})
 
         @staticmethod
+        def row(reader: Tester.FailResults.Reader | Tester.FailResults.Builder) -> Tester.FailResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_FailResults)
+
+        @staticmethod
+        def from_row(row: Tester.FailResults.Row) -> Tester.FailResults.Builder:
+            """A new message whose root is a Tester.fail$Results holding ``row``."""
+            return _e.new_message_row(Tester.FailResults.Builder, _P_Tester_FailResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.FailResults.Reader]) -> list[Tester.FailResults.Row]:
+            """Every element of a list of Tester.fail$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_FailResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1855,6 +2130,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
         class Init(TypedDict, total=False):
             """Tester.getSelf$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1899,6 +2176,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.GetSelfParams.Builder, _P_Tester_GetSelfParams, [], {})
 
         @staticmethod
+        def row(reader: Tester.GetSelfParams.Reader | Tester.GetSelfParams.Builder) -> Tester.GetSelfParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_GetSelfParams)
+
+        @staticmethod
+        def from_row(row: Tester.GetSelfParams.Row) -> Tester.GetSelfParams.Builder:
+            """A new message whose root is a Tester.getSelf$Params holding ``row``."""
+            return _e.new_message_row(Tester.GetSelfParams.Builder, _P_Tester_GetSelfParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.GetSelfParams.Reader]) -> list[Tester.GetSelfParams.Row]:
+            """Every element of a list of Tester.getSelf$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_GetSelfParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1929,6 +2222,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.getSelf$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             self_: Tester.Client | Tester.Server | None
+
+        Row: TypeAlias = "tuple[Tester.Client]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2003,6 +2298,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.GetSelfResults.Builder, _P_Tester_GetSelfResults, [self_], _unknown)
 
         @staticmethod
+        def row(reader: Tester.GetSelfResults.Reader | Tester.GetSelfResults.Builder) -> Tester.GetSelfResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_GetSelfResults)
+
+        @staticmethod
+        def from_row(row: Tester.GetSelfResults.Row) -> Tester.GetSelfResults.Builder:
+            """A new message whose root is a Tester.getSelf$Results holding ``row``."""
+            return _e.new_message_row(Tester.GetSelfResults.Builder, _P_Tester_GetSelfResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.GetSelfResults.Reader]) -> list[Tester.GetSelfResults.Row]:
+            """Every element of a list of Tester.getSelf$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_GetSelfResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2032,7 +2343,9 @@ class Tester(_t.Interface["Tester.Client"]):
         class Init(TypedDict, total=False):
             """Tester.holdCaps$Params as plain values: what ``new_message`` and ``assign`` take."""
 
-            holder: Holder.Init | Holder.Reader | Holder.Builder | None
+            holder: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder | None
+
+        Row: TypeAlias = "tuple[Holder.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2071,7 +2384,7 @@ class Tester(_t.Interface["Tester.Client"]):
                 self,
                 /,
                 *,
-                holder: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+                holder: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder | None = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -2106,12 +2419,28 @@ class Tester(_t.Interface["Tester.Client"]):
         @staticmethod
         def new_message(
             *,
-            holder: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+            holder: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> Tester.HoldCapsParams.Builder:
             """A new message whose root is a Tester.holdCaps$Params: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Tester.HoldCapsParams.Builder, _P_Tester_HoldCapsParams, [holder], _unknown)
+
+        @staticmethod
+        def row(reader: Tester.HoldCapsParams.Reader | Tester.HoldCapsParams.Builder) -> Tester.HoldCapsParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_HoldCapsParams)
+
+        @staticmethod
+        def from_row(row: Tester.HoldCapsParams.Row) -> Tester.HoldCapsParams.Builder:
+            """A new message whose root is a Tester.holdCaps$Params holding ``row``."""
+            return _e.new_message_row(Tester.HoldCapsParams.Builder, _P_Tester_HoldCapsParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.HoldCapsParams.Reader]) -> list[Tester.HoldCapsParams.Row]:
+            """Every element of a list of Tester.holdCaps$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_HoldCapsParams)
 
         @staticmethod
         def read(
@@ -2143,7 +2472,9 @@ class Tester(_t.Interface["Tester.Client"]):
         class Init(TypedDict, total=False):
             """Tester.holdCaps$Results as plain values: what ``new_message`` and ``assign`` take."""
 
-            holder: Holder.Init | Holder.Reader | Holder.Builder | None
+            holder: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder | None
+
+        Row: TypeAlias = "tuple[Holder.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2182,7 +2513,7 @@ class Tester(_t.Interface["Tester.Client"]):
                 self,
                 /,
                 *,
-                holder: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+                holder: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder | None = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -2217,12 +2548,28 @@ class Tester(_t.Interface["Tester.Client"]):
         @staticmethod
         def new_message(
             *,
-            holder: Holder.Init | Holder.Reader | Holder.Builder | None = _e.MISSING,
+            holder: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> Tester.HoldCapsResults.Builder:
             """A new message whose root is a Tester.holdCaps$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Tester.HoldCapsResults.Builder, _P_Tester_HoldCapsResults, [holder], _unknown)
+
+        @staticmethod
+        def row(reader: Tester.HoldCapsResults.Reader | Tester.HoldCapsResults.Builder) -> Tester.HoldCapsResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_HoldCapsResults)
+
+        @staticmethod
+        def from_row(row: Tester.HoldCapsResults.Row) -> Tester.HoldCapsResults.Builder:
+            """A new message whose root is a Tester.holdCaps$Results holding ``row``."""
+            return _e.new_message_row(Tester.HoldCapsResults.Builder, _P_Tester_HoldCapsResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.HoldCapsResults.Reader]) -> list[Tester.HoldCapsResults.Row]:
+            """Every element of a list of Tester.holdCaps$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_HoldCapsResults)
 
         @staticmethod
         def read(
@@ -2255,6 +2602,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.newCounter$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             start: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2320,6 +2669,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.NewCounterParams.Builder, _P_Tester_NewCounterParams, [start], _unknown)
 
         @staticmethod
+        def row(reader: Tester.NewCounterParams.Reader | Tester.NewCounterParams.Builder) -> Tester.NewCounterParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_NewCounterParams)
+
+        @staticmethod
+        def from_row(row: Tester.NewCounterParams.Row) -> Tester.NewCounterParams.Builder:
+            """A new message whose root is a Tester.newCounter$Params holding ``row``."""
+            return _e.new_message_row(Tester.NewCounterParams.Builder, _P_Tester_NewCounterParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.NewCounterParams.Reader]) -> list[Tester.NewCounterParams.Row]:
+            """Every element of a list of Tester.newCounter$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_NewCounterParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2350,6 +2715,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.newCounter$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             counter: Counter.Client | Counter.Server | None
+
+        Row: TypeAlias = "tuple[Counter.Client]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2424,6 +2791,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.NewCounterResults.Builder, _P_Tester_NewCounterResults, [counter], _unknown)
 
         @staticmethod
+        def row(reader: Tester.NewCounterResults.Reader | Tester.NewCounterResults.Builder) -> Tester.NewCounterResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_NewCounterResults)
+
+        @staticmethod
+        def from_row(row: Tester.NewCounterResults.Row) -> Tester.NewCounterResults.Builder:
+            """A new message whose root is a Tester.newCounter$Results holding ``row``."""
+            return _e.new_message_row(Tester.NewCounterResults.Builder, _P_Tester_NewCounterResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.NewCounterResults.Reader]) -> list[Tester.NewCounterResults.Row]:
+            """Every element of a list of Tester.newCounter$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_NewCounterResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2454,6 +2837,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.reflect$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             cap: Counter.Client | Counter.Server | None
+
+        Row: TypeAlias = "tuple[Counter.Client]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2528,6 +2913,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.ReflectParams.Builder, _P_Tester_ReflectParams, [cap], _unknown)
 
         @staticmethod
+        def row(reader: Tester.ReflectParams.Reader | Tester.ReflectParams.Builder) -> Tester.ReflectParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_ReflectParams)
+
+        @staticmethod
+        def from_row(row: Tester.ReflectParams.Row) -> Tester.ReflectParams.Builder:
+            """A new message whose root is a Tester.reflect$Params holding ``row``."""
+            return _e.new_message_row(Tester.ReflectParams.Builder, _P_Tester_ReflectParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.ReflectParams.Reader]) -> list[Tester.ReflectParams.Row]:
+            """Every element of a list of Tester.reflect$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_ReflectParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2558,6 +2959,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.reflect$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             cap: Counter.Client | Counter.Server | None
+
+        Row: TypeAlias = "tuple[Counter.Client]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2632,6 +3035,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.ReflectResults.Builder, _P_Tester_ReflectResults, [cap], _unknown)
 
         @staticmethod
+        def row(reader: Tester.ReflectResults.Reader | Tester.ReflectResults.Builder) -> Tester.ReflectResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_ReflectResults)
+
+        @staticmethod
+        def from_row(row: Tester.ReflectResults.Row) -> Tester.ReflectResults.Builder:
+            """A new message whose root is a Tester.reflect$Results holding ``row``."""
+            return _e.new_message_row(Tester.ReflectResults.Builder, _P_Tester_ReflectResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.ReflectResults.Reader]) -> list[Tester.ReflectResults.Row]:
+            """Every element of a list of Tester.reflect$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_ReflectResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2662,6 +3081,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.slow$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             ms: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2727,6 +3148,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.SlowParams.Builder, _P_Tester_SlowParams, [ms], _unknown)
 
         @staticmethod
+        def row(reader: Tester.SlowParams.Reader | Tester.SlowParams.Builder) -> Tester.SlowParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_SlowParams)
+
+        @staticmethod
+        def from_row(row: Tester.SlowParams.Row) -> Tester.SlowParams.Builder:
+            """A new message whose root is a Tester.slow$Params holding ``row``."""
+            return _e.new_message_row(Tester.SlowParams.Builder, _P_Tester_SlowParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.SlowParams.Reader]) -> list[Tester.SlowParams.Row]:
+            """Every element of a list of Tester.slow$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_SlowParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2757,6 +3194,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.slow$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             done: bool
+
+        Row: TypeAlias = "tuple[bool]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2822,6 +3261,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.SlowResults.Builder, _P_Tester_SlowResults, [done], _unknown)
 
         @staticmethod
+        def row(reader: Tester.SlowResults.Reader | Tester.SlowResults.Builder) -> Tester.SlowResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_SlowResults)
+
+        @staticmethod
+        def from_row(row: Tester.SlowResults.Row) -> Tester.SlowResults.Builder:
+            """A new message whose root is a Tester.slow$Results holding ``row``."""
+            return _e.new_message_row(Tester.SlowResults.Builder, _P_Tester_SlowResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.SlowResults.Reader]) -> list[Tester.SlowResults.Row]:
+            """Every element of a list of Tester.slow$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_SlowResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2852,6 +3307,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.sum$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             counters: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None
+
+        Row: TypeAlias = "tuple[list[Counter.Client]]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2925,6 +3382,22 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message(Tester.SumParams.Builder, _P_Tester_SumParams, [counters], _unknown)
 
         @staticmethod
+        def row(reader: Tester.SumParams.Reader | Tester.SumParams.Builder) -> Tester.SumParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_SumParams)
+
+        @staticmethod
+        def from_row(row: Tester.SumParams.Row) -> Tester.SumParams.Builder:
+            """A new message whose root is a Tester.sum$Params holding ``row``."""
+            return _e.new_message_row(Tester.SumParams.Builder, _P_Tester_SumParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.SumParams.Reader]) -> list[Tester.SumParams.Row]:
+            """Every element of a list of Tester.sum$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_SumParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2955,6 +3428,8 @@ class Tester(_t.Interface["Tester.Client"]):
             """Tester.sum$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             total: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3018,6 +3493,22 @@ class Tester(_t.Interface["Tester.Client"]):
             """A new message whose root is a Tester.sum$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Tester.SumResults.Builder, _P_Tester_SumResults, [total], _unknown)
+
+        @staticmethod
+        def row(reader: Tester.SumResults.Reader | Tester.SumResults.Builder) -> Tester.SumResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tester_SumResults)
+
+        @staticmethod
+        def from_row(row: Tester.SumResults.Row) -> Tester.SumResults.Builder:
+            """A new message whose root is a Tester.sum$Results holding ``row``."""
+            return _e.new_message_row(Tester.SumResults.Builder, _P_Tester_SumResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tester.SumResults.Reader]) -> list[Tester.SumResults.Row]:
+            """Every element of a list of Tester.sum$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Tester_SumResults)
 
         @staticmethod
         def read(
@@ -3288,6 +3779,8 @@ class Unknown(_t.Interface["Unknown.Client"]):
         class Init(TypedDict, total=False):
             """Unknown.nothing$Params as plain values: what ``new_message`` and ``assign`` take."""
 
+        Row: TypeAlias = "tuple[()]"
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -3331,6 +3824,22 @@ class Unknown(_t.Interface["Unknown.Client"]):
             return _e.new_message(Unknown.NothingParams.Builder, _P_Unknown_NothingParams, [], {})
 
         @staticmethod
+        def row(reader: Unknown.NothingParams.Reader | Unknown.NothingParams.Builder) -> Unknown.NothingParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Unknown_NothingParams)
+
+        @staticmethod
+        def from_row(row: Unknown.NothingParams.Row) -> Unknown.NothingParams.Builder:
+            """A new message whose root is a Unknown.nothing$Params holding ``row``."""
+            return _e.new_message_row(Unknown.NothingParams.Builder, _P_Unknown_NothingParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Unknown.NothingParams.Reader]) -> list[Unknown.NothingParams.Row]:
+            """Every element of a list of Unknown.nothing$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Unknown_NothingParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -3359,6 +3868,8 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
         class Init(TypedDict, total=False):
             """Unknown.nothing$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3401,6 +3912,22 @@ class Unknown(_t.Interface["Unknown.Client"]):
             """A new message whose root is a Unknown.nothing$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Unknown.NothingResults.Builder, _P_Unknown_NothingResults, [], {})
+
+        @staticmethod
+        def row(reader: Unknown.NothingResults.Reader | Unknown.NothingResults.Builder) -> Unknown.NothingResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Unknown_NothingResults)
+
+        @staticmethod
+        def from_row(row: Unknown.NothingResults.Row) -> Unknown.NothingResults.Builder:
+            """A new message whose root is a Unknown.nothing$Results holding ``row``."""
+            return _e.new_message_row(Unknown.NothingResults.Builder, _P_Unknown_NothingResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Unknown.NothingResults.Reader]) -> list[Unknown.NothingResults.Row]:
+            """Every element of a list of Unknown.nothing$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Unknown_NothingResults)
 
         @staticmethod
         def read(
@@ -3474,36 +4001,67 @@ Tester.SumParams.Reader.counters.bind(_L_Tester_SumParams_counters)
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_Holder = Holder.Builder._PLAN = _v.StructPlan("Holder", 1, 7)
+_P_Holder.reader = Holder.Reader
 _P_Callback_NotifyParams = Callback.NotifyParams.Builder._PLAN = _v.StructPlan("Callback.notify$Params", 1, 0)
+_P_Callback_NotifyParams.reader = Callback.NotifyParams.Reader
 _P_Callback_NotifyResults = Callback.NotifyResults.Builder._PLAN = _v.StructPlan("Callback.notify$Results", 1, 0)
+_P_Callback_NotifyResults.reader = Callback.NotifyResults.Reader
 _P_Counter_GetParams = Counter.GetParams.Builder._PLAN = _v.StructPlan("Counter.get$Params", 0, 0)
+_P_Counter_GetParams.reader = Counter.GetParams.Reader
 _P_Counter_GetResults = Counter.GetResults.Builder._PLAN = _v.StructPlan("Counter.get$Results", 1, 0)
+_P_Counter_GetResults.reader = Counter.GetResults.Reader
 _P_Counter_IncrementParams = Counter.IncrementParams.Builder._PLAN = _v.StructPlan("Counter.increment$Params", 1, 0)
+_P_Counter_IncrementParams.reader = Counter.IncrementParams.Reader
 _P_Counter_IncrementResults = Counter.IncrementResults.Builder._PLAN = _v.StructPlan("Counter.increment$Results", 1, 0)
+_P_Counter_IncrementResults.reader = Counter.IncrementResults.Reader
 _P_Holder_Choice = Holder.Choice.Builder._PLAN = _v.StructPlan("Holder.choice", 1, 7, 0, True)
+_P_Holder_Choice.reader = Holder.Choice.Reader
 _P_Holder_Extra = Holder.Extra.Builder._PLAN = _v.StructPlan("Holder.extra", 1, 7, -1, True)
+_P_Holder_Extra.reader = Holder.Extra.Reader
 _P_Tester_CallBackParams = Tester.CallBackParams.Builder._PLAN = _v.StructPlan("Tester.callBack$Params", 1, 1)
+_P_Tester_CallBackParams.reader = Tester.CallBackParams.Reader
 _P_Tester_CallBackResults = Tester.CallBackResults.Builder._PLAN = _v.StructPlan("Tester.callBack$Results", 1, 0)
+_P_Tester_CallBackResults.reader = Tester.CallBackResults.Reader
 _P_Tester_CallCounterParams = Tester.CallCounterParams.Builder._PLAN = _v.StructPlan("Tester.callCounter$Params", 1, 1)
+_P_Tester_CallCounterParams.reader = Tester.CallCounterParams.Reader
 _P_Tester_CallCounterResults = Tester.CallCounterResults.Builder._PLAN = _v.StructPlan("Tester.callCounter$Results", 1, 0)
+_P_Tester_CallCounterResults.reader = Tester.CallCounterResults.Reader
 _P_Tester_EchoParams = Tester.EchoParams.Builder._PLAN = _v.StructPlan("Tester.echo$Params", 0, 1)
+_P_Tester_EchoParams.reader = Tester.EchoParams.Reader
 _P_Tester_EchoResults = Tester.EchoResults.Builder._PLAN = _v.StructPlan("Tester.echo$Results", 0, 1)
+_P_Tester_EchoResults.reader = Tester.EchoResults.Reader
 _P_Tester_FailParams = Tester.FailParams.Builder._PLAN = _v.StructPlan("Tester.fail$Params", 0, 2)
+_P_Tester_FailParams.reader = Tester.FailParams.Reader
 _P_Tester_FailResults = Tester.FailResults.Builder._PLAN = _v.StructPlan("Tester.fail$Results", 0, 0)
+_P_Tester_FailResults.reader = Tester.FailResults.Reader
 _P_Tester_GetSelfParams = Tester.GetSelfParams.Builder._PLAN = _v.StructPlan("Tester.getSelf$Params", 0, 0)
+_P_Tester_GetSelfParams.reader = Tester.GetSelfParams.Reader
 _P_Tester_GetSelfResults = Tester.GetSelfResults.Builder._PLAN = _v.StructPlan("Tester.getSelf$Results", 0, 1)
+_P_Tester_GetSelfResults.reader = Tester.GetSelfResults.Reader
 _P_Tester_HoldCapsParams = Tester.HoldCapsParams.Builder._PLAN = _v.StructPlan("Tester.holdCaps$Params", 0, 1)
+_P_Tester_HoldCapsParams.reader = Tester.HoldCapsParams.Reader
 _P_Tester_HoldCapsResults = Tester.HoldCapsResults.Builder._PLAN = _v.StructPlan("Tester.holdCaps$Results", 0, 1)
+_P_Tester_HoldCapsResults.reader = Tester.HoldCapsResults.Reader
 _P_Tester_NewCounterParams = Tester.NewCounterParams.Builder._PLAN = _v.StructPlan("Tester.newCounter$Params", 1, 0)
+_P_Tester_NewCounterParams.reader = Tester.NewCounterParams.Reader
 _P_Tester_NewCounterResults = Tester.NewCounterResults.Builder._PLAN = _v.StructPlan("Tester.newCounter$Results", 0, 1)
+_P_Tester_NewCounterResults.reader = Tester.NewCounterResults.Reader
 _P_Tester_ReflectParams = Tester.ReflectParams.Builder._PLAN = _v.StructPlan("Tester.reflect$Params", 0, 1)
+_P_Tester_ReflectParams.reader = Tester.ReflectParams.Reader
 _P_Tester_ReflectResults = Tester.ReflectResults.Builder._PLAN = _v.StructPlan("Tester.reflect$Results", 0, 1)
+_P_Tester_ReflectResults.reader = Tester.ReflectResults.Reader
 _P_Tester_SlowParams = Tester.SlowParams.Builder._PLAN = _v.StructPlan("Tester.slow$Params", 1, 0)
+_P_Tester_SlowParams.reader = Tester.SlowParams.Reader
 _P_Tester_SlowResults = Tester.SlowResults.Builder._PLAN = _v.StructPlan("Tester.slow$Results", 1, 0)
+_P_Tester_SlowResults.reader = Tester.SlowResults.Reader
 _P_Tester_SumParams = Tester.SumParams.Builder._PLAN = _v.StructPlan("Tester.sum$Params", 0, 1)
+_P_Tester_SumParams.reader = Tester.SumParams.Reader
 _P_Tester_SumResults = Tester.SumResults.Builder._PLAN = _v.StructPlan("Tester.sum$Results", 1, 0)
+_P_Tester_SumResults.reader = Tester.SumResults.Reader
 _P_Unknown_NothingParams = Unknown.NothingParams.Builder._PLAN = _v.StructPlan("Unknown.nothing$Params", 0, 0)
+_P_Unknown_NothingParams.reader = Unknown.NothingParams.Reader
 _P_Unknown_NothingResults = Unknown.NothingResults.Builder._PLAN = _v.StructPlan("Unknown.nothing$Results", 0, 0)
+_P_Unknown_NothingResults.reader = Unknown.NothingResults.Reader
 _P_Holder.add(
     _v.text("name", 0),
     _v.capability("cap", 1),

@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -51,7 +52,7 @@ class Car:
 
         doors: int
 
-        wheels: Sequence[Wheel.Init | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None
+        wheels: Sequence[Wheel.Init | Wheel.Row | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None
 
         length: int
 
@@ -61,7 +62,7 @@ class Car:
 
         weight: int
 
-        engine: Engine.Init | Engine.Reader | Engine.Builder | None
+        engine: Engine.Init | Engine.Row | Engine.Reader | Engine.Builder | None
 
         fuelCapacity: float
 
@@ -76,6 +77,8 @@ class Car:
         cupHolders: int
 
         hasNavSystem: bool
+
+    Row: TypeAlias = "tuple[str, str, Color, int, int, list[Wheel.Row], int, int, int, int, Engine.Row | None, float, float, bool, bool, bool, int, bool]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -217,12 +220,12 @@ class Car:
             color: int | str = _e.MISSING,
             seats: int = _e.MISSING,
             doors: int = _e.MISSING,
-            wheels: Sequence[Wheel.Init | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            wheels: Sequence[Wheel.Init | Wheel.Row | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None = _e.MISSING,
             length: int = _e.MISSING,
             width: int = _e.MISSING,
             height: int = _e.MISSING,
             weight: int = _e.MISSING,
-            engine: Engine.Init | Engine.Reader | Engine.Builder | None = _e.MISSING,
+            engine: Engine.Init | Engine.Row | Engine.Reader | Engine.Builder | None = _e.MISSING,
             fuelCapacity: float = _e.MISSING,
             fuelLevel: float = _e.MISSING,
             hasPowerWindows: bool = _e.MISSING,
@@ -269,12 +272,12 @@ class Car:
         color: int | str = _e.MISSING,
         seats: int = _e.MISSING,
         doors: int = _e.MISSING,
-        wheels: Sequence[Wheel.Init | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        wheels: Sequence[Wheel.Init | Wheel.Row | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None = _e.MISSING,
         length: int = _e.MISSING,
         width: int = _e.MISSING,
         height: int = _e.MISSING,
         weight: int = _e.MISSING,
-        engine: Engine.Init | Engine.Reader | Engine.Builder | None = _e.MISSING,
+        engine: Engine.Init | Engine.Row | Engine.Reader | Engine.Builder | None = _e.MISSING,
         fuelCapacity: float = _e.MISSING,
         fuelLevel: float = _e.MISSING,
         hasPowerWindows: bool = _e.MISSING,
@@ -287,6 +290,22 @@ class Car:
         """A new message whose root is a Car: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Car.Builder, _P_Car, [make, model, color, seats, doors, wheels, length, width, height, weight, engine, fuelCapacity, fuelLevel, hasPowerWindows, hasPowerSteering, hasCruiseControl, cupHolders, hasNavSystem], _unknown)
+
+    @staticmethod
+    def row(reader: Car.Reader | Car.Builder) -> Car.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Car)
+
+    @staticmethod
+    def from_row(row: Car.Row) -> Car.Builder:
+        """A new message whose root is a Car holding ``row``."""
+        return _e.new_message_row(Car.Builder, _P_Car, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Car.Reader]) -> list[Car.Row]:
+        """Every element of a list of Car as a row, in one call."""
+        return _w.list_rows(readers, _P_Car)
 
     @staticmethod
     def read(
@@ -350,6 +369,8 @@ class Engine:
         usesGas: bool
 
         usesElectric: bool
+
+    Row: TypeAlias = "tuple[int, int, int, bool, bool]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -443,6 +464,22 @@ class Engine:
         return _e.new_message(Engine.Builder, _P_Engine, [horsepower, cylinders, cc, usesGas, usesElectric], _unknown)
 
     @staticmethod
+    def row(reader: Engine.Reader | Engine.Builder) -> Engine.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Engine)
+
+    @staticmethod
+    def from_row(row: Engine.Row) -> Engine.Builder:
+        """A new message whose root is a Engine holding ``row``."""
+        return _e.new_message_row(Engine.Builder, _P_Engine, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Engine.Reader]) -> list[Engine.Row]:
+        """Every element of a list of Engine as a row, in one call."""
+        return _w.list_rows(readers, _P_Engine)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -472,7 +509,9 @@ class ParkingLot:
     class Init(TypedDict, total=False):
         """ParkingLot as plain values: what ``new_message`` and ``assign`` take."""
 
-        cars: Sequence[Car.Init | Car.Reader | Car.Builder] | _r.ListReader[Any] | None
+        cars: Sequence[Car.Init | Car.Row | Car.Reader | Car.Builder] | _r.ListReader[Any] | None
+
+    Row: TypeAlias = "tuple[list[Car.Row]]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -502,7 +541,7 @@ class ParkingLot:
             self,
             /,
             *,
-            cars: Sequence[Car.Init | Car.Reader | Car.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            cars: Sequence[Car.Init | Car.Row | Car.Reader | Car.Builder] | _r.ListReader[Any] | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -533,12 +572,28 @@ class ParkingLot:
     @staticmethod
     def new_message(
         *,
-        cars: Sequence[Car.Init | Car.Reader | Car.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        cars: Sequence[Car.Init | Car.Row | Car.Reader | Car.Builder] | _r.ListReader[Any] | None = _e.MISSING,
         **_unknown: Never,
     ) -> ParkingLot.Builder:
         """A new message whose root is a ParkingLot: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(ParkingLot.Builder, _P_ParkingLot, [cars], _unknown)
+
+    @staticmethod
+    def row(reader: ParkingLot.Reader | ParkingLot.Builder) -> ParkingLot.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_ParkingLot)
+
+    @staticmethod
+    def from_row(row: ParkingLot.Row) -> ParkingLot.Builder:
+        """A new message whose root is a ParkingLot holding ``row``."""
+        return _e.new_message_row(ParkingLot.Builder, _P_ParkingLot, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[ParkingLot.Reader]) -> list[ParkingLot.Row]:
+        """Every element of a list of ParkingLot as a row, in one call."""
+        return _w.list_rows(readers, _P_ParkingLot)
 
     @staticmethod
     def read(
@@ -571,6 +626,8 @@ class TotalValue:
         """TotalValue as plain values: what ``new_message`` and ``assign`` take."""
 
         amount: int
+
+    Row: TypeAlias = "tuple[int]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -636,6 +693,22 @@ class TotalValue:
         return _e.new_message(TotalValue.Builder, _P_TotalValue, [amount], _unknown)
 
     @staticmethod
+    def row(reader: TotalValue.Reader | TotalValue.Builder) -> TotalValue.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_TotalValue)
+
+    @staticmethod
+    def from_row(row: TotalValue.Row) -> TotalValue.Builder:
+        """A new message whose root is a TotalValue holding ``row``."""
+        return _e.new_message_row(TotalValue.Builder, _P_TotalValue, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[TotalValue.Reader]) -> list[TotalValue.Row]:
+        """Every element of a list of TotalValue as a row, in one call."""
+        return _w.list_rows(readers, _P_TotalValue)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -670,6 +743,8 @@ class Wheel:
         airPressure: float
 
         snowTires: bool
+
+    Row: TypeAlias = "tuple[int, float, bool]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -749,6 +824,22 @@ class Wheel:
         return _e.new_message(Wheel.Builder, _P_Wheel, [diameter, airPressure, snowTires], _unknown)
 
     @staticmethod
+    def row(reader: Wheel.Reader | Wheel.Builder) -> Wheel.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Wheel)
+
+    @staticmethod
+    def from_row(row: Wheel.Row) -> Wheel.Builder:
+        """A new message whose root is a Wheel holding ``row``."""
+        return _e.new_message_row(Wheel.Builder, _P_Wheel, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Wheel.Reader]) -> list[Wheel.Row]:
+        """Every element of a list of Wheel as a row, in one call."""
+        return _w.list_rows(readers, _P_Wheel)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -781,14 +872,19 @@ ParkingLot.Reader.cars.bind(Car.Reader)
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_Car = Car.Builder._PLAN = _v.StructPlan("Car", 3, 4)
+_P_Car.reader = Car.Reader
 _P_Engine = Engine.Builder._PLAN = _v.StructPlan("Engine", 1, 0)
+_P_Engine.reader = Engine.Reader
 _P_ParkingLot = ParkingLot.Builder._PLAN = _v.StructPlan("ParkingLot", 0, 1)
+_P_ParkingLot.reader = ParkingLot.Reader
 _P_TotalValue = TotalValue.Builder._PLAN = _v.StructPlan("TotalValue", 1, 0)
+_P_TotalValue.reader = TotalValue.Reader
 _P_Wheel = Wheel.Builder._PLAN = _v.StructPlan("Wheel", 1, 0)
+_P_Wheel.reader = Wheel.Reader
 _P_Car.add(
     _v.text("make", 0),
     _v.text("model", 1),
-    _v.enumeration("color", "Color", 0, ('black', 'white', 'red', 'green', 'blue', 'cyan', 'magenta', 'yellow', 'silver')),
+    _v.enumeration("color", "Color", 0, ('black', 'white', 'red', 'green', 'blue', 'cyan', 'magenta', 'yellow', 'silver'), members=_E_Color),
     _v.integer("seats", "UInt8", 2, 1, False),
     _v.integer("doors", "UInt8", 3, 1, False),
     _v.list_("wheels", 2, _v.of_struct(_P_Wheel)),

@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -46,6 +47,8 @@ class SearchResult:
         score: float
 
         snippet: str | None
+
+    Row: TypeAlias = "tuple[str, float, str]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -127,6 +130,22 @@ class SearchResult:
         return _e.new_message(SearchResult.Builder, _P_SearchResult, [url, score, snippet], _unknown)
 
     @staticmethod
+    def row(reader: SearchResult.Reader | SearchResult.Builder) -> SearchResult.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_SearchResult)
+
+    @staticmethod
+    def from_row(row: SearchResult.Row) -> SearchResult.Builder:
+        """A new message whose root is a SearchResult holding ``row``."""
+        return _e.new_message_row(SearchResult.Builder, _P_SearchResult, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[SearchResult.Reader]) -> list[SearchResult.Row]:
+        """Every element of a list of SearchResult as a row, in one call."""
+        return _w.list_rows(readers, _P_SearchResult)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -156,7 +175,9 @@ class SearchResultList:
     class Init(TypedDict, total=False):
         """SearchResultList as plain values: what ``new_message`` and ``assign`` take."""
 
-        results: Sequence[SearchResult.Init | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None
+        results: Sequence[SearchResult.Init | SearchResult.Row | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None
+
+    Row: TypeAlias = "tuple[list[SearchResult.Row]]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -186,7 +207,7 @@ class SearchResultList:
             self,
             /,
             *,
-            results: Sequence[SearchResult.Init | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            results: Sequence[SearchResult.Init | SearchResult.Row | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -217,12 +238,28 @@ class SearchResultList:
     @staticmethod
     def new_message(
         *,
-        results: Sequence[SearchResult.Init | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        results: Sequence[SearchResult.Init | SearchResult.Row | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None = _e.MISSING,
         **_unknown: Never,
     ) -> SearchResultList.Builder:
         """A new message whose root is a SearchResultList: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(SearchResultList.Builder, _P_SearchResultList, [results], _unknown)
+
+    @staticmethod
+    def row(reader: SearchResultList.Reader | SearchResultList.Builder) -> SearchResultList.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_SearchResultList)
+
+    @staticmethod
+    def from_row(row: SearchResultList.Row) -> SearchResultList.Builder:
+        """A new message whose root is a SearchResultList holding ``row``."""
+        return _e.new_message_row(SearchResultList.Builder, _P_SearchResultList, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[SearchResultList.Reader]) -> list[SearchResultList.Row]:
+        """Every element of a list of SearchResultList as a row, in one call."""
+        return _w.list_rows(readers, _P_SearchResultList)
 
     @staticmethod
     def read(
@@ -253,7 +290,9 @@ SearchResultList.Reader.results.bind(SearchResult.Reader)
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_SearchResult = SearchResult.Builder._PLAN = _v.StructPlan("SearchResult", 1, 2)
+_P_SearchResult.reader = SearchResult.Reader
 _P_SearchResultList = SearchResultList.Builder._PLAN = _v.StructPlan("SearchResultList", 0, 1)
+_P_SearchResultList.reader = SearchResultList.Reader
 _P_SearchResult.add(
     _v.text("url", 0),
     _v.floating("score", "Float64", 0, 8),

@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -42,6 +43,8 @@ class EvaluationResult:
         """EvaluationResult as plain values: what ``new_message`` and ``assign`` take."""
 
         value: int
+
+    Row: TypeAlias = "tuple[int]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -107,6 +110,22 @@ class EvaluationResult:
         return _e.new_message(EvaluationResult.Builder, _P_EvaluationResult, [value], _unknown)
 
     @staticmethod
+    def row(reader: EvaluationResult.Reader | EvaluationResult.Builder) -> EvaluationResult.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_EvaluationResult)
+
+    @staticmethod
+    def from_row(row: EvaluationResult.Row) -> EvaluationResult.Builder:
+        """A new message whose root is a EvaluationResult holding ``row``."""
+        return _e.new_message_row(EvaluationResult.Builder, _P_EvaluationResult, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[EvaluationResult.Reader]) -> list[EvaluationResult.Row]:
+        """Every element of a list of EvaluationResult as a row, in one call."""
+        return _w.list_rows(readers, _P_EvaluationResult)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -143,7 +162,9 @@ class Expression:
 
             value: int
 
-            expression: Expression.Init | Expression.Reader | Expression.Builder | None
+            expression: Expression.Init | Expression.Row | Expression.Reader | Expression.Builder | None
+
+        Row: TypeAlias = "tuple[int | None, Expression.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -206,7 +227,7 @@ class Expression:
                 /,
                 *,
                 value: int = _e.MISSING,
-                expression: Expression.Init | Expression.Reader | Expression.Builder | None = _e.MISSING,
+                expression: Expression.Init | Expression.Row | Expression.Reader | Expression.Builder | None = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -241,7 +262,9 @@ class Expression:
 
             value: int
 
-            expression: Expression.Init | Expression.Reader | Expression.Builder | None
+            expression: Expression.Init | Expression.Row | Expression.Reader | Expression.Builder | None
+
+        Row: TypeAlias = "tuple[int | None, Expression.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -304,7 +327,7 @@ class Expression:
                 /,
                 *,
                 value: int = _e.MISSING,
-                expression: Expression.Init | Expression.Reader | Expression.Builder | None = _e.MISSING,
+                expression: Expression.Init | Expression.Row | Expression.Reader | Expression.Builder | None = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -334,9 +357,11 @@ class Expression:
 
         op: int | str
 
-        left: Expression.Left.Init
+        left: Expression.Left.Init | Expression.Left.Row
 
-        right: Expression.Right.Init
+        right: Expression.Right.Init | Expression.Right.Row
+
+    Row: TypeAlias = "tuple[Operation, Expression.Left.Row, Expression.Right.Row]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -382,8 +407,8 @@ class Expression:
             /,
             *,
             op: int | str = _e.MISSING,
-            left: Expression.Left.Init = _e.MISSING,
-            right: Expression.Right.Init = _e.MISSING,
+            left: Expression.Left.Init | Expression.Left.Row = _e.MISSING,
+            right: Expression.Right.Init | Expression.Right.Row = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -423,13 +448,29 @@ class Expression:
     def new_message(
         *,
         op: int | str = _e.MISSING,
-        left: Expression.Left.Init = _e.MISSING,
-        right: Expression.Right.Init = _e.MISSING,
+        left: Expression.Left.Init | Expression.Left.Row = _e.MISSING,
+        right: Expression.Right.Init | Expression.Right.Row = _e.MISSING,
         **_unknown: Never,
     ) -> Expression.Builder:
         """A new message whose root is a Expression: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Expression.Builder, _P_Expression, [op, left, right], _unknown)
+
+    @staticmethod
+    def row(reader: Expression.Reader | Expression.Builder) -> Expression.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Expression)
+
+    @staticmethod
+    def from_row(row: Expression.Row) -> Expression.Builder:
+        """A new message whose root is a Expression holding ``row``."""
+        return _e.new_message_row(Expression.Builder, _P_Expression, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Expression.Reader]) -> list[Expression.Row]:
+        """Every element of a list of Expression as a row, in one call."""
+        return _w.list_rows(readers, _P_Expression)
 
     @staticmethod
     def read(
@@ -486,14 +527,18 @@ Expression.Right.Reader.expression.bind(Expression.Reader)
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_EvaluationResult = EvaluationResult.Builder._PLAN = _v.StructPlan("EvaluationResult", 1, 0)
+_P_EvaluationResult.reader = EvaluationResult.Reader
 _P_Expression = Expression.Builder._PLAN = _v.StructPlan("Expression", 2, 2)
+_P_Expression.reader = Expression.Reader
 _P_Expression_Left = Expression.Left.Builder._PLAN = _v.StructPlan("Expression.left", 2, 2, 2, True)
+_P_Expression_Left.reader = Expression.Left.Reader
 _P_Expression_Right = Expression.Right.Builder._PLAN = _v.StructPlan("Expression.right", 2, 2, 12, True)
+_P_Expression_Right.reader = Expression.Right.Reader
 _P_EvaluationResult.add(
     _v.integer("value", "Int32", 0, 4, True),
 )
 _P_Expression.add(
-    _v.enumeration("op", "Operation", 0, ('add', 'subtract', 'multiply', 'divide', 'modulus')),
+    _v.enumeration("op", "Operation", 0, ('add', 'subtract', 'multiply', 'divide', 'modulus'), members=_E_Operation),
     _v.group("left", _P_Expression_Left),
     _v.group("right", _P_Expression_Right),
 )

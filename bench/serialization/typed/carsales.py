@@ -2,7 +2,14 @@
 
 Theory of operation
 -------------------
-This is the code a user of ``capsvc gen`` writes: the request is built in one
+Two ways a user of ``capsvc gen`` writes it, both through the generated API only:
+
+- ``capsvc`` (``CapsvcCarsales``), whole structs at a time: a car is its generated
+  ``Car.Row``, the tuple of its 18 fields in schema order (the shape the msgpack format
+  sends, specs/benchmarks.md §8); the request is ``ParkingLot.new_message(cars=rows)``
+  and every read is one ``Car.rows(lot.cars)`` call (capsvc.codec.rows) before the
+  arithmetic on tuples.
+- ``capsvc-fields`` (``CapsvcFieldsCarsales``), a field at a time: the request is built in one
 ``ParkingLot.new_message(cars=[...])`` from plain values (a dict per car, its wheels and
 its engine: the generated ``Init`` types, what pycapnp's ``new_message`` takes too), which
 the value encoder (capsvc.codec.values) writes straight into the message; the server and
@@ -18,7 +25,7 @@ from typing import Any
 from bench.serialization.base import CheckFailed
 from bench.serialization.generated.carsales_capnp import Car, ParkingLot, TotalValue
 
-__all__ = ["CapsvcCarsales", "lot_value"]
+__all__ = ["CapsvcCarsales", "CapsvcFieldsCarsales", "lot_value", "row_value"]
 
 
 def car_value(car: Car.Reader) -> int:
@@ -51,10 +58,76 @@ def lot_value(lot: ParkingLot.Reader) -> int:
     return sum(map(car_value, lot.cars))
 
 
+def row_value(car: Car.Row) -> int:
+    """The value of one car read as a row (§2 "adds to value")."""
+    (
+        _make, _model, _color, seats, doors, wheels, length, width, height, _weight,
+        engine, _capacity, _level, windows, steering, cruise, cups, nav,
+    ) = car  # fmt: skip
+    value = seats * 200 + doors * 350
+    for diameter, _pressure, snow in wheels:
+        value += diameter * diameter
+        if snow:
+            value += 100
+    value += length * width * height // 50
+    if engine is None:  # a null pointer: never from this suite's client
+        raise CheckFailed("carsales: a car without an engine")
+    horsepower, _cylinders, _cc, uses_gas, uses_electric = engine
+    value += horsepower * 40
+    if uses_electric:
+        value += 5000 if uses_gas else 3000
+    if windows:
+        value += 100
+    if steering:
+        value += 200
+    if cruise:
+        value += 400
+    value += cups * 25
+    if nav:
+        value += 2000
+    return value
+
+
 class CapsvcCarsales:
-    """carsales on generated builders and readers; messages are builders / readers."""
+    """carsales on generated rows: one call builds the request, one reads its cars."""
 
     format = "capsvc"
+
+    def setup(self, inputs: tuple[tuple[Any, ...], ...]) -> tuple[ParkingLot.Builder, int]:
+        cars: list[Car.Row] = [
+            (
+                make, model, color, seats, doors,
+                [(d0, p0, s0), (d1, p1, s1), (d2, p2, s2), (d3, p3, s3)],
+                length, width, height,
+                length * width * height // 200,  # weight: no draw (§2 row 9)
+                (horsepower, cylinders, cc, True, uses_electric),  # usesGas: always (row 10)
+                capacity, level, windows, steering, cruise, cups, nav,
+            )
+            for (
+                make, model, color, seats, doors,
+                d0, p0, s0, d1, p1, s1, d2, p2, s2, d3, p3, s3,
+                length, width, height, horsepower, cylinders, cc, uses_electric,
+                capacity, level, windows, steering, cruise, cups, nav,
+            ) in inputs
+        ]  # fmt: skip
+        lot = ParkingLot.new_message(cars=cars)
+        # Upstream reads each car back from the builder (§2 "Request"): here once the lot
+        # is complete, from the finished message.
+        return lot, sum(map(row_value, Car.rows(lot.as_reader().cars)))
+
+    def handle(self, request: ParkingLot.Reader) -> TotalValue.Builder:
+        return TotalValue.new_message(amount=sum(map(row_value, Car.rows(request.cars))))
+
+    def check(self, response: TotalValue.Reader, expectation: int) -> None:
+        amount = response.amount
+        if amount != expectation:
+            raise CheckFailed(f"carsales: total {amount}, expected {expectation}")
+
+
+class CapsvcFieldsCarsales:
+    """carsales on generated builders and readers a field at a time."""
+
+    format = "capsvc-fields"
 
     def setup(self, inputs: tuple[tuple[Any, ...], ...]) -> tuple[ParkingLot.Builder, int]:
         lot = ParkingLot.new_message(

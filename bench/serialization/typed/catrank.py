@@ -2,7 +2,13 @@
 
 Theory of operation
 -------------------
-What a user of ``capsvc gen`` writes: one ``new_message(results=[...])`` from plain
+Two ways a user of ``capsvc gen`` writes it, through the generated API only. ``capsvc``
+(``CapsvcCatrank``) reads and writes whole results as ``SearchResult.Row`` tuples (url,
+score, snippet: the shape msgpack sends, specs/benchmarks.md §8): the request and the
+response are each one ``new_message(results=rows)``, the server reads the request in one
+``SearchResult.rows(...)`` call. The client's check reads scores a field at a time, as it
+stops at the first low one. ``capsvc-fields`` (``CapsvcFieldsCatrank``) is what follows:
+one ``new_message(results=[...])`` from plain
 values (a dict per result) on the client; on the server one pass over the request's
 results reading each snippet once (specs/benchmarks.md §10 item 3) as a ``str``, the
 shared scoring rules of catrank.py (multiply, then divide, only where the word occurs;
@@ -18,15 +24,57 @@ from bench.serialization.base import CheckFailed
 from bench.serialization.catrank import CatrankInput, scores
 from bench.serialization.generated.catrank_capnp import SearchResult, SearchResultList
 
-__all__ = ["CapsvcCatrank"]
+__all__ = ["CapsvcCatrank", "CapsvcFieldsCatrank"]
 
 _FIRST = itemgetter(0)
 
 
 class CapsvcCatrank:
-    """catrank on generated builders and readers."""
+    """catrank on generated rows."""
 
     format = "capsvc"
+
+    def setup(self, inputs: CatrankInput) -> tuple[SearchResultList.Builder, int]:
+        results, good = inputs
+        # §3: the score, url and snippet drawn for each result.
+        message = SearchResultList.new_message(
+            results=[
+                (url, score, snippet)
+                for score, (url, snippet) in zip(scores(len(results)), results, strict=True)
+            ]
+        )
+        return message, good
+
+    def handle(self, request: SearchResultList.Reader) -> SearchResultList.Builder:
+        scored: list[SearchResult.Row] = []
+        append = scored.append
+        for url, score, snippet in SearchResult.rows(request.results):
+            if " cat " in snippet:
+                score *= 10000.0
+            if " dog " in snippet:
+                score /= 10000.0
+            append((url, score, snippet))
+        scored.sort(key=_SCORE, reverse=True)  # scores are unique (§3)
+        return SearchResultList.new_message(results=scored)
+
+    def check(self, response: SearchResultList.Reader, expectation: int) -> None:
+        count = 0
+        for result in response.results:  # §3 "Check": stop at the first score <= 1001
+            if result.score > 1001:
+                count += 1
+            else:
+                break
+        if count != expectation:
+            raise CheckFailed(f"catrank: {count} good results, expected {expectation}")
+
+
+_SCORE = itemgetter(1)
+
+
+class CapsvcFieldsCatrank:
+    """catrank on generated builders and readers, a field at a time."""
+
+    format = "capsvc-fields"
 
     def setup(self, inputs: CatrankInput) -> tuple[SearchResultList.Builder, int]:
         results, good = inputs

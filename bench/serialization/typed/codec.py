@@ -63,11 +63,12 @@ class _Packed:
 class CapsvcCodec:
     """Generated codecs of one benchmark's request and response roots."""
 
-    format = "capsvc"
-
-    def __init__(self, request_root: Any, response_root: Any, compression: str) -> None:
+    def __init__(
+        self, request_root: Any, response_root: Any, compression: str, fmt: str = "capsvc"
+    ) -> None:
         if compression not in ("none", "packed"):
             raise ValueError(f"unknown compression {compression!r}")
+        self.format = fmt  # capsvc (rows) or capsvc-fields: the same codec
         self.compression = compression
         self.packed = compression == "packed"
         self._request = request_root

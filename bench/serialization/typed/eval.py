@@ -2,7 +2,13 @@
 
 Theory of operation
 -------------------
-What a user of ``capsvc gen`` writes: the client builds the tree recursively from the
+Two ways a user of ``capsvc gen`` writes it, through the generated API only. ``capsvc``
+(``CapsvcEval``) works on whole rows: the client builds the tree as nested
+``Expression.Row`` tuples (op, left, right; a side is (value, None) or (None, child): a
+union member not set is None) and encodes it with one ``Expression.from_row``; the server
+reads the whole tree in one ``Expression.row`` call and evaluates the tuples, as the
+msgpack format does its nested lists (specs/benchmarks.md §8). ``capsvc-fields``
+(``CapsvcFieldsEval``) is what follows: the client builds the tree recursively from the
 preorder tokens of eval.py as plain values (a dict per node, ``{"value": v}`` or
 ``{"expression": ...}`` per side) and encodes it with one ``Expression.new_message``;
 the server evaluates it recursively, dispatching on each side's ``which()`` (§4
@@ -15,10 +21,10 @@ from collections.abc import Callable
 
 from bench.serialization.base import CheckFailed
 from bench.serialization.eval import EvalInput
-from bench.serialization.generated.eval_capnp import EvaluationResult, Expression
+from bench.serialization.generated.eval_capnp import EvaluationResult, Expression, Operation
 from bench.serialization.rng import div32, mod32
 
-__all__ = ["CapsvcEval", "evaluate"]
+__all__ = ["CapsvcEval", "CapsvcFieldsEval", "evaluate", "evaluate_row"]
 
 
 def _build(nxt: Callable[[], int]) -> Expression.Init:
@@ -33,10 +39,10 @@ def _build(nxt: Callable[[], int]) -> Expression.Init:
 
 def evaluate(node: Expression.Reader) -> int:
     """The value of an expression tree, in int32 semantics (§4 "Server", §1.2)."""
-    side = node.left
-    left = side.value if side.which() == "value" else evaluate(side.expression)
-    side = node.right
-    right = side.value if side.which() == "value" else evaluate(side.expression)
+    first = node.left
+    left = first.value if first.which() == "value" else evaluate(first.expression)
+    second = node.right
+    right = second.value if second.which() == "value" else evaluate(second.expression)
     op = node.op
     if op == 0:
         value = (left + right) & 0xFFFFFFFF
@@ -51,10 +57,63 @@ def evaluate(node: Expression.Reader) -> int:
     return value - 0x100000000 if value & 0x80000000 else value  # wrap to int32
 
 
+def _build_row(nxt: Callable[[], int]) -> Expression.Row:
+    """An expression from the preorder tokens, as a row (``Expression.Row``)."""
+    op = nxt()
+    value = nxt()  # a leaf value 1..128, or 0: a child's tokens follow
+    left: Expression.Left.Row = (value, None) if value else (None, _build_row(nxt))
+    value = nxt()
+    right: Expression.Right.Row = (value, None) if value else (None, _build_row(nxt))
+    return (_OPERATIONS[op], left, right)
+
+
+_OPERATIONS = tuple(Operation)  # by code: an IntEnum call costs ~0.5 µs
+
+
+def evaluate_row(node: Expression.Row) -> int:
+    """``evaluate`` on a row: a side whose value is None holds an expression."""
+    op, (left, left_child), (right, right_child) = node
+    if left is None:
+        assert left_child is not None
+        left = evaluate_row(left_child)
+    if right is None:
+        assert right_child is not None
+        right = evaluate_row(right_child)
+    if op == 0:
+        value = (left + right) & 0xFFFFFFFF
+    elif op == 1:
+        value = (left - right) & 0xFFFFFFFF
+    elif op == 2:
+        value = (left * right) & 0xFFFFFFFF
+    elif op == 3:
+        return div32(left, right)
+    else:
+        return mod32(left, right)
+    return value - 0x100000000 if value & 0x80000000 else value  # wrap to int32
+
+
 class CapsvcEval:
-    """eval on generated builders and readers."""
+    """eval on generated rows: one call builds the tree, one reads it."""
 
     format = "capsvc"
+
+    def setup(self, inputs: EvalInput) -> tuple[Expression.Builder, int]:
+        tokens, value = inputs
+        return Expression.from_row(_build_row(iter(tokens).__next__)), value
+
+    def handle(self, request: Expression.Reader) -> EvaluationResult.Builder:
+        return EvaluationResult.new_message(value=evaluate_row(Expression.row(request)))
+
+    def check(self, response: EvaluationResult.Reader, expectation: int) -> None:
+        value = response.value
+        if value != expectation:
+            raise CheckFailed(f"eval: value {value}, expected {expectation}")
+
+
+class CapsvcFieldsEval:
+    """eval on generated builders and readers, a field at a time."""
+
+    format = "capsvc-fields"
 
     def setup(self, inputs: EvalInput) -> tuple[Expression.Builder, int]:
         tokens, value = inputs

@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -54,6 +55,8 @@ class Anything:
         shop: Shop.Client | Shop.Server | None
 
         shops: Sequence[Shop.Client | Shop.Server | None] | _r.ListReader[Any] | None
+
+    Row: TypeAlias = "tuple[_r.AnyPointer, _r.AnyPointer, _r.AnyPointer, _t.Client, Shop.Client, list[Shop.Client]]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -188,6 +191,22 @@ class Anything:
         return _e.new_message(Anything.Builder, _P_Anything, [pointer, anyStruct, anyList, capability, shop, shops], _unknown)
 
     @staticmethod
+    def row(reader: Anything.Reader | Anything.Builder) -> Anything.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Anything)
+
+    @staticmethod
+    def from_row(row: Anything.Row) -> Anything.Builder:
+        """A new message whose root is a Anything holding ``row``."""
+        return _e.new_message_row(Anything.Builder, _P_Anything, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Anything.Reader]) -> list[Anything.Row]:
+        """Every element of a list of Anything as a row, in one call."""
+        return _w.list_rows(readers, _P_Anything)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -223,6 +242,8 @@ class Base(_t.Interface["Base.Client"]):
 
         class Init(TypedDict, total=False):
             """Base.depth$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -267,6 +288,22 @@ class Base(_t.Interface["Base.Client"]):
             return _e.new_message(Base.DepthParams.Builder, _P_Base_DepthParams, [], {})
 
         @staticmethod
+        def row(reader: Base.DepthParams.Reader | Base.DepthParams.Builder) -> Base.DepthParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Base_DepthParams)
+
+        @staticmethod
+        def from_row(row: Base.DepthParams.Row) -> Base.DepthParams.Builder:
+            """A new message whose root is a Base.depth$Params holding ``row``."""
+            return _e.new_message_row(Base.DepthParams.Builder, _P_Base_DepthParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Base.DepthParams.Reader]) -> list[Base.DepthParams.Row]:
+            """Every element of a list of Base.depth$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Base_DepthParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -297,6 +334,8 @@ class Base(_t.Interface["Base.Client"]):
             """Base.depth$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             depth: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -362,6 +401,22 @@ class Base(_t.Interface["Base.Client"]):
             return _e.new_message(Base.DepthResults.Builder, _P_Base_DepthResults, [depth], _unknown)
 
         @staticmethod
+        def row(reader: Base.DepthResults.Reader | Base.DepthResults.Builder) -> Base.DepthResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Base_DepthResults)
+
+        @staticmethod
+        def from_row(row: Base.DepthResults.Row) -> Base.DepthResults.Builder:
+            """A new message whose root is a Base.depth$Results holding ``row``."""
+            return _e.new_message_row(Base.DepthResults.Builder, _P_Base_DepthResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Base.DepthResults.Reader]) -> list[Base.DepthResults.Row]:
+            """Every element of a list of Base.depth$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Base_DepthResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -425,9 +480,11 @@ class Box:
 
         value: str | bytes | _r.StructReader | _b.StructBuilder | None
 
-        next: Box.Init | Box.Reader | Box.Builder | None
+        next: Box.Init | Box.Row | Box.Reader | Box.Builder | None
 
         label: str | None
+
+    Row: TypeAlias = "tuple[_r.AnyPointer, Box.Row | None, str]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -482,7 +539,7 @@ class Box:
             /,
             *,
             value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
-            next: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+            next: Box.Init | Box.Row | Box.Reader | Box.Builder | None = _e.MISSING,
             label: str | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
@@ -519,13 +576,29 @@ class Box:
     def new_message(
         *,
         value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
-        next: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+        next: Box.Init | Box.Row | Box.Reader | Box.Builder | None = _e.MISSING,
         label: str | None = _e.MISSING,
         **_unknown: Never,
     ) -> Box.Builder:
         """A new message whose root is a Box: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Box.Builder, _P_Box, [value, next, label], _unknown)
+
+    @staticmethod
+    def row(reader: Box.Reader | Box.Builder) -> Box.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Box)
+
+    @staticmethod
+    def from_row(row: Box.Row) -> Box.Builder:
+        """A new message whose root is a Box holding ``row``."""
+        return _e.new_message_row(Box.Builder, _P_Box, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Box.Reader]) -> list[Box.Row]:
+        """Every element of a list of Box as a row, in one call."""
+        return _w.list_rows(readers, _P_Box)
 
     @staticmethod
     def read(
@@ -557,17 +630,19 @@ class Boxes:
     class Init(TypedDict, total=False):
         """Boxes as plain values: what ``new_message`` and ``assign`` take."""
 
-        texts: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None
+        texts: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None
 
-        numbers: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None
+        numbers: Box_List_Int32.Init | Box_List_Int32.Row | Box_List_Int32.Reader | Box_List_Int32.Builder | None
 
-        trees: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None
+        trees: Box_Tree.Init | Box_Tree.Row | Box_Tree.Reader | Box_Tree.Builder | None
 
-        shops: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None
+        shops: Box_Shop.Init | Box_Shop.Row | Box_Shop.Reader | Box_Shop.Builder | None
 
-        pair: Pair_Text_Box_Text.Init | Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder | None
+        pair: Pair_Text_Box_Text.Init | Pair_Text_Box_Text.Row | Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder | None
 
-        bare: Box.Init | Box.Reader | Box.Builder | None
+        bare: Box.Init | Box.Row | Box.Reader | Box.Builder | None
+
+    Row: TypeAlias = "tuple[Box_Text.Row | None, Box_List_Int32.Row | None, Box_Tree.Row | None, Box_Shop.Row | None, Pair_Text_Box_Text.Row | None, Box.Row | None]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -691,12 +766,12 @@ class Boxes:
             self,
             /,
             *,
-            texts: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
-            numbers: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
-            trees: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
-            shops: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
-            pair: Pair_Text_Box_Text.Init | Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder | None = _e.MISSING,
-            bare: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+            texts: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+            numbers: Box_List_Int32.Init | Box_List_Int32.Row | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
+            trees: Box_Tree.Init | Box_Tree.Row | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
+            shops: Box_Shop.Init | Box_Shop.Row | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
+            pair: Pair_Text_Box_Text.Init | Pair_Text_Box_Text.Row | Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder | None = _e.MISSING,
+            bare: Box.Init | Box.Row | Box.Reader | Box.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -751,17 +826,33 @@ class Boxes:
     @staticmethod
     def new_message(
         *,
-        texts: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
-        numbers: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
-        trees: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
-        shops: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
-        pair: Pair_Text_Box_Text.Init | Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder | None = _e.MISSING,
-        bare: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+        texts: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+        numbers: Box_List_Int32.Init | Box_List_Int32.Row | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
+        trees: Box_Tree.Init | Box_Tree.Row | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
+        shops: Box_Shop.Init | Box_Shop.Row | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
+        pair: Pair_Text_Box_Text.Init | Pair_Text_Box_Text.Row | Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder | None = _e.MISSING,
+        bare: Box.Init | Box.Row | Box.Reader | Box.Builder | None = _e.MISSING,
         **_unknown: Never,
     ) -> Boxes.Builder:
         """A new message whose root is a Boxes: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Boxes.Builder, _P_Boxes, [texts, numbers, trees, shops, pair, bare], _unknown)
+
+    @staticmethod
+    def row(reader: Boxes.Reader | Boxes.Builder) -> Boxes.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Boxes)
+
+    @staticmethod
+    def from_row(row: Boxes.Row) -> Boxes.Builder:
+        """A new message whose root is a Boxes holding ``row``."""
+        return _e.new_message_row(Boxes.Builder, _P_Boxes, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Boxes.Reader]) -> list[Boxes.Row]:
+        """Every element of a list of Boxes as a row, in one call."""
+        return _w.list_rows(readers, _P_Boxes)
 
     @staticmethod
     def read(
@@ -838,11 +929,13 @@ class Defaults:
 
         data: bytes | bytearray | memoryview | None
 
-        numbers: Numbers.Init | Numbers.Reader | Numbers.Builder | None
+        numbers: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None
 
         list: Sequence[int] | _r.ListReader[Any] | None
 
         texts: Sequence[str | None] | _r.ListReader[Any] | None
+
+    Row: TypeAlias = "tuple[bool, int, int, int, int, int, int, int, int, float, float, Color, str, bytes, Numbers.Row, list[int], list[str]]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1018,7 +1111,7 @@ class Defaults:
             color: int | str = _e.MISSING,
             text: str | None = _e.MISSING,
             data: bytes | bytearray | memoryview | None = _e.MISSING,
-            numbers: Numbers.Init | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+            numbers: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
             list: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
             texts: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
             **_unknown: Never,
@@ -1069,7 +1162,7 @@ class Defaults:
         color: int | str = _e.MISSING,
         text: str | None = _e.MISSING,
         data: bytes | bytearray | memoryview | None = _e.MISSING,
-        numbers: Numbers.Init | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+        numbers: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
         list: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
         texts: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
         **_unknown: Never,
@@ -1077,6 +1170,22 @@ class Defaults:
         """A new message whose root is a Defaults: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Defaults.Builder, _P_Defaults, [b, i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, color, text, data, numbers, list, texts], _unknown)
+
+    @staticmethod
+    def row(reader: Defaults.Reader | Defaults.Builder) -> Defaults.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Defaults)
+
+    @staticmethod
+    def from_row(row: Defaults.Row) -> Defaults.Builder:
+        """A new message whose root is a Defaults holding ``row``."""
+        return _e.new_message_row(Defaults.Builder, _P_Defaults, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Defaults.Reader]) -> list[Defaults.Row]:
+        """Every element of a list of Defaults as a row, in one call."""
+        return _w.list_rows(readers, _P_Defaults)
 
     @staticmethod
     def read(
@@ -1117,6 +1226,8 @@ class Keywords:
         which_: int
 
         async_: int
+
+    Row: TypeAlias = "tuple[int, str, bool, int, int]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1211,6 +1322,22 @@ class Keywords:
         return _e.new_message(Keywords.Builder, _P_Keywords, [return_, class_, from_, which_, async_], _unknown)
 
     @staticmethod
+    def row(reader: Keywords.Reader | Keywords.Builder) -> Keywords.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Keywords)
+
+    @staticmethod
+    def from_row(row: Keywords.Row) -> Keywords.Builder:
+        """A new message whose root is a Keywords holding ``row``."""
+        return _e.new_message_row(Keywords.Builder, _P_Keywords, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Keywords.Reader]) -> list[Keywords.Row]:
+        """Every element of a list of Keywords as a row, in one call."""
+        return _w.list_rows(readers, _P_Keywords)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -1246,6 +1373,8 @@ class Left(_t.Interface["Left.Client"]):
 
         class Init(TypedDict, total=False):
             """Left.left$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1290,6 +1419,22 @@ class Left(_t.Interface["Left.Client"]):
             return _e.new_message(Left.LeftParams.Builder, _P_Left_LeftParams, [], {})
 
         @staticmethod
+        def row(reader: Left.LeftParams.Reader | Left.LeftParams.Builder) -> Left.LeftParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Left_LeftParams)
+
+        @staticmethod
+        def from_row(row: Left.LeftParams.Row) -> Left.LeftParams.Builder:
+            """A new message whose root is a Left.left$Params holding ``row``."""
+            return _e.new_message_row(Left.LeftParams.Builder, _P_Left_LeftParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Left.LeftParams.Reader]) -> list[Left.LeftParams.Row]:
+            """Every element of a list of Left.left$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Left_LeftParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1320,6 +1465,8 @@ class Left(_t.Interface["Left.Client"]):
             """Left.left$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             side: str | None
+
+        Row: TypeAlias = "tuple[str]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -1384,6 +1531,22 @@ class Left(_t.Interface["Left.Client"]):
             """A new message whose root is a Left.left$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Left.LeftResults.Builder, _P_Left_LeftResults, [side], _unknown)
+
+        @staticmethod
+        def row(reader: Left.LeftResults.Reader | Left.LeftResults.Builder) -> Left.LeftResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Left_LeftResults)
+
+        @staticmethod
+        def from_row(row: Left.LeftResults.Row) -> Left.LeftResults.Builder:
+            """A new message whose root is a Left.left$Results holding ``row``."""
+            return _e.new_message_row(Left.LeftResults.Builder, _P_Left_LeftResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Left.LeftResults.Reader]) -> list[Left.LeftResults.Row]:
+            """Every element of a list of Left.left$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Left_LeftResults)
 
         @staticmethod
         def read(
@@ -1475,7 +1638,7 @@ class Lists:
 
         datas: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None
 
-        structs: Sequence[Numbers.Init | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None
+        structs: Sequence[Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None
 
         colors: Sequence[int | str] | _r.ListReader[Any] | None
 
@@ -1484,6 +1647,8 @@ class Lists:
         nestedTexts: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None
 
         deep: Sequence[Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None
+
+    Row: TypeAlias = "tuple[list[None], list[bool], list[int], list[int], list[int], list[int], list[int], list[int], list[int], list[int], list[float], list[float], list[str], list[bytes], list[Numbers.Row], list[Color], list[list[int]], list[list[str]], list[list[list[int]]]]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1759,7 +1924,7 @@ class Lists:
             f64s: Sequence[float] | _r.ListReader[Any] | None = _e.MISSING,
             texts: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
             datas: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None = _e.MISSING,
-            structs: Sequence[Numbers.Init | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            structs: Sequence[Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None = _e.MISSING,
             colors: Sequence[int | str] | _r.ListReader[Any] | None = _e.MISSING,
             nested: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
             nestedTexts: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
@@ -1808,7 +1973,7 @@ class Lists:
         f64s: Sequence[float] | _r.ListReader[Any] | None = _e.MISSING,
         texts: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
         datas: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None = _e.MISSING,
-        structs: Sequence[Numbers.Init | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        structs: Sequence[Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None = _e.MISSING,
         colors: Sequence[int | str] | _r.ListReader[Any] | None = _e.MISSING,
         nested: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
         nestedTexts: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
@@ -1818,6 +1983,22 @@ class Lists:
         """A new message whose root is a Lists: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Lists.Builder, _P_Lists, [voids, bools, i8s, i16s, i32s, i64s, u8s, u16s, u32s, u64s, f32s, f64s, texts, datas, structs, colors, nested, nestedTexts, deep], _unknown)
+
+    @staticmethod
+    def row(reader: Lists.Reader | Lists.Builder) -> Lists.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Lists)
+
+    @staticmethod
+    def from_row(row: Lists.Row) -> Lists.Builder:
+        """A new message whose root is a Lists holding ``row``."""
+        return _e.new_message_row(Lists.Builder, _P_Lists, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Lists.Reader]) -> list[Lists.Row]:
+        """Every element of a list of Lists as a row, in one call."""
+        return _w.list_rows(readers, _P_Lists)
 
     @staticmethod
     def read(
@@ -1876,6 +2057,8 @@ class Numbers:
         b2: bool
 
         v: None
+
+    Row: TypeAlias = "tuple[bool, int, int, int, int, int, int, int, int, float, float, Color, bool, None]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2040,6 +2223,22 @@ class Numbers:
         return _e.new_message(Numbers.Builder, _P_Numbers, [b, i8, i16, i32, i64, u8, u16, u32, u64, f32, f64, color, b2, v], _unknown)
 
     @staticmethod
+    def row(reader: Numbers.Reader | Numbers.Builder) -> Numbers.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Numbers)
+
+    @staticmethod
+    def from_row(row: Numbers.Row) -> Numbers.Builder:
+        """A new message whose root is a Numbers holding ``row``."""
+        return _e.new_message_row(Numbers.Builder, _P_Numbers, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Numbers.Reader]) -> list[Numbers.Row]:
+        """Every element of a list of Numbers as a row, in one call."""
+        return _w.list_rows(readers, _P_Numbers)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -2072,6 +2271,8 @@ class Pair:
         key: str | bytes | _r.StructReader | _b.StructBuilder | None
 
         value: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+    Row: TypeAlias = "tuple[_r.AnyPointer, _r.AnyPointer]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -2152,6 +2353,22 @@ class Pair:
         return _e.new_message(Pair.Builder, _P_Pair, [key, value], _unknown)
 
     @staticmethod
+    def row(reader: Pair.Reader | Pair.Builder) -> Pair.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Pair)
+
+    @staticmethod
+    def from_row(row: Pair.Row) -> Pair.Builder:
+        """A new message whose root is a Pair holding ``row``."""
+        return _e.new_message_row(Pair.Builder, _P_Pair, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Pair.Reader]) -> list[Pair.Row]:
+        """Every element of a list of Pair as a row, in one call."""
+        return _w.list_rows(readers, _P_Pair)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -2187,6 +2404,8 @@ class Right(_t.Interface["Right.Client"]):
 
         class Init(TypedDict, total=False):
             """Right.right$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2231,6 +2450,22 @@ class Right(_t.Interface["Right.Client"]):
             return _e.new_message(Right.RightParams.Builder, _P_Right_RightParams, [], {})
 
         @staticmethod
+        def row(reader: Right.RightParams.Reader | Right.RightParams.Builder) -> Right.RightParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Right_RightParams)
+
+        @staticmethod
+        def from_row(row: Right.RightParams.Row) -> Right.RightParams.Builder:
+            """A new message whose root is a Right.right$Params holding ``row``."""
+            return _e.new_message_row(Right.RightParams.Builder, _P_Right_RightParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Right.RightParams.Reader]) -> list[Right.RightParams.Row]:
+            """Every element of a list of Right.right$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Right_RightParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2261,6 +2496,8 @@ class Right(_t.Interface["Right.Client"]):
             """Right.right$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             side: str | None
+
+        Row: TypeAlias = "tuple[str]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2325,6 +2562,22 @@ class Right(_t.Interface["Right.Client"]):
             """A new message whose root is a Right.right$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Right.RightResults.Builder, _P_Right_RightResults, [side], _unknown)
+
+        @staticmethod
+        def row(reader: Right.RightResults.Reader | Right.RightResults.Builder) -> Right.RightResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Right_RightResults)
+
+        @staticmethod
+        def from_row(row: Right.RightResults.Row) -> Right.RightResults.Builder:
+            """A new message whose root is a Right.right$Results holding ``row``."""
+            return _e.new_message_row(Right.RightResults.Builder, _P_Right_RightResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Right.RightResults.Reader]) -> list[Right.RightResults.Row]:
+            """Every element of a list of Right.right$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Right_RightResults)
 
         @staticmethod
         def read(
@@ -2404,6 +2657,8 @@ class Diamond(_t.Interface["Diamond.Client"]):
             unknown: int
 
             from_: int
+
+        Row: TypeAlias = "tuple[str, int, bool, int, int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2498,6 +2753,22 @@ class Diamond(_t.Interface["Diamond.Client"]):
             return _e.new_message(Diamond.TrickyParams.Builder, _P_Diamond_TrickyParams, [self_, request, params, unknown, from_], _unknown)
 
         @staticmethod
+        def row(reader: Diamond.TrickyParams.Reader | Diamond.TrickyParams.Builder) -> Diamond.TrickyParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Diamond_TrickyParams)
+
+        @staticmethod
+        def from_row(row: Diamond.TrickyParams.Row) -> Diamond.TrickyParams.Builder:
+            """A new message whose root is a Diamond.tricky$Params holding ``row``."""
+            return _e.new_message_row(Diamond.TrickyParams.Builder, _P_Diamond_TrickyParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Diamond.TrickyParams.Reader]) -> list[Diamond.TrickyParams.Row]:
+            """Every element of a list of Diamond.tricky$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Diamond_TrickyParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2530,6 +2801,8 @@ class Diamond(_t.Interface["Diamond.Client"]):
             return_: str | None
 
             self_: Diamond.Client | Diamond.Server | None
+
+        Row: TypeAlias = "tuple[str, Diamond.Client]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2612,6 +2885,22 @@ class Diamond(_t.Interface["Diamond.Client"]):
             return _e.new_message(Diamond.TrickyResults.Builder, _P_Diamond_TrickyResults, [return_, self_], _unknown)
 
         @staticmethod
+        def row(reader: Diamond.TrickyResults.Reader | Diamond.TrickyResults.Builder) -> Diamond.TrickyResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Diamond_TrickyResults)
+
+        @staticmethod
+        def from_row(row: Diamond.TrickyResults.Row) -> Diamond.TrickyResults.Builder:
+            """A new message whose root is a Diamond.tricky$Results holding ``row``."""
+            return _e.new_message_row(Diamond.TrickyResults.Builder, _P_Diamond_TrickyResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Diamond.TrickyResults.Reader]) -> list[Diamond.TrickyResults.Row]:
+            """Every element of a list of Diamond.tricky$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Diamond_TrickyResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2689,6 +2978,8 @@ class Shapes:
 
             label: str | None
 
+        Row: TypeAlias = "tuple[float, str]"
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 3
@@ -2763,6 +3054,8 @@ class Shapes:
                     from_: int | str
 
                     to: int | str
+
+                Row: TypeAlias = "tuple[Color, Color]"
 
                 class Reader(_r.StructReader):
                     __slots__ = ()
@@ -2839,7 +3132,9 @@ class Shapes:
 
                 pattern: str | None
 
-                gradient: Shapes.Style.Fill.Gradient.Init
+                gradient: Shapes.Style.Fill.Gradient.Init | Shapes.Style.Fill.Gradient.Row
+
+            Row: TypeAlias = "tuple[Literal[True] | None, str | None, Shapes.Style.Fill.Gradient.Row | None]"
 
             class Reader(_r.StructReader):
                 __slots__ = ()
@@ -2903,7 +3198,7 @@ class Shapes:
                     *,
                     solid: None = _e.MISSING,
                     pattern: str | None = _e.MISSING,
-                    gradient: Shapes.Style.Fill.Gradient.Init = _e.MISSING,
+                    gradient: Shapes.Style.Fill.Gradient.Init | Shapes.Style.Fill.Gradient.Row = _e.MISSING,
                     **_unknown: Never,
                 ) -> None:
                     """Set the whole struct, as a constructor would: each field named takes its
@@ -2933,7 +3228,9 @@ class Shapes:
 
             color: int | str
 
-            fill: Shapes.Style.Fill.Init
+            fill: Shapes.Style.Fill.Init | Shapes.Style.Fill.Row
+
+        Row: TypeAlias = "tuple[Color, Shapes.Style.Fill.Row]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -2974,7 +3271,7 @@ class Shapes:
                 /,
                 *,
                 color: int | str = _e.MISSING,
-                fill: Shapes.Style.Fill.Init = _e.MISSING,
+                fill: Shapes.Style.Fill.Init | Shapes.Style.Fill.Row = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -3006,13 +3303,15 @@ class Shapes:
 
         circle: float
 
-        square: Shapes.Square.Init
+        square: Shapes.Square.Init | Shapes.Square.Row
 
         nothing: None
 
         points: Sequence[int] | _r.ListReader[Any] | None
 
-        style: Shapes.Style.Init
+        style: Shapes.Style.Init | Shapes.Style.Row
+
+    Row: TypeAlias = "tuple[str, float | None, Shapes.Square.Row | None, Literal[True] | None, list[int] | None, Shapes.Style.Row]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -3103,10 +3402,10 @@ class Shapes:
             *,
             name: str | None = _e.MISSING,
             circle: float = _e.MISSING,
-            square: Shapes.Square.Init = _e.MISSING,
+            square: Shapes.Square.Init | Shapes.Square.Row = _e.MISSING,
             nothing: None = _e.MISSING,
             points: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
-            style: Shapes.Style.Init = _e.MISSING,
+            style: Shapes.Style.Init | Shapes.Style.Row = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -3147,15 +3446,31 @@ class Shapes:
         *,
         name: str | None = _e.MISSING,
         circle: float = _e.MISSING,
-        square: Shapes.Square.Init = _e.MISSING,
+        square: Shapes.Square.Init | Shapes.Square.Row = _e.MISSING,
         nothing: None = _e.MISSING,
         points: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
-        style: Shapes.Style.Init = _e.MISSING,
+        style: Shapes.Style.Init | Shapes.Style.Row = _e.MISSING,
         **_unknown: Never,
     ) -> Shapes.Builder:
         """A new message whose root is a Shapes: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Shapes.Builder, _P_Shapes, [name, circle, square, nothing, points, style], _unknown)
+
+    @staticmethod
+    def row(reader: Shapes.Reader | Shapes.Builder) -> Shapes.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Shapes)
+
+    @staticmethod
+    def from_row(row: Shapes.Row) -> Shapes.Builder:
+        """A new message whose root is a Shapes holding ``row``."""
+        return _e.new_message_row(Shapes.Builder, _P_Shapes, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Shapes.Reader]) -> list[Shapes.Row]:
+        """Every element of a list of Shapes as a row, in one call."""
+        return _w.list_rows(readers, _P_Shapes)
 
     @staticmethod
     def read(
@@ -3197,6 +3512,8 @@ class Shop(_t.Interface["Shop.Client"]):
             item: str | None
 
             count: int
+
+        Row: TypeAlias = "tuple[str, int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3270,6 +3587,22 @@ class Shop(_t.Interface["Shop.Client"]):
             return _e.new_message(Shop.BuyParams.Builder, _P_Shop_BuyParams, [item, count], _unknown)
 
         @staticmethod
+        def row(reader: Shop.BuyParams.Reader | Shop.BuyParams.Builder) -> Shop.BuyParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Shop_BuyParams)
+
+        @staticmethod
+        def from_row(row: Shop.BuyParams.Row) -> Shop.BuyParams.Builder:
+            """A new message whose root is a Shop.buy$Params holding ``row``."""
+            return _e.new_message_row(Shop.BuyParams.Builder, _P_Shop_BuyParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Shop.BuyParams.Reader]) -> list[Shop.BuyParams.Row]:
+            """Every element of a list of Shop.buy$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Shop_BuyParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -3301,7 +3634,9 @@ class Shop(_t.Interface["Shop.Client"]):
 
             total: float
 
-            receipt: Numbers.Init | Numbers.Reader | Numbers.Builder | None
+            receipt: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None
+
+        Row: TypeAlias = "tuple[float, Numbers.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3346,7 +3681,7 @@ class Shop(_t.Interface["Shop.Client"]):
                 /,
                 *,
                 total: float = _e.MISSING,
-                receipt: Numbers.Init | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+                receipt: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -3382,12 +3717,28 @@ class Shop(_t.Interface["Shop.Client"]):
         def new_message(
             *,
             total: float = _e.MISSING,
-            receipt: Numbers.Init | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+            receipt: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> Shop.BuyResults.Builder:
             """A new message whose root is a Shop.buy$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Shop.BuyResults.Builder, _P_Shop_BuyResults, [total, receipt], _unknown)
+
+        @staticmethod
+        def row(reader: Shop.BuyResults.Reader | Shop.BuyResults.Builder) -> Shop.BuyResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Shop_BuyResults)
+
+        @staticmethod
+        def from_row(row: Shop.BuyResults.Row) -> Shop.BuyResults.Builder:
+            """A new message whose root is a Shop.buy$Results holding ``row``."""
+            return _e.new_message_row(Shop.BuyResults.Builder, _P_Shop_BuyResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Shop.BuyResults.Reader]) -> list[Shop.BuyResults.Row]:
+            """Every element of a list of Shop.buy$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Shop_BuyResults)
 
         @staticmethod
         def read(
@@ -3418,6 +3769,8 @@ class Shop(_t.Interface["Shop.Client"]):
 
         class Init(TypedDict, total=False):
             """Shop.list$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3462,6 +3815,22 @@ class Shop(_t.Interface["Shop.Client"]):
             return _e.new_message(Shop.ListParams.Builder, _P_Shop_ListParams, [], {})
 
         @staticmethod
+        def row(reader: Shop.ListParams.Reader | Shop.ListParams.Builder) -> Shop.ListParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Shop_ListParams)
+
+        @staticmethod
+        def from_row(row: Shop.ListParams.Row) -> Shop.ListParams.Builder:
+            """A new message whose root is a Shop.list$Params holding ``row``."""
+            return _e.new_message_row(Shop.ListParams.Builder, _P_Shop_ListParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Shop.ListParams.Reader]) -> list[Shop.ListParams.Row]:
+            """Every element of a list of Shop.list$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Shop_ListParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -3492,6 +3861,8 @@ class Shop(_t.Interface["Shop.Client"]):
             """Shop.list$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             items: Sequence[str | None] | _r.ListReader[Any] | None
+
+        Row: TypeAlias = "tuple[list[str]]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3567,6 +3938,22 @@ class Shop(_t.Interface["Shop.Client"]):
             return _e.new_message(Shop.ListResults.Builder, _P_Shop_ListResults, [items], _unknown)
 
         @staticmethod
+        def row(reader: Shop.ListResults.Reader | Shop.ListResults.Builder) -> Shop.ListResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Shop_ListResults)
+
+        @staticmethod
+        def from_row(row: Shop.ListResults.Row) -> Shop.ListResults.Builder:
+            """A new message whose root is a Shop.list$Results holding ``row``."""
+            return _e.new_message_row(Shop.ListResults.Builder, _P_Shop_ListResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Shop.ListResults.Reader]) -> list[Shop.ListResults.Row]:
+            """Every element of a list of Shop.list$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Shop_ListResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -3596,7 +3983,9 @@ class Shop(_t.Interface["Shop.Client"]):
         class Init(TypedDict, total=False):
             """Shop.peek$Params as plain values: what ``new_message`` and ``assign`` take."""
 
-            tree: Tree.Init | Tree.Reader | Tree.Builder | None
+            tree: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None
+
+        Row: TypeAlias = "tuple[Tree.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3635,7 +4024,7 @@ class Shop(_t.Interface["Shop.Client"]):
                 self,
                 /,
                 *,
-                tree: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
+                tree: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -3670,12 +4059,28 @@ class Shop(_t.Interface["Shop.Client"]):
         @staticmethod
         def new_message(
             *,
-            tree: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
+            tree: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> Shop.PeekParams.Builder:
             """A new message whose root is a Shop.peek$Params: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Shop.PeekParams.Builder, _P_Shop_PeekParams, [tree], _unknown)
+
+        @staticmethod
+        def row(reader: Shop.PeekParams.Reader | Shop.PeekParams.Builder) -> Shop.PeekParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Shop_PeekParams)
+
+        @staticmethod
+        def from_row(row: Shop.PeekParams.Row) -> Shop.PeekParams.Builder:
+            """A new message whose root is a Shop.peek$Params holding ``row``."""
+            return _e.new_message_row(Shop.PeekParams.Builder, _P_Shop_PeekParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Shop.PeekParams.Reader]) -> list[Shop.PeekParams.Row]:
+            """Every element of a list of Shop.peek$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Shop_PeekParams)
 
         @staticmethod
         def read(
@@ -3706,6 +4111,8 @@ class Shop(_t.Interface["Shop.Client"]):
 
         class Init(TypedDict, total=False):
             """Shop.peek$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3748,6 +4155,22 @@ class Shop(_t.Interface["Shop.Client"]):
             """A new message whose root is a Shop.peek$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Shop.PeekResults.Builder, _P_Shop_PeekResults, [], {})
+
+        @staticmethod
+        def row(reader: Shop.PeekResults.Reader | Shop.PeekResults.Builder) -> Shop.PeekResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Shop_PeekResults)
+
+        @staticmethod
+        def from_row(row: Shop.PeekResults.Row) -> Shop.PeekResults.Builder:
+            """A new message whose root is a Shop.peek$Results holding ``row``."""
+            return _e.new_message_row(Shop.PeekResults.Builder, _P_Shop_PeekResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Shop.PeekResults.Reader]) -> list[Shop.PeekResults.Row]:
+            """Every element of a list of Shop.peek$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Shop_PeekResults)
 
         @staticmethod
         def read(
@@ -3863,6 +4286,8 @@ class Store(_t.Interface["Store.Client"]):
         class Init(TypedDict, total=False):
             """Store.get$Params as plain values: what ``new_message`` and ``assign`` take."""
 
+        Row: TypeAlias = "tuple[()]"
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -3906,6 +4331,22 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message(Store.GetParams.Builder, _P_Store_GetParams, [], {})
 
         @staticmethod
+        def row(reader: Store.GetParams.Reader | Store.GetParams.Builder) -> Store.GetParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_GetParams)
+
+        @staticmethod
+        def from_row(row: Store.GetParams.Row) -> Store.GetParams.Builder:
+            """A new message whose root is a Store.get$Params holding ``row``."""
+            return _e.new_message_row(Store.GetParams.Builder, _P_Store_GetParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.GetParams.Reader]) -> list[Store.GetParams.Row]:
+            """Every element of a list of Store.get$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_GetParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -3937,7 +4378,9 @@ class Store(_t.Interface["Store.Client"]):
 
             value: str | bytes | _r.StructReader | _b.StructBuilder | None
 
-            box: Box.Init | Box.Reader | Box.Builder | None
+            box: Box.Init | Box.Row | Box.Reader | Box.Builder | None
+
+        Row: TypeAlias = "tuple[_r.AnyPointer, Box.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3986,7 +4429,7 @@ class Store(_t.Interface["Store.Client"]):
                 /,
                 *,
                 value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
-                box: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+                box: Box.Init | Box.Row | Box.Reader | Box.Builder | None = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -4022,12 +4465,28 @@ class Store(_t.Interface["Store.Client"]):
         def new_message(
             *,
             value: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
-            box: Box.Init | Box.Reader | Box.Builder | None = _e.MISSING,
+            box: Box.Init | Box.Row | Box.Reader | Box.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> Store.GetResults.Builder:
             """A new message whose root is a Store.get$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Store.GetResults.Builder, _P_Store_GetResults, [value, box], _unknown)
+
+        @staticmethod
+        def row(reader: Store.GetResults.Reader | Store.GetResults.Builder) -> Store.GetResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_GetResults)
+
+        @staticmethod
+        def from_row(row: Store.GetResults.Row) -> Store.GetResults.Builder:
+            """A new message whose root is a Store.get$Results holding ``row``."""
+            return _e.new_message_row(Store.GetResults.Builder, _P_Store_GetResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.GetResults.Reader]) -> list[Store.GetResults.Row]:
+            """Every element of a list of Store.get$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_GetResults)
 
         @staticmethod
         def read(
@@ -4060,6 +4519,8 @@ class Store(_t.Interface["Store.Client"]):
             """Store.put$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             value: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        Row: TypeAlias = "tuple[_r.AnyPointer]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -4129,6 +4590,22 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message(Store.PutParams.Builder, _P_Store_PutParams, [value], _unknown)
 
         @staticmethod
+        def row(reader: Store.PutParams.Reader | Store.PutParams.Builder) -> Store.PutParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_PutParams)
+
+        @staticmethod
+        def from_row(row: Store.PutParams.Row) -> Store.PutParams.Builder:
+            """A new message whose root is a Store.put$Params holding ``row``."""
+            return _e.new_message_row(Store.PutParams.Builder, _P_Store_PutParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.PutParams.Reader]) -> list[Store.PutParams.Row]:
+            """Every element of a list of Store.put$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_PutParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -4157,6 +4634,8 @@ class Store(_t.Interface["Store.Client"]):
 
         class Init(TypedDict, total=False):
             """Store.put$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -4199,6 +4678,22 @@ class Store(_t.Interface["Store.Client"]):
             """A new message whose root is a Store.put$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Store.PutResults.Builder, _P_Store_PutResults, [], {})
+
+        @staticmethod
+        def row(reader: Store.PutResults.Reader | Store.PutResults.Builder) -> Store.PutResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_PutResults)
+
+        @staticmethod
+        def from_row(row: Store.PutResults.Row) -> Store.PutResults.Builder:
+            """A new message whose root is a Store.put$Results holding ``row``."""
+            return _e.new_message_row(Store.PutResults.Builder, _P_Store_PutResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.PutResults.Reader]) -> list[Store.PutResults.Row]:
+            """Every element of a list of Store.put$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_PutResults)
 
         @staticmethod
         def read(
@@ -4288,6 +4783,8 @@ class Tree:
 
             x: int
 
+        Row: TypeAlias = "tuple[int]"
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -4352,6 +4849,22 @@ class Tree:
             return _e.new_message(Tree.Reader_.Builder, _P_Tree_Reader_, [x], _unknown)
 
         @staticmethod
+        def row(reader: Tree.Reader_.Reader | Tree.Reader_.Builder) -> Tree.Reader_.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Tree_Reader_)
+
+        @staticmethod
+        def from_row(row: Tree.Reader_.Row) -> Tree.Reader_.Builder:
+            """A new message whose root is a Tree.Reader holding ``row``."""
+            return _e.new_message_row(Tree.Reader_.Builder, _P_Tree_Reader_, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Tree.Reader_.Reader]) -> list[Tree.Reader_.Row]:
+            """Every element of a list of Tree.Reader as a row, in one call."""
+            return _w.list_rows(readers, _P_Tree_Reader_)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -4378,13 +4891,15 @@ class Tree:
 
         value: int
 
-        children: Sequence[Tree.Init | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None
+        children: Sequence[Tree.Init | Tree.Row | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None
 
-        left: Tree.Init | Tree.Reader | Tree.Builder | None
+        left: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None
 
-        other: kitchen_other_capnp.Thing.Init | kitchen_other_capnp.Thing.Reader | kitchen_other_capnp.Thing.Builder | None
+        other: kitchen_other_capnp.Thing.Init | kitchen_other_capnp.Thing.Row | kitchen_other_capnp.Thing.Reader | kitchen_other_capnp.Thing.Builder | None
 
         anything: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+    Row: TypeAlias = "tuple[int, list[Tree.Row], Tree.Row | None, kitchen_other_capnp.Thing.Row | None, _r.AnyPointer]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -4463,9 +4978,9 @@ class Tree:
             /,
             *,
             value: int = _e.MISSING,
-            children: Sequence[Tree.Init | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None = _e.MISSING,
-            left: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
-            other: kitchen_other_capnp.Thing.Init | kitchen_other_capnp.Thing.Reader | kitchen_other_capnp.Thing.Builder | None = _e.MISSING,
+            children: Sequence[Tree.Init | Tree.Row | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            left: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None = _e.MISSING,
+            other: kitchen_other_capnp.Thing.Init | kitchen_other_capnp.Thing.Row | kitchen_other_capnp.Thing.Reader | kitchen_other_capnp.Thing.Builder | None = _e.MISSING,
             anything: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
@@ -4506,15 +5021,31 @@ class Tree:
     def new_message(
         *,
         value: int = _e.MISSING,
-        children: Sequence[Tree.Init | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None = _e.MISSING,
-        left: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
-        other: kitchen_other_capnp.Thing.Init | kitchen_other_capnp.Thing.Reader | kitchen_other_capnp.Thing.Builder | None = _e.MISSING,
+        children: Sequence[Tree.Init | Tree.Row | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        left: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None = _e.MISSING,
+        other: kitchen_other_capnp.Thing.Init | kitchen_other_capnp.Thing.Row | kitchen_other_capnp.Thing.Reader | kitchen_other_capnp.Thing.Builder | None = _e.MISSING,
         anything: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
         **_unknown: Never,
     ) -> Tree.Builder:
         """A new message whose root is a Tree: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Tree.Builder, _P_Tree, [value, children, left, other, anything], _unknown)
+
+    @staticmethod
+    def row(reader: Tree.Reader | Tree.Builder) -> Tree.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Tree)
+
+    @staticmethod
+    def from_row(row: Tree.Row) -> Tree.Builder:
+        """A new message whose root is a Tree holding ``row``."""
+        return _e.new_message_row(Tree.Builder, _P_Tree, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Tree.Reader]) -> list[Tree.Row]:
+        """Every element of a list of Tree as a row, in one call."""
+        return _w.list_rows(readers, _P_Tree)
 
     @staticmethod
     def read(
@@ -4558,9 +5089,11 @@ class Box_Text:
 
         value: str | None
 
-        next: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None
+        next: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None
 
         label: str | None
+
+    Row: TypeAlias = "tuple[str, Box_Text.Row | None, str]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -4612,7 +5145,7 @@ class Box_Text:
             /,
             *,
             value: str | None = _e.MISSING,
-            next: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+            next: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
             label: str | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
@@ -4649,13 +5182,29 @@ class Box_Text:
     def new_message(
         *,
         value: str | None = _e.MISSING,
-        next: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+        next: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
         label: str | None = _e.MISSING,
         **_unknown: Never,
     ) -> Box_Text.Builder:
         """A new message whose root is a Box_Text: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Box_Text.Builder, _P_Box_Text, [value, next, label], _unknown)
+
+    @staticmethod
+    def row(reader: Box_Text.Reader | Box_Text.Builder) -> Box_Text.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Box_Text)
+
+    @staticmethod
+    def from_row(row: Box_Text.Row) -> Box_Text.Builder:
+        """A new message whose root is a Box_Text holding ``row``."""
+        return _e.new_message_row(Box_Text.Builder, _P_Box_Text, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Box_Text.Reader]) -> list[Box_Text.Row]:
+        """Every element of a list of Box_Text as a row, in one call."""
+        return _w.list_rows(readers, _P_Box_Text)
 
     @staticmethod
     def read(
@@ -4689,9 +5238,11 @@ class Box_List_Int32:
 
         value: Sequence[int] | _r.ListReader[Any] | None
 
-        next: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None
+        next: Box_List_Int32.Init | Box_List_Int32.Row | Box_List_Int32.Reader | Box_List_Int32.Builder | None
 
         label: str | None
+
+    Row: TypeAlias = "tuple[list[int], Box_List_Int32.Row | None, str]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -4751,7 +5302,7 @@ class Box_List_Int32:
             /,
             *,
             value: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
-            next: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
+            next: Box_List_Int32.Init | Box_List_Int32.Row | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
             label: str | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
@@ -4788,13 +5339,29 @@ class Box_List_Int32:
     def new_message(
         *,
         value: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
-        next: Box_List_Int32.Init | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
+        next: Box_List_Int32.Init | Box_List_Int32.Row | Box_List_Int32.Reader | Box_List_Int32.Builder | None = _e.MISSING,
         label: str | None = _e.MISSING,
         **_unknown: Never,
     ) -> Box_List_Int32.Builder:
         """A new message whose root is a Box_List_Int32: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Box_List_Int32.Builder, _P_Box_List_Int32, [value, next, label], _unknown)
+
+    @staticmethod
+    def row(reader: Box_List_Int32.Reader | Box_List_Int32.Builder) -> Box_List_Int32.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Box_List_Int32)
+
+    @staticmethod
+    def from_row(row: Box_List_Int32.Row) -> Box_List_Int32.Builder:
+        """A new message whose root is a Box_List_Int32 holding ``row``."""
+        return _e.new_message_row(Box_List_Int32.Builder, _P_Box_List_Int32, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Box_List_Int32.Reader]) -> list[Box_List_Int32.Row]:
+        """Every element of a list of Box_List_Int32 as a row, in one call."""
+        return _w.list_rows(readers, _P_Box_List_Int32)
 
     @staticmethod
     def read(
@@ -4826,11 +5393,13 @@ class Box_Tree:
     class Init(TypedDict, total=False):
         """Box_Tree as plain values: what ``new_message`` and ``assign`` take."""
 
-        value: Tree.Init | Tree.Reader | Tree.Builder | None
+        value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None
 
-        next: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None
+        next: Box_Tree.Init | Box_Tree.Row | Box_Tree.Reader | Box_Tree.Builder | None
 
         label: str | None
+
+    Row: TypeAlias = "tuple[Tree.Row | None, Box_Tree.Row | None, str]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -4892,8 +5461,8 @@ class Box_Tree:
             self,
             /,
             *,
-            value: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
-            next: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
+            value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None = _e.MISSING,
+            next: Box_Tree.Init | Box_Tree.Row | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
             label: str | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
@@ -4933,14 +5502,30 @@ class Box_Tree:
     @staticmethod
     def new_message(
         *,
-        value: Tree.Init | Tree.Reader | Tree.Builder | None = _e.MISSING,
-        next: Box_Tree.Init | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
+        value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None = _e.MISSING,
+        next: Box_Tree.Init | Box_Tree.Row | Box_Tree.Reader | Box_Tree.Builder | None = _e.MISSING,
         label: str | None = _e.MISSING,
         **_unknown: Never,
     ) -> Box_Tree.Builder:
         """A new message whose root is a Box_Tree: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Box_Tree.Builder, _P_Box_Tree, [value, next, label], _unknown)
+
+    @staticmethod
+    def row(reader: Box_Tree.Reader | Box_Tree.Builder) -> Box_Tree.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Box_Tree)
+
+    @staticmethod
+    def from_row(row: Box_Tree.Row) -> Box_Tree.Builder:
+        """A new message whose root is a Box_Tree holding ``row``."""
+        return _e.new_message_row(Box_Tree.Builder, _P_Box_Tree, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Box_Tree.Reader]) -> list[Box_Tree.Row]:
+        """Every element of a list of Box_Tree as a row, in one call."""
+        return _w.list_rows(readers, _P_Box_Tree)
 
     @staticmethod
     def read(
@@ -4974,9 +5559,11 @@ class Box_Shop:
 
         value: Shop.Client | Shop.Server | None
 
-        next: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None
+        next: Box_Shop.Init | Box_Shop.Row | Box_Shop.Reader | Box_Shop.Builder | None
 
         label: str | None
+
+    Row: TypeAlias = "tuple[Shop.Client, Box_Shop.Row | None, str]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -5031,7 +5618,7 @@ class Box_Shop:
             /,
             *,
             value: Shop.Client | Shop.Server | None = _e.MISSING,
-            next: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
+            next: Box_Shop.Init | Box_Shop.Row | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
             label: str | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
@@ -5073,13 +5660,29 @@ class Box_Shop:
     def new_message(
         *,
         value: Shop.Client | Shop.Server | None = _e.MISSING,
-        next: Box_Shop.Init | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
+        next: Box_Shop.Init | Box_Shop.Row | Box_Shop.Reader | Box_Shop.Builder | None = _e.MISSING,
         label: str | None = _e.MISSING,
         **_unknown: Never,
     ) -> Box_Shop.Builder:
         """A new message whose root is a Box_Shop: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Box_Shop.Builder, _P_Box_Shop, [value, next, label], _unknown)
+
+    @staticmethod
+    def row(reader: Box_Shop.Reader | Box_Shop.Builder) -> Box_Shop.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Box_Shop)
+
+    @staticmethod
+    def from_row(row: Box_Shop.Row) -> Box_Shop.Builder:
+        """A new message whose root is a Box_Shop holding ``row``."""
+        return _e.new_message_row(Box_Shop.Builder, _P_Box_Shop, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Box_Shop.Reader]) -> list[Box_Shop.Row]:
+        """Every element of a list of Box_Shop as a row, in one call."""
+        return _w.list_rows(readers, _P_Box_Shop)
 
     @staticmethod
     def read(
@@ -5113,7 +5716,9 @@ class Pair_Text_Box_Text:
 
         key: str | None
 
-        value: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None
+        value: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None
+
+    Row: TypeAlias = "tuple[str, Box_Text.Row | None]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -5159,7 +5764,7 @@ class Pair_Text_Box_Text:
             /,
             *,
             key: str | None = _e.MISSING,
-            value: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+            value: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -5195,12 +5800,28 @@ class Pair_Text_Box_Text:
     def new_message(
         *,
         key: str | None = _e.MISSING,
-        value: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+        value: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
         **_unknown: Never,
     ) -> Pair_Text_Box_Text.Builder:
         """A new message whose root is a Pair_Text_Box_Text: the fields named take
         their values (plain values, ``Init``), every other field its default."""
         return _e.new_message(Pair_Text_Box_Text.Builder, _P_Pair_Text_Box_Text, [key, value], _unknown)
+
+    @staticmethod
+    def row(reader: Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder) -> Pair_Text_Box_Text.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Pair_Text_Box_Text)
+
+    @staticmethod
+    def from_row(row: Pair_Text_Box_Text.Row) -> Pair_Text_Box_Text.Builder:
+        """A new message whose root is a Pair_Text_Box_Text holding ``row``."""
+        return _e.new_message_row(Pair_Text_Box_Text.Builder, _P_Pair_Text_Box_Text, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Pair_Text_Box_Text.Reader]) -> list[Pair_Text_Box_Text.Row]:
+        """Every element of a list of Pair_Text_Box_Text as a row, in one call."""
+        return _w.list_rows(readers, _P_Pair_Text_Box_Text)
 
     @staticmethod
     def read(
@@ -5240,6 +5861,8 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             """Store_Text.put$Params as plain values: what ``new_message`` and ``assign`` take."""
 
             value: str | None
+
+        Row: TypeAlias = "tuple[str]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -5306,6 +5929,22 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _e.new_message(Store_Text.PutParams.Builder, _P_Store_Text_PutParams, [value], _unknown)
 
         @staticmethod
+        def row(reader: Store_Text.PutParams.Reader | Store_Text.PutParams.Builder) -> Store_Text.PutParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_Text_PutParams)
+
+        @staticmethod
+        def from_row(row: Store_Text.PutParams.Row) -> Store_Text.PutParams.Builder:
+            """A new message whose root is a Store_Text.put$Params holding ``row``."""
+            return _e.new_message_row(Store_Text.PutParams.Builder, _P_Store_Text_PutParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store_Text.PutParams.Reader]) -> list[Store_Text.PutParams.Row]:
+            """Every element of a list of Store_Text.put$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_Text_PutParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -5334,6 +5973,8 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
         class Init(TypedDict, total=False):
             """Store_Text.put$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -5378,6 +6019,22 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _e.new_message(Store_Text.PutResults.Builder, _P_Store_Text_PutResults, [], {})
 
         @staticmethod
+        def row(reader: Store_Text.PutResults.Reader | Store_Text.PutResults.Builder) -> Store_Text.PutResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_Text_PutResults)
+
+        @staticmethod
+        def from_row(row: Store_Text.PutResults.Row) -> Store_Text.PutResults.Builder:
+            """A new message whose root is a Store_Text.put$Results holding ``row``."""
+            return _e.new_message_row(Store_Text.PutResults.Builder, _P_Store_Text_PutResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store_Text.PutResults.Reader]) -> list[Store_Text.PutResults.Row]:
+            """Every element of a list of Store_Text.put$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_Text_PutResults)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -5406,6 +6063,8 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
         class Init(TypedDict, total=False):
             """Store_Text.get$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -5450,6 +6109,22 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _e.new_message(Store_Text.GetParams.Builder, _P_Store_Text_GetParams, [], {})
 
         @staticmethod
+        def row(reader: Store_Text.GetParams.Reader | Store_Text.GetParams.Builder) -> Store_Text.GetParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_Text_GetParams)
+
+        @staticmethod
+        def from_row(row: Store_Text.GetParams.Row) -> Store_Text.GetParams.Builder:
+            """A new message whose root is a Store_Text.get$Params holding ``row``."""
+            return _e.new_message_row(Store_Text.GetParams.Builder, _P_Store_Text_GetParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store_Text.GetParams.Reader]) -> list[Store_Text.GetParams.Row]:
+            """Every element of a list of Store_Text.get$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_Text_GetParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -5481,7 +6156,9 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             value: str | None
 
-            box: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None
+            box: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None
+
+        Row: TypeAlias = "tuple[str, Box_Text.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -5527,7 +6204,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
                 /,
                 *,
                 value: str | None = _e.MISSING,
-                box: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+                box: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -5563,12 +6240,28 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         def new_message(
             *,
             value: str | None = _e.MISSING,
-            box: Box_Text.Init | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
+            box: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder | None = _e.MISSING,
             **_unknown: Never,
         ) -> Store_Text.GetResults.Builder:
             """A new message whose root is a Store_Text.get$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(Store_Text.GetResults.Builder, _P_Store_Text_GetResults, [value, box], _unknown)
+
+        @staticmethod
+        def row(reader: Store_Text.GetResults.Reader | Store_Text.GetResults.Builder) -> Store_Text.GetResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_Store_Text_GetResults)
+
+        @staticmethod
+        def from_row(row: Store_Text.GetResults.Row) -> Store_Text.GetResults.Builder:
+            """A new message whose root is a Store_Text.get$Results holding ``row``."""
+            return _e.new_message_row(Store_Text.GetResults.Builder, _P_Store_Text_GetResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store_Text.GetResults.Reader]) -> list[Store_Text.GetResults.Row]:
+            """Every element of a list of Store_Text.get$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_Store_Text_GetResults)
 
         @staticmethod
         def read(
@@ -5661,6 +6354,8 @@ class TextStore(_t.Interface["TextStore.Client"]):
         class Init(TypedDict, total=False):
             """TextStore.size$Params as plain values: what ``new_message`` and ``assign`` take."""
 
+        Row: TypeAlias = "tuple[()]"
+
         class Reader(_r.StructReader):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -5704,6 +6399,22 @@ class TextStore(_t.Interface["TextStore.Client"]):
             return _e.new_message(TextStore.SizeParams.Builder, _P_TextStore_SizeParams, [], {})
 
         @staticmethod
+        def row(reader: TextStore.SizeParams.Reader | TextStore.SizeParams.Builder) -> TextStore.SizeParams.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_TextStore_SizeParams)
+
+        @staticmethod
+        def from_row(row: TextStore.SizeParams.Row) -> TextStore.SizeParams.Builder:
+            """A new message whose root is a TextStore.size$Params holding ``row``."""
+            return _e.new_message_row(TextStore.SizeParams.Builder, _P_TextStore_SizeParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[TextStore.SizeParams.Reader]) -> list[TextStore.SizeParams.Row]:
+            """Every element of a list of TextStore.size$Params as a row, in one call."""
+            return _w.list_rows(readers, _P_TextStore_SizeParams)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -5734,6 +6445,8 @@ class TextStore(_t.Interface["TextStore.Client"]):
             """TextStore.size$Results as plain values: what ``new_message`` and ``assign`` take."""
 
             count: int
+
+        Row: TypeAlias = "tuple[int]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -5797,6 +6510,22 @@ class TextStore(_t.Interface["TextStore.Client"]):
             """A new message whose root is a TextStore.size$Results: the fields named take
             their values (plain values, ``Init``), every other field its default."""
             return _e.new_message(TextStore.SizeResults.Builder, _P_TextStore_SizeResults, [count], _unknown)
+
+        @staticmethod
+        def row(reader: TextStore.SizeResults.Reader | TextStore.SizeResults.Builder) -> TextStore.SizeResults.Row:
+            """Every field at once, as a tuple in schema order (a union member not set
+            is None): what ``from_row``, and any field of this type, take back."""
+            return _w.struct_row(reader, _P_TextStore_SizeResults)
+
+        @staticmethod
+        def from_row(row: TextStore.SizeResults.Row) -> TextStore.SizeResults.Builder:
+            """A new message whose root is a TextStore.size$Results holding ``row``."""
+            return _e.new_message_row(TextStore.SizeResults.Builder, _P_TextStore_SizeResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[TextStore.SizeResults.Reader]) -> list[TextStore.SizeResults.Row]:
+            """Every element of a list of TextStore.size$Results as a row, in one call."""
+            return _w.list_rows(readers, _P_TextStore_SizeResults)
 
         @staticmethod
         def read(
@@ -5943,49 +6672,93 @@ Store_Text.GetResults.Reader.box.bind(Box_Text.Reader)
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_Anything = Anything.Builder._PLAN = _v.StructPlan("Anything", 0, 6)
+_P_Anything.reader = Anything.Reader
 _P_Box = Box.Builder._PLAN = _v.StructPlan("Box", 0, 3)
+_P_Box.reader = Box.Reader
 _P_Boxes = Boxes.Builder._PLAN = _v.StructPlan("Boxes", 0, 6)
+_P_Boxes.reader = Boxes.Reader
 _P_Defaults = Defaults.Builder._PLAN = _v.StructPlan("Defaults", 6, 5)
+_P_Defaults.reader = Defaults.Reader
 _P_Keywords = Keywords.Builder._PLAN = _v.StructPlan("Keywords", 1, 1)
+_P_Keywords.reader = Keywords.Reader
 _P_Lists = Lists.Builder._PLAN = _v.StructPlan("Lists", 0, 19)
+_P_Lists.reader = Lists.Reader
 _P_Numbers = Numbers.Builder._PLAN = _v.StructPlan("Numbers", 6, 0)
+_P_Numbers.reader = Numbers.Reader
 _P_Pair = Pair.Builder._PLAN = _v.StructPlan("Pair", 0, 2)
+_P_Pair.reader = Pair.Reader
 _P_Shapes = Shapes.Builder._PLAN = _v.StructPlan("Shapes", 3, 3, 8)
+_P_Shapes.reader = Shapes.Reader
 _P_Tree = Tree.Builder._PLAN = _v.StructPlan("Tree", 1, 4)
+_P_Tree.reader = Tree.Reader
 _P_Base_DepthParams = Base.DepthParams.Builder._PLAN = _v.StructPlan("Base.depth$Params", 0, 0)
+_P_Base_DepthParams.reader = Base.DepthParams.Reader
 _P_Base_DepthResults = Base.DepthResults.Builder._PLAN = _v.StructPlan("Base.depth$Results", 1, 0)
+_P_Base_DepthResults.reader = Base.DepthResults.Reader
 _P_Diamond_TrickyParams = Diamond.TrickyParams.Builder._PLAN = _v.StructPlan("Diamond.tricky$Params", 1, 1)
+_P_Diamond_TrickyParams.reader = Diamond.TrickyParams.Reader
 _P_Diamond_TrickyResults = Diamond.TrickyResults.Builder._PLAN = _v.StructPlan("Diamond.tricky$Results", 0, 2)
+_P_Diamond_TrickyResults.reader = Diamond.TrickyResults.Reader
 _P_Left_LeftParams = Left.LeftParams.Builder._PLAN = _v.StructPlan("Left.left$Params", 0, 0)
+_P_Left_LeftParams.reader = Left.LeftParams.Reader
 _P_Left_LeftResults = Left.LeftResults.Builder._PLAN = _v.StructPlan("Left.left$Results", 0, 1)
+_P_Left_LeftResults.reader = Left.LeftResults.Reader
 _P_Right_RightParams = Right.RightParams.Builder._PLAN = _v.StructPlan("Right.right$Params", 0, 0)
+_P_Right_RightParams.reader = Right.RightParams.Reader
 _P_Right_RightResults = Right.RightResults.Builder._PLAN = _v.StructPlan("Right.right$Results", 0, 1)
+_P_Right_RightResults.reader = Right.RightResults.Reader
 _P_Shapes_Square = Shapes.Square.Builder._PLAN = _v.StructPlan("Shapes.square", 3, 3, -1, True)
+_P_Shapes_Square.reader = Shapes.Square.Reader
 _P_Shapes_Style = Shapes.Style.Builder._PLAN = _v.StructPlan("Shapes.style", 3, 3, -1, True)
+_P_Shapes_Style.reader = Shapes.Style.Reader
 _P_Shop_BuyParams = Shop.BuyParams.Builder._PLAN = _v.StructPlan("Shop.buy$Params", 1, 1)
+_P_Shop_BuyParams.reader = Shop.BuyParams.Reader
 _P_Shop_BuyResults = Shop.BuyResults.Builder._PLAN = _v.StructPlan("Shop.buy$Results", 1, 1)
+_P_Shop_BuyResults.reader = Shop.BuyResults.Reader
 _P_Shop_ListParams = Shop.ListParams.Builder._PLAN = _v.StructPlan("Shop.list$Params", 0, 0)
+_P_Shop_ListParams.reader = Shop.ListParams.Reader
 _P_Shop_ListResults = Shop.ListResults.Builder._PLAN = _v.StructPlan("Shop.list$Results", 0, 1)
+_P_Shop_ListResults.reader = Shop.ListResults.Reader
 _P_Shop_PeekParams = Shop.PeekParams.Builder._PLAN = _v.StructPlan("Shop.peek$Params", 0, 1)
+_P_Shop_PeekParams.reader = Shop.PeekParams.Reader
 _P_Shop_PeekResults = Shop.PeekResults.Builder._PLAN = _v.StructPlan("Shop.peek$Results", 0, 0)
+_P_Shop_PeekResults.reader = Shop.PeekResults.Reader
 _P_Store_GetParams = Store.GetParams.Builder._PLAN = _v.StructPlan("Store.get$Params", 0, 0)
+_P_Store_GetParams.reader = Store.GetParams.Reader
 _P_Store_GetResults = Store.GetResults.Builder._PLAN = _v.StructPlan("Store.get$Results", 0, 2)
+_P_Store_GetResults.reader = Store.GetResults.Reader
 _P_Store_PutParams = Store.PutParams.Builder._PLAN = _v.StructPlan("Store.put$Params", 0, 1)
+_P_Store_PutParams.reader = Store.PutParams.Reader
 _P_Store_PutResults = Store.PutResults.Builder._PLAN = _v.StructPlan("Store.put$Results", 0, 0)
+_P_Store_PutResults.reader = Store.PutResults.Reader
 _P_TextStore_SizeParams = TextStore.SizeParams.Builder._PLAN = _v.StructPlan("TextStore.size$Params", 0, 0)
+_P_TextStore_SizeParams.reader = TextStore.SizeParams.Reader
 _P_TextStore_SizeResults = TextStore.SizeResults.Builder._PLAN = _v.StructPlan("TextStore.size$Results", 1, 0)
+_P_TextStore_SizeResults.reader = TextStore.SizeResults.Reader
 _P_Tree_Reader_ = Tree.Reader_.Builder._PLAN = _v.StructPlan("Tree.Reader", 1, 0)
+_P_Tree_Reader_.reader = Tree.Reader_.Reader
 _P_Shapes_Style_Fill = Shapes.Style.Fill.Builder._PLAN = _v.StructPlan("Shapes.style.fill", 3, 3, 12, True)
+_P_Shapes_Style_Fill.reader = Shapes.Style.Fill.Reader
 _P_Shapes_Style_Fill_Gradient = Shapes.Style.Fill.Gradient.Builder._PLAN = _v.StructPlan("Shapes.style.fill.gradient", 3, 3, -1, True)
+_P_Shapes_Style_Fill_Gradient.reader = Shapes.Style.Fill.Gradient.Reader
 _P_Box_Text = Box_Text.Builder._PLAN = _v.StructPlan("Box_Text", 0, 3)
+_P_Box_Text.reader = Box_Text.Reader
 _P_Box_List_Int32 = Box_List_Int32.Builder._PLAN = _v.StructPlan("Box_List_Int32", 0, 3)
+_P_Box_List_Int32.reader = Box_List_Int32.Reader
 _P_Box_Tree = Box_Tree.Builder._PLAN = _v.StructPlan("Box_Tree", 0, 3)
+_P_Box_Tree.reader = Box_Tree.Reader
 _P_Box_Shop = Box_Shop.Builder._PLAN = _v.StructPlan("Box_Shop", 0, 3)
+_P_Box_Shop.reader = Box_Shop.Reader
 _P_Pair_Text_Box_Text = Pair_Text_Box_Text.Builder._PLAN = _v.StructPlan("Pair_Text_Box_Text", 0, 2)
+_P_Pair_Text_Box_Text.reader = Pair_Text_Box_Text.Reader
 _P_Store_Text_PutParams = Store_Text.PutParams.Builder._PLAN = _v.StructPlan("Store_Text.put$Params", 0, 1)
+_P_Store_Text_PutParams.reader = Store_Text.PutParams.Reader
 _P_Store_Text_PutResults = Store_Text.PutResults.Builder._PLAN = _v.StructPlan("Store_Text.put$Results", 0, 0)
+_P_Store_Text_PutResults.reader = Store_Text.PutResults.Reader
 _P_Store_Text_GetParams = Store_Text.GetParams.Builder._PLAN = _v.StructPlan("Store_Text.get$Params", 0, 0)
+_P_Store_Text_GetParams.reader = Store_Text.GetParams.Reader
 _P_Store_Text_GetResults = Store_Text.GetResults.Builder._PLAN = _v.StructPlan("Store_Text.get$Results", 0, 2)
+_P_Store_Text_GetResults.reader = Store_Text.GetResults.Reader
 _P_Anything.add(
     _v.any_pointer("pointer", 0),
     _v.any_pointer("anyStruct", 1),
@@ -6019,12 +6792,12 @@ _P_Defaults.add(
     _v.integer("u64", "UInt64", 24, 8, False, xor=0xf9ccd8a1c5080000),
     _v.floating("f32", "Float32", 32, 4, xor=0x3fc00000),
     _v.floating("f64", "Float64", 40, 8, xor=0xc002000000000000),
-    _v.enumeration("color", "Color", 36, ('red', 'green', 'blue'), xor=2),
-    _v.text("text", 0),
-    _v.data("data", 1),
+    _v.enumeration("color", "Color", 36, ('red', 'green', 'blue'), xor=2, members=_E_Color),
+    _v.text("text", 0, defaulted=True),
+    _v.data("data", 1, defaulted=True),
     _v.struct("numbers", 2, _P_Numbers, default=_r.default_struct(Numbers.Reader, _D_Defaults_numbers).to_dict()),
-    _v.list_("list", 3, _v.of_integer("Int16", 2, True)),
-    _v.list_("texts", 4, _v.of_text()),
+    _v.list_("list", 3, _v.of_integer("Int16", 2, True), defaulted=True),
+    _v.list_("texts", 4, _v.of_text(), defaulted=True),
 )
 _P_Keywords.add(
     _v.integer("return", "Int32", 0, 4, True, key="return_"),
@@ -6066,7 +6839,7 @@ _P_Numbers.add(
     _v.integer("u64", "UInt64", 24, 8, False),
     _v.floating("f32", "Float32", 32, 4),
     _v.floating("f64", "Float64", 40, 8),
-    _v.enumeration("color", "Color", 36, ('red', 'green', 'blue')),
+    _v.enumeration("color", "Color", 36, ('red', 'green', 'blue'), members=_E_Color),
     _v.boolean("b2", 1, False),
     _v.void("v"),
 )
@@ -6114,7 +6887,7 @@ _P_Shapes_Square.add(
     _v.text("label", 1),
 )
 _P_Shapes_Style.add(
-    _v.enumeration("color", "Color", 10, ('red', 'green', 'blue')),
+    _v.enumeration("color", "Color", 10, ('red', 'green', 'blue'), members=_E_Color),
     _v.group("fill", _P_Shapes_Style_Fill),
 )
 _P_Shop_BuyParams.add(
@@ -6150,8 +6923,8 @@ _P_Shapes_Style_Fill.add(
     _v.group("gradient", _P_Shapes_Style_Fill_Gradient, disc=2),
 )
 _P_Shapes_Style_Fill_Gradient.add(
-    _v.enumeration("from", "Color", 14, ('red', 'green', 'blue'), key="from_"),
-    _v.enumeration("to", "Color", 16, ('red', 'green', 'blue')),
+    _v.enumeration("from", "Color", 14, ('red', 'green', 'blue'), key="from_", members=_E_Color),
+    _v.enumeration("to", "Color", 16, ('red', 'green', 'blue'), members=_E_Color),
 )
 _P_Box_Text.add(
     _v.text("value", 0),

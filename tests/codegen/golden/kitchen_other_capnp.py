@@ -10,13 +10,14 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Never, TypeAlias, TypedDict, Unpack
 
 from capsvc.codec import building as _b
 from capsvc.codec import descriptors as _d
 from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
+from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -62,6 +63,8 @@ class Thing:
         tag: str | None
 
         kind: int | str
+
+    Row: TypeAlias = "tuple[int, str, Thing.Kind]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -150,6 +153,22 @@ class Thing:
         return _e.new_message(Thing.Builder, _P_Thing, [id, tag, kind], _unknown)
 
     @staticmethod
+    def row(reader: Thing.Reader | Thing.Builder) -> Thing.Row:
+        """Every field at once, as a tuple in schema order (a union member not set
+        is None): what ``from_row``, and any field of this type, take back."""
+        return _w.struct_row(reader, _P_Thing)
+
+    @staticmethod
+    def from_row(row: Thing.Row) -> Thing.Builder:
+        """A new message whose root is a Thing holding ``row``."""
+        return _e.new_message_row(Thing.Builder, _P_Thing, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Thing.Reader]) -> list[Thing.Row]:
+        """Every element of a list of Thing as a row, in one call."""
+        return _w.list_rows(readers, _P_Thing)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -179,8 +198,9 @@ Thing.Reader.kind.bind(Thing.Kind, _E_Thing_Kind)
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_Thing = Thing.Builder._PLAN = _v.StructPlan("Thing", 2, 1)
+_P_Thing.reader = Thing.Reader
 _P_Thing.add(
     _v.integer("id", "UInt64", 0, 8, False),
     _v.text("tag", 0),
-    _v.enumeration("kind", "Thing.Kind", 8, ('small', 'large')),
+    _v.enumeration("kind", "Thing.Kind", 8, ('small', 'large'), members=_E_Thing_Kind),
 )

@@ -1,0 +1,411 @@
+"""Whole structs as tuples: the ``row`` and ``rows`` of generated code.
+
+Theory of operation
+-------------------
+A *row* is a struct read all at once into a tuple of its fields' values, in schema order
+(a struct's ``StructPlan.order``, what ``new_message`` and ``assign`` take too): numbers,
+bools, enum members, ``str`` for Text, ``bytes`` for Data, a row for a struct or group
+field (None for a null struct pointer: rows are read eagerly, and a struct that holds
+itself would otherwise never end), a Python ``list`` for a List field (of rows, for a
+list of structs). A union member that is not set reads as None, and a Void member that
+is set as True. Generated
+``T.row(reader)`` and ``T.rows(list_reader)`` call it, and the generated encoder takes a
+row wherever it takes a dict of a struct's fields, so a row read is a row written.
+
+Why: reading a struct a field at a time costs a Python attribute access per field (about
+20 ns each, and a reader object per nested struct); a row is one compiled call per
+message that walks the plan the generator made (capsvc.codec.plans) and reads every
+field at its offset, much as msgpack's ``unpackb`` makes a tuple in one call.
+
+The rules of the readers hold (capsvc.codec.reading): every pointer is resolved and
+bounds-checked there (``read_text``, ``_resolve``, ``_open_list``), each object is charged
+to the message's traversal budget before it is read, the nesting limit is counted the
+same way, and a struct from an older writer (a shorter data section) reads its missing
+fields as their defaults from a zero-padded copy. What this module does not read
+natively (pointer fields with schema defaults, lists of anything but structs,
+capabilities, AnyPointers, float defaults, enum codes the schema does not know) it reads
+through the generated reader's own field, so a row always equals the reader's values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from librt.strings import read_f32_le, read_f64_le, read_i16_le, read_i32_le, read_i64_le
+
+from capsvc._mypyc import i64
+from capsvc.codec.plans import (
+    BOOL,
+    DATA,
+    ENUM,
+    FLOAT,
+    GROUP,
+    INT,
+    LIST,
+    STRUCT,
+    TEXT,
+    VOID,
+    FieldPlan,
+    ListPlan,
+    StructPlan,
+)
+from capsvc.codec.reading import (
+    ListReader,
+    MessageReader,
+    StructList,
+    StructReader,
+    _open_list,
+    _resolve,
+    read_data,
+    read_text,
+)
+from capsvc.errors import DecodeError
+
+__all__ = ["list_rows", "struct_row"]
+
+_WORD: Final = 1 << 64
+_COMPOSITE: Final = 7
+
+
+# ---------------------------------------------------------------------- entry points
+def struct_row(reader: object, plan: StructPlan) -> tuple[Any, ...]:
+    """The row of ``reader`` (a generated reader of ``plan``'s struct, or a builder)."""
+    if not isinstance(reader, StructReader):
+        as_reader = getattr(reader, "as_reader", None)
+        if as_reader is None:
+            raise TypeError(f"{plan.name}.row() takes a {plan.name} reader or builder")
+        reader = as_reader()
+        if not isinstance(reader, StructReader):
+            raise TypeError(f"{plan.name}.row() takes a {plan.name} reader or builder")
+    return _row(
+        reader._msg,
+        reader._si,
+        reader._seg,
+        reader._data,
+        reader._ptr,
+        reader._pend,
+        plan,
+        reader._depth,
+    )
+
+
+def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
+    """The rows of a list of ``plan``'s structs (a generated list reader)."""
+    if not isinstance(elements, StructList):
+        if isinstance(elements, ListReader) or not hasattr(elements, "__iter__"):
+            raise TypeError(f"{plan.name}.rows() takes a list of {plan.name} readers")
+        return [struct_row(item, plan) for item in elements]  # type: ignore[attr-defined,unused-ignore]
+    words = elements._words
+    if not words or not elements._count:
+        return [struct_row(item, plan) for item in elements]
+    return _element_rows(
+        elements._msg,
+        elements._si,
+        elements._start,
+        elements._count,
+        words,
+        elements._dw,
+        elements._pc,
+        plan,
+        elements._depth,
+    )
+
+
+# ---------------------------------------------------------------------- structs
+def _row(
+    msg: MessageReader,
+    si: int,
+    seg: bytes,
+    data: int,
+    ptr: int,
+    pend: int,
+    plan: StructPlan,
+    depth: int,
+) -> tuple[Any, ...]:
+    """The row of the struct whose data section is at byte ``data`` of ``seg`` (at least
+    the schema's size: a padded copy if the writer's was shorter) and whose pointers are
+    words ``ptr`` to ``pend`` of segment ``si``; ``depth`` is the nesting left below it."""
+    level = plan.scratch_level  # rows of this struct type being read further up
+    scratch = plan.scratch
+    if level == len(scratch):  # (at most the nesting limit deep)
+        scratch.append([None] * len(plan.order))
+    values = scratch[level]
+    plan.scratch_level = level + 1
+    try:
+        return _gather(msg, si, seg, data, ptr, pend, plan, depth, values)
+    finally:
+        for index in range(len(values)):
+            values[index] = None  # what the row holds is the caller's, not the plan's
+        plan.scratch_level = level
+
+
+def _gather(
+    msg: MessageReader,
+    si: int,
+    seg: bytes,
+    data: int,
+    ptr: int,
+    pend: int,
+    plan: StructPlan,
+    depth: int,
+    values: list[Any],
+) -> tuple[Any, ...]:
+    """``_row`` into ``values`` (one slot per field), then as a tuple."""
+    disc = -1
+    if plan.disc_at >= 0:
+        disc = int(read_i16_le(seg, data + plan.disc_at)) & 0xFFFF
+    index: i64 = -1
+    for field in plan.order:
+        index += 1
+        if field.disc >= 0 and field.disc != disc:
+            continue  # a union member not set: None
+        kind = field.kind
+        if kind == INT:
+            values[index] = _integer(seg, data + field.offset, field)
+        elif kind == BOOL:
+            bit = field.offset
+            values[index] = (seg[data + (bit >> 3)] >> (bit & 7) & 1) != field.xor
+        elif kind == FLOAT and not field.xor:
+            if field.width == 4:
+                values[index] = read_f32_le(seg, data + field.offset)
+            else:
+                values[index] = read_f64_le(seg, data + field.offset)
+        elif kind == ENUM:
+            code = (int(read_i16_le(seg, data + field.offset)) & 0xFFFF) ^ field.xor
+            members = field.enum_members
+            if code < len(members):
+                values[index] = members[code]
+            else:
+                values[index] = _via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)
+        elif field.row_via_reader:
+            values[index] = _via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)
+        elif kind == TEXT:
+            w = ptr + field.offset
+            values[index] = read_text(msg, si, w if w < pend else -1, "")
+        elif kind == STRUCT:
+            w = ptr + field.offset
+            target = field.target
+            assert target is not None
+            values[index] = _struct_field(msg, si, w if w < pend else -1, target, depth)
+        elif kind == LIST:
+            w = ptr + field.offset
+            values[index] = (
+                _list_field(msg, si, w if w < pend else -1, field, depth)
+                if _is_struct_list(field)
+                else _via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)
+            )
+        elif kind == GROUP:
+            target = field.target
+            assert target is not None
+            values[index] = _row(msg, si, seg, data, ptr, pend, target, depth)
+        elif kind == DATA:
+            w = ptr + field.offset
+            values[index] = read_data(msg, si, w if w < pend else -1, b"")
+        elif kind == VOID:
+            values[index] = True if field.disc >= 0 else None
+        else:  # capabilities, AnyPointers, float defaults
+            values[index] = _via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)
+    return tuple(values)
+
+
+def _integer(seg: bytes, at: int, field: FieldPlan) -> int:
+    width = field.width
+    value: int
+    if width == 1:
+        value = seg[at]
+        if field.signed and value >= 128:
+            value -= 256
+    elif width == 2:
+        value = read_i16_le(seg, at)
+        if not field.signed:
+            value &= 0xFFFF
+    elif width == 4:
+        value = read_i32_le(seg, at)
+        if not field.signed:
+            value &= 0xFFFFFFFF
+    else:
+        word = read_i64_le(seg, at)
+        value = int(word) if field.signed or word >= 0 else int(word) + _WORD
+    return value ^ field.xor if field.xor else value
+
+
+def _sections(
+    msg: MessageReader, si: int, start: int, data_words: int, plan: StructPlan
+) -> tuple[bytes, int]:
+    """The bytes holding a struct's data section, and where in them it starts: the
+    segment itself, or a zero-padded copy when the writer's section is shorter."""
+    seg = msg.segments[si]
+    if data_words >= plan.data_words:
+        return seg, start << 3
+    padded = bytes(seg[start << 3 : (start + data_words) << 3])
+    return padded + bytes((plan.data_words - data_words) << 3), 0
+
+
+def _struct_field(
+    msg: MessageReader, si: int, w: int, plan: StructPlan, depth: int
+) -> tuple[Any, ...] | None:
+    """The row of the struct the pointer at (``si``, ``w``) leads to; None for a null
+    pointer (or ``w`` < 0, an absent slot). Not a row of defaults, as a reader's field
+    gives: rows are read eagerly, and a struct that holds itself would never end."""
+    if w >= 0:
+        near = read_i64_le(msg.segments[si], w << 3)
+        if near & 3 == 0 and near != 0 and depth > 0:
+            # The common case, inline: a near struct pointer within bounds and budget.
+            data_words = (near >> 32) & 0xFFFF
+            pointers = (near >> 48) & 0xFFFF
+            start = w + 1 + ((((near & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
+            size = data_words + pointers
+            budget = msg.budget - (size or 1)
+            if start >= 0 and start + size <= msg.sizes[si] and budget >= 0:
+                msg.budget = budget
+                seg, data = _sections(msg, si, start, data_words, plan)
+                ptr = start + data_words
+                return _row(msg, si, seg, data, ptr, ptr + pointers, plan, depth - 1)
+    found = _resolve(msg, si, w) if w >= 0 else None
+    if found is None:
+        return None
+    si, position, word = found
+    if word & 3 != 0:
+        raise DecodeError(f"expected a struct pointer ({plan.name}), found another kind")
+    if depth <= 0:
+        raise DecodeError("message exceeds the nesting limit")
+    data_words = (word >> 32) & 0xFFFF
+    pointers = word >> 48
+    start = position + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
+    if start < 0 or start + data_words + pointers > msg.sizes[si]:
+        raise DecodeError("struct pointer out of bounds")
+    msg.charge(data_words + pointers)
+    seg, data = _sections(msg, si, start, data_words, plan)
+    ptr = start + data_words
+    return _row(msg, si, seg, data, ptr, ptr + pointers, plan, depth - 1)
+
+
+# ---------------------------------------------------------------------- lists
+def _is_struct_list(field: FieldPlan) -> bool:
+    element = field.list
+    return element is not None and element.kind == STRUCT
+
+
+def _list_field(
+    msg: MessageReader, si: int, w: int, field: FieldPlan, depth: int
+) -> list[tuple[Any, ...]]:
+    """The rows of the list of structs the pointer at (``si``, ``w``) leads to."""
+    element = field.list
+    assert element is not None
+    plan = element.target
+    assert plan is not None
+    if w < 0:
+        return []
+    segment = msg.segments[si]
+    word = read_i64_le(segment, w << 3)  # signed: mask what a shift brings
+    if word & 3 == 1 and (word >> 32) & 7 == _COMPOSITE and depth > 0:
+        # The common case, inline (no list shape made): a near composite list of
+        # non-empty structs within bounds and budget. Anything else takes the general
+        # path, which names what is wrong.
+        total = (word >> 35) & 0x1FFFFFFF
+        start = w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
+        if start >= 0 and start + 1 + total <= msg.sizes[si]:
+            tag = read_i64_le(segment, start << 3)
+            count = (tag & 0xFFFFFFFF) >> 2
+            data_words = (tag >> 32) & 0xFFFF
+            pointers = (tag >> 48) & 0xFFFF
+            size = data_words + pointers
+            budget = msg.budget - count * size
+            if not tag & 3 and size and count * size <= total and budget >= 0:
+                msg.budget = budget
+                return _element_rows(
+                    msg, si, start + 1, count, size, data_words, pointers, plan, depth - 1
+                )
+    shape = _open_list(msg, si, w, depth)  # bounds, budget and nesting checked there
+    if shape is None or shape.count == 0:
+        return []
+    if shape.code == 1:
+        raise DecodeError(f"expected a list of {plan.name}, found a list of Bool")
+    words = shape.step_bits >> 6
+    if words == 0:  # sub-word elements (an upgraded primitive list): one padded copy each
+        seg = msg.segments[shape.si]
+        step = shape.step_bits >> 3
+        rows: list[tuple[Any, ...]] = []
+        for index in range(shape.count):
+            first = (shape.start << 3) + index * step
+            padded = bytes(seg[first : first + step]) + bytes(plan.data_words << 3)
+            rows.append(_row(msg, shape.si, padded, 0, 0, 0, plan, depth - 1))
+        return rows
+    return _element_rows(
+        msg,
+        shape.si,
+        shape.start,
+        shape.count,
+        words,
+        shape.data_words,
+        shape.pointers,
+        plan,
+        depth - 1,
+    )
+
+
+def _element_rows(
+    msg: MessageReader,
+    si: int,
+    start: int,
+    count: int,
+    words: int,
+    data_words: int,
+    pointers: int,
+    plan: StructPlan,
+    depth: int,
+) -> list[tuple[Any, ...]]:
+    """The rows of ``count`` elements of ``words`` words each from word ``start`` of
+    segment ``si`` (already bounds-checked and charged as one list)."""
+    rows: list[tuple[Any, ...]] = []
+    if data_words >= plan.data_words:
+        seg = msg.segments[si]
+        for at in range(start, start + count * words, words):
+            ptr = at + data_words
+            rows.append(_row(msg, si, seg, at << 3, ptr, ptr + pointers, plan, depth))
+        return rows
+    for at in range(start, start + count * words, words):
+        seg, data = _sections(msg, si, at, data_words, plan)
+        ptr = at + data_words
+        rows.append(_row(msg, si, seg, data, ptr, ptr + pointers, plan, depth))
+    return rows
+
+
+# ---------------------------------------------------------------------- the reader's way
+def _via_reader(
+    msg: MessageReader,
+    si: int,
+    seg: bytes,
+    data: int,
+    ptr: int,
+    pend: int,
+    plan: StructPlan,
+    depth: int,
+    field: FieldPlan,
+) -> Any:
+    """``field`` read through the generated reader of its struct, as a row value."""
+    cls = plan.reader
+    if cls is None:
+        raise TypeError(f"{plan.name} has no reader class (regenerate its module)")
+    reader = cls()
+    assert isinstance(reader, StructReader)
+    reader._msg = msg
+    reader._si = si
+    reader._seg = seg
+    reader._data = data
+    reader._ptr = ptr
+    reader._pend = pend
+    reader._depth = depth
+    return _row_value(getattr(reader, field.key), field.kind, field.target, field.list)
+
+
+def _row_value(
+    value: object, kind: int, target: StructPlan | None, element: ListPlan | None
+) -> Any:
+    """A reader's value of a field (or list element) as a row holds it."""
+    if kind == STRUCT and target is not None:
+        return struct_row(value, target)
+    if kind == LIST and element is not None:
+        assert isinstance(value, ListReader)
+        return [_row_value(item, element.kind, element.target, element.element) for item in value]
+    return value

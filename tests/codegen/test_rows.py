@@ -1,0 +1,303 @@
+"""Rows: whole structs as tuples (``T.row``, ``T.rows``, ``T.from_row``; capsvc.codec.rows).
+
+A row must hold what the generated reader's fields hold, for every type kind of
+tests/schemas/kitchen.capnp (pycapnp builds the messages, also spread over one-word
+segments: far pointers everywhere), for older and newer struct layouts, and for hostile
+messages (the same values, or the reader's ``DecodeError``). A row written back with
+``from_row`` must read back equal in pycapnp, the C++ reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import struct
+import sys
+from types import ModuleType
+from typing import Any
+
+import capnp
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from capsvc.codec.plans import GROUP, LIST, STRUCT, VOID, StructPlan
+from capsvc.codec.reading import AnyPointer, StructReader
+from capsvc.codegen import schema_of_paths, sources, write
+from capsvc.errors import DecodeError
+from tests.codegen.conftest import SCHEMAS, Generated
+from tests.codegen.test_hostile import _WORDS, seeds, seg
+from tests.codegen.test_roundtrip import (
+    STRUCTS,
+    _reference_root,
+    generated_type,
+    new_reference,
+    reference_type,
+    spread,
+)
+from tests.codegen.values import struct_named, values
+
+__all__ = ["seeds"]  # the fixture, shared with test_hostile
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+# ---------------------------------------------------------------------- the reference
+def reference_row(reader: StructReader, plan: StructPlan) -> tuple[Any, ...]:
+    """What a row must hold, a field at a time through the generated reader's own
+    properties (union members by ``which()``), in the plan's (schema) order."""
+    which = reader.which() if plan.disc_at >= 0 else None
+    out: list[Any] = []
+    for field in plan.order:
+        if field.disc >= 0 and which != field.name:
+            out.append(None)
+        elif field.kind == VOID:
+            out.append(True if field.disc >= 0 else None)
+        elif field.kind == STRUCT and field.default is None and not reader._has(field.offset):
+            out.append(None)  # a null struct pointer
+        else:
+            out.append(_reference_value(getattr(reader, field.key), field.kind, field))
+    return tuple(out)
+
+
+def _reference_value(value: Any, kind: int, plan: Any) -> Any:
+    """``plan``: the field's (a FieldPlan) or the list element's (a ListPlan)."""
+    if kind in (STRUCT, GROUP):
+        return reference_row(value, plan.target)
+    if kind == LIST:
+        element = plan.list if hasattr(plan, "list") else plan.element
+        return [_reference_value(item, element.kind, element) for item in value]
+    return value
+
+
+def comparable(value: Any) -> Any:
+    """Rows with their AnyPointers as (null?) and their capabilities as their type, so
+    that two reads of one message compare equal."""
+    if isinstance(value, tuple | list):
+        return [comparable(item) for item in value]
+    if isinstance(value, AnyPointer):
+        try:
+            return ("AnyPointer", value.is_null)
+        except DecodeError:  # a view: a hostile pointer is found out when it is used
+            return ("AnyPointer", "refused")
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"  # (a NaN equals nothing; a mutated word may read as one)
+    if hasattr(value, "_capsvc_hook"):
+        return ("capability", type(value).__qualname__)
+    return value
+
+
+def plan_of(kind: Any) -> StructPlan:
+    plan: StructPlan = kind.Builder._PLAN
+    return plan
+
+
+# ---------------------------------------------------------------------- every type kind
+@pytest.mark.parametrize(("scope", "file_index"), STRUCTS)
+def test_rows_hold_what_readers_read(generated: Generated, scope: str, file_index: int) -> None:
+    """pycapnp builds, a row reads: the reader's values, also with far pointers."""
+    struct_ = struct_named(generated.schema, scope, file_index)
+    ours = generated_type(generated, scope, file_index)
+    reference = reference_type(generated, scope, file_index)
+
+    @SETTINGS
+    @given(values(generated.schema, struct_), st.booleans())
+    def check(data: dict[str, Any], far: bool) -> None:
+        message = new_reference(reference, data)
+        segments = spread(message) if far else [bytes(s) for s in message.to_segments()]
+        row = ours.row(ours.Reader.read(segments))
+        expected = reference_row(ours.Reader.read(segments), plan_of(ours))
+        assert comparable(row) == comparable(expected)
+
+    check()
+
+
+@pytest.mark.parametrize(("scope", "file_index"), STRUCTS)
+def test_a_row_written_back_reads_equal_in_pycapnp(
+    generated: Generated, scope: str, file_index: int
+) -> None:
+    """``from_row(row(message))``: pycapnp (C++) reads it and copies it (a deep copy that
+    checks every pointer) into a message whose row is the original's. (Not ``to_dict``:
+    a row reads a null Text or List as empty and writes it back so, and writes a pointer
+    field's schema default out, both of which ``to_dict`` then shows.)"""
+    struct_ = struct_named(generated.schema, scope, file_index)
+    ours = generated_type(generated, scope, file_index)
+    reference = reference_type(generated, scope, file_index)
+
+    @SETTINGS
+    @given(values(generated.schema, struct_))
+    def check(data: dict[str, Any]) -> None:
+        message = new_reference(reference, data)
+        row = ours.row(ours.Reader.read([bytes(s) for s in message.to_segments()]))
+        if any(isinstance(item, AnyPointer) for item in _flatten(row)):
+            return  # an AnyPointer field reads as a view: it is not a value to write
+        built = ours.from_row(row)
+        assert comparable(ours.row(built)) == comparable(row)
+        if any(hasattr(item, "_capsvc_hook") for item in _flatten(row)):
+            return  # C++ cannot copy capabilities without the cap table of a connection
+        segments = [bytes(s) for s in built.to_segments()]
+        root = _reference_root(reference, segments)
+        copy = capnp._MallocMessageBuilder()
+        copy.set_root(root)
+        copied = [bytes(s) for s in copy.get_segments_for_output()]
+        assert comparable(ours.row(ours.Reader.read(copied))) == comparable(row)
+
+    check()
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, tuple | list):
+        return [leaf for item in value for leaf in _flatten(item)]
+    return [value]
+
+
+def test_rows_of_a_list(generated: Generated) -> None:
+    k = generated.kitchen
+    lot = k.Lists.new_message(structs=[{"i32": n, "color": "green"} for n in range(70)])
+    reader = lot.as_reader()
+    rows = k.Numbers.rows(reader.structs)
+    assert len(rows) == 70
+    assert rows == [reference_row(item, plan_of(k.Numbers)) for item in reader.structs]
+    assert [row[3] for row in rows] == list(range(70))  # i32, the fourth field
+
+
+def test_defaults_and_unions(generated: Generated) -> None:
+    """Null pointers read as the schema's defaults; a union member not set is None and
+    a Void member set is True; a row with None leaves a field at its default."""
+    k = generated.kitchen
+    row = k.Defaults.row(k.Defaults.new_message())
+    assert row == reference_row(k.Defaults.new_message().as_reader(), plan_of(k.Defaults))
+    assert row[12:14] == ("hello", b"\x01\x02\xfe")
+    assert row[15] == [1, -2, 3]
+    assert row[16] == ["a", "bc"]
+    shapes = k.Shapes.new_message(nothing=None)
+    shape_row = k.Shapes.row(shapes)
+    assert shape_row == reference_row(shapes.as_reader(), plan_of(k.Shapes))
+    keys = plan_of(k.Shapes).keys
+    assert [key for key, value in zip(keys, shape_row, strict=True) if value is True] == ["nothing"]
+    again = k.Shapes.from_row(shape_row)
+    assert again.as_reader().which() == "nothing"
+    assert k.Defaults.row(k.Defaults.from_row((None,) * len(row))) == row
+
+
+def test_a_struct_that_holds_itself(generated: Generated) -> None:
+    """A tree as deep as the nesting limit allows reads; one level more is refused."""
+    k = generated.kitchen
+    node: dict[str, Any] = {"value": 0}
+    for value in range(1, 40):
+        node = {"value": value, "left": node, "children": [{"value": -value}]}
+    message = k.Tree.new_message(**node)
+    segments = [bytes(s) for s in message.to_segments()]
+    row = k.Tree.row(k.Tree.Reader.read(segments))
+    expected = reference_row(k.Tree.Reader.read(segments), plan_of(k.Tree))
+    assert comparable(row) == comparable(expected)
+    depth, walk = 0, row
+    while walk[2] is not None:  # left, down to the leaf
+        depth, walk = depth + 1, walk[2]
+    assert (depth, walk[0]) == (39, 0)
+    with pytest.raises(DecodeError, match="nesting limit"):
+        k.Tree.row(k.Tree.Reader.read(segments, nesting_limit=20))
+    # Nothing of the refused read stays in the plan's scratch lists.
+    for plan in (plan_of(k.Tree), plan_of(generated.other.Thing)):
+        assert plan.scratch_level == 0
+        assert all(item is None for scratch in plan.scratch for item in scratch)
+
+
+def test_rows_keep_nothing_alive(generated: Generated) -> None:
+    k = generated.kitchen
+    row = k.Tree.row(k.Tree.new_message(value=1, other={"id": 2, "tag": "x" * 1000}))
+    assert row[3][1] == "x" * 1000
+    assert all(item is None for scratch in plan_of(k.Tree).scratch for item in scratch)
+
+
+def test_rows_as_values_are_checked(generated: Generated) -> None:
+    k = generated.kitchen
+    with pytest.raises(TypeError, match=r"a Numbers row holds 14 values \(b, i8, .*\), not 2"):
+        k.Lists.new_message(structs=[(1, 2)])
+    with pytest.raises(TypeError, match=r"Numbers\.i8: expected an int \(Int8\), got str"):
+        k.Numbers.from_row((None, "x") + (None,) * 12)
+    with pytest.raises(TypeError, match="a Numbers row"):
+        k.Numbers.from_row([None] * 14)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Numbers\.row\(\) takes a Numbers reader"):
+        k.Numbers.row(object())  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- evolution
+@pytest.fixture(scope="module")
+def evolution(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, ModuleType]:
+    directory = str(tmp_path_factory.mktemp("rows-evolution"))
+    for name in ("evolution_v1.capnp", "evolution_v2.capnp"):
+        write(sources(schema_of_paths([os.path.join(SCHEMAS, name)])), directory)
+    sys.path.insert(0, directory)
+    try:
+        return (
+            importlib.import_module("evolution_v1_capnp"),
+            importlib.import_module("evolution_v2_capnp"),
+        )
+    finally:
+        sys.path.remove(directory)
+
+
+def test_older_and_newer_layouts(evolution: tuple[ModuleType, ModuleType]) -> None:
+    """A v1 message read as v2 (shorter structs: defaults; a List(Int32) and a List(Text)
+    upgraded to structs) and a v2 message read as v1 (longer structs)."""
+    v1, v2 = evolution
+    old = v1.Record.new_message(
+        id=7, name="seven", values=[1, -2], child={"id": 8, "child": {"id": 9}},
+        words=["alpha", ""], things=[{"x": 10}, {"x": -11}],
+    )  # fmt: skip
+    segments = [bytes(s) for s in old.to_segments()]
+    row = v2.Record.row(v2.Record.Reader.read(segments))
+    assert row == reference_row(v2.Record.Reader.read(segments), plan_of(v2.Record))
+    new = v2.Record.from_row(row)
+    back = v1.Record.row(v1.Record.Reader.read([bytes(s) for s in new.to_segments()]))
+    assert back == v1.Record.row(old)
+
+
+# ---------------------------------------------------------------------- hostile input
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_mutated_messages_read_as_the_reader_reads_them(
+    generated: Generated, seeds: list[tuple[str, list[bytes]]], data: st.DataObject
+) -> None:
+    """Words of a valid message replaced: the row equals the reader's values, or both
+    refuse the message with DecodeError."""
+    name, original = data.draw(st.sampled_from(seeds))
+    segments = [bytearray(segment) for segment in original]
+    for _ in range(data.draw(st.integers(1, 4))):
+        si = data.draw(st.integers(0, len(segments) - 1))
+        words = len(segments[si]) >> 3
+        if words:
+            at = data.draw(st.integers(0, words - 1)) << 3
+            segments[si][at : at + 8] = struct.pack("<Q", data.draw(_WORDS))
+    kind = getattr(generated.kitchen, name)
+    frozen = [bytes(segment) for segment in segments]
+    _same_outcome(kind, frozen)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    name=st.sampled_from(["Tree", "Lists", "Defaults", "Shapes", "Keywords"]),
+    segments=st.lists(
+        st.lists(_WORDS, max_size=24).map(lambda words: seg(*words)), min_size=1, max_size=4
+    ),
+)
+def test_random_words_read_as_the_reader_reads_them(
+    generated: Generated, name: str, segments: list[bytes]
+) -> None:
+    _same_outcome(getattr(generated.kitchen, name), segments)
+
+
+def _same_outcome(kind: Any, segments: list[bytes]) -> None:
+    limit = 1 << 12
+    try:
+        expected = reference_row(
+            kind.Reader.read(segments, traversal_limit_words=limit), plan_of(kind)
+        )
+    except DecodeError:
+        with pytest.raises(DecodeError):
+            kind.row(kind.Reader.read(segments, traversal_limit_words=limit))
+        return
+    row = kind.row(kind.Reader.read(segments, traversal_limit_words=limit))
+    assert comparable(row) == comparable(expected)
