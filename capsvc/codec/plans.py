@@ -182,7 +182,6 @@ class StructPlan:
         "pointers",
         "reader",
         "scratch",
-        "scratch_level",
     )
 
     def __init__(
@@ -191,11 +190,11 @@ class StructPlan:
         #: The generated reader class of this struct or group (rows read the fields they
         #: do not read natively through it: capsvc.codec.rows); set by generated modules.
         self.reader: type | None = None
-        #: The lists rows of this struct are gathered in before they become tuples, one
-        #: per level of a struct that holds itself (so a row costs no list of its own:
-        #: capsvc.codec.rows), and how many rows of it are being read now.
+        #: Lists that rows of this struct are gathered in before they become tuples, free
+        #: for the taking (so a row costs no list of its own: capsvc.codec.rows). A row
+        #: takes one and gives it back emptied; rows being read at once (a struct that
+        #: holds itself, or another thread) each take their own.
         self.scratch: list[list[object]] = []
-        self.scratch_level = 0
         self.name = name
         self.data_words = data_words
         self.pointers = pointers

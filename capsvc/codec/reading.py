@@ -1054,6 +1054,19 @@ def default_any(default: Segments) -> AnyPointer:
 
 def unframe(data: bytes | bytearray | memoryview) -> list[bytes | memoryview]:
     """The segments of one message in the standard stream framing (rpc-protocol.md §1)."""
+    if type(data) is bytes and len(data) >= 8:
+        # The common case, inline: one segment, exactly as long as the table says, within
+        # the framing's message limit (capsvc.limits.Limits.max_message_words, the same
+        # 8 Mi words as the traversal limit). Anything else: the general decoder below,
+        # which names what is wrong.
+        head = read_i64_le(data, 0)
+        words = (head >> 32) & 0xFFFFFFFF
+        if (
+            head & 0xFFFFFFFF == 0
+            and len(data) == 8 + (words << 3)
+            and words <= DEFAULT_TRAVERSAL_LIMIT
+        ):
+            return [data[8:]]
     from capsvc.framing import FrameDecoder
 
     decoder = FrameDecoder()

@@ -125,18 +125,14 @@ def _row(
     """The row of the struct whose data section is at byte ``data`` of ``seg`` (at least
     the schema's size: a padded copy if the writer's was shorter) and whose pointers are
     words ``ptr`` to ``pend`` of segment ``si``; ``depth`` is the nesting left below it."""
-    level = plan.scratch_level  # rows of this struct type being read further up
-    scratch = plan.scratch
-    if level == len(scratch):  # (at most the nesting limit deep)
-        scratch.append([None] * len(plan.order))
-    values = scratch[level]
-    plan.scratch_level = level + 1
+    free = plan.scratch
+    values: list[object] = free.pop() if free else [None] * len(plan.order)
     try:
         return _gather(msg, si, seg, data, ptr, pend, plan, depth, values)
     finally:
         for index in range(len(values)):
             values[index] = None  # what the row holds is the caller's, not the plan's
-        plan.scratch_level = level
+        free.append(values)
 
 
 def _gather(
@@ -148,7 +144,7 @@ def _gather(
     pend: int,
     plan: StructPlan,
     depth: int,
-    values: list[Any],
+    values: list[object],
 ) -> tuple[Any, ...]:
     """``_row`` into ``values`` (one slot per field), then as a tuple."""
     disc = -1

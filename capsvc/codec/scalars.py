@@ -151,13 +151,16 @@ def check_float(value: object, label: str, schema_type: str, width: int) -> floa
 def check_enum(value: object, names: dict[str, int], label: str, schema_type: str) -> int:
     """An enum value: its code (an int, IntEnum members included), or its name."""
     if isinstance(value, int) and not isinstance(value, bool):
-        if not 0 <= value <= 0xFFFF:
+        # An IntEnum member as a plain int first: compiled comparisons and XORs of an int
+        # subclass take the generic (rich comparison) path, several times slower.
+        code = value if type(value) is int else int(value)
+        if not 0 <= code <= 0xFFFF:
             raise ValueError(f"{label}: {value} is not an enum code (0..65535)")
-        return value
+        return code
     if isinstance(value, str):
-        code = names.get(value)
-        if code is not None:
-            return code
+        found = names.get(value)
+        if found is not None:
+            return found
         known = ", ".join(names)
         raise ValueError(f"{label}: {schema_type} has no enumerant {value!r} ({known})")
     raise TypeError(

@@ -320,7 +320,7 @@ def _row_values(enc: _Encoder, plan: StructPlan, row: tuple[object, ...]) -> lis
             f" ({', '.join(plan.keys)}), not {len(row)}"
         )
     values = list(row)
-    for index in range(len(values)):
+    for index in range(len(values)):  # (not ``None in values``: that compares by ==)
         if values[index] is None:
             values[index] = MISSING
     return values
