@@ -29,7 +29,7 @@ of the request it received.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from bench.serialization import schemas
@@ -48,6 +48,7 @@ __all__ = [
     "car_value_of",
     "generate",
     "load_schema",
+    "tuple_car_value",
 ]
 
 REQUEST_TYPE = "ParkingLot"
@@ -239,13 +240,13 @@ class MsgpackCarsales:
                 nav,
             )
             append(car)
-            total += _msgpack_car_value(car)  # read the car back, as upstream (§2)
+            total += tuple_car_value(car)  # read the car back, as upstream (§2)
         return cars, total
 
     def handle(self, request: Any) -> int:
         total = 0
         for car in request:
-            total += _msgpack_car_value(car)
+            total += tuple_car_value(car)
         return total  # §8: TotalValue is a bare uint
 
     def check(self, response: Any, expectation: int) -> None:
@@ -253,7 +254,9 @@ class MsgpackCarsales:
             raise CheckFailed(f"carsales: total {response!r}, expected {expectation}")
 
 
-def _msgpack_car_value(car: Any) -> int:
+def tuple_car_value(car: Sequence[Any]) -> int:
+    """The value of a car given as its 18 fields in schema order (§2 "adds to value"):
+    msgpack's tuple (§8), or the capsvc format's generated ``Car.Row``."""
     (
         _make,
         _model,

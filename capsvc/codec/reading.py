@@ -349,6 +349,20 @@ def read_struct(
     msg: MessageReader, si: int, w: int, cls: type[R], depth: int, default: Segments | None
 ) -> R:
     """The struct the pointer at (``si``, ``w``) leads to (``w`` < 0: an absent slot)."""
+    si, start, data_words, pointers = locate_struct(msg, si, w, depth)
+    if si >= 0:
+        return new_reader(cls, msg, si, start, data_words, pointers, depth - 1)
+    if default is not None:
+        dmsg, dsi, dw = default_location(default)
+        return read_struct(dmsg, dsi, dw, cls, DEFAULT_NESTING_LIMIT, None)
+    return cls._empty(msg, depth)
+
+
+def locate_struct(msg: MessageReader, si: int, w: int, depth: int) -> tuple[int, int, int, int]:
+    """(segment, first word, data words, pointers) of the struct the pointer at (``si``,
+    ``w``) leads to, bounds-checked and charged to the traversal budget (a native tuple in
+    the compiled build: nothing allocated); segment -1 for a null pointer or ``w`` < 0
+    (an absent slot). ``depth`` is the nesting left: the struct is one level below."""
     if w >= 0:
         near = read_i64_le(msg.segments[si], w << 3)  # i64, signed: mask what a shift brings
         if near & 3 == 0 and near != 0 and depth > 0:
@@ -360,13 +374,10 @@ def read_struct(
             budget = msg.budget - (size or 1)
             if start >= 0 and start + size <= msg.sizes[si] and budget >= 0:
                 msg.budget = budget
-                return new_reader(cls, msg, si, start, data_words, pointers, depth - 1)
+                return si, start, data_words, pointers
     found = _resolve(msg, si, w) if w >= 0 else None
     if found is None:
-        if default is not None:
-            dmsg, dsi, dw = default_location(default)
-            return read_struct(dmsg, dsi, dw, cls, DEFAULT_NESTING_LIMIT, None)
-        return cls._empty(msg, depth)
+        return -1, 0, 0, 0
     si, position, word = found
     if word & 3 != 0:
         raise DecodeError(f"expected a struct pointer, found {_kind_name(word)}")
@@ -378,7 +389,7 @@ def read_struct(
     if start < 0 or start + data_words + pointers > msg.sizes[si]:
         raise DecodeError("struct pointer out of bounds")
     msg.charge(data_words + pointers)
-    return new_reader(cls, msg, si, start, data_words, pointers, depth - 1)
+    return si, start, data_words, pointers
 
 
 def _kind_name(word: int) -> str:
@@ -840,16 +851,35 @@ def _composite(
 ) -> StructList[R] | None:
     """The fast path of ``struct_list``: a near pointer to a composite list of non-empty
     structs, within bounds and budget; None for anything else (the general path decides)."""
-    if w < 0 or depth <= 0:
+    start, elements, data_words, pointers = near_composite(msg, si, w, depth)
+    if elements < 0:
         return None
+    lst = StructList(msg, None, depth - 1, cls)  # an empty list, filled in below
+    lst._count = elements
+    lst._si = si
+    lst._seg = msg.segments[si]
+    lst._start = start
+    lst._words = data_words + pointers
+    lst._dw = data_words
+    lst._pc = pointers
+    return lst
+
+
+def near_composite(msg: MessageReader, si: int, w: int, depth: int) -> tuple[int, int, int, int]:
+    """(first element's word, elements, data words, pointers) of the composite list of
+    non-empty structs a near pointer at (``si``, ``w``) leads to, bounds-checked and
+    charged (a native tuple in the compiled build); elements -1 for anything else, which
+    the general path (``_open_list``) then reads or names the fault of."""
+    if w < 0 or depth <= 0:
+        return 0, -1, 0, 0
     segment = msg.segments[si]
     word = read_i64_le(segment, w << 3)  # signed: mask what a shift brings
     if word & 3 != 1 or (word >> 32) & 7 != _COMPOSITE:
-        return None
+        return 0, -1, 0, 0
     total = (word >> 35) & 0x1FFFFFFF
     start = w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
     if start < 0 or start + 1 + total > msg.sizes[si]:
-        return None
+        return 0, -1, 0, 0
     tag = read_i64_le(segment, start << 3)
     elements = (tag & 0xFFFFFFFF) >> 2
     data_words = (tag >> 32) & 0xFFFF
@@ -857,17 +887,9 @@ def _composite(
     size = data_words + pointers
     budget = msg.budget - elements * size
     if tag & 3 or not size or elements * size > total or budget < 0:
-        return None
+        return 0, -1, 0, 0
     msg.budget = budget
-    lst = StructList(msg, None, depth - 1, cls)  # an empty list, filled in below
-    lst._count = elements
-    lst._si = si
-    lst._seg = segment
-    lst._start = start + 1
-    lst._words = size
-    lst._dw = data_words
-    lst._pc = pointers
-    return lst
+    return start + 1, elements, data_words, pointers
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

@@ -55,7 +55,8 @@ from capsvc.codec.reading import (
     StructList,
     StructReader,
     _open_list,
-    _resolve,
+    locate_struct,
+    near_composite,
     read_data,
     read_text,
 )
@@ -64,7 +65,6 @@ from capsvc.errors import DecodeError
 __all__ = ["list_rows", "struct_row"]
 
 _WORD: Final = 1 << 64
-_COMPOSITE: Final = 7
 
 
 # ---------------------------------------------------------------------- entry points
@@ -243,34 +243,9 @@ def _struct_field(
     """The row of the struct the pointer at (``si``, ``w``) leads to; None for a null
     pointer (or ``w`` < 0, an absent slot). Not a row of defaults, as a reader's field
     gives: rows are read eagerly, and a struct that holds itself would never end."""
-    if w >= 0:
-        near = read_i64_le(msg.segments[si], w << 3)
-        if near & 3 == 0 and near != 0 and depth > 0:
-            # The common case, inline: a near struct pointer within bounds and budget.
-            data_words = (near >> 32) & 0xFFFF
-            pointers = (near >> 48) & 0xFFFF
-            start = w + 1 + ((((near & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
-            size = data_words + pointers
-            budget = msg.budget - (size or 1)
-            if start >= 0 and start + size <= msg.sizes[si] and budget >= 0:
-                msg.budget = budget
-                seg, data = _sections(msg, si, start, data_words, plan)
-                ptr = start + data_words
-                return _row(msg, si, seg, data, ptr, ptr + pointers, plan, depth - 1)
-    found = _resolve(msg, si, w) if w >= 0 else None
-    if found is None:
+    si, start, data_words, pointers = locate_struct(msg, si, w, depth)
+    if si < 0:
         return None
-    si, position, word = found
-    if word & 3 != 0:
-        raise DecodeError(f"expected a struct pointer ({plan.name}), found another kind")
-    if depth <= 0:
-        raise DecodeError("message exceeds the nesting limit")
-    data_words = (word >> 32) & 0xFFFF
-    pointers = word >> 48
-    start = position + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
-    if start < 0 or start + data_words + pointers > msg.sizes[si]:
-        raise DecodeError("struct pointer out of bounds")
-    msg.charge(data_words + pointers)
     seg, data = _sections(msg, si, start, data_words, plan)
     ptr = start + data_words
     return _row(msg, si, seg, data, ptr, ptr + pointers, plan, depth - 1)
@@ -292,26 +267,10 @@ def _list_field(
     assert plan is not None
     if w < 0:
         return []
-    segment = msg.segments[si]
-    word = read_i64_le(segment, w << 3)  # signed: mask what a shift brings
-    if word & 3 == 1 and (word >> 32) & 7 == _COMPOSITE and depth > 0:
-        # The common case, inline (no list shape made): a near composite list of
-        # non-empty structs within bounds and budget. Anything else takes the general
-        # path, which names what is wrong.
-        total = (word >> 35) & 0x1FFFFFFF
-        start = w + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
-        if start >= 0 and start + 1 + total <= msg.sizes[si]:
-            tag = read_i64_le(segment, start << 3)
-            count = (tag & 0xFFFFFFFF) >> 2
-            data_words = (tag >> 32) & 0xFFFF
-            pointers = (tag >> 48) & 0xFFFF
-            size = data_words + pointers
-            budget = msg.budget - count * size
-            if not tag & 3 and size and count * size <= total and budget >= 0:
-                msg.budget = budget
-                return _element_rows(
-                    msg, si, start + 1, count, size, data_words, pointers, plan, depth - 1
-                )
+    start, count, data_words, pointers = near_composite(msg, si, w, depth)
+    if count >= 0:  # the common case (no list shape made)
+        size = data_words + pointers
+        return _element_rows(msg, si, start, count, size, data_words, pointers, plan, depth - 1)
     shape = _open_list(msg, si, w, depth)  # bounds, budget and nesting checked there
     if shape is None or shape.count == 0:
         return []

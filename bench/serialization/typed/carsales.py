@@ -8,7 +8,7 @@ Two ways a user of ``capsvc gen`` writes it, both through the generated API only
   ``Car.Row``, the tuple of its 18 fields in schema order (the shape the msgpack format
   sends, specs/benchmarks.md §8); the request is ``ParkingLot.new_message(cars=rows)``
   and every read is one ``Car.rows(lot.cars)`` call (capsvc.codec.rows) before the
-  arithmetic on tuples.
+  arithmetic on tuples, the msgpack format's own (``tuple_car_value``).
 - ``capsvc-fields`` (``CapsvcFieldsCarsales``), a field at a time: the request is built in one
 ``ParkingLot.new_message(cars=[...])`` from plain values (a dict per car, its wheels and
 its engine: the generated ``Init`` types, what pycapnp's ``new_message`` takes too), which
@@ -23,9 +23,10 @@ from __future__ import annotations
 from typing import Any
 
 from bench.serialization.base import CheckFailed
+from bench.serialization.carsales import tuple_car_value
 from bench.serialization.generated.carsales_capnp import Car, ParkingLot, TotalValue
 
-__all__ = ["CapsvcCarsales", "CapsvcFieldsCarsales", "lot_value", "row_value"]
+__all__ = ["CapsvcCarsales", "CapsvcFieldsCarsales", "lot_value"]
 
 
 def car_value(car: Car.Reader) -> int:
@@ -58,36 +59,6 @@ def lot_value(lot: ParkingLot.Reader) -> int:
     return sum(map(car_value, lot.cars))
 
 
-def row_value(car: Car.Row) -> int:
-    """The value of one car read as a row (§2 "adds to value")."""
-    (
-        _make, _model, _color, seats, doors, wheels, length, width, height, _weight,
-        engine, _capacity, _level, windows, steering, cruise, cups, nav,
-    ) = car  # fmt: skip
-    value = seats * 200 + doors * 350
-    for diameter, _pressure, snow in wheels:
-        value += diameter * diameter
-        if snow:
-            value += 100
-    value += length * width * height // 50
-    if engine is None:  # a null pointer: never from this suite's client
-        raise CheckFailed("carsales: a car without an engine")
-    horsepower, _cylinders, _cc, uses_gas, uses_electric = engine
-    value += horsepower * 40
-    if uses_electric:
-        value += 5000 if uses_gas else 3000
-    if windows:
-        value += 100
-    if steering:
-        value += 200
-    if cruise:
-        value += 400
-    value += cups * 25
-    if nav:
-        value += 2000
-    return value
-
-
 class CapsvcCarsales:
     """carsales on generated rows: one call builds the request, one reads its cars."""
 
@@ -113,10 +84,10 @@ class CapsvcCarsales:
         lot = ParkingLot.new_message(cars=cars)
         # Upstream reads each car back from the builder (§2 "Request"): here once the lot
         # is complete, from the finished message.
-        return lot, sum(map(row_value, Car.rows(lot.as_reader().cars)))
+        return lot, sum(map(tuple_car_value, Car.rows(lot.as_reader().cars)))
 
     def handle(self, request: ParkingLot.Reader) -> TotalValue.Builder:
-        return TotalValue.new_message(amount=sum(map(row_value, Car.rows(request.cars))))
+        return TotalValue.new_message(amount=sum(map(tuple_car_value, Car.rows(request.cars))))
 
     def check(self, response: TotalValue.Reader, expectation: int) -> None:
         amount = response.amount
