@@ -63,8 +63,18 @@ def zero_bytes(count: int) -> bytes:
 
 
 # ---------------------------------------------------------------------- stores
+#: The largest magnitude a compiled build keeps as a machine integer (mypyc's tagged
+#: ints: 63 bits). Compared with anything larger, a comparison goes through Python's
+#: rich comparison of objects, many times slower: so values are first checked against
+#: this, and ``WORD`` comes into play only for the few beyond it.
+SHORT: Final = 0x3FFF_FFFF_FFFF_FFFF
+
+
 def store(w: BytesWriter, at: i64, value: int, width: i64) -> None:
     """``width`` bytes of ``value`` (-2**63 .. 2**64-1), little-endian, at byte ``at``."""
+    if -SHORT <= value <= SHORT:
+        store_bits(w, at, value, width)
+        return
     bits: i64 = value - WORD if value >= WORD >> 1 else value  # two's complement
     store_bits(w, at, bits, width)
 
@@ -97,6 +107,8 @@ def append_int(out: BytesWriter, value: int, width: int) -> None:
         write_i16_le(out, value - 0x10000 if value >= 0x8000 else value)
     elif width == 4:
         write_i32_le(out, value - 0x100000000 if value >= 0x80000000 else value)
+    elif -SHORT <= value <= SHORT:
+        write_i64_le(out, value)
     else:
         write_i64_le(out, value - WORD if value >= WORD >> 1 else value)
 

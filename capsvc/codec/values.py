@@ -319,11 +319,7 @@ def _row_values(enc: _Encoder, plan: StructPlan, row: tuple[object, ...]) -> lis
             f"{enc.where()}: a {plan.name} row holds {len(plan.order)} values"
             f" ({', '.join(plan.keys)}), not {len(row)}"
         )
-    values = list(row)
-    for index in range(len(values)):  # (not ``None in values``: that compares by ==)
-        if values[index] is None:
-            values[index] = MISSING
-    return values
+    return [MISSING if value is None else value for value in row]
 
 
 # ---------------------------------------------------------------------- structs
