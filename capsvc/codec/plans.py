@@ -182,6 +182,8 @@ class StructPlan:
         "pointers",
         "reader",
         "scratch",
+        "scratch_busy",
+        "scratch_level",
     )
 
     def __init__(
@@ -190,11 +192,14 @@ class StructPlan:
         #: The generated reader class of this struct or group (rows read the fields they
         #: do not read natively through it: capsvc.codec.rows); set by generated modules.
         self.reader: type | None = None
-        #: Lists that rows of this struct are gathered in before they become tuples, free
-        #: for the taking (so a row costs no list of its own: capsvc.codec.rows). A row
-        #: takes one and gives it back emptied; rows being read at once (a struct that
-        #: holds itself, or another thread) each take their own.
+        #: Lists that rows of this struct are gathered in before they become tuples (so a
+        #: row costs no list of its own: capsvc.codec.rows), a stack: rows being read at
+        #: once (a struct that holds itself, or another thread) each take their own, the
+        #: one at ``scratch_level``; ``scratch_busy`` says which are taken (every one at
+        #: or above the level is free).
         self.scratch: list[list[object]] = []
+        self.scratch_busy: list[bool] = []
+        self.scratch_level = 0
         self.name = name
         self.data_words = data_words
         self.pointers = pointers

@@ -125,14 +125,28 @@ def _row(
     """The row of the struct whose data section is at byte ``data`` of ``seg`` (at least
     the schema's size: a padded copy if the writer's was shorter) and whose pointers are
     words ``ptr`` to ``pend`` of segment ``si``; ``depth`` is the nesting left below it."""
-    free = plan.scratch
-    values: list[object] = free.pop() if free else [None] * len(plan.order)
+    # A stack of lists, not a free list that is popped and appended to: a list shrunk to
+    # nothing and grown again is reallocated every time.
+    scratch, busy = plan.scratch, plan.scratch_busy
+    level = plan.scratch_level
+    if level == len(scratch):
+        scratch.append([None] * len(plan.order))
+        busy.append(False)
+    values = scratch[level]
+    busy[level] = True
+    plan.scratch_level = level + 1
     try:
         return _gather(msg, si, seg, data, ptr, pend, plan, depth, values)
     finally:
         for index in range(len(values)):
             values[index] = None  # what the row holds is the caller's, not the plan's
-        free.append(values)
+        busy[level] = False
+        # Down past every free list on top: a row that ends while one taken after it still
+        # runs (another thread's) leaves the level to that one.
+        top = plan.scratch_level
+        while top > 0 and not busy[top - 1]:
+            top -= 1
+        plan.scratch_level = top
 
 
 def _gather(

@@ -202,6 +202,8 @@ def test_a_struct_that_holds_itself(generated: Generated) -> None:
     # Nothing of the refused read stays in the plan's scratch lists.
     for plan in (plan_of(k.Tree), plan_of(generated.other.Thing)):
         assert len(plan.scratch) <= 64  # a list per level read at once, given back
+        assert plan.scratch_level == 0
+        assert not any(plan.scratch_busy)
         assert all(item is None for scratch in plan.scratch for item in scratch)
 
 
