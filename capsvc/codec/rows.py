@@ -77,6 +77,12 @@ def struct_row(reader: object, plan: StructPlan) -> tuple[Any, ...]:
         reader = as_reader()
         if not isinstance(reader, StructReader):
             raise TypeError(f"{plan.name}.row() takes a {plan.name} reader or builder")
+    if plan.reader is not None and not isinstance(reader, plan.reader):
+        # Another struct's fields are elsewhere: refused, not read at this one's offsets.
+        raise TypeError(
+            f"{plan.name}.row() takes a {plan.name} reader or builder,"
+            f" not {type(reader).__qualname__}"
+        )
     return _row(
         reader._msg,
         reader._si,
@@ -95,6 +101,11 @@ def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
         if isinstance(elements, ListReader) or not hasattr(elements, "__iter__"):
             raise TypeError(f"{plan.name}.rows() takes a list of {plan.name} readers")
         return [struct_row(item, plan) for item in elements]  # type: ignore[attr-defined,unused-ignore]
+    if plan.reader is not None and not issubclass(elements._cls, plan.reader):
+        raise TypeError(
+            f"{plan.name}.rows() takes a list of {plan.name} readers,"
+            f" not of {elements._cls.__qualname__}"
+        )
     words = elements._words
     if not words or not elements._count:
         return [struct_row(item, plan) for item in elements]

@@ -13,6 +13,7 @@ def test_both_builders_make_the_same_message() -> None:
 
 def test_both_readers_read_the_same_values() -> None:
     assert codec.read_all_generated(codec.MESSAGE) == codec.read_all_pycapnp(codec.MESSAGE)
+    assert codec.read_all_generated_row(codec.MESSAGE) == codec.read_all_pycapnp(codec.MESSAGE)
     assert codec.read_all_generated(codec.MESSAGE) > 0
 
 

@@ -208,8 +208,9 @@ def test_a_struct_that_holds_itself(generated: Generated) -> None:
 
 
 def test_rows_read_at_once_each_get_their_own_list(generated: Generated) -> None:
-    """A row read while another of the same struct is being read (here: from a thread,
-    while the first waits in a field read through the reader) does not share its list."""
+    """A row read while another of the same struct is half read (here: from the main
+    thread, while a thread's read waits in a field read through the reader) takes lists
+    of its own, and both rows come out whole."""
     k = generated.kitchen
     plan = plan_of(k.Tree)
     started, resume = threading.Event(), threading.Event()
@@ -222,23 +223,30 @@ def test_rows_read_at_once_each_get_their_own_list(generated: Generated) -> None
 
         @property
         def anything(self) -> Any:  # read through the reader: Python code runs here
-            started.set()
-            resume.wait(10)  # a real wait: the other thread runs meanwhile
+            if threading.current_thread() is not threading.main_thread():
+                started.set()
+                resume.wait(10)  # a real wait: the main thread reads meanwhile
             return AnyPointer(self._msg, self._si, -1, self._depth)
+
+    def read(value: int) -> Any:
+        message = k.Tree.new_message(value=value, children=[{"value": value + 1}])
+        return Slow.read([bytes(s) for s in message.to_segments()])
 
     plan.reader = Slow
     try:
-        message = k.Tree.new_message(value=1, children=[{"value": 2}])
-        first = threading.Thread(target=lambda: rows.append(k.Tree.row(message)))
+        first = threading.Thread(target=lambda: rows.append(k.Tree.row(read(1))))
         first.start()
         assert started.wait(10)
-        resume.set()  # the second read runs through unhindered
-        second = k.Tree.row(k.Tree.new_message(value=3, children=[{"value": 4}]))
+        assert plan.scratch_level == 2  # the thread's row and its child's, half read
+        second = k.Tree.row(read(3))
+        resume.set()
         first.join(10)
     finally:
         plan.reader = reader_class
     assert (rows[0][0], rows[0][1][0][0]) == (1, 2)
     assert (second[0], second[1][0][0]) == (3, 4)
+    assert plan.scratch_level == 0
+    assert not any(plan.scratch_busy)
 
 
 def test_rows_keep_nothing_alive(generated: Generated) -> None:
@@ -258,6 +266,11 @@ def test_rows_as_values_are_checked(generated: Generated) -> None:
         k.Numbers.from_row([None] * 14)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"Numbers\.row\(\) takes a Numbers reader"):
         k.Numbers.row(object())  # type: ignore[arg-type]
+    tree = k.Tree.new_message(value=1, children=[{"value": 2}]).as_reader()
+    with pytest.raises(TypeError, match=r"not Tree\.Reader$"):
+        k.Numbers.row(tree)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"not of Tree\.Reader$"):
+        k.Numbers.rows(tree.children)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------- evolution
