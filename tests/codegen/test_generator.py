@@ -108,6 +108,13 @@ def build() -> k.Shapes.Builder:
     shape.style.color = k.Color.blue
     return shape
 
+def tree_total(tree: k.Tree.Reader) -> int:
+    value, children, left, _other, _anything = k.Tree.row(tree)
+    total = value + sum(child[0] for child in children)
+    if left is not None:
+        total += left[0]
+    return total
+
 def which(shape: k.Shapes.Reader) -> str:
     member = shape.which()
     if member is None:
@@ -162,6 +169,9 @@ async def call(shop: k.Shop.Client, store: k.TextStore.Client) -> None:
 
 def read(numbers: k.Numbers.Reader) -> str:
     return numbers.u16
+
+def row_text(tree: k.Tree.Reader) -> str:
+    return k.Tree.row(tree)[0]
 """
 TYPE_ERRORS = {
     5: 'Incompatible types in assignment (expression has type "str"',
@@ -170,6 +180,7 @@ TYPE_ERRORS = {
     13: 'Argument "itme" to "buy" of "Client" has incompatible type "str"; expected "Never"',
     14: 'Incompatible types in assignment (expression has type "str", variable has type "int")',
     17: 'Incompatible return value type (got "int", expected "str")',  # a compiled descriptor
+    20: 'Incompatible return value type (got "int", expected "str")',  # a row's position
 }
 
 
