@@ -34,6 +34,7 @@ from typing import Any, Final
 from librt.strings import read_f32_le, read_f64_le, read_i16_le, read_i32_le, read_i64_le
 
 from capsvc._mypyc import i64
+from capsvc.codec.building import StructListBuilder
 from capsvc.codec.plans import (
     BOOL,
     DATA,
@@ -50,6 +51,7 @@ from capsvc.codec.plans import (
     StructPlan,
 )
 from capsvc.codec.reading import (
+    DEFAULT_NESTING_LIMIT,
     ListReader,
     MessageReader,
     StructList,
@@ -96,7 +98,26 @@ def struct_row(reader: object, plan: StructPlan) -> tuple[Any, ...]:
 
 
 def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
-    """The rows of a list of ``plan``'s structs (a generated list reader)."""
+    """The rows of a list of ``plan``'s structs (a generated list reader, or the list of
+    a struct being built: read from one snapshot of its message, not one per element)."""
+    if isinstance(elements, StructListBuilder):
+        if getattr(elements._cls, "_PLAN", None) is not plan:
+            raise TypeError(
+                f"{plan.name}.rows() takes a list of {plan.name},"
+                f" not of {elements._cls.__qualname__}"
+            )
+        snapshot = MessageReader([bytes(elements._b.buf)])
+        return _element_rows(
+            snapshot,
+            0,
+            elements._start,
+            elements._count,
+            plan.data_words + plan.pointers,
+            plan.data_words,
+            plan.pointers,
+            plan,
+            DEFAULT_NESTING_LIMIT,
+        )
     if not isinstance(elements, StructList):
         if isinstance(elements, ListReader) or not hasattr(elements, "__iter__"):
             raise TypeError(f"{plan.name}.rows() takes a list of {plan.name} readers")

@@ -704,8 +704,11 @@ def _row_functions(out: _Out, node: Struct, path: str) -> None:
     out.add(f"    return _e.new_message_row({path}.Builder, {plan}, row)")
     out.add("")
     out.add("@staticmethod")
-    out.add(f"def rows(readers: _r.ListReader[{path}.Reader]) -> list[{path}.Row]:")
-    out.add(f'    """Every element of a list of {node.scope} as a row, in one call."""')
+    out.add(
+        f"def rows(readers: _r.ListReader[{path}.Reader] | _b.StructListBuilder[{path}.Builder])"
+        f" -> list[{path}.Row]:"
+    )
+    out.add(f'    """Every element of a list of {node.scope} (read, or being built) as a row."""')
     out.add(f"    return _w.list_rows(readers, {plan})")
 
 

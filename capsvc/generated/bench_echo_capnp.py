@@ -131,8 +131,8 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             return _e.new_message_row(BenchEcho.PingCapParams.Builder, _P_BenchEcho_PingCapParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[BenchEcho.PingCapParams.Reader]) -> list[BenchEcho.PingCapParams.Row]:
-            """Every element of a list of BenchEcho.pingCap$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[BenchEcho.PingCapParams.Reader] | _b.StructListBuilder[BenchEcho.PingCapParams.Builder]) -> list[BenchEcho.PingCapParams.Row]:
+            """Every element of a list of BenchEcho.pingCap$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_BenchEcho_PingCapParams)
 
         @staticmethod
@@ -263,8 +263,8 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             return _e.new_message_row(BenchEcho.PingCapResults.Builder, _P_BenchEcho_PingCapResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[BenchEcho.PingCapResults.Reader]) -> list[BenchEcho.PingCapResults.Row]:
-            """Every element of a list of BenchEcho.pingCap$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[BenchEcho.PingCapResults.Reader] | _b.StructListBuilder[BenchEcho.PingCapResults.Builder]) -> list[BenchEcho.PingCapResults.Row]:
+            """Every element of a list of BenchEcho.pingCap$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_BenchEcho_PingCapResults)
 
         @staticmethod

@@ -264,8 +264,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message_row(Calculator.Expression.Builder, _P_Calculator_Expression, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Calculator.Expression.Reader]) -> list[Calculator.Expression.Row]:
-            """Every element of a list of Calculator.Expression as a row, in one call."""
+        def rows(readers: _r.ListReader[Calculator.Expression.Reader] | _b.StructListBuilder[Calculator.Expression.Builder]) -> list[Calculator.Expression.Row]:
+            """Every element of a list of Calculator.Expression (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_Expression)
 
         @staticmethod
@@ -393,8 +393,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _e.new_message_row(Calculator.Function.CallParams.Builder, _P_Calculator_Function_CallParams, row)
 
             @staticmethod
-            def rows(readers: _r.ListReader[Calculator.Function.CallParams.Reader]) -> list[Calculator.Function.CallParams.Row]:
-                """Every element of a list of Calculator.Function.call$Params as a row, in one call."""
+            def rows(readers: _r.ListReader[Calculator.Function.CallParams.Reader] | _b.StructListBuilder[Calculator.Function.CallParams.Builder]) -> list[Calculator.Function.CallParams.Row]:
+                """Every element of a list of Calculator.Function.call$Params (read, or being built) as a row."""
                 return _w.list_rows(readers, _P_Calculator_Function_CallParams)
 
             @staticmethod
@@ -506,8 +506,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _e.new_message_row(Calculator.Function.CallResults.Builder, _P_Calculator_Function_CallResults, row)
 
             @staticmethod
-            def rows(readers: _r.ListReader[Calculator.Function.CallResults.Reader]) -> list[Calculator.Function.CallResults.Row]:
-                """Every element of a list of Calculator.Function.call$Results as a row, in one call."""
+            def rows(readers: _r.ListReader[Calculator.Function.CallResults.Reader] | _b.StructListBuilder[Calculator.Function.CallResults.Builder]) -> list[Calculator.Function.CallResults.Row]:
+                """Every element of a list of Calculator.Function.call$Results (read, or being built) as a row."""
                 return _w.list_rows(readers, _P_Calculator_Function_CallResults)
 
             @staticmethod
@@ -656,8 +656,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _e.new_message_row(Calculator.Value.ReadParams.Builder, _P_Calculator_Value_ReadParams, row)
 
             @staticmethod
-            def rows(readers: _r.ListReader[Calculator.Value.ReadParams.Reader]) -> list[Calculator.Value.ReadParams.Row]:
-                """Every element of a list of Calculator.Value.read$Params as a row, in one call."""
+            def rows(readers: _r.ListReader[Calculator.Value.ReadParams.Reader] | _b.StructListBuilder[Calculator.Value.ReadParams.Builder]) -> list[Calculator.Value.ReadParams.Row]:
+                """Every element of a list of Calculator.Value.read$Params (read, or being built) as a row."""
                 return _w.list_rows(readers, _P_Calculator_Value_ReadParams)
 
             @staticmethod
@@ -769,8 +769,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _e.new_message_row(Calculator.Value.ReadResults.Builder, _P_Calculator_Value_ReadResults, row)
 
             @staticmethod
-            def rows(readers: _r.ListReader[Calculator.Value.ReadResults.Reader]) -> list[Calculator.Value.ReadResults.Row]:
-                """Every element of a list of Calculator.Value.read$Results as a row, in one call."""
+            def rows(readers: _r.ListReader[Calculator.Value.ReadResults.Reader] | _b.StructListBuilder[Calculator.Value.ReadResults.Builder]) -> list[Calculator.Value.ReadResults.Row]:
+                """Every element of a list of Calculator.Value.read$Results (read, or being built) as a row."""
                 return _w.list_rows(readers, _P_Calculator_Value_ReadResults)
 
             @staticmethod
@@ -939,8 +939,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message_row(Calculator.DefFunctionParams.Builder, _P_Calculator_DefFunctionParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Calculator.DefFunctionParams.Reader]) -> list[Calculator.DefFunctionParams.Row]:
-            """Every element of a list of Calculator.defFunction$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Calculator.DefFunctionParams.Reader] | _b.StructListBuilder[Calculator.DefFunctionParams.Builder]) -> list[Calculator.DefFunctionParams.Row]:
+            """Every element of a list of Calculator.defFunction$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_DefFunctionParams)
 
         @staticmethod
@@ -1061,8 +1061,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message_row(Calculator.DefFunctionResults.Builder, _P_Calculator_DefFunctionResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Calculator.DefFunctionResults.Reader]) -> list[Calculator.DefFunctionResults.Row]:
-            """Every element of a list of Calculator.defFunction$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Calculator.DefFunctionResults.Reader] | _b.StructListBuilder[Calculator.DefFunctionResults.Builder]) -> list[Calculator.DefFunctionResults.Row]:
+            """Every element of a list of Calculator.defFunction$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_DefFunctionResults)
 
         @staticmethod
@@ -1190,8 +1190,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message_row(Calculator.EvaluateParams.Builder, _P_Calculator_EvaluateParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Calculator.EvaluateParams.Reader]) -> list[Calculator.EvaluateParams.Row]:
-            """Every element of a list of Calculator.evaluate$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Calculator.EvaluateParams.Reader] | _b.StructListBuilder[Calculator.EvaluateParams.Builder]) -> list[Calculator.EvaluateParams.Row]:
+            """Every element of a list of Calculator.evaluate$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_EvaluateParams)
 
         @staticmethod
@@ -1312,8 +1312,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message_row(Calculator.EvaluateResults.Builder, _P_Calculator_EvaluateResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Calculator.EvaluateResults.Reader]) -> list[Calculator.EvaluateResults.Row]:
-            """Every element of a list of Calculator.evaluate$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Calculator.EvaluateResults.Reader] | _b.StructListBuilder[Calculator.EvaluateResults.Builder]) -> list[Calculator.EvaluateResults.Row]:
+            """Every element of a list of Calculator.evaluate$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_EvaluateResults)
 
         @staticmethod
@@ -1433,8 +1433,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message_row(Calculator.GetOperatorParams.Builder, _P_Calculator_GetOperatorParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Calculator.GetOperatorParams.Reader]) -> list[Calculator.GetOperatorParams.Row]:
-            """Every element of a list of Calculator.getOperator$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Calculator.GetOperatorParams.Reader] | _b.StructListBuilder[Calculator.GetOperatorParams.Builder]) -> list[Calculator.GetOperatorParams.Row]:
+            """Every element of a list of Calculator.getOperator$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_GetOperatorParams)
 
         @staticmethod
@@ -1555,8 +1555,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message_row(Calculator.GetOperatorResults.Builder, _P_Calculator_GetOperatorResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Calculator.GetOperatorResults.Reader]) -> list[Calculator.GetOperatorResults.Row]:
-            """Every element of a list of Calculator.getOperator$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Calculator.GetOperatorResults.Reader] | _b.StructListBuilder[Calculator.GetOperatorResults.Builder]) -> list[Calculator.GetOperatorResults.Row]:
+            """Every element of a list of Calculator.getOperator$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_GetOperatorResults)
 
         @staticmethod

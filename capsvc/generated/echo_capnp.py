@@ -130,8 +130,8 @@ class Echo(_t.Interface["Echo.Client"]):
             return _e.new_message_row(Echo.PingParams.Builder, _P_Echo_PingParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Echo.PingParams.Reader]) -> list[Echo.PingParams.Row]:
-            """Every element of a list of Echo.ping$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Echo.PingParams.Reader] | _b.StructListBuilder[Echo.PingParams.Builder]) -> list[Echo.PingParams.Row]:
+            """Every element of a list of Echo.ping$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Echo_PingParams)
 
         @staticmethod
@@ -244,8 +244,8 @@ class Echo(_t.Interface["Echo.Client"]):
             return _e.new_message_row(Echo.PingResults.Builder, _P_Echo_PingResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Echo.PingResults.Reader]) -> list[Echo.PingResults.Row]:
-            """Every element of a list of Echo.ping$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Echo.PingResults.Reader] | _b.StructListBuilder[Echo.PingResults.Builder]) -> list[Echo.PingResults.Row]:
+            """Every element of a list of Echo.ping$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Echo_PingResults)
 
         @staticmethod
@@ -366,8 +366,8 @@ class Echo(_t.Interface["Echo.Client"]):
             return _e.new_message_row(Echo.PingDataParams.Builder, _P_Echo_PingDataParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Echo.PingDataParams.Reader]) -> list[Echo.PingDataParams.Row]:
-            """Every element of a list of Echo.pingData$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Echo.PingDataParams.Reader] | _b.StructListBuilder[Echo.PingDataParams.Builder]) -> list[Echo.PingDataParams.Row]:
+            """Every element of a list of Echo.pingData$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Echo_PingDataParams)
 
         @staticmethod
@@ -488,8 +488,8 @@ class Echo(_t.Interface["Echo.Client"]):
             return _e.new_message_row(Echo.PingDataResults.Builder, _P_Echo_PingDataResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Echo.PingDataResults.Reader]) -> list[Echo.PingDataResults.Row]:
-            """Every element of a list of Echo.pingData$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Echo.PingDataResults.Reader] | _b.StructListBuilder[Echo.PingDataResults.Builder]) -> list[Echo.PingDataResults.Row]:
+            """Every element of a list of Echo.pingData$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Echo_PingDataResults)
 
         @staticmethod

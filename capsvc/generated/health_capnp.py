@@ -130,8 +130,8 @@ class Health(_t.Interface["Health.Client"]):
             return _e.new_message_row(Health.CheckParams.Builder, _P_Health_CheckParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Health.CheckParams.Reader]) -> list[Health.CheckParams.Row]:
-            """Every element of a list of Health.check$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Health.CheckParams.Reader] | _b.StructListBuilder[Health.CheckParams.Builder]) -> list[Health.CheckParams.Row]:
+            """Every element of a list of Health.check$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Health_CheckParams)
 
         @staticmethod
@@ -251,8 +251,8 @@ class Health(_t.Interface["Health.Client"]):
             return _e.new_message_row(Health.CheckResults.Builder, _P_Health_CheckResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Health.CheckResults.Reader]) -> list[Health.CheckResults.Row]:
-            """Every element of a list of Health.check$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Health.CheckResults.Reader] | _b.StructListBuilder[Health.CheckResults.Builder]) -> list[Health.CheckResults.Row]:
+            """Every element of a list of Health.check$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Health_CheckResults)
 
         @staticmethod

@@ -143,8 +143,8 @@ class Accept:
         return _e.new_message_row(Accept.Builder, _P_Accept, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Accept.Reader]) -> list[Accept.Row]:
-        """Every element of a list of Accept as a row, in one call."""
+    def rows(readers: _r.ListReader[Accept.Reader] | _b.StructListBuilder[Accept.Builder]) -> list[Accept.Row]:
+        """Every element of a list of Accept (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Accept)
 
     @staticmethod
@@ -269,8 +269,8 @@ class Bootstrap:
         return _e.new_message_row(Bootstrap.Builder, _P_Bootstrap, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Bootstrap.Reader]) -> list[Bootstrap.Row]:
-        """Every element of a list of Bootstrap as a row, in one call."""
+    def rows(readers: _r.ListReader[Bootstrap.Reader] | _b.StructListBuilder[Bootstrap.Builder]) -> list[Bootstrap.Row]:
+        """Every element of a list of Bootstrap (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Bootstrap)
 
     @staticmethod
@@ -600,8 +600,8 @@ class Call:
         return _e.new_message_row(Call.Builder, _P_Call, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Call.Reader]) -> list[Call.Row]:
-        """Every element of a list of Call as a row, in one call."""
+    def rows(readers: _r.ListReader[Call.Reader] | _b.StructListBuilder[Call.Builder]) -> list[Call.Row]:
+        """Every element of a list of Call (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Call)
 
     @staticmethod
@@ -832,8 +832,8 @@ class CapDescriptor:
         return _e.new_message_row(CapDescriptor.Builder, _P_CapDescriptor, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[CapDescriptor.Reader]) -> list[CapDescriptor.Row]:
-        """Every element of a list of CapDescriptor as a row, in one call."""
+    def rows(readers: _r.ListReader[CapDescriptor.Reader] | _b.StructListBuilder[CapDescriptor.Builder]) -> list[CapDescriptor.Row]:
+        """Every element of a list of CapDescriptor (read, or being built) as a row."""
         return _w.list_rows(readers, _P_CapDescriptor)
 
     @staticmethod
@@ -1081,8 +1081,8 @@ class Disembargo:
         return _e.new_message_row(Disembargo.Builder, _P_Disembargo, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Disembargo.Reader]) -> list[Disembargo.Row]:
-        """Every element of a list of Disembargo as a row, in one call."""
+    def rows(readers: _r.ListReader[Disembargo.Reader] | _b.StructListBuilder[Disembargo.Builder]) -> list[Disembargo.Row]:
+        """Every element of a list of Disembargo (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Disembargo)
 
     @staticmethod
@@ -1258,8 +1258,8 @@ class Exception:
         return _e.new_message_row(Exception.Builder, _P_Exception, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Exception.Reader]) -> list[Exception.Row]:
-        """Every element of a list of Exception as a row, in one call."""
+    def rows(readers: _r.ListReader[Exception.Reader] | _b.StructListBuilder[Exception.Builder]) -> list[Exception.Row]:
+        """Every element of a list of Exception (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Exception)
 
     @staticmethod
@@ -1389,8 +1389,8 @@ class Finish:
         return _e.new_message_row(Finish.Builder, _P_Finish, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Finish.Reader]) -> list[Finish.Row]:
-        """Every element of a list of Finish as a row, in one call."""
+    def rows(readers: _r.ListReader[Finish.Reader] | _b.StructListBuilder[Finish.Builder]) -> list[Finish.Row]:
+        """Every element of a list of Finish (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Finish)
 
     @staticmethod
@@ -1540,8 +1540,8 @@ class Join:
         return _e.new_message_row(Join.Builder, _P_Join, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Join.Reader]) -> list[Join.Row]:
-        """Every element of a list of Join as a row, in one call."""
+    def rows(readers: _r.ListReader[Join.Reader] | _b.StructListBuilder[Join.Builder]) -> list[Join.Row]:
+        """Every element of a list of Join (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Join)
 
     @staticmethod
@@ -2033,8 +2033,8 @@ class Message:
         return _e.new_message_row(Message.Builder, _P_Message, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Message.Reader]) -> list[Message.Row]:
-        """Every element of a list of Message as a row, in one call."""
+    def rows(readers: _r.ListReader[Message.Reader] | _b.StructListBuilder[Message.Builder]) -> list[Message.Row]:
+        """Every element of a list of Message (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Message)
 
     @staticmethod
@@ -2189,8 +2189,8 @@ class MessageTarget:
         return _e.new_message_row(MessageTarget.Builder, _P_MessageTarget, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[MessageTarget.Reader]) -> list[MessageTarget.Row]:
-        """Every element of a list of MessageTarget as a row, in one call."""
+    def rows(readers: _r.ListReader[MessageTarget.Reader] | _b.StructListBuilder[MessageTarget.Builder]) -> list[MessageTarget.Row]:
+        """Every element of a list of MessageTarget (read, or being built) as a row."""
         return _w.list_rows(readers, _P_MessageTarget)
 
     @staticmethod
@@ -2318,8 +2318,8 @@ class Payload:
         return _e.new_message_row(Payload.Builder, _P_Payload, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Payload.Reader]) -> list[Payload.Row]:
-        """Every element of a list of Payload as a row, in one call."""
+    def rows(readers: _r.ListReader[Payload.Reader] | _b.StructListBuilder[Payload.Builder]) -> list[Payload.Row]:
+        """Every element of a list of Payload (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Payload)
 
     @staticmethod
@@ -2468,8 +2468,8 @@ class PromisedAnswer:
             return _e.new_message_row(PromisedAnswer.Op.Builder, _P_PromisedAnswer_Op, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[PromisedAnswer.Op.Reader]) -> list[PromisedAnswer.Op.Row]:
-            """Every element of a list of PromisedAnswer.Op as a row, in one call."""
+        def rows(readers: _r.ListReader[PromisedAnswer.Op.Reader] | _b.StructListBuilder[PromisedAnswer.Op.Builder]) -> list[PromisedAnswer.Op.Row]:
+            """Every element of a list of PromisedAnswer.Op (read, or being built) as a row."""
             return _w.list_rows(readers, _P_PromisedAnswer_Op)
 
         @staticmethod
@@ -2588,8 +2588,8 @@ class PromisedAnswer:
         return _e.new_message_row(PromisedAnswer.Builder, _P_PromisedAnswer, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[PromisedAnswer.Reader]) -> list[PromisedAnswer.Row]:
-        """Every element of a list of PromisedAnswer as a row, in one call."""
+    def rows(readers: _r.ListReader[PromisedAnswer.Reader] | _b.StructListBuilder[PromisedAnswer.Builder]) -> list[PromisedAnswer.Row]:
+        """Every element of a list of PromisedAnswer (read, or being built) as a row."""
         return _w.list_rows(readers, _P_PromisedAnswer)
 
     @staticmethod
@@ -2739,8 +2739,8 @@ class Provide:
         return _e.new_message_row(Provide.Builder, _P_Provide, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Provide.Reader]) -> list[Provide.Row]:
-        """Every element of a list of Provide as a row, in one call."""
+    def rows(readers: _r.ListReader[Provide.Reader] | _b.StructListBuilder[Provide.Builder]) -> list[Provide.Row]:
+        """Every element of a list of Provide (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Provide)
 
     @staticmethod
@@ -2861,8 +2861,8 @@ class Release:
         return _e.new_message_row(Release.Builder, _P_Release, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Release.Reader]) -> list[Release.Row]:
-        """Every element of a list of Release as a row, in one call."""
+    def rows(readers: _r.ListReader[Release.Reader] | _b.StructListBuilder[Release.Builder]) -> list[Release.Row]:
+        """Every element of a list of Release (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Release)
 
     @staticmethod
@@ -3045,8 +3045,8 @@ class Resolve:
         return _e.new_message_row(Resolve.Builder, _P_Resolve, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Resolve.Reader]) -> list[Resolve.Row]:
-        """Every element of a list of Resolve as a row, in one call."""
+    def rows(readers: _r.ListReader[Resolve.Reader] | _b.StructListBuilder[Resolve.Builder]) -> list[Resolve.Row]:
+        """Every element of a list of Resolve (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Resolve)
 
     @staticmethod
@@ -3307,8 +3307,8 @@ class Return:
         return _e.new_message_row(Return.Builder, _P_Return, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Return.Reader]) -> list[Return.Row]:
-        """Every element of a list of Return as a row, in one call."""
+    def rows(readers: _r.ListReader[Return.Reader] | _b.StructListBuilder[Return.Builder]) -> list[Return.Row]:
+        """Every element of a list of Return (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Return)
 
     @staticmethod
@@ -3433,8 +3433,8 @@ class ThirdPartyCapDescriptor:
         return _e.new_message_row(ThirdPartyCapDescriptor.Builder, _P_ThirdPartyCapDescriptor, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[ThirdPartyCapDescriptor.Reader]) -> list[ThirdPartyCapDescriptor.Row]:
-        """Every element of a list of ThirdPartyCapDescriptor as a row, in one call."""
+    def rows(readers: _r.ListReader[ThirdPartyCapDescriptor.Reader] | _b.StructListBuilder[ThirdPartyCapDescriptor.Builder]) -> list[ThirdPartyCapDescriptor.Row]:
+        """Every element of a list of ThirdPartyCapDescriptor (read, or being built) as a row."""
         return _w.list_rows(readers, _P_ThirdPartyCapDescriptor)
 
     @staticmethod

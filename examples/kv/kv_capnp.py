@@ -130,8 +130,8 @@ class Directory(_t.Interface["Directory.Client"]):
             return _e.new_message_row(Directory.OpenParams.Builder, _P_Directory_OpenParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Directory.OpenParams.Reader]) -> list[Directory.OpenParams.Row]:
-            """Every element of a list of Directory.open$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Directory.OpenParams.Reader] | _b.StructListBuilder[Directory.OpenParams.Builder]) -> list[Directory.OpenParams.Row]:
+            """Every element of a list of Directory.open$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Directory_OpenParams)
 
         @staticmethod
@@ -252,8 +252,8 @@ class Directory(_t.Interface["Directory.Client"]):
             return _e.new_message_row(Directory.OpenResults.Builder, _P_Directory_OpenResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Directory.OpenResults.Reader]) -> list[Directory.OpenResults.Row]:
-            """Every element of a list of Directory.open$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Directory.OpenResults.Reader] | _b.StructListBuilder[Directory.OpenResults.Builder]) -> list[Directory.OpenResults.Row]:
+            """Every element of a list of Directory.open$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Directory_OpenResults)
 
         @staticmethod
@@ -408,8 +408,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.GetParams.Builder, _P_Store_GetParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.GetParams.Reader]) -> list[Store.GetParams.Row]:
-            """Every element of a list of Store.get$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.GetParams.Reader] | _b.StructListBuilder[Store.GetParams.Builder]) -> list[Store.GetParams.Row]:
+            """Every element of a list of Store.get$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_GetParams)
 
         @staticmethod
@@ -539,8 +539,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.GetResults.Builder, _P_Store_GetResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.GetResults.Reader]) -> list[Store.GetResults.Row]:
-            """Every element of a list of Store.get$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.GetResults.Reader] | _b.StructListBuilder[Store.GetResults.Builder]) -> list[Store.GetResults.Row]:
+            """Every element of a list of Store.get$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_GetResults)
 
         @staticmethod
@@ -629,8 +629,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.KeysParams.Builder, _P_Store_KeysParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.KeysParams.Reader]) -> list[Store.KeysParams.Row]:
-            """Every element of a list of Store.keys$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.KeysParams.Reader] | _b.StructListBuilder[Store.KeysParams.Builder]) -> list[Store.KeysParams.Row]:
+            """Every element of a list of Store.keys$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_KeysParams)
 
         @staticmethod
@@ -752,8 +752,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.KeysResults.Builder, _P_Store_KeysResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.KeysResults.Reader]) -> list[Store.KeysResults.Row]:
-            """Every element of a list of Store.keys$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.KeysResults.Reader] | _b.StructListBuilder[Store.KeysResults.Builder]) -> list[Store.KeysResults.Row]:
+            """Every element of a list of Store.keys$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_KeysResults)
 
         @staticmethod
@@ -884,8 +884,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.PutParams.Builder, _P_Store_PutParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.PutParams.Reader]) -> list[Store.PutParams.Row]:
-            """Every element of a list of Store.put$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.PutParams.Reader] | _b.StructListBuilder[Store.PutParams.Builder]) -> list[Store.PutParams.Row]:
+            """Every element of a list of Store.put$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_PutParams)
 
         @staticmethod
@@ -997,8 +997,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.PutResults.Builder, _P_Store_PutResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.PutResults.Reader]) -> list[Store.PutResults.Row]:
-            """Every element of a list of Store.put$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.PutResults.Reader] | _b.StructListBuilder[Store.PutResults.Builder]) -> list[Store.PutResults.Row]:
+            """Every element of a list of Store.put$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_PutResults)
 
         @staticmethod
@@ -1119,8 +1119,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.WatchParams.Builder, _P_Store_WatchParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.WatchParams.Reader]) -> list[Store.WatchParams.Row]:
-            """Every element of a list of Store.watch$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.WatchParams.Reader] | _b.StructListBuilder[Store.WatchParams.Builder]) -> list[Store.WatchParams.Row]:
+            """Every element of a list of Store.watch$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_WatchParams)
 
         @staticmethod
@@ -1209,8 +1209,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.WatchResults.Builder, _P_Store_WatchResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.WatchResults.Reader]) -> list[Store.WatchResults.Row]:
-            """Every element of a list of Store.watch$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.WatchResults.Reader] | _b.StructListBuilder[Store.WatchResults.Builder]) -> list[Store.WatchResults.Row]:
+            """Every element of a list of Store.watch$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_WatchResults)
 
         @staticmethod
@@ -1448,8 +1448,8 @@ class Watcher(_t.Interface["Watcher.Client"]):
             return _e.new_message_row(Watcher.ChangedParams.Builder, _P_Watcher_ChangedParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Watcher.ChangedParams.Reader]) -> list[Watcher.ChangedParams.Row]:
-            """Every element of a list of Watcher.changed$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Watcher.ChangedParams.Reader] | _b.StructListBuilder[Watcher.ChangedParams.Builder]) -> list[Watcher.ChangedParams.Row]:
+            """Every element of a list of Watcher.changed$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Watcher_ChangedParams)
 
         @staticmethod
@@ -1538,8 +1538,8 @@ class Watcher(_t.Interface["Watcher.Client"]):
             return _e.new_message_row(Watcher.ChangedResults.Builder, _P_Watcher_ChangedResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Watcher.ChangedResults.Reader]) -> list[Watcher.ChangedResults.Row]:
-            """Every element of a list of Watcher.changed$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Watcher.ChangedResults.Reader] | _b.StructListBuilder[Watcher.ChangedResults.Builder]) -> list[Watcher.ChangedResults.Row]:
+            """Every element of a list of Watcher.changed$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Watcher_ChangedResults)
 
         @staticmethod

@@ -163,6 +163,21 @@ def test_rows_of_a_list(generated: Generated) -> None:
     assert [row[3] for row in rows] == list(range(70))  # i32, the fourth field
 
 
+def test_rows_of_a_list_being_built(generated: Generated) -> None:
+    """A builder's list reads as its message reads, from one snapshot of it."""
+    k = generated.kitchen
+    lists = k.Lists.new_message()
+    structs = lists.init_structs(70)
+    for n, item in enumerate(structs):
+        item.i32 = n
+    rows = k.Numbers.rows(structs)
+    assert rows == k.Numbers.rows(lists.as_reader().structs)
+    assert [row[3] for row in rows] == list(range(70))
+    children = k.Tree.new_message().init_children(2)
+    with pytest.raises(TypeError, match=r"Numbers\.rows\(\) takes a list of Numbers, not of"):
+        k.Numbers.rows(children)  # type: ignore[arg-type]
+
+
 def test_defaults_and_unions(generated: Generated) -> None:
     """Null pointers read as the schema's defaults; a union member not set is None and
     a Void member set is True; a row with None leaves a field at its default."""

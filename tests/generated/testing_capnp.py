@@ -129,8 +129,8 @@ class Callback(_t.Interface["Callback.Client"]):
             return _e.new_message_row(Callback.NotifyParams.Builder, _P_Callback_NotifyParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Callback.NotifyParams.Reader]) -> list[Callback.NotifyParams.Row]:
-            """Every element of a list of Callback.notify$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Callback.NotifyParams.Reader] | _b.StructListBuilder[Callback.NotifyParams.Builder]) -> list[Callback.NotifyParams.Row]:
+            """Every element of a list of Callback.notify$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Callback_NotifyParams)
 
         @staticmethod
@@ -242,8 +242,8 @@ class Callback(_t.Interface["Callback.Client"]):
             return _e.new_message_row(Callback.NotifyResults.Builder, _P_Callback_NotifyResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Callback.NotifyResults.Reader]) -> list[Callback.NotifyResults.Row]:
-            """Every element of a list of Callback.notify$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Callback.NotifyResults.Reader] | _b.StructListBuilder[Callback.NotifyResults.Builder]) -> list[Callback.NotifyResults.Row]:
+            """Every element of a list of Callback.notify$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Callback_NotifyResults)
 
         @staticmethod
@@ -373,8 +373,8 @@ class Counter(_t.Interface["Counter.Client"]):
             return _e.new_message_row(Counter.GetParams.Builder, _P_Counter_GetParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Counter.GetParams.Reader]) -> list[Counter.GetParams.Row]:
-            """Every element of a list of Counter.get$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Counter.GetParams.Reader] | _b.StructListBuilder[Counter.GetParams.Builder]) -> list[Counter.GetParams.Row]:
+            """Every element of a list of Counter.get$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Counter_GetParams)
 
         @staticmethod
@@ -486,8 +486,8 @@ class Counter(_t.Interface["Counter.Client"]):
             return _e.new_message_row(Counter.GetResults.Builder, _P_Counter_GetResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Counter.GetResults.Reader]) -> list[Counter.GetResults.Row]:
-            """Every element of a list of Counter.get$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Counter.GetResults.Reader] | _b.StructListBuilder[Counter.GetResults.Builder]) -> list[Counter.GetResults.Row]:
+            """Every element of a list of Counter.get$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Counter_GetResults)
 
         @staticmethod
@@ -599,8 +599,8 @@ class Counter(_t.Interface["Counter.Client"]):
             return _e.new_message_row(Counter.IncrementParams.Builder, _P_Counter_IncrementParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Counter.IncrementParams.Reader]) -> list[Counter.IncrementParams.Row]:
-            """Every element of a list of Counter.increment$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Counter.IncrementParams.Reader] | _b.StructListBuilder[Counter.IncrementParams.Builder]) -> list[Counter.IncrementParams.Row]:
+            """Every element of a list of Counter.increment$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Counter_IncrementParams)
 
         @staticmethod
@@ -712,8 +712,8 @@ class Counter(_t.Interface["Counter.Client"]):
             return _e.new_message_row(Counter.IncrementResults.Builder, _P_Counter_IncrementResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Counter.IncrementResults.Reader]) -> list[Counter.IncrementResults.Row]:
-            """Every element of a list of Counter.increment$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Counter.IncrementResults.Reader] | _b.StructListBuilder[Counter.IncrementResults.Builder]) -> list[Counter.IncrementResults.Row]:
+            """Every element of a list of Counter.increment$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Counter_IncrementResults)
 
         @staticmethod
@@ -1160,8 +1160,8 @@ class Holder:
         return _e.new_message_row(Holder.Builder, _P_Holder, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Holder.Reader]) -> list[Holder.Row]:
-        """Every element of a list of Holder as a row, in one call."""
+    def rows(readers: _r.ListReader[Holder.Reader] | _b.StructListBuilder[Holder.Builder]) -> list[Holder.Row]:
+        """Every element of a list of Holder (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Holder)
 
     @staticmethod
@@ -1298,8 +1298,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.CallBackParams.Builder, _P_Tester_CallBackParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.CallBackParams.Reader]) -> list[Tester.CallBackParams.Row]:
-            """Every element of a list of Tester.callBack$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.CallBackParams.Reader] | _b.StructListBuilder[Tester.CallBackParams.Builder]) -> list[Tester.CallBackParams.Row]:
+            """Every element of a list of Tester.callBack$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_CallBackParams)
 
         @staticmethod
@@ -1411,8 +1411,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.CallBackResults.Builder, _P_Tester_CallBackResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.CallBackResults.Reader]) -> list[Tester.CallBackResults.Row]:
-            """Every element of a list of Tester.callBack$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.CallBackResults.Reader] | _b.StructListBuilder[Tester.CallBackResults.Builder]) -> list[Tester.CallBackResults.Row]:
+            """Every element of a list of Tester.callBack$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_CallBackResults)
 
         @staticmethod
@@ -1542,8 +1542,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.CallCounterParams.Builder, _P_Tester_CallCounterParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.CallCounterParams.Reader]) -> list[Tester.CallCounterParams.Row]:
-            """Every element of a list of Tester.callCounter$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.CallCounterParams.Reader] | _b.StructListBuilder[Tester.CallCounterParams.Builder]) -> list[Tester.CallCounterParams.Row]:
+            """Every element of a list of Tester.callCounter$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_CallCounterParams)
 
         @staticmethod
@@ -1655,8 +1655,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.CallCounterResults.Builder, _P_Tester_CallCounterResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.CallCounterResults.Reader]) -> list[Tester.CallCounterResults.Row]:
-            """Every element of a list of Tester.callCounter$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.CallCounterResults.Reader] | _b.StructListBuilder[Tester.CallCounterResults.Builder]) -> list[Tester.CallCounterResults.Row]:
+            """Every element of a list of Tester.callCounter$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_CallCounterResults)
 
         @staticmethod
@@ -1769,8 +1769,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.EchoParams.Builder, _P_Tester_EchoParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.EchoParams.Reader]) -> list[Tester.EchoParams.Row]:
-            """Every element of a list of Tester.echo$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.EchoParams.Reader] | _b.StructListBuilder[Tester.EchoParams.Builder]) -> list[Tester.EchoParams.Row]:
+            """Every element of a list of Tester.echo$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_EchoParams)
 
         @staticmethod
@@ -1883,8 +1883,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.EchoResults.Builder, _P_Tester_EchoResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.EchoResults.Reader]) -> list[Tester.EchoResults.Row]:
-            """Every element of a list of Tester.echo$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.EchoResults.Reader] | _b.StructListBuilder[Tester.EchoResults.Builder]) -> list[Tester.EchoResults.Row]:
+            """Every element of a list of Tester.echo$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_EchoResults)
 
         @staticmethod
@@ -2007,8 +2007,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.FailParams.Builder, _P_Tester_FailParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.FailParams.Reader]) -> list[Tester.FailParams.Row]:
-            """Every element of a list of Tester.fail$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.FailParams.Reader] | _b.StructListBuilder[Tester.FailParams.Builder]) -> list[Tester.FailParams.Row]:
+            """Every element of a list of Tester.fail$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_FailParams)
 
         @staticmethod
@@ -2097,8 +2097,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.FailResults.Builder, _P_Tester_FailResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.FailResults.Reader]) -> list[Tester.FailResults.Row]:
-            """Every element of a list of Tester.fail$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.FailResults.Reader] | _b.StructListBuilder[Tester.FailResults.Builder]) -> list[Tester.FailResults.Row]:
+            """Every element of a list of Tester.fail$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_FailResults)
 
         @staticmethod
@@ -2187,8 +2187,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.GetSelfParams.Builder, _P_Tester_GetSelfParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.GetSelfParams.Reader]) -> list[Tester.GetSelfParams.Row]:
-            """Every element of a list of Tester.getSelf$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.GetSelfParams.Reader] | _b.StructListBuilder[Tester.GetSelfParams.Builder]) -> list[Tester.GetSelfParams.Row]:
+            """Every element of a list of Tester.getSelf$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_GetSelfParams)
 
         @staticmethod
@@ -2309,8 +2309,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.GetSelfResults.Builder, _P_Tester_GetSelfResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.GetSelfResults.Reader]) -> list[Tester.GetSelfResults.Row]:
-            """Every element of a list of Tester.getSelf$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.GetSelfResults.Reader] | _b.StructListBuilder[Tester.GetSelfResults.Builder]) -> list[Tester.GetSelfResults.Row]:
+            """Every element of a list of Tester.getSelf$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_GetSelfResults)
 
         @staticmethod
@@ -2438,8 +2438,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.HoldCapsParams.Builder, _P_Tester_HoldCapsParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.HoldCapsParams.Reader]) -> list[Tester.HoldCapsParams.Row]:
-            """Every element of a list of Tester.holdCaps$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.HoldCapsParams.Reader] | _b.StructListBuilder[Tester.HoldCapsParams.Builder]) -> list[Tester.HoldCapsParams.Row]:
+            """Every element of a list of Tester.holdCaps$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_HoldCapsParams)
 
         @staticmethod
@@ -2567,8 +2567,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.HoldCapsResults.Builder, _P_Tester_HoldCapsResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.HoldCapsResults.Reader]) -> list[Tester.HoldCapsResults.Row]:
-            """Every element of a list of Tester.holdCaps$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.HoldCapsResults.Reader] | _b.StructListBuilder[Tester.HoldCapsResults.Builder]) -> list[Tester.HoldCapsResults.Row]:
+            """Every element of a list of Tester.holdCaps$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_HoldCapsResults)
 
         @staticmethod
@@ -2680,8 +2680,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.NewCounterParams.Builder, _P_Tester_NewCounterParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.NewCounterParams.Reader]) -> list[Tester.NewCounterParams.Row]:
-            """Every element of a list of Tester.newCounter$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.NewCounterParams.Reader] | _b.StructListBuilder[Tester.NewCounterParams.Builder]) -> list[Tester.NewCounterParams.Row]:
+            """Every element of a list of Tester.newCounter$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_NewCounterParams)
 
         @staticmethod
@@ -2802,8 +2802,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.NewCounterResults.Builder, _P_Tester_NewCounterResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.NewCounterResults.Reader]) -> list[Tester.NewCounterResults.Row]:
-            """Every element of a list of Tester.newCounter$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.NewCounterResults.Reader] | _b.StructListBuilder[Tester.NewCounterResults.Builder]) -> list[Tester.NewCounterResults.Row]:
+            """Every element of a list of Tester.newCounter$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_NewCounterResults)
 
         @staticmethod
@@ -2924,8 +2924,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.ReflectParams.Builder, _P_Tester_ReflectParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.ReflectParams.Reader]) -> list[Tester.ReflectParams.Row]:
-            """Every element of a list of Tester.reflect$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.ReflectParams.Reader] | _b.StructListBuilder[Tester.ReflectParams.Builder]) -> list[Tester.ReflectParams.Row]:
+            """Every element of a list of Tester.reflect$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_ReflectParams)
 
         @staticmethod
@@ -3046,8 +3046,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.ReflectResults.Builder, _P_Tester_ReflectResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.ReflectResults.Reader]) -> list[Tester.ReflectResults.Row]:
-            """Every element of a list of Tester.reflect$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.ReflectResults.Reader] | _b.StructListBuilder[Tester.ReflectResults.Builder]) -> list[Tester.ReflectResults.Row]:
+            """Every element of a list of Tester.reflect$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_ReflectResults)
 
         @staticmethod
@@ -3159,8 +3159,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.SlowParams.Builder, _P_Tester_SlowParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.SlowParams.Reader]) -> list[Tester.SlowParams.Row]:
-            """Every element of a list of Tester.slow$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.SlowParams.Reader] | _b.StructListBuilder[Tester.SlowParams.Builder]) -> list[Tester.SlowParams.Row]:
+            """Every element of a list of Tester.slow$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_SlowParams)
 
         @staticmethod
@@ -3272,8 +3272,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.SlowResults.Builder, _P_Tester_SlowResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.SlowResults.Reader]) -> list[Tester.SlowResults.Row]:
-            """Every element of a list of Tester.slow$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.SlowResults.Reader] | _b.StructListBuilder[Tester.SlowResults.Builder]) -> list[Tester.SlowResults.Row]:
+            """Every element of a list of Tester.slow$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_SlowResults)
 
         @staticmethod
@@ -3393,8 +3393,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.SumParams.Builder, _P_Tester_SumParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.SumParams.Reader]) -> list[Tester.SumParams.Row]:
-            """Every element of a list of Tester.sum$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.SumParams.Reader] | _b.StructListBuilder[Tester.SumParams.Builder]) -> list[Tester.SumParams.Row]:
+            """Every element of a list of Tester.sum$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_SumParams)
 
         @staticmethod
@@ -3506,8 +3506,8 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.SumResults.Builder, _P_Tester_SumResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tester.SumResults.Reader]) -> list[Tester.SumResults.Row]:
-            """Every element of a list of Tester.sum$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Tester.SumResults.Reader] | _b.StructListBuilder[Tester.SumResults.Builder]) -> list[Tester.SumResults.Row]:
+            """Every element of a list of Tester.sum$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_SumResults)
 
         @staticmethod
@@ -3835,8 +3835,8 @@ class Unknown(_t.Interface["Unknown.Client"]):
             return _e.new_message_row(Unknown.NothingParams.Builder, _P_Unknown_NothingParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Unknown.NothingParams.Reader]) -> list[Unknown.NothingParams.Row]:
-            """Every element of a list of Unknown.nothing$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Unknown.NothingParams.Reader] | _b.StructListBuilder[Unknown.NothingParams.Builder]) -> list[Unknown.NothingParams.Row]:
+            """Every element of a list of Unknown.nothing$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Unknown_NothingParams)
 
         @staticmethod
@@ -3925,8 +3925,8 @@ class Unknown(_t.Interface["Unknown.Client"]):
             return _e.new_message_row(Unknown.NothingResults.Builder, _P_Unknown_NothingResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Unknown.NothingResults.Reader]) -> list[Unknown.NothingResults.Row]:
-            """Every element of a list of Unknown.nothing$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Unknown.NothingResults.Reader] | _b.StructListBuilder[Unknown.NothingResults.Builder]) -> list[Unknown.NothingResults.Row]:
+            """Every element of a list of Unknown.nothing$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Unknown_NothingResults)
 
         @staticmethod

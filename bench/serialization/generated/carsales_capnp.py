@@ -303,8 +303,8 @@ class Car:
         return _e.new_message_row(Car.Builder, _P_Car, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Car.Reader]) -> list[Car.Row]:
-        """Every element of a list of Car as a row, in one call."""
+    def rows(readers: _r.ListReader[Car.Reader] | _b.StructListBuilder[Car.Builder]) -> list[Car.Row]:
+        """Every element of a list of Car (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Car)
 
     @staticmethod
@@ -475,8 +475,8 @@ class Engine:
         return _e.new_message_row(Engine.Builder, _P_Engine, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Engine.Reader]) -> list[Engine.Row]:
-        """Every element of a list of Engine as a row, in one call."""
+    def rows(readers: _r.ListReader[Engine.Reader] | _b.StructListBuilder[Engine.Builder]) -> list[Engine.Row]:
+        """Every element of a list of Engine (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Engine)
 
     @staticmethod
@@ -591,8 +591,8 @@ class ParkingLot:
         return _e.new_message_row(ParkingLot.Builder, _P_ParkingLot, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[ParkingLot.Reader]) -> list[ParkingLot.Row]:
-        """Every element of a list of ParkingLot as a row, in one call."""
+    def rows(readers: _r.ListReader[ParkingLot.Reader] | _b.StructListBuilder[ParkingLot.Builder]) -> list[ParkingLot.Row]:
+        """Every element of a list of ParkingLot (read, or being built) as a row."""
         return _w.list_rows(readers, _P_ParkingLot)
 
     @staticmethod
@@ -704,8 +704,8 @@ class TotalValue:
         return _e.new_message_row(TotalValue.Builder, _P_TotalValue, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[TotalValue.Reader]) -> list[TotalValue.Row]:
-        """Every element of a list of TotalValue as a row, in one call."""
+    def rows(readers: _r.ListReader[TotalValue.Reader] | _b.StructListBuilder[TotalValue.Builder]) -> list[TotalValue.Row]:
+        """Every element of a list of TotalValue (read, or being built) as a row."""
         return _w.list_rows(readers, _P_TotalValue)
 
     @staticmethod
@@ -835,8 +835,8 @@ class Wheel:
         return _e.new_message_row(Wheel.Builder, _P_Wheel, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Wheel.Reader]) -> list[Wheel.Row]:
-        """Every element of a list of Wheel as a row, in one call."""
+    def rows(readers: _r.ListReader[Wheel.Reader] | _b.StructListBuilder[Wheel.Builder]) -> list[Wheel.Row]:
+        """Every element of a list of Wheel (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Wheel)
 
     @staticmethod

@@ -141,8 +141,8 @@ class SearchResult:
         return _e.new_message_row(SearchResult.Builder, _P_SearchResult, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[SearchResult.Reader]) -> list[SearchResult.Row]:
-        """Every element of a list of SearchResult as a row, in one call."""
+    def rows(readers: _r.ListReader[SearchResult.Reader] | _b.StructListBuilder[SearchResult.Builder]) -> list[SearchResult.Row]:
+        """Every element of a list of SearchResult (read, or being built) as a row."""
         return _w.list_rows(readers, _P_SearchResult)
 
     @staticmethod
@@ -257,8 +257,8 @@ class SearchResultList:
         return _e.new_message_row(SearchResultList.Builder, _P_SearchResultList, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[SearchResultList.Reader]) -> list[SearchResultList.Row]:
-        """Every element of a list of SearchResultList as a row, in one call."""
+    def rows(readers: _r.ListReader[SearchResultList.Reader] | _b.StructListBuilder[SearchResultList.Builder]) -> list[SearchResultList.Row]:
+        """Every element of a list of SearchResultList (read, or being built) as a row."""
         return _w.list_rows(readers, _P_SearchResultList)
 
     @staticmethod

@@ -121,8 +121,8 @@ class EvaluationResult:
         return _e.new_message_row(EvaluationResult.Builder, _P_EvaluationResult, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[EvaluationResult.Reader]) -> list[EvaluationResult.Row]:
-        """Every element of a list of EvaluationResult as a row, in one call."""
+    def rows(readers: _r.ListReader[EvaluationResult.Reader] | _b.StructListBuilder[EvaluationResult.Builder]) -> list[EvaluationResult.Row]:
+        """Every element of a list of EvaluationResult (read, or being built) as a row."""
         return _w.list_rows(readers, _P_EvaluationResult)
 
     @staticmethod
@@ -468,8 +468,8 @@ class Expression:
         return _e.new_message_row(Expression.Builder, _P_Expression, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Expression.Reader]) -> list[Expression.Row]:
-        """Every element of a list of Expression as a row, in one call."""
+    def rows(readers: _r.ListReader[Expression.Reader] | _b.StructListBuilder[Expression.Builder]) -> list[Expression.Row]:
+        """Every element of a list of Expression (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Expression)
 
     @staticmethod

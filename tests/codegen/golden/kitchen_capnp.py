@@ -202,8 +202,8 @@ class Anything:
         return _e.new_message_row(Anything.Builder, _P_Anything, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Anything.Reader]) -> list[Anything.Row]:
-        """Every element of a list of Anything as a row, in one call."""
+    def rows(readers: _r.ListReader[Anything.Reader] | _b.StructListBuilder[Anything.Builder]) -> list[Anything.Row]:
+        """Every element of a list of Anything (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Anything)
 
     @staticmethod
@@ -299,8 +299,8 @@ class Base(_t.Interface["Base.Client"]):
             return _e.new_message_row(Base.DepthParams.Builder, _P_Base_DepthParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Base.DepthParams.Reader]) -> list[Base.DepthParams.Row]:
-            """Every element of a list of Base.depth$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Base.DepthParams.Reader] | _b.StructListBuilder[Base.DepthParams.Builder]) -> list[Base.DepthParams.Row]:
+            """Every element of a list of Base.depth$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Base_DepthParams)
 
         @staticmethod
@@ -412,8 +412,8 @@ class Base(_t.Interface["Base.Client"]):
             return _e.new_message_row(Base.DepthResults.Builder, _P_Base_DepthResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Base.DepthResults.Reader]) -> list[Base.DepthResults.Row]:
-            """Every element of a list of Base.depth$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Base.DepthResults.Reader] | _b.StructListBuilder[Base.DepthResults.Builder]) -> list[Base.DepthResults.Row]:
+            """Every element of a list of Base.depth$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Base_DepthResults)
 
         @staticmethod
@@ -596,8 +596,8 @@ class Box:
         return _e.new_message_row(Box.Builder, _P_Box, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Box.Reader]) -> list[Box.Row]:
-        """Every element of a list of Box as a row, in one call."""
+    def rows(readers: _r.ListReader[Box.Reader] | _b.StructListBuilder[Box.Builder]) -> list[Box.Row]:
+        """Every element of a list of Box (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Box)
 
     @staticmethod
@@ -850,8 +850,8 @@ class Boxes:
         return _e.new_message_row(Boxes.Builder, _P_Boxes, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Boxes.Reader]) -> list[Boxes.Row]:
-        """Every element of a list of Boxes as a row, in one call."""
+    def rows(readers: _r.ListReader[Boxes.Reader] | _b.StructListBuilder[Boxes.Builder]) -> list[Boxes.Row]:
+        """Every element of a list of Boxes (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Boxes)
 
     @staticmethod
@@ -1183,8 +1183,8 @@ class Defaults:
         return _e.new_message_row(Defaults.Builder, _P_Defaults, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Defaults.Reader]) -> list[Defaults.Row]:
-        """Every element of a list of Defaults as a row, in one call."""
+    def rows(readers: _r.ListReader[Defaults.Reader] | _b.StructListBuilder[Defaults.Builder]) -> list[Defaults.Row]:
+        """Every element of a list of Defaults (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Defaults)
 
     @staticmethod
@@ -1333,8 +1333,8 @@ class Keywords:
         return _e.new_message_row(Keywords.Builder, _P_Keywords, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Keywords.Reader]) -> list[Keywords.Row]:
-        """Every element of a list of Keywords as a row, in one call."""
+    def rows(readers: _r.ListReader[Keywords.Reader] | _b.StructListBuilder[Keywords.Builder]) -> list[Keywords.Row]:
+        """Every element of a list of Keywords (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Keywords)
 
     @staticmethod
@@ -1430,8 +1430,8 @@ class Left(_t.Interface["Left.Client"]):
             return _e.new_message_row(Left.LeftParams.Builder, _P_Left_LeftParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Left.LeftParams.Reader]) -> list[Left.LeftParams.Row]:
-            """Every element of a list of Left.left$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Left.LeftParams.Reader] | _b.StructListBuilder[Left.LeftParams.Builder]) -> list[Left.LeftParams.Row]:
+            """Every element of a list of Left.left$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Left_LeftParams)
 
         @staticmethod
@@ -1544,8 +1544,8 @@ class Left(_t.Interface["Left.Client"]):
             return _e.new_message_row(Left.LeftResults.Builder, _P_Left_LeftResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Left.LeftResults.Reader]) -> list[Left.LeftResults.Row]:
-            """Every element of a list of Left.left$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Left.LeftResults.Reader] | _b.StructListBuilder[Left.LeftResults.Builder]) -> list[Left.LeftResults.Row]:
+            """Every element of a list of Left.left$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Left_LeftResults)
 
         @staticmethod
@@ -1996,8 +1996,8 @@ class Lists:
         return _e.new_message_row(Lists.Builder, _P_Lists, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Lists.Reader]) -> list[Lists.Row]:
-        """Every element of a list of Lists as a row, in one call."""
+    def rows(readers: _r.ListReader[Lists.Reader] | _b.StructListBuilder[Lists.Builder]) -> list[Lists.Row]:
+        """Every element of a list of Lists (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Lists)
 
     @staticmethod
@@ -2234,8 +2234,8 @@ class Numbers:
         return _e.new_message_row(Numbers.Builder, _P_Numbers, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Numbers.Reader]) -> list[Numbers.Row]:
-        """Every element of a list of Numbers as a row, in one call."""
+    def rows(readers: _r.ListReader[Numbers.Reader] | _b.StructListBuilder[Numbers.Builder]) -> list[Numbers.Row]:
+        """Every element of a list of Numbers (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Numbers)
 
     @staticmethod
@@ -2364,8 +2364,8 @@ class Pair:
         return _e.new_message_row(Pair.Builder, _P_Pair, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Pair.Reader]) -> list[Pair.Row]:
-        """Every element of a list of Pair as a row, in one call."""
+    def rows(readers: _r.ListReader[Pair.Reader] | _b.StructListBuilder[Pair.Builder]) -> list[Pair.Row]:
+        """Every element of a list of Pair (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Pair)
 
     @staticmethod
@@ -2461,8 +2461,8 @@ class Right(_t.Interface["Right.Client"]):
             return _e.new_message_row(Right.RightParams.Builder, _P_Right_RightParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Right.RightParams.Reader]) -> list[Right.RightParams.Row]:
-            """Every element of a list of Right.right$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Right.RightParams.Reader] | _b.StructListBuilder[Right.RightParams.Builder]) -> list[Right.RightParams.Row]:
+            """Every element of a list of Right.right$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Right_RightParams)
 
         @staticmethod
@@ -2575,8 +2575,8 @@ class Right(_t.Interface["Right.Client"]):
             return _e.new_message_row(Right.RightResults.Builder, _P_Right_RightResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Right.RightResults.Reader]) -> list[Right.RightResults.Row]:
-            """Every element of a list of Right.right$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Right.RightResults.Reader] | _b.StructListBuilder[Right.RightResults.Builder]) -> list[Right.RightResults.Row]:
+            """Every element of a list of Right.right$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Right_RightResults)
 
         @staticmethod
@@ -2764,8 +2764,8 @@ class Diamond(_t.Interface["Diamond.Client"]):
             return _e.new_message_row(Diamond.TrickyParams.Builder, _P_Diamond_TrickyParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Diamond.TrickyParams.Reader]) -> list[Diamond.TrickyParams.Row]:
-            """Every element of a list of Diamond.tricky$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Diamond.TrickyParams.Reader] | _b.StructListBuilder[Diamond.TrickyParams.Builder]) -> list[Diamond.TrickyParams.Row]:
+            """Every element of a list of Diamond.tricky$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Diamond_TrickyParams)
 
         @staticmethod
@@ -2896,8 +2896,8 @@ class Diamond(_t.Interface["Diamond.Client"]):
             return _e.new_message_row(Diamond.TrickyResults.Builder, _P_Diamond_TrickyResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Diamond.TrickyResults.Reader]) -> list[Diamond.TrickyResults.Row]:
-            """Every element of a list of Diamond.tricky$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Diamond.TrickyResults.Reader] | _b.StructListBuilder[Diamond.TrickyResults.Builder]) -> list[Diamond.TrickyResults.Row]:
+            """Every element of a list of Diamond.tricky$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Diamond_TrickyResults)
 
         @staticmethod
@@ -3468,8 +3468,8 @@ class Shapes:
         return _e.new_message_row(Shapes.Builder, _P_Shapes, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Shapes.Reader]) -> list[Shapes.Row]:
-        """Every element of a list of Shapes as a row, in one call."""
+    def rows(readers: _r.ListReader[Shapes.Reader] | _b.StructListBuilder[Shapes.Builder]) -> list[Shapes.Row]:
+        """Every element of a list of Shapes (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Shapes)
 
     @staticmethod
@@ -3598,8 +3598,8 @@ class Shop(_t.Interface["Shop.Client"]):
             return _e.new_message_row(Shop.BuyParams.Builder, _P_Shop_BuyParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Shop.BuyParams.Reader]) -> list[Shop.BuyParams.Row]:
-            """Every element of a list of Shop.buy$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Shop.BuyParams.Reader] | _b.StructListBuilder[Shop.BuyParams.Builder]) -> list[Shop.BuyParams.Row]:
+            """Every element of a list of Shop.buy$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_BuyParams)
 
         @staticmethod
@@ -3736,8 +3736,8 @@ class Shop(_t.Interface["Shop.Client"]):
             return _e.new_message_row(Shop.BuyResults.Builder, _P_Shop_BuyResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Shop.BuyResults.Reader]) -> list[Shop.BuyResults.Row]:
-            """Every element of a list of Shop.buy$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Shop.BuyResults.Reader] | _b.StructListBuilder[Shop.BuyResults.Builder]) -> list[Shop.BuyResults.Row]:
+            """Every element of a list of Shop.buy$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_BuyResults)
 
         @staticmethod
@@ -3826,8 +3826,8 @@ class Shop(_t.Interface["Shop.Client"]):
             return _e.new_message_row(Shop.ListParams.Builder, _P_Shop_ListParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Shop.ListParams.Reader]) -> list[Shop.ListParams.Row]:
-            """Every element of a list of Shop.list$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Shop.ListParams.Reader] | _b.StructListBuilder[Shop.ListParams.Builder]) -> list[Shop.ListParams.Row]:
+            """Every element of a list of Shop.list$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_ListParams)
 
         @staticmethod
@@ -3949,8 +3949,8 @@ class Shop(_t.Interface["Shop.Client"]):
             return _e.new_message_row(Shop.ListResults.Builder, _P_Shop_ListResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Shop.ListResults.Reader]) -> list[Shop.ListResults.Row]:
-            """Every element of a list of Shop.list$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Shop.ListResults.Reader] | _b.StructListBuilder[Shop.ListResults.Builder]) -> list[Shop.ListResults.Row]:
+            """Every element of a list of Shop.list$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_ListResults)
 
         @staticmethod
@@ -4078,8 +4078,8 @@ class Shop(_t.Interface["Shop.Client"]):
             return _e.new_message_row(Shop.PeekParams.Builder, _P_Shop_PeekParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Shop.PeekParams.Reader]) -> list[Shop.PeekParams.Row]:
-            """Every element of a list of Shop.peek$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Shop.PeekParams.Reader] | _b.StructListBuilder[Shop.PeekParams.Builder]) -> list[Shop.PeekParams.Row]:
+            """Every element of a list of Shop.peek$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_PeekParams)
 
         @staticmethod
@@ -4168,8 +4168,8 @@ class Shop(_t.Interface["Shop.Client"]):
             return _e.new_message_row(Shop.PeekResults.Builder, _P_Shop_PeekResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Shop.PeekResults.Reader]) -> list[Shop.PeekResults.Row]:
-            """Every element of a list of Shop.peek$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Shop.PeekResults.Reader] | _b.StructListBuilder[Shop.PeekResults.Builder]) -> list[Shop.PeekResults.Row]:
+            """Every element of a list of Shop.peek$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_PeekResults)
 
         @staticmethod
@@ -4342,8 +4342,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.GetParams.Builder, _P_Store_GetParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.GetParams.Reader]) -> list[Store.GetParams.Row]:
-            """Every element of a list of Store.get$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.GetParams.Reader] | _b.StructListBuilder[Store.GetParams.Builder]) -> list[Store.GetParams.Row]:
+            """Every element of a list of Store.get$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_GetParams)
 
         @staticmethod
@@ -4484,8 +4484,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.GetResults.Builder, _P_Store_GetResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.GetResults.Reader]) -> list[Store.GetResults.Row]:
-            """Every element of a list of Store.get$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.GetResults.Reader] | _b.StructListBuilder[Store.GetResults.Builder]) -> list[Store.GetResults.Row]:
+            """Every element of a list of Store.get$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_GetResults)
 
         @staticmethod
@@ -4601,8 +4601,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.PutParams.Builder, _P_Store_PutParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.PutParams.Reader]) -> list[Store.PutParams.Row]:
-            """Every element of a list of Store.put$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.PutParams.Reader] | _b.StructListBuilder[Store.PutParams.Builder]) -> list[Store.PutParams.Row]:
+            """Every element of a list of Store.put$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_PutParams)
 
         @staticmethod
@@ -4691,8 +4691,8 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.PutResults.Builder, _P_Store_PutResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store.PutResults.Reader]) -> list[Store.PutResults.Row]:
-            """Every element of a list of Store.put$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Store.PutResults.Reader] | _b.StructListBuilder[Store.PutResults.Builder]) -> list[Store.PutResults.Row]:
+            """Every element of a list of Store.put$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_PutResults)
 
         @staticmethod
@@ -4860,8 +4860,8 @@ class Tree:
             return _e.new_message_row(Tree.Reader_.Builder, _P_Tree_Reader_, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Tree.Reader_.Reader]) -> list[Tree.Reader_.Row]:
-            """Every element of a list of Tree.Reader as a row, in one call."""
+        def rows(readers: _r.ListReader[Tree.Reader_.Reader] | _b.StructListBuilder[Tree.Reader_.Builder]) -> list[Tree.Reader_.Row]:
+            """Every element of a list of Tree.Reader (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tree_Reader_)
 
         @staticmethod
@@ -5043,8 +5043,8 @@ class Tree:
         return _e.new_message_row(Tree.Builder, _P_Tree, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Tree.Reader]) -> list[Tree.Row]:
-        """Every element of a list of Tree as a row, in one call."""
+    def rows(readers: _r.ListReader[Tree.Reader] | _b.StructListBuilder[Tree.Builder]) -> list[Tree.Row]:
+        """Every element of a list of Tree (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Tree)
 
     @staticmethod
@@ -5202,8 +5202,8 @@ class Box_Text:
         return _e.new_message_row(Box_Text.Builder, _P_Box_Text, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Box_Text.Reader]) -> list[Box_Text.Row]:
-        """Every element of a list of Box_Text as a row, in one call."""
+    def rows(readers: _r.ListReader[Box_Text.Reader] | _b.StructListBuilder[Box_Text.Builder]) -> list[Box_Text.Row]:
+        """Every element of a list of Box_Text (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Box_Text)
 
     @staticmethod
@@ -5359,8 +5359,8 @@ class Box_List_Int32:
         return _e.new_message_row(Box_List_Int32.Builder, _P_Box_List_Int32, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Box_List_Int32.Reader]) -> list[Box_List_Int32.Row]:
-        """Every element of a list of Box_List_Int32 as a row, in one call."""
+    def rows(readers: _r.ListReader[Box_List_Int32.Reader] | _b.StructListBuilder[Box_List_Int32.Builder]) -> list[Box_List_Int32.Row]:
+        """Every element of a list of Box_List_Int32 (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Box_List_Int32)
 
     @staticmethod
@@ -5523,8 +5523,8 @@ class Box_Tree:
         return _e.new_message_row(Box_Tree.Builder, _P_Box_Tree, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Box_Tree.Reader]) -> list[Box_Tree.Row]:
-        """Every element of a list of Box_Tree as a row, in one call."""
+    def rows(readers: _r.ListReader[Box_Tree.Reader] | _b.StructListBuilder[Box_Tree.Builder]) -> list[Box_Tree.Row]:
+        """Every element of a list of Box_Tree (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Box_Tree)
 
     @staticmethod
@@ -5680,8 +5680,8 @@ class Box_Shop:
         return _e.new_message_row(Box_Shop.Builder, _P_Box_Shop, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Box_Shop.Reader]) -> list[Box_Shop.Row]:
-        """Every element of a list of Box_Shop as a row, in one call."""
+    def rows(readers: _r.ListReader[Box_Shop.Reader] | _b.StructListBuilder[Box_Shop.Builder]) -> list[Box_Shop.Row]:
+        """Every element of a list of Box_Shop (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Box_Shop)
 
     @staticmethod
@@ -5819,8 +5819,8 @@ class Pair_Text_Box_Text:
         return _e.new_message_row(Pair_Text_Box_Text.Builder, _P_Pair_Text_Box_Text, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Pair_Text_Box_Text.Reader]) -> list[Pair_Text_Box_Text.Row]:
-        """Every element of a list of Pair_Text_Box_Text as a row, in one call."""
+    def rows(readers: _r.ListReader[Pair_Text_Box_Text.Reader] | _b.StructListBuilder[Pair_Text_Box_Text.Builder]) -> list[Pair_Text_Box_Text.Row]:
+        """Every element of a list of Pair_Text_Box_Text (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Pair_Text_Box_Text)
 
     @staticmethod
@@ -5940,8 +5940,8 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _e.new_message_row(Store_Text.PutParams.Builder, _P_Store_Text_PutParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store_Text.PutParams.Reader]) -> list[Store_Text.PutParams.Row]:
-            """Every element of a list of Store_Text.put$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Store_Text.PutParams.Reader] | _b.StructListBuilder[Store_Text.PutParams.Builder]) -> list[Store_Text.PutParams.Row]:
+            """Every element of a list of Store_Text.put$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_Text_PutParams)
 
         @staticmethod
@@ -6030,8 +6030,8 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _e.new_message_row(Store_Text.PutResults.Builder, _P_Store_Text_PutResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store_Text.PutResults.Reader]) -> list[Store_Text.PutResults.Row]:
-            """Every element of a list of Store_Text.put$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Store_Text.PutResults.Reader] | _b.StructListBuilder[Store_Text.PutResults.Builder]) -> list[Store_Text.PutResults.Row]:
+            """Every element of a list of Store_Text.put$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_Text_PutResults)
 
         @staticmethod
@@ -6120,8 +6120,8 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _e.new_message_row(Store_Text.GetParams.Builder, _P_Store_Text_GetParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store_Text.GetParams.Reader]) -> list[Store_Text.GetParams.Row]:
-            """Every element of a list of Store_Text.get$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[Store_Text.GetParams.Reader] | _b.StructListBuilder[Store_Text.GetParams.Builder]) -> list[Store_Text.GetParams.Row]:
+            """Every element of a list of Store_Text.get$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_Text_GetParams)
 
         @staticmethod
@@ -6259,8 +6259,8 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _e.new_message_row(Store_Text.GetResults.Builder, _P_Store_Text_GetResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[Store_Text.GetResults.Reader]) -> list[Store_Text.GetResults.Row]:
-            """Every element of a list of Store_Text.get$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[Store_Text.GetResults.Reader] | _b.StructListBuilder[Store_Text.GetResults.Builder]) -> list[Store_Text.GetResults.Row]:
+            """Every element of a list of Store_Text.get$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_Text_GetResults)
 
         @staticmethod
@@ -6410,8 +6410,8 @@ class TextStore(_t.Interface["TextStore.Client"]):
             return _e.new_message_row(TextStore.SizeParams.Builder, _P_TextStore_SizeParams, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[TextStore.SizeParams.Reader]) -> list[TextStore.SizeParams.Row]:
-            """Every element of a list of TextStore.size$Params as a row, in one call."""
+        def rows(readers: _r.ListReader[TextStore.SizeParams.Reader] | _b.StructListBuilder[TextStore.SizeParams.Builder]) -> list[TextStore.SizeParams.Row]:
+            """Every element of a list of TextStore.size$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_TextStore_SizeParams)
 
         @staticmethod
@@ -6523,8 +6523,8 @@ class TextStore(_t.Interface["TextStore.Client"]):
             return _e.new_message_row(TextStore.SizeResults.Builder, _P_TextStore_SizeResults, row)
 
         @staticmethod
-        def rows(readers: _r.ListReader[TextStore.SizeResults.Reader]) -> list[TextStore.SizeResults.Row]:
-            """Every element of a list of TextStore.size$Results as a row, in one call."""
+        def rows(readers: _r.ListReader[TextStore.SizeResults.Reader] | _b.StructListBuilder[TextStore.SizeResults.Builder]) -> list[TextStore.SizeResults.Row]:
+            """Every element of a list of TextStore.size$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_TextStore_SizeResults)
 
         @staticmethod

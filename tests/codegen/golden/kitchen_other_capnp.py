@@ -164,8 +164,8 @@ class Thing:
         return _e.new_message_row(Thing.Builder, _P_Thing, row)
 
     @staticmethod
-    def rows(readers: _r.ListReader[Thing.Reader]) -> list[Thing.Row]:
-        """Every element of a list of Thing as a row, in one call."""
+    def rows(readers: _r.ListReader[Thing.Reader] | _b.StructListBuilder[Thing.Builder]) -> list[Thing.Row]:
+        """Every element of a list of Thing (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Thing)
 
     @staticmethod
