@@ -94,9 +94,16 @@ def store_bits(w: BytesWriter, at: i64, bits: i64, width: i64) -> None:
 
 
 def patch(w: BytesWriter, at: i64, low: i64, high: i64) -> None:
-    """A pointer word as its two 32-bit halves, at byte ``at``."""
-    store_bits(w, at, low, 4)
-    store_bits(w, at + 4, high, 4)
+    """A pointer word as its two 32-bit halves, at byte ``at`` (eight stores inline: every
+    pointer the encoder writes comes through here)."""
+    w[at] = u8(low & 0xFF)
+    w[at + 1] = u8((low >> 8) & 0xFF)
+    w[at + 2] = u8((low >> 16) & 0xFF)
+    w[at + 3] = u8((low >> 24) & 0xFF)
+    w[at + 4] = u8(high & 0xFF)
+    w[at + 5] = u8((high >> 8) & 0xFF)
+    w[at + 6] = u8((high >> 16) & 0xFF)
+    w[at + 7] = u8((high >> 24) & 0xFF)
 
 
 def append_int(out: BytesWriter, value: int, width: int) -> None:

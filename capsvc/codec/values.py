@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from librt.strings import BytesWriter, write_f32_le, write_f64_le
 
+from capsvc._mypyc import i64
 from capsvc.codec.building import (
     B,
     MessageBuilder,
@@ -537,12 +538,12 @@ def _text(enc: _Encoder, w: BytesWriter, rel: int, at: int, value: object, label
     if not isinstance(value, str):
         raise bad_type(value, label, "str (Text)")
     encoded = value.encode("utf-8")
-    size = len(encoded) + 1  # the NUL
-    start = enc.end()
+    size: i64 = len(encoded) + 1  # the NUL
+    offset: i64 = enc.end() - at - 1  # (machine integers: no tagged arithmetic per Text)
     out = enc.w
     out.write(encoded)
     out.write(TEXT_ENDS[(size - 1) & 7])
-    patch(w, rel, (((start - at - 1) << 2) & 0xFFFFFFFF) | 1, size << 3 | 2)
+    patch(w, rel, ((offset << 2) & 0xFFFFFFFF) | 1, (size << 3) | 2)
 
 
 def _data(enc: _Encoder, w: BytesWriter, rel: int, at: int, value: object, label: str) -> None:
