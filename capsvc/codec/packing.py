@@ -247,22 +247,23 @@ def _tag(word: i64) -> i64:
 
 
 def _pack_words(data: bytes) -> bytes:
-    """``pack``, a word at a time (the compiled build)."""
+    """``pack``, a word at a time (the compiled build). The counters are machine integers
+    (``i64``): tagged-int arithmetic, with its overflow checks, was a third of the work."""
     out = BytesWriter()
-    words = len(data) >> 3
-    index = 0
+    words: i64 = len(data) >> 3
+    index: i64 = 0
     while index < words:
         word: i64 = read_i64_le(data, index << 3)
         index += 1
         if word == 0:  # this and up to 255 more zero words: 0x00, count
-            run = 0
+            run: i64 = 0
             while run < 255 and index < words and read_i64_le(data, index << 3) == 0:
                 run += 1
                 index += 1
             out.append(0)
             out.append(u8(run))
             continue
-        tag = _tag(word)
+        tag: i64 = _tag(word)
         out.append(u8(tag))
         if tag != 0xFF:
             for byte in range(8):
@@ -276,9 +277,9 @@ def _pack_words(data: bytes) -> bytes:
         # so that each word is read once and copied as it is judged (word by word, not
         # a slice: a run is a dozen words of a Text or so, and a slice per run, an
         # allocation and a copy, costs more than the native reads).
-        count_at = len(out)
+        count_at: i64 = len(out)
         out.append(0)
-        first = index
+        first: i64 = index
         while index < words and index - first < 255:
             # At most one zero byte: fold each byte onto its bit 0 (as ``_tag``), and
             # the zero bytes' bits, one per zero byte, are a power of two or none.
@@ -296,21 +297,23 @@ def _pack_words(data: bytes) -> bytes:
 
 
 def _unpack_words(data: bytes, max_words: int) -> bytes:
-    """``unpack``, a tag at a time (the compiled build)."""
+    """``unpack``, a tag at a time (the compiled build; machine-integer counters, as
+    ``_pack_words``)."""
     out = BytesWriter()
-    end = len(data)
-    pos = 0
-    words = 0
+    end: i64 = len(data)
+    pos: i64 = 0
+    words: i64 = 0
+    limit: i64 = min(max_words, 0x3FFF_FFFF_FFFF_FFFF)  # (a machine integer)
     while pos < end:
-        tag = data[pos]
+        tag: i64 = data[pos]
         pos += 1
         if tag == 0:  # zero words: this one and ``count`` more
             if pos >= end:
                 raise DecodeError("packed message ends inside a word's encoding")
-            count = data[pos] + 1
+            count: i64 = data[pos] + 1
             pos += 1
             words += count
-            if words > max_words:
+            if words > limit:
                 raise DecodeError(f"packed message unpacks to more than {max_words} words")
             out.write(_zero_run(count))
             continue
@@ -319,11 +322,11 @@ def _unpack_words(data: bytes, max_words: int) -> bytes:
             if pos + 9 > end:
                 raise DecodeError("packed message ends inside a word's encoding")
             count = data[pos + 8]
-            raw = (count + 1) << 3
+            raw: i64 = (count + 1) << 3
             if pos + 9 + (count << 3) > end:
                 raise DecodeError("packed message ends inside a word's encoding")
             words += count
-            if words > max_words:
+            if words > limit:
                 raise DecodeError(f"packed message unpacks to more than {max_words} words")
             # Word by word, not slices (see ``_pack_words``).
             write_i64_le(out, read_i64_le(data, pos))
@@ -331,7 +334,7 @@ def _unpack_words(data: bytes, max_words: int) -> bytes:
                 write_i64_le(out, read_i64_le(data, at))
             pos += 1 + raw
             continue
-        if words > max_words:
+        if words > limit:
             raise DecodeError(f"packed message unpacks to more than {max_words} words")
         if pos + _POPCOUNT[tag] > end:
             raise DecodeError("packed message ends inside a word's encoding")

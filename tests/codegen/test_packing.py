@@ -173,3 +173,10 @@ def test_ordinary_words_count_against_the_limit(way: _Ways) -> None:
     with pytest.raises(DecodeError, match="more than 3 words"):
         unpack(bytes([0xFF, *range(1, 9), 3, *bytes(24)]), max_words=3)
     assert unpack(bytes([0x01, 9]) * 3, max_words=3) == bytes([9, 0, 0, 0, 0, 0, 0, 0]) * 3
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_limit_beyond_a_machine_word_is_no_limit(way: _Ways) -> None:
+    # The compiled unpacker counts words in machine integers: a limit too large for one
+    # (here 2**70) must not overflow, it just never binds.
+    assert way.unpack(bytes([0x00, 3]), max_words=1 << 70) == bytes(32)
