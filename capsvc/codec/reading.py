@@ -159,13 +159,19 @@ def new_reader(
     copy."""
     if data_words >= cls._DATA_WORDS:
         return fitting_reader(cls, msg, msg.segments[si], si, start, data_words, pointers, depth)
-    segment = msg.segments[si]
-    padded = bytes(segment[start << 3 : (start + data_words) << 3]) + bytes(
-        (cls._DATA_WORDS - data_words) << 3
-    )
+    padded = padded_data(msg.segments[si], start, data_words, cls._DATA_WORDS)
     reader = fitting_reader(cls, msg, padded, si, start, data_words, pointers, depth)
     reader._data = 0
     return reader
+
+
+def padded_data(segment: bytes, start: int, data_words: int, schema_words: int) -> bytes:
+    """The ``data_words`` data section at word ``start``, zero-padded to the schema's
+    ``schema_words``: what a struct from an older writer is read from (its missing fields
+    read as their defaults)."""
+    return bytes(segment[start << 3 : (start + data_words) << 3]) + bytes(
+        (schema_words - data_words) << 3
+    )
 
 
 def fitting_reader(

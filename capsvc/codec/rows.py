@@ -59,6 +59,7 @@ from capsvc.codec.reading import (
     _open_list,
     locate_struct,
     near_composite,
+    padded_data,
     read_data,
     read_text,
 )
@@ -279,8 +280,7 @@ def _sections(
     seg = msg.segments[si]
     if data_words >= plan.data_words:
         return seg, start << 3
-    padded = bytes(seg[start << 3 : (start + data_words) << 3])
-    return padded + bytes((plan.data_words - data_words) << 3), 0
+    return padded_data(seg, start, data_words, plan.data_words), 0
 
 
 def _struct_field(

@@ -173,32 +173,34 @@ def new_message(
     """A message whose root is a ``cls`` struct of ``plan``, from ``values`` in the plan's
     order (a generated ``new_message``'s keywords) and ``unknown`` (its other keywords:
     fields by their schema names, or an error)."""
-    builder = MessageBuilder()
-    enc = _Encoder(builder, 1, plan, "new_message")
-    _append_struct(enc, plan, _with_unknown(enc, plan, values, unknown) if unknown else values)
-    enc.finish()
-    write_struct_pointer(builder.buf, 0, 1, plan.data_words, plan.pointers)
-    return new_builder(cls, builder, 1)
+    return new_builder(cls, _new_root(plan, "new_message", values, unknown), 1)
 
 
 def new_message_row(cls: type[B], plan: StructPlan, row: object) -> B:
     """A message whose root is a ``cls`` struct of ``plan`` holding ``row``
     (capsvc.codec.rows: every field in schema order, None for a field left out)."""
-    builder = MessageBuilder()
-    enc = _Encoder(builder, 1, plan, "from_row")
     if not isinstance(row, tuple):
         raise bad_type(row, plan.name, f"a {plan.name} row (a tuple)")
-    _append_struct(enc, plan, _row_values(enc, plan, row))
-    enc.finish()
-    write_struct_pointer(builder.buf, 0, 1, plan.data_words, plan.pointers)
-    return new_builder(cls, builder, 1)
+    return new_builder(cls, _new_root(plan, "from_row", row, None), 1)
 
 
 def new_message_from(plan: StructPlan, fields: Mapping[str, object]) -> MessageBuilder:
     """A message whose root struct is ``plan``'s, from a mapping of its fields."""
+    return _new_root(plan, "new_message", fields, None)
+
+
+def _new_root(
+    plan: StructPlan, op: str, given: object, unknown: Mapping[str, object] | None
+) -> MessageBuilder:
+    """A message whose root struct is ``plan``'s, from ``given``: values in the plan's order
+    (a list, with ``unknown`` keywords to place), or a mapping of fields, or a row."""
     builder = MessageBuilder()
-    enc = _Encoder(builder, 1, plan, "new_message")
-    _append_struct(enc, plan, _values_of(enc, plan, fields))
+    enc = _Encoder(builder, 1, plan, op)
+    if type(given) is list:
+        values: list[object] = _with_unknown(enc, plan, given, unknown) if unknown else given
+    else:
+        values = _values_of(enc, plan, given)
+    _append_struct(enc, plan, values)
     enc.finish()
     write_struct_pointer(builder.buf, 0, 1, plan.data_words, plan.pointers)
     return builder
