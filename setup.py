@@ -50,7 +50,13 @@ def _extensions() -> list[object]:
 
     plan = _load_build_module()
     paths = [os.path.relpath(plan.source_path(module)) for module in plan.MODULES]
-    return mypycify(paths, opt_level="3", group_name=plan.GROUP)
+    from setuptools import Extension
+
+    native = [
+        Extension(module, [os.path.relpath(plan.source_path(module))], extra_compile_args=["-O2"])
+        for module in plan.C_EXTENSIONS
+    ]
+    return [*mypycify(paths, opt_level="3", group_name=plan.GROUP), *native]
 
 
 setup(ext_modules=_extensions())

@@ -69,6 +69,11 @@ MODULES: tuple[str, ...] = (
     "capsvc.server",
 )
 
+#: Extension modules written in C (each a ``.c`` beside where its module would be),
+#: built with the mypyc ones and part of the compiled build: the row reader
+#: (capsvc.codec.rows reads through it when compiled).
+C_EXTENSIONS: tuple[str, ...] = ("capsvc.codec._native",)
+
 #: The shared library's module (mypyc's ``group_name``; the file adds ``__mypyc``).
 GROUP = "capsvc.native"
 
@@ -76,13 +81,13 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def source_path(module: str) -> str:
-    """The ``.py`` file of one of ``MODULES``."""
+    """The ``.py`` file of one of ``MODULES`` (the ``.c`` of one of ``C_EXTENSIONS``)."""
     parts = module.split(".")[1:]
-    return os.path.join(_PACKAGE_DIR, *parts) + ".py"
+    return os.path.join(_PACKAGE_DIR, *parts) + (".c" if module in C_EXTENSIONS else ".py")
 
 
 def _compiled_path(module: str) -> str | None:
-    stem = source_path(module)[: -len(".py")]
+    stem = os.path.splitext(source_path(module))[0]
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         if os.path.exists(stem + suffix):
             return stem + suffix
@@ -91,7 +96,7 @@ def _compiled_path(module: str) -> str | None:
 
 def build_state() -> str:
     """``"compiled"``, ``"none"`` (no compiled module at all) or ``"stale: <why>"``."""
-    found = {module: _compiled_path(module) for module in MODULES}
+    found = {module: _compiled_path(module) for module in MODULES + C_EXTENSIONS}
     if not any(found.values()):
         return "none"
     missing = [module for module, path in found.items() if path is None]

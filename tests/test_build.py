@@ -72,7 +72,7 @@ def test_a_stale_build_falls_back_to_pure_python_with_a_warning(tmp_path: Path, 
     # Empty files named as the extensions would be: a stale build must never be loaded,
     # so these are never opened (an import of one would fail loudly).
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    names = _build.MODULES[:1] if how == "incomplete" else _build.MODULES
+    names = _build.MODULES[:1] if how == "incomplete" else _build.MODULES + _build.C_EXTENSIONS
     for name in names:
         fake = root / (str(Path(*name.split("."))) + suffix)
         fake.write_bytes(b"")

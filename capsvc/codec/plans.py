@@ -177,6 +177,7 @@ class StructPlan:
         "is_group",
         "keys",
         "name",
+        "native",
         "order",
         "pointer_fields",
         "pointers",
@@ -192,6 +193,9 @@ class StructPlan:
         #: The generated reader class of this struct or group (rows read the fields they
         #: do not read natively through it: capsvc.codec.rows); set by generated modules.
         self.reader: type | None = None
+        #: This plan flattened for the C row reader (capsvc.codec.rows makes it on first
+        #: use, in the compiled build); None until then.
+        self.native: object = None
         #: Lists that rows of this struct are gathered in before they become tuples (so a
         #: row costs no list of its own: capsvc.codec.rows), a stack: rows being read at
         #: once (a struct that holds itself, or another thread) each take their own, the

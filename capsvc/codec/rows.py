@@ -25,6 +25,14 @@ fields as their defaults from a zero-padded copy. What this module does not read
 natively (pointer fields with schema defaults, lists of anything but structs,
 capabilities, AnyPointers, float defaults, enum codes the schema does not know) it reads
 through the generated reader's own field, so a row always equals the reader's values.
+
+In the compiled build the rows of a message's common case are read in C
+(capsvc/codec/_native.c): each plan is flattened once into a ``Program`` (``_program``),
+and C reads near pointers within one segment, charging the budget and counting nesting
+as this module does. On anything else (far pointers, upgraded lists, and every fault) C
+gives up with the budget untouched and this module reads the struct from the start, so
+faults get the same DecodeError and C never has to name one. The pure build never loads
+C.
 """
 
 from __future__ import annotations
@@ -33,10 +41,13 @@ from typing import Any, Final
 
 from librt.strings import read_f32_le, read_f64_le, read_i16_le, read_i32_le, read_i64_le
 
+from capsvc import _build
 from capsvc._mypyc import i64
 from capsvc.codec.building import StructListBuilder
 from capsvc.codec.plans import (
+    ANY,
     BOOL,
+    CAPABILITY,
     DATA,
     ENUM,
     FLOAT,
@@ -68,6 +79,14 @@ from capsvc.errors import DecodeError
 __all__ = ["list_rows", "struct_row"]
 
 _WORD: Final = 1 << 64
+_MASK64: Final = (1 << 64) - 1
+#: The kind of a field C reads through ``_via_reader`` (capsvc/codec/_native.c).
+_VIA: Final = 100
+
+#: The C reader (capsvc/codec/_native.c), in the compiled build only.
+_native: Any = None
+if _build.COMPILED:
+    from capsvc.codec import _native
 
 
 # ---------------------------------------------------------------------- entry points
@@ -86,6 +105,20 @@ def struct_row(reader: object, plan: StructPlan) -> tuple[Any, ...]:
             f"{plan.name}.row() takes a {plan.name} reader or builder,"
             f" not {type(reader).__qualname__}"
         )
+    if _native is not None:
+        row = _native.struct_row(
+            _program(plan),
+            reader._msg,
+            reader._si,
+            reader._seg,
+            reader._data,
+            reader._ptr,
+            reader._pend,
+            reader._depth,
+            _via_reader,
+        )
+        if row is not None:
+            return row  # type: ignore[no-any-return]
     return _row(
         reader._msg,
         reader._si,
@@ -131,6 +164,21 @@ def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
     words = elements._words
     if not words or not elements._count:
         return [struct_row(item, plan) for item in elements]
+    if _native is not None:
+        rows = _native.element_rows(
+            _program(plan),
+            elements._msg,
+            elements._si,
+            elements._start,
+            elements._count,
+            words,
+            elements._dw,
+            elements._pc,
+            elements._depth,
+            _via_reader,
+        )
+        if rows is not None:
+            return rows  # type: ignore[no-any-return]
     return _element_rows(
         elements._msg,
         elements._si,
@@ -142,6 +190,53 @@ def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
         plan,
         elements._depth,
     )
+
+
+# ---------------------------------------------------------------------- the C reader
+def _program(plan: StructPlan) -> object:
+    """``plan`` flattened for the C reader (made on first use, then kept on the plan)."""
+    program = plan.native
+    if program is None:
+        program = _make_program(plan)
+    return program
+
+
+def _make_program(plan: StructPlan) -> object:
+    program = plan.native
+    if program is not None:
+        return program
+    program = _native.Program(plan)
+    plan.native = program  # before the fields: a struct may hold itself
+    fields: list[tuple[object, ...]] = []
+    for field in plan.order:
+        kind = field.kind
+        sub: object = None
+        if field.row_via_reader or kind in (CAPABILITY, ANY) or (kind == FLOAT and field.xor):
+            kind = _VIA
+        elif kind in (STRUCT, GROUP):
+            assert field.target is not None
+            sub = _make_program(field.target)
+        elif kind == LIST:
+            element = field.list
+            if element is not None and element.kind == STRUCT and element.target is not None:
+                sub = _make_program(element.target)
+            else:
+                kind = _VIA
+        fields.append(
+            (
+                kind,
+                field.offset,
+                field.width,
+                field.signed,
+                field.xor & _MASK64,
+                field.disc,
+                sub,
+                field.enum_members,
+                field,
+            )
+        )
+    program.set(plan.data_words, plan.pointers, plan.disc_at, tuple(fields))
+    return program
 
 
 # ---------------------------------------------------------------------- structs

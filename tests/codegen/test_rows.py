@@ -1,5 +1,9 @@
 """Rows: whole structs as tuples (``T.row``, ``T.rows``, ``T.from_row``; capsvc.codec.rows).
 
+Every test runs on both readers of rows: the C one (capsvc/codec/_native.c, in the
+compiled build) and the Python one (``row_path``); a last test holds them to the same
+outcome, error and traversal budget on hostile messages.
+
 A row must hold what the generated reader's fields hold, for every type kind of
 tests/schemas/kitchen.capnp (pycapnp builds the messages, also spread over one-word
 segments: far pointers everywhere), for older and newer struct layouts, and for hostile
@@ -23,6 +27,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from capsvc import _build
+from capsvc.codec import rows as rows_module
 from capsvc.codec.plans import GROUP, LIST, STRUCT, VOID, StructPlan
 from capsvc.codec.reading import AnyPointer, StructReader
 from capsvc.codegen import schema_of_paths, sources, write
@@ -42,6 +48,29 @@ from tests.codegen.values import struct_named, values
 __all__ = ["seeds"]  # the fixture, shared with test_hostile
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _c_reader() -> ModuleType | None:
+    """The C reader of rows wherever it was built, in the pure build too (it reads any
+    MessageReader: here it is held to the pure Python readers)."""
+    if rows_module._native is not None:
+        return rows_module._native  # type: ignore[no-any-return]
+    if _build.build_state() != "compiled":
+        return None  # no C compiler here, or a stale build: Python only
+    return importlib.import_module("capsvc.codec._native")
+
+
+#: The readers of rows this machine has: C where it was built, Python always.
+NATIVE = _c_reader()
+PATHS = ["c", "python"] if NATIVE is not None else ["python"]
+
+
+@pytest.fixture(autouse=True, params=PATHS)
+def row_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which reader of rows the test runs on."""
+    monkeypatch.setattr(rows_module, "_native", NATIVE if request.param == "c" else None)
+    path: str = request.param
+    return path
 
 
 # ---------------------------------------------------------------------- the reference
@@ -222,10 +251,11 @@ def test_a_struct_that_holds_itself(generated: Generated) -> None:
         assert all(item is None for scratch in plan.scratch for item in scratch)
 
 
-def test_rows_read_at_once_each_get_their_own_list(generated: Generated) -> None:
+def test_rows_read_at_once_each_get_their_own_list(generated: Generated, row_path: str) -> None:
     """A row read while another of the same struct is half read (here: from the main
     thread, while a thread's read waits in a field read through the reader) takes lists
-    of its own, and both rows come out whole."""
+    of its own (Python; C keeps its state on its own stack), and both rows come out
+    whole."""
     k = generated.kitchen
     plan = plan_of(k.Tree)
     started, resume = threading.Event(), threading.Event()
@@ -252,7 +282,8 @@ def test_rows_read_at_once_each_get_their_own_list(generated: Generated) -> None
         first = threading.Thread(target=lambda: rows.append(k.Tree.row(read(1))))
         first.start()
         assert started.wait(10)
-        assert plan.scratch_level == 2  # the thread's row and its child's, half read
+        # Python: the thread's row and its child's, half read; C takes no scratch list.
+        assert plan.scratch_level == (2 if row_path == "python" else 0)
         second = k.Tree.row(read(3))
         resume.set()
         first.join(10)
@@ -366,3 +397,39 @@ def _same_outcome(kind: Any, segments: list[bytes]) -> None:
         return
     row = kind.row(kind.Reader.read(segments, traversal_limit_words=limit))
     assert comparable(row) == comparable(expected)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler here: there is no C reader")
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_c_and_python_agree_on_hostile_messages(
+    generated: Generated, seeds: list[tuple[str, list[bytes]]], data: st.DataObject
+) -> None:
+    """The C reader reads a message exactly as the Python one does: the same row and the
+    same traversal budget left, or the same DecodeError (C hands every fault to Python)."""
+    name, original = data.draw(st.sampled_from(seeds))
+    segments = [bytearray(segment) for segment in original]
+    for _ in range(data.draw(st.integers(0, 4))):
+        si = data.draw(st.integers(0, len(segments) - 1))
+        words = len(segments[si]) >> 3
+        if words:
+            at = data.draw(st.integers(0, words - 1)) << 3
+            segments[si][at : at + 8] = struct.pack("<Q", data.draw(_WORDS))
+    kind = getattr(generated.kitchen, name)
+    frozen = [bytes(segment) for segment in segments]
+    limit = data.draw(st.sampled_from([1 << 12, 64, 16]))
+    outcomes = []
+    for native in (NATIVE, None):
+        rows_module._native = native
+        try:
+            reader = kind.Reader.read(frozen, traversal_limit_words=limit)
+            try:
+                outcome: Any = comparable(kind.row(reader))
+            except DecodeError as error:
+                outcome = f"DecodeError: {error}"
+            outcomes.append((outcome, reader._msg.budget))
+        except DecodeError as error:  # the root itself: no row to compare
+            outcomes.append((f"DecodeError: {error}", None))
+        finally:
+            rows_module._native = NATIVE  # the fixture puts back what the build had
+    assert outcomes[0] == outcomes[1]

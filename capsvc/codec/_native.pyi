@@ -1,0 +1,34 @@
+"""Types of capsvc/codec/_native.c, the C row reader (capsvc.codec.rows uses it)."""
+
+from collections.abc import Callable
+from typing import Any
+
+class Program:
+    def __init__(self, plan: object) -> None: ...
+    def set(
+        self, data_words: int, pointers: int, disc_at: int, fields: tuple[tuple[object, ...], ...]
+    ) -> None: ...
+
+def struct_row(
+    program: object,
+    msg: object,
+    si: int,
+    seg: bytes,
+    data: int,
+    ptr: int,
+    pend: int,
+    depth: int,
+    via: Callable[..., Any],
+) -> tuple[Any, ...] | None: ...
+def element_rows(
+    program: object,
+    msg: object,
+    si: int,
+    start: int,
+    count: int,
+    words: int,
+    data_words: int,
+    pointers: int,
+    depth: int,
+    via: Callable[..., Any],
+) -> list[tuple[Any, ...]] | None: ...
