@@ -46,6 +46,7 @@ enum {
 
 typedef struct {
     int kind;
+    int orig_kind; /* the plan's kind (a VIA field's real one) */
     int width;
     int is_signed;
     int32_t offset; /* bytes (numbers, enums), bits (Bool), pointer slot (pointers) */
@@ -66,6 +67,11 @@ typedef struct {
     Py_ssize_t disc_at;
     int has_via; /* a field that may call back (VIA, or an enum) */
     int ready;
+    /* The fields whose pointer targets the encoder appends, in the order the Python
+     * encoder appends them (capsvc.codec.values): by pointer offset for an in-order plan,
+     * else schema order (groups among them). */
+    Py_ssize_t *pointer_order;
+    Py_ssize_t pointer_count;
 } Program;
 
 static PyTypeObject ProgramType;
@@ -528,6 +534,413 @@ py_element_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return close_ctx(&c, read_elements(&c, p, start, count, size, data_words, pointers, depth));
 }
 
+/* ---------------------------------------------------------------- the encoder
+ *
+ * ``encode_root(program, values, missing)``: a whole message (a bytearray: the root
+ * pointer, then the root struct and everything below it) from ``values``, the root's
+ * values in schema order: a list (generated ``new_message``'s keywords, ``missing`` where
+ * a field is not given) or a row (a tuple, None where a field is not given). Nested
+ * structs, groups and list elements must be rows. It lays the message out exactly as
+ * capsvc.codec.values does, byte for byte: the struct's sections, then its pointer
+ * targets in the same order, a composite list's sections before any element's targets.
+ *
+ * As the reader does, it takes the common case only and *bails out* (returns None, and
+ * nothing was written anywhere) on everything else: a dict or a reader for a struct, a
+ * value of a wrong type or out of range, two union members, a capability, an AnyPointer,
+ * a list other than a list of structs, a struct field with a schema default. Python then
+ * encodes the same values from the start, and names the fault if there is one. */
+
+typedef struct {
+    PyObject *array; /* the bytearray being written */
+    uint8_t *buf;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+    PyObject *missing;
+    int bailed;
+} Out;
+
+static int
+reserve(Out *o, Py_ssize_t more)
+{
+    if (o->len + more <= o->cap)
+        return 0;
+    Py_ssize_t cap = o->cap * 2;
+    if (cap < o->len + more)
+        cap = o->len + more;
+    if (PyByteArray_Resize(o->array, cap) < 0)
+        return -1;
+    o->buf = (uint8_t *)PyByteArray_AS_STRING(o->array);
+    o->cap = cap;
+    return 0;
+}
+
+/* ``bytes`` zeroed bytes at the end; their first byte's offset, or -1 (an exception). */
+static Py_ssize_t
+append_zeros(Out *o, Py_ssize_t bytes)
+{
+    if (reserve(o, bytes) < 0)
+        return -1;
+    Py_ssize_t at = o->len;
+    memset(o->buf + at, 0, (size_t)bytes);
+    o->len += bytes;
+    return at;
+}
+
+static inline void
+store_bits(Out *o, Py_ssize_t at, uint64_t value, int width)
+{
+    uint8_t *p = o->buf + at;
+    switch (width) {
+    case 1: p[0] = (uint8_t)value; break;
+    case 2: { uint16_t v = (uint16_t)value; memcpy(p, &v, 2); break; }
+    case 4: { uint32_t v = (uint32_t)value; memcpy(p, &v, 4); break; }
+    default: memcpy(p, &value, 8); break;
+    }
+}
+
+/* The pointer word at word ``at``: its two halves. */
+static inline void
+patch_word(Out *o, Py_ssize_t at, uint32_t lower, uint32_t upper)
+{
+    uint64_t word = (uint64_t)lower | (uint64_t)upper << 32;
+    memcpy(o->buf + (at << 3), &word, 8);
+}
+
+/* A pointer's offset field from word ``at`` to word ``target``; -1 past 30 bits. */
+static inline int
+offset_bits(Py_ssize_t at, Py_ssize_t target, uint32_t *out)
+{
+    Py_ssize_t offset = target - at - 1;
+    if (offset < -(1 << 29) || offset >= (1 << 29))
+        return -1;
+    *out = (uint32_t)((uint64_t)offset << 2) & 0xFFFFFFFCu;
+    return 0;
+}
+
+static int
+out_bail(Out *o)
+{
+    o->bailed = 1;
+    return -1;
+}
+
+/* Value ``index`` of ``values`` (a row, or the root's list) if given, else NULL. */
+static inline PyObject *
+given(Out *o, PyObject *values, int is_row, Py_ssize_t index)
+{
+    PyObject *item = is_row ? PyTuple_GET_ITEM(values, index) : PyList_GET_ITEM(values, index);
+    if (item == o->missing || (is_row && item == Py_None))
+        return NULL;
+    return item;
+}
+
+static int is_pointer_kind(int kind)
+{
+    return kind == K_TEXT || kind == K_DATA || kind == K_STRUCT || kind == K_LIST
+           || kind == 10 /* CAPABILITY */ || kind == 11 /* ANY */;
+}
+
+/* An integer of ``f``'s width and sign, as the bits stored (before the XOR); -1 to bail. */
+static int
+integer_bits(PyObject *value, Field *f, uint64_t *out)
+{
+    if (!PyLong_Check(value))
+        return -1;
+    if (f->width == 8 && !f->is_signed) {
+        unsigned long long number = PyLong_AsUnsignedLongLong(value);
+        if (number == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+        *out = number;
+        return 0;
+    }
+    int overflow = 0;
+    long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (number == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (f->width < 8) {
+        int bits = f->width * 8;
+        long long low = f->is_signed ? -(1LL << (bits - 1)) : 0;
+        long long high = f->is_signed ? (1LL << (bits - 1)) - 1 : (1LL << bits) - 1;
+        if (number < low || number > high)
+            return -1;
+    }
+    *out = (uint64_t)number;
+    return 0;
+}
+
+static int encode_struct_at(Out *o, Program *p, PyObject *row, Py_ssize_t at);
+static int fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t ptr);
+
+/* Phase one: the data section of a struct of ``p`` at byte ``data`` (zeroed): numbers,
+ * bools, enums, discriminants, and the same for its groups. */
+static int
+fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t data)
+{
+    if (!p->ready)
+        return out_bail(o);
+    int members = 0;
+    for (Py_ssize_t index = 0; index < p->count; index++) {
+        Field *f = &p->fields[index];
+        PyObject *value = given(o, values, is_row, index);
+        if (value == NULL)
+            continue;
+        if (f->kind == K_VIA) {
+            if (value == Py_None && is_pointer_kind(f->orig_kind))
+                continue; /* a null pointer, as Python writes it */
+            return out_bail(o);
+        }
+        if (f->disc >= 0) {
+            if (members++)
+                return out_bail(o); /* two union members: Python names them */
+            store_bits(o, data + p->disc_at, (uint64_t)f->disc, 2);
+        }
+        switch (f->kind) {
+        case K_INT: {
+            uint64_t bits;
+            if (integer_bits(value, f, &bits) < 0)
+                return out_bail(o);
+            store_bits(o, data + f->offset, bits ^ f->xor_bits, f->width);
+            break;
+        }
+        case K_BOOL: {
+            if (value != Py_True && value != Py_False)
+                return out_bail(o);
+            if ((value == Py_True) ^ (int)f->xor_bits)
+                o->buf[data + (f->offset >> 3)] |= (uint8_t)(1u << (f->offset & 7));
+            break;
+        }
+        case K_FLOAT: {
+            double number;
+            if (PyFloat_CheckExact(value))
+                number = PyFloat_AS_DOUBLE(value);
+            else
+                return out_bail(o); /* ints and float subclasses: Python converts them */
+            if (f->width == 4) {
+                if (number - number == 0.0 && (number > 3.4028234663852886e38
+                                               || number < -3.4028234663852886e38))
+                    return out_bail(o);
+                float single = (float)number;
+                memcpy(o->buf + data + f->offset, &single, 4);
+            }
+            else {
+                memcpy(o->buf + data + f->offset, &number, 8);
+            }
+            break;
+        }
+        case K_ENUM: {
+            if (!PyLong_Check(value) || PyBool_Check(value))
+                return out_bail(o);
+            long code = PyLong_AsLong(value);
+            if (code == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return out_bail(o);
+            }
+            if (code < 0 || code > 0xFFFF)
+                return out_bail(o);
+            store_bits(o, data + f->offset, ((uint64_t)code ^ f->xor_bits) & 0xFFFF, 2);
+            break;
+        }
+        case K_VOID:
+            if (value != Py_True && (is_row || value != Py_None))
+                return out_bail(o);
+            break;
+        case K_GROUP: {
+            Program *group = (Program *)f->sub;
+            if (!PyTuple_CheckExact(value) || PyTuple_GET_SIZE(value) != group->count)
+                return out_bail(o);
+            if (fill_data(o, group, value, 1, data) < 0)
+                return -1;
+            break;
+        }
+        default: /* pointers: phase two */
+            break;
+        }
+    }
+    return 0;
+}
+
+static int
+encode_bytes(Out *o, Py_ssize_t at, const char *bytes, Py_ssize_t size, int is_text)
+{
+    Py_ssize_t total = size + is_text; /* Text ends in a NUL */
+    Py_ssize_t padded = (total + 7) & ~(Py_ssize_t)7;
+    if (total >= (1 << 29))
+        return out_bail(o);
+    uint32_t lower;
+    if (offset_bits(at, o->len >> 3, &lower) < 0)
+        return out_bail(o);
+    Py_ssize_t start = append_zeros(o, padded);
+    if (start < 0)
+        return -1;
+    memcpy(o->buf + start, bytes, (size_t)size);
+    patch_word(o, at, lower | 1, (uint32_t)total << 3 | 2);
+    return 0;
+}
+
+static int
+encode_composite(Out *o, Program *element, PyObject *items, Py_ssize_t at)
+{
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
+    PyObject **item = PySequence_Fast_ITEMS(items);
+    Py_ssize_t dw = element->data_words, pc = element->pointers, size = dw + pc;
+    if (count >= (1 << 29) || count * size >= (1 << 29))
+        return out_bail(o);
+    uint32_t lower;
+    Py_ssize_t tag = o->len >> 3;
+    if (offset_bits(at, tag, &lower) < 0)
+        return out_bail(o);
+    if (append_zeros(o, (1 + count * size) << 3) < 0)
+        return -1;
+    patch_word(o, at, lower | 1, (uint32_t)(count * size) << 3 | 7);
+    patch_word(o, tag, (uint32_t)count << 2, (uint32_t)(dw | pc << 16));
+    Py_ssize_t first = tag + 1;
+    for (Py_ssize_t index = 0; index < count; index++) {
+        PyObject *row = item[index];
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != element->count)
+            return out_bail(o); /* dicts and readers: Python's */
+        if (fill_data(o, element, row, 1, (first + index * size) << 3) < 0)
+            return -1;
+    }
+    for (Py_ssize_t index = 0; index < count; index++) {
+        if (fill_pointers(o, element, item[index], 1, first + index * size + dw) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Phase two: what the pointers of a struct of ``p`` (at word ``ptr``) lead to, appended
+ * in the Python encoder's order. */
+static int
+fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t ptr)
+{
+    for (Py_ssize_t n = 0; n < p->pointer_count; n++) {
+        Py_ssize_t index = p->pointer_order[n];
+        Field *f = &p->fields[index];
+        PyObject *value = given(o, values, is_row, index);
+        if (value == NULL || value == Py_None)
+            continue;
+        Py_ssize_t at = ptr + f->offset;
+        switch (f->kind) {
+        case K_TEXT: {
+            if (!PyUnicode_Check(value))
+                return out_bail(o);
+            Py_ssize_t size;
+            const char *utf8 = PyUnicode_AsUTF8AndSize(value, &size);
+            if (utf8 == NULL) {
+                PyErr_Clear(); /* surrogates: Python's encoder names the fault */
+                return out_bail(o);
+            }
+            if (encode_bytes(o, at, utf8, size, 1) < 0)
+                return -1;
+            break;
+        }
+        case K_DATA:
+            if (PyBytes_CheckExact(value)) {
+                if (encode_bytes(o, at, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), 0) < 0)
+                    return -1;
+            }
+            else if (PyByteArray_CheckExact(value)) {
+                if (encode_bytes(o, at, PyByteArray_AS_STRING(value),
+                                 PyByteArray_GET_SIZE(value), 0) < 0)
+                    return -1;
+            }
+            else {
+                return out_bail(o);
+            }
+            break;
+        case K_STRUCT: {
+            Program *target = (Program *)f->sub;
+            if (!PyTuple_CheckExact(value) || PyTuple_GET_SIZE(value) != target->count)
+                return out_bail(o);
+            if (encode_struct_at(o, target, value, at) < 0)
+                return -1;
+            break;
+        }
+        case K_LIST:
+            if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value))
+                return out_bail(o);
+            if (encode_composite(o, (Program *)f->sub, value, at) < 0)
+                return -1;
+            break;
+        case K_GROUP: {
+            Program *group = (Program *)f->sub;
+            if (fill_pointers(o, group, value, 1, ptr) < 0)
+                return -1;
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    return 0;
+}
+
+/* A struct of ``p`` holding ``row``, appended, with the pointer at word ``at`` to it. */
+static int
+encode_struct_at(Out *o, Program *p, PyObject *row, Py_ssize_t at)
+{
+    if (!p->ready)
+        return out_bail(o);
+    uint32_t lower;
+    Py_ssize_t start = o->len >> 3;
+    if (offset_bits(at, start, &lower) < 0)
+        return out_bail(o);
+    if (append_zeros(o, (p->data_words + p->pointers) << 3) < 0)
+        return -1;
+    patch_word(o, at, lower, (uint32_t)(p->data_words | p->pointers << 16));
+    if (Py_EnterRecursiveCall(" encoding a row"))
+        return -1;
+    int rc = fill_data(o, p, row, 1, start << 3);
+    if (rc == 0)
+        rc = fill_pointers(o, p, row, 1, start + p->data_words);
+    Py_LeaveRecursiveCall();
+    return rc;
+}
+
+static PyObject *
+py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyObject_TypeCheck(args[0], &ProgramType)) {
+        PyErr_SetString(PyExc_TypeError, "encode_root(program, values, missing)");
+        return NULL;
+    }
+    Program *p = (Program *)args[0];
+    PyObject *values = args[1];
+    int is_row = PyTuple_CheckExact(values);
+    if (!p->ready || (!is_row && !PyList_CheckExact(values))
+        || PySequence_Fast_GET_SIZE(values) != p->count)
+        Py_RETURN_NONE;
+    Py_ssize_t words = 1 + p->data_words + p->pointers;
+    Out o = {0};
+    o.missing = args[2];
+    o.cap = words << 3 < 256 ? 256 : words << 3;
+    o.array = PyByteArray_FromStringAndSize(NULL, o.cap);
+    if (o.array == NULL)
+        return NULL;
+    o.buf = (uint8_t *)PyByteArray_AS_STRING(o.array);
+    memset(o.buf, 0, (size_t)(words << 3));
+    o.len = words << 3;
+    patch_word(&o, 0, 0, (uint32_t)(p->data_words | p->pointers << 16));
+    int rc = fill_data(&o, p, values, is_row, 8);
+    if (rc == 0)
+        rc = fill_pointers(&o, p, values, is_row, 1 + p->data_words);
+    if (rc < 0) {
+        Py_DECREF(o.array);
+        if (o.bailed && !PyErr_Occurred())
+            Py_RETURN_NONE;
+        return NULL;
+    }
+    if (PyByteArray_Resize(o.array, o.len) < 0) {
+        Py_DECREF(o.array);
+        return NULL;
+    }
+    return o.array;
+}
+
 /* ---------------------------------------------------------------- the Program type */
 static void
 clear_fields(Program *p)
@@ -542,6 +955,9 @@ clear_fields(Program *p)
     PyMem_Free(p->fields);
     p->fields = NULL;
     p->count = 0;
+    PyMem_Free(p->pointer_order);
+    p->pointer_order = NULL;
+    p->pointer_count = 0;
 }
 
 static int
@@ -555,31 +971,50 @@ Program_init(Program *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-/* program.set(data_words, pointers, disc_at, fields): each field a tuple
- * (kind, offset, width, signed, xor_bits, disc, sub, members, field). */
+/* program.set(data_words, pointers, disc_at, fields, pointer_order): each field a tuple
+ * (kind, orig_kind, offset, width, signed, xor_bits, disc, sub, members, field);
+ * pointer_order a tuple of field indices. */
 static PyObject *
 Program_set(Program *self, PyObject *args)
 {
     Py_ssize_t data_words, pointers, disc_at;
-    PyObject *fields;
-    if (!PyArg_ParseTuple(args, "nnnO!", &data_words, &pointers, &disc_at, &PyTuple_Type, &fields))
+    PyObject *fields, *order;
+    if (!PyArg_ParseTuple(args, "nnnO!O!", &data_words, &pointers, &disc_at, &PyTuple_Type,
+                          &fields, &PyTuple_Type, &order))
         return NULL;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "a program is set once");
         return NULL;
     }
     Py_ssize_t count = PyTuple_GET_SIZE(fields);
-    Field *made = PyMem_Calloc(count ? count : 1, sizeof(Field));
-    if (made == NULL)
+    Py_ssize_t order_count = PyTuple_GET_SIZE(order);
+    Py_ssize_t *pointer_order = PyMem_Calloc(order_count ? order_count : 1, sizeof(Py_ssize_t));
+    if (pointer_order == NULL)
         return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < order_count; i++) {
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(order, i));
+        if (index < 0 || index >= count) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "a pointer order names no field");
+            PyMem_Free(pointer_order);
+            return NULL;
+        }
+        pointer_order[i] = index;
+    }
+    Field *made = PyMem_Calloc(count ? count : 1, sizeof(Field));
+    if (made == NULL) {
+        PyMem_Free(pointer_order);
+        return PyErr_NoMemory();
+    }
     int has_via = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         Field *f = &made[i];
         PyObject *sub, *members, *field;
         unsigned long long xor_bits;
-        int kind, width, is_signed, offset, disc;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fields, i), "iiipKiOOO", &kind, &offset, &width,
-                              &is_signed, &xor_bits, &disc, &sub, &members, &field))
+        int kind, orig_kind, width, is_signed, offset, disc;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fields, i), "iiiipKiOOO", &kind, &orig_kind,
+                              &offset, &width, &is_signed, &xor_bits, &disc, &sub, &members,
+                              &field))
             goto fail;
         int needs_sub = kind == K_STRUCT || kind == K_GROUP || kind == K_LIST;
         if ((needs_sub && !PyObject_TypeCheck(sub, &ProgramType))
@@ -590,6 +1025,7 @@ Program_set(Program *self, PyObject *args)
             goto fail;
         }
         f->kind = kind;
+        f->orig_kind = orig_kind;
         f->offset = offset;
         f->width = width;
         f->is_signed = is_signed;
@@ -607,9 +1043,12 @@ Program_set(Program *self, PyObject *args)
     self->pointers = pointers;
     self->disc_at = disc_at;
     self->has_via = has_via;
+    self->pointer_order = pointer_order;
+    self->pointer_count = order_count;
     self->ready = 1;
     Py_RETURN_NONE;
 fail:
+    PyMem_Free(pointer_order);
     for (Py_ssize_t i = 0; i < count; i++) {
         Py_CLEAR(made[i].sub);
         Py_CLEAR(made[i].members);
@@ -672,6 +1111,8 @@ static PyMethodDef module_methods[] = {
      "The row of one struct, or None to read it in Python."},
     {"element_rows", (PyCFunction)(void (*)(void))py_element_rows, METH_FASTCALL,
      "The rows of a checked list of structs, or None to read them in Python."},
+    {"encode_root", (PyCFunction)(void (*)(void))py_encode_root, METH_FASTCALL,
+     "A whole message from the root's values, or None to encode them in Python."},
     {NULL, NULL, 0, NULL},
 };
 

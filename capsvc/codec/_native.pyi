@@ -1,4 +1,5 @@
-"""Types of capsvc/codec/_native.c, the C row reader (capsvc.codec.rows uses it)."""
+"""Types of capsvc/codec/_native.c, the C row reader and encoder (capsvc.codec.rows and
+capsvc.codec.values use it in the compiled build)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -6,7 +7,12 @@ from typing import Any
 class Program:
     def __init__(self, plan: object) -> None: ...
     def set(
-        self, data_words: int, pointers: int, disc_at: int, fields: tuple[tuple[object, ...], ...]
+        self,
+        data_words: int,
+        pointers: int,
+        disc_at: int,
+        fields: tuple[tuple[object, ...], ...],
+        pointer_order: tuple[int, ...],
     ) -> None: ...
 
 def struct_row(
@@ -32,3 +38,4 @@ def element_rows(
     depth: int,
     via: Callable[..., Any],
 ) -> list[tuple[Any, ...]] | None: ...
+def encode_root(program: object, values: object, missing: object) -> bytearray | None: ...

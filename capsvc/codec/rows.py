@@ -27,7 +27,7 @@ capabilities, AnyPointers, float defaults, enum codes the schema does not know) 
 through the generated reader's own field, so a row always equals the reader's values.
 
 In the compiled build the rows of a message's common case are read in C
-(capsvc/codec/_native.c): each plan is flattened once into a ``Program`` (``_program``),
+(capsvc/codec/_native.c): each plan is flattened once into a ``Program`` (``native_program``),
 and C reads near pointers within one segment, charging the budget and counting nesting
 as this module does. On anything else (far pointers, upgraded lists, and every fault) C
 gives up with the budget untouched and this module reads the struct from the start, so
@@ -107,7 +107,7 @@ def struct_row(reader: object, plan: StructPlan) -> tuple[Any, ...]:
         )
     if _native is not None:
         row = _native.struct_row(
-            _program(plan),
+            native_program(plan),
             reader._msg,
             reader._si,
             reader._seg,
@@ -166,7 +166,7 @@ def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
         return [struct_row(item, plan) for item in elements]
     if _native is not None:
         rows = _native.element_rows(
-            _program(plan),
+            native_program(plan),
             elements._msg,
             elements._si,
             elements._start,
@@ -193,8 +193,9 @@ def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
 
 
 # ---------------------------------------------------------------------- the C reader
-def _program(plan: StructPlan) -> object:
-    """``plan`` flattened for the C reader (made on first use, then kept on the plan)."""
+def native_program(plan: StructPlan) -> object:
+    """``plan`` flattened for the C reader and encoder (made on first use, then kept on
+    the plan)."""
     program = plan.native
     if program is None:
         program = _make_program(plan)
@@ -225,6 +226,7 @@ def _make_program(plan: StructPlan) -> object:
         fields.append(
             (
                 kind,
+                field.kind,
                 field.offset,
                 field.width,
                 field.signed,
@@ -235,7 +237,11 @@ def _make_program(plan: StructPlan) -> object:
                 field,
             )
         )
-    program.set(plan.data_words, plan.pointers, plan.disc_at, tuple(fields))
+    # The order the Python encoder appends pointer targets in (capsvc.codec.values): by
+    # offset for a plan written in one pass, else schema order (groups among them).
+    appended = plan.pointer_fields if plan.in_order else plan.order
+    order = tuple(field.index for field in appended)
+    program.set(plan.data_words, plan.pointers, plan.disc_at, tuple(fields), order)
     return program
 
 

@@ -36,6 +36,7 @@ from typing import Any, Final
 from librt.strings import BytesWriter, write_f32_le, write_f64_le
 
 from capsvc._mypyc import i64
+from capsvc.codec import rows
 from capsvc.codec.building import (
     B,
     MessageBuilder,
@@ -194,6 +195,14 @@ def _new_root(
 ) -> MessageBuilder:
     """A message whose root struct is ``plan``'s, from ``given``: values in the plan's order
     (a list, with ``unknown`` keywords to place), or a mapping of fields, or a row."""
+    if rows._native is not None and not unknown and type(given) in (list, tuple):
+        # The compiled build's C encoder (capsvc/codec/_native.c): the common case, laid
+        # out as below byte for byte; None for anything it leaves to this module.
+        buf = rows._native.encode_root(rows.native_program(plan), given, MISSING)
+        if buf is not None:
+            made = MessageBuilder()
+            made.buf = buf
+            return made
     builder = MessageBuilder()
     enc = _Encoder(builder, 1, plan, op)
     if type(given) is list:
