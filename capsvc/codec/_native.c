@@ -27,6 +27,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <limits.h>
 #include <string.h>
 
 /* Field kinds: capsvc.codec.plans, plus VIA (read through the generated reader). */
@@ -941,6 +942,163 @@ py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return o.array;
 }
 
+/* ---------------------------------------------------------------- packing
+ *
+ * ``pack(data)`` and ``unpack(data, max_words)``: capsvc.codec.packing's word-at-a-time
+ * loops in C, the same bytes out (libcapnp's choices: a zero word's run counts the zero
+ * words after it, an 0xff word's the words after it with at most one zero byte, up to
+ * 255 each). ``unpack`` returns None for a stream it cannot decode (truncated, or more
+ * than ``max_words`` words): packing.py then decodes it in Python to name the fault. */
+
+static inline unsigned
+word_tag(uint64_t word)
+{
+    unsigned tag = 0;
+    for (int byte = 0; byte < 8; byte++)
+        tag |= (unsigned)(((word >> (byte * 8)) & 0xFF) != 0) << byte;
+    return tag;
+}
+
+static PyObject *
+py_pack(PyObject *self, PyObject *data)
+{
+    if (!PyBytes_CheckExact(data)) {
+        PyErr_SetString(PyExc_TypeError, "pack() takes bytes");
+        return NULL;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(data);
+    if (size & 7) {
+        PyErr_SetString(PyExc_ValueError, "packing needs whole words");
+        return NULL;
+    }
+    const uint8_t *in = (const uint8_t *)PyBytes_AS_STRING(data);
+    Py_ssize_t words = size >> 3;
+    /* At most 10 bytes a word (an 0xff word and its count), and 2 for a zero run. */
+    PyObject *result = PyBytes_FromStringAndSize(NULL, words * 10 + 2);
+    if (result == NULL)
+        return NULL;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    Py_ssize_t pos = 0, index = 0;
+    while (index < words) {
+        uint64_t word = load64(in + (index << 3));
+        index++;
+        if (word == 0) {
+            unsigned run = 0;
+            while (run < 255 && index < words && load64(in + (index << 3)) == 0) {
+                run++;
+                index++;
+            }
+            out[pos++] = 0;
+            out[pos++] = (uint8_t)run;
+            continue;
+        }
+        unsigned tag = word_tag(word);
+        out[pos++] = (uint8_t)tag;
+        if (tag != 0xFF) {
+            for (int byte = 0; byte < 8; byte++)
+                if (tag >> byte & 1)
+                    out[pos++] = (uint8_t)(word >> (byte * 8));
+            continue;
+        }
+        memcpy(out + pos, &word, 8);
+        pos += 8;
+        Py_ssize_t count_at = pos++;
+        Py_ssize_t first = index;
+        while (index < words && index - first < 255) {
+            uint64_t raw = load64(in + (index << 3));
+            if (8 - __builtin_popcount(word_tag(raw)) > 1)
+                break; /* two zero bytes or more: packing pays again */
+            memcpy(out + pos, &raw, 8);
+            pos += 8;
+            index++;
+        }
+        out[count_at] = (uint8_t)(index - first);
+    }
+    if (_PyBytes_Resize(&result, pos) < 0)
+        return NULL;
+    return result;
+}
+
+/* The words ``packed`` encodes, or -1 if it cannot be decoded within ``limit`` words. */
+static long long
+unpacked_words(const uint8_t *in, Py_ssize_t end, long long limit)
+{
+    Py_ssize_t pos = 0;
+    long long words = 0;
+    while (pos < end) {
+        unsigned tag = in[pos++];
+        if (tag == 0) {
+            if (pos >= end)
+                return -1;
+            words += (long long)in[pos++] + 1;
+        }
+        else if (tag == 0xFF) {
+            if (pos + 9 > end)
+                return -1;
+            unsigned count = in[pos + 8];
+            if (pos + 9 + ((Py_ssize_t)count << 3) > end)
+                return -1;
+            words += (long long)count + 1;
+            pos += 9 + ((Py_ssize_t)count << 3);
+        }
+        else {
+            words += 1;
+            pos += __builtin_popcount(tag);
+            if (pos > end)
+                return -1;
+        }
+        if (words > limit)
+            return -1;
+    }
+    return words;
+}
+
+static PyObject *
+py_unpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "unpack(data: bytes, max_words: int)");
+        return NULL;
+    }
+    long long limit = PyLong_AsLongLong(args[1]);
+    if (limit == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+        limit = LLONG_MAX; /* a limit too large for a machine word never binds */
+    }
+    const uint8_t *in = (const uint8_t *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t end = PyBytes_GET_SIZE(args[0]);
+    long long words = unpacked_words(in, end, limit);
+    if (words < 0)
+        Py_RETURN_NONE; /* Python names the fault */
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(words << 3));
+    if (result == NULL)
+        return NULL;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    Py_ssize_t pos = 0;
+    while (pos < end) {
+        unsigned tag = in[pos++];
+        if (tag == 0) {
+            size_t zeros = ((size_t)in[pos++] + 1) << 3;
+            memset(out, 0, zeros);
+            out += zeros;
+        }
+        else if (tag == 0xFF) {
+            size_t raw = ((size_t)in[pos + 8] + 1) << 3;
+            memcpy(out, in + pos, 8);
+            memcpy(out + 8, in + pos + 9, raw - 8);
+            out += raw;
+            pos += 1 + (Py_ssize_t)raw;
+        }
+        else {
+            for (int byte = 0; byte < 8; byte++)
+                *out++ = (tag >> byte & 1) ? in[pos++] : 0;
+        }
+    }
+    return result;
+}
+
 /* ---------------------------------------------------------------- the Program type */
 static void
 clear_fields(Program *p)
@@ -1113,6 +1271,9 @@ static PyMethodDef module_methods[] = {
      "The rows of a checked list of structs, or None to read them in Python."},
     {"encode_root", (PyCFunction)(void (*)(void))py_encode_root, METH_FASTCALL,
      "A whole message from the root's values, or None to encode them in Python."},
+    {"pack", (PyCFunction)py_pack, METH_O, "The packed encoding of whole words."},
+    {"unpack", (PyCFunction)(void (*)(void))py_unpack, METH_FASTCALL,
+     "The words a packed stream encodes, or None to decode it in Python."},
     {NULL, NULL, 0, NULL},
 };
 

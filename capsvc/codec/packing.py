@@ -27,10 +27,11 @@ special run, never a Python step per word:
    of step 2 is the sum of the packed sizes of the words before it (``sum`` over a
    translated slice of the tags).
 
-The compiled build (capsvc/_build.py) does both a word at a time instead, on machine
-integers (``_pack_words``, ``_unpack_words``): a word's tag is seven shifts and ORs of the
-word, an all-non-zero word is one 8-byte write, and a byte is a store; that is several
-times faster there than the bulk passes, which are faster in pure Python.
+The compiled build (capsvc/_build.py) does both a word at a time instead, in C
+(capsvc/codec/_native.c: the same loops, the same bytes), with ``_pack_words`` and
+``_unpack_words`` on machine integers behind them (a stream C cannot decode is decoded
+there again, to name the fault); that is several times faster there than the bulk
+passes, which are faster in pure Python.
 
 ``unpack`` reads any valid packed stream (from libcapnp, from ``pack``, or another
 writer's choices, such as tags that mark zero bytes as present). Decoding is sequential
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Final
+from typing import Any, Final
 
 from librt.strings import BytesWriter, read_i64_le, write_i64_le
 
@@ -57,6 +58,11 @@ from capsvc._mypyc import i64, u8
 from capsvc.errors import DecodeError
 
 __all__ = ["DEFAULT_MAX_WORDS", "pack", "unpack"]
+
+#: The C loops (capsvc/codec/_native.c), in the compiled build only.
+_native: Any = None
+if COMPILED:
+    from capsvc.codec import _native
 
 #: The most words ``unpack`` produces unless told otherwise: libcapnp's default traversal
 #: limit (8 Mi words, 64 MiB), the largest message a reader would accept anyway.
@@ -99,7 +105,10 @@ def pack(data: bytes | bytearray | memoryview) -> bytes:
     if not data:
         return b""
     if COMPILED:
-        return _pack_words(data if isinstance(data, bytes) else bytes(data))
+        whole = data if isinstance(data, bytes) else bytes(data)
+        if _native is not None:
+            return _native.pack(whole)  # type: ignore[no-any-return]
+        return _pack_words(whole)
     return _pack_bulk(data if isinstance(data, bytes | bytearray) else bytes(data))
 
 
@@ -178,7 +187,12 @@ def unpack(data: bytes | bytearray | memoryview, *, max_words: int = DEFAULT_MAX
             ``max_words`` words.
     """
     if COMPILED:
-        return _unpack_words(data if isinstance(data, bytes) else bytes(data), max_words)
+        whole = data if isinstance(data, bytes) else bytes(data)
+        if _native is not None:
+            words = _native.unpack(whole, max_words)
+            if words is not None:
+                return words  # type: ignore[no-any-return]
+        return _unpack_words(whole, max_words)  # (or the fault named)
     return _unpack_bulk(data if isinstance(data, bytes | bytearray) else bytes(data), max_words)
 
 

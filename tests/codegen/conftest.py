@@ -41,3 +41,17 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
         sys.path.remove(directory)
     reference = capnp.load(os.path.join(SCHEMAS, "kitchen.capnp"), imports=[SCHEMAS])
     return Generated(schema, directory, kitchen, other, reference)
+
+
+def native_module() -> ModuleType | None:
+    """The C half of the codecs (capsvc/codec/_native.c) wherever it was built, in the pure
+    build's runs too (it works on any MessageReader: there it is held to the pure Python
+    codecs); None on a machine without a C compiler, or with a stale build."""
+    from capsvc import _build
+    from capsvc.codec import rows
+
+    if rows._native is not None:
+        return rows._native  # type: ignore[no-any-return]
+    if _build.build_state() != "compiled":
+        return None
+    return importlib.import_module("capsvc.codec._native")

@@ -16,30 +16,47 @@ from hypothesis import strategies as st
 
 from capsvc.codec import packing
 from capsvc.errors import DecodeError
-from tests.codegen.conftest import Generated
+from tests.codegen.conftest import Generated, native_module
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 
 
-class _Ways:
-    """``pack`` and ``unpack`` one way: a word at a time (what the compiled build runs) or
-    in bulk passes (the pure-Python build); both run in either build here."""
+NATIVE = native_module()
 
-    def __init__(self, words: bool) -> None:
-        self.words = words
+
+class _Ways:
+    """``pack`` and ``unpack`` one way: in C (what the compiled build runs), a word at a
+    time (what it falls back on to name a fault) or in bulk passes (the pure-Python
+    build); all run in either build here, C wherever it was built."""
+
+    def __init__(self, way: str) -> None:
+        self.way = way
 
     def pack(self, data: bytes) -> bytes:
         if len(data) & 7 or not data:
             return packing.pack(data)
-        return packing._pack_words(data) if self.words else packing._pack_bulk(data)
+        if self.way == "c":
+            assert NATIVE is not None
+            return NATIVE.pack(data)  # type: ignore[no-any-return]
+        return packing._pack_words(data) if self.way == "words" else packing._pack_bulk(data)
 
     def unpack(self, data: bytes, max_words: int = packing.DEFAULT_MAX_WORDS) -> bytes:
-        if self.words:
+        if self.way == "c":
+            assert NATIVE is not None
+            words = NATIVE.unpack(data, max_words)
+            if words is None:  # C decodes no faulty stream: Python names the fault...
+                packing._unpack_words(data, max_words)
+                raise AssertionError("C refused a stream Python decodes")  # ...if faulty
+            return words  # type: ignore[no-any-return]
+        if self.way == "words":
             return packing._unpack_words(data, max_words)
         return packing._unpack_bulk(data, max_words)
 
 
-WAYS = [pytest.param(_Ways(words=True), id="words"), pytest.param(_Ways(words=False), id="bulk")]
+WAYS = [
+    pytest.param(_Ways(way), id=way)
+    for way in (["c"] if NATIVE is not None else []) + ["words", "bulk"]
+]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +133,7 @@ def test_arbitrary_words_round_trip(way: _Ways) -> None:
     @given(data=st.binary(max_size=400).map(lambda b: b[: len(b) & ~7]))
     def check(data: bytes) -> None:
         assert way.unpack(way.pack(data)) == data
-        assert way.pack(data) == _Ways(not way.words).pack(data)
+        assert way.pack(data) == _Ways("bulk" if way.way != "bulk" else "words").pack(data)
 
     check()
 
@@ -180,3 +197,17 @@ def test_a_limit_beyond_a_machine_word_is_no_limit(way: _Ways) -> None:
     # The compiled unpacker counts words in machine integers: a limit too large for one
     # (here 2**70) must not overflow, it just never binds.
     assert way.unpack(bytes([0x00, 3]), max_words=1 << 70) == bytes(32)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler here: there is no C unpacker")
+@settings(max_examples=400, deadline=None)
+@given(data=st.binary(max_size=300), max_words=st.sampled_from([0, 1, 5, 64, 1 << 20]))
+def test_c_and_python_unpack_any_bytes_alike(data: bytes, max_words: int) -> None:
+    """Any bytes at all: C decodes exactly what Python decodes, and gives up (for Python
+    to name the fault) exactly where Python raises."""
+    assert NATIVE is not None
+    try:
+        expected: bytes | None = packing._unpack_words(data, max_words)
+    except DecodeError:
+        expected = None
+    assert NATIVE.unpack(data, max_words) == expected

@@ -27,14 +27,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capsvc import _build
 from capsvc.codec import rows as rows_module
 from capsvc.codec.plans import GROUP, LIST, STRUCT, VOID, StructPlan
 from capsvc.codec.reading import AnyPointer, StructReader
 from capsvc.codec.values import MISSING
 from capsvc.codegen import schema_of_paths, sources, write
 from capsvc.errors import DecodeError
-from tests.codegen.conftest import SCHEMAS, Generated
+from tests.codegen.conftest import SCHEMAS, Generated, native_module
 from tests.codegen.test_hostile import _WORDS, seeds, seg
 from tests.codegen.test_roundtrip import (
     STRUCTS,
@@ -49,20 +48,8 @@ from tests.codegen.values import struct_named, values
 __all__ = ["seeds"]  # the fixture, shared with test_hostile
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-
-
-def _c_reader() -> ModuleType | None:
-    """The C reader of rows wherever it was built, in the pure build too (it reads any
-    MessageReader: here it is held to the pure Python readers)."""
-    if rows_module._native is not None:
-        return rows_module._native  # type: ignore[no-any-return]
-    if _build.build_state() != "compiled":
-        return None  # no C compiler here, or a stale build: Python only
-    return importlib.import_module("capsvc.codec._native")
-
-
 #: The readers of rows this machine has: C where it was built, Python always.
-NATIVE = _c_reader()
+NATIVE = native_module()
 PATHS = ["c", "python"] if NATIVE is not None else ["python"]
 
 
