@@ -950,34 +950,37 @@ py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * 255 each). ``unpack`` returns None for a stream it cannot decode (truncated, or more
  * than ``max_words`` words): packing.py then decodes it in Python to name the fault. */
 
+/* The bits set in each byte value (a table: a generic x86-64 build has no popcount
+ * instruction, and the builtin becomes a libgcc call). Filled at import. */
+static uint8_t bits_set[256];
+
+static void
+fill_bits_set(void)
+{
+    for (unsigned value = 0; value < 256; value++) {
+        unsigned count = 0;
+        for (unsigned bit = 0; bit < 8; bit++)
+            count += value >> bit & 1;
+        bits_set[value] = (uint8_t)count;
+    }
+}
+
 static inline unsigned
 word_tag(uint64_t word)
 {
-    unsigned tag = 0;
-    for (int byte = 0; byte < 8; byte++)
-        tag |= (unsigned)(((word >> (byte * 8)) & 0xFF) != 0) << byte;
-    return tag;
+    /* Fold each byte onto its bit 0, then gather the eight bits into the top byte. */
+    uint64_t bits = word | (word >> 4);
+    bits |= bits >> 2;
+    bits |= bits >> 1;
+    bits &= 0x0101010101010101ull;
+    return (unsigned)((bits * 0x0102040810204080ull) >> 56);
 }
 
-static PyObject *
-py_pack(PyObject *self, PyObject *data)
+/* Append the packed encoding of ``words`` words at ``in`` to ``out`` (room for 10 bytes a
+ * word); the bytes written. */
+static Py_ssize_t
+pack_words(const uint8_t *in, Py_ssize_t words, uint8_t *out)
 {
-    if (!PyBytes_CheckExact(data)) {
-        PyErr_SetString(PyExc_TypeError, "pack() takes bytes");
-        return NULL;
-    }
-    Py_ssize_t size = PyBytes_GET_SIZE(data);
-    if (size & 7) {
-        PyErr_SetString(PyExc_ValueError, "packing needs whole words");
-        return NULL;
-    }
-    const uint8_t *in = (const uint8_t *)PyBytes_AS_STRING(data);
-    Py_ssize_t words = size >> 3;
-    /* At most 10 bytes a word (an 0xff word and its count), and 2 for a zero run. */
-    PyObject *result = PyBytes_FromStringAndSize(NULL, words * 10 + 2);
-    if (result == NULL)
-        return NULL;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
     Py_ssize_t pos = 0, index = 0;
     while (index < words) {
         uint64_t word = load64(in + (index << 3));
@@ -995,9 +998,10 @@ py_pack(PyObject *self, PyObject *data)
         unsigned tag = word_tag(word);
         out[pos++] = (uint8_t)tag;
         if (tag != 0xFF) {
-            for (int byte = 0; byte < 8; byte++)
-                if (tag >> byte & 1)
-                    out[pos++] = (uint8_t)(word >> (byte * 8));
+            for (int byte = 0; byte < 8; byte++) {
+                out[pos] = (uint8_t)(word >> (byte * 8));
+                pos += tag >> byte & 1; /* kept only where the byte is not zero */
+            }
             continue;
         }
         memcpy(out + pos, &word, 8);
@@ -1006,7 +1010,7 @@ py_pack(PyObject *self, PyObject *data)
         Py_ssize_t first = index;
         while (index < words && index - first < 255) {
             uint64_t raw = load64(in + (index << 3));
-            if (8 - __builtin_popcount(word_tag(raw)) > 1)
+            if (bits_set[word_tag(raw)] < 7)
                 break; /* two zero bytes or more: packing pays again */
             memcpy(out + pos, &raw, 8);
             pos += 8;
@@ -1014,8 +1018,60 @@ py_pack(PyObject *self, PyObject *data)
         }
         out[count_at] = (uint8_t)(index - first);
     }
-    if (_PyBytes_Resize(&result, pos) < 0)
+    return pos;
+}
+
+static PyObject *
+py_pack(PyObject *self, PyObject *data)
+{
+    if (!PyBytes_CheckExact(data)) {
+        PyErr_SetString(PyExc_TypeError, "pack() takes bytes");
         return NULL;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(data);
+    if (size & 7) {
+        PyErr_SetString(PyExc_ValueError, "packing needs whole words");
+        return NULL;
+    }
+    Py_ssize_t words = size >> 3;
+    /* At most 10 bytes a word (an 0xff word and its count), and 2 for a zero run; one
+     * spare byte: an ordinary word's last byte is stored before it is known to count. */
+    PyObject *result = PyBytes_FromStringAndSize(NULL, words * 10 + 3);
+    if (result == NULL)
+        return NULL;
+    Py_ssize_t written = pack_words((const uint8_t *)PyBytes_AS_STRING(data), words,
+                                    (uint8_t *)PyBytes_AS_STRING(result));
+    if (_PyBytes_Resize(&result, written) < 0)
+        return NULL;
+    return result;
+}
+
+/* ``pack_framed(segment)``: the packed encoding of a one-segment message in the stream
+ * framing, ``pack(encode_message([segment]))`` without the framed copy. The segment table
+ * word (segment count 1, then the size) is never part of a run: its low half is zero and
+ * its high half is not, unless the segment is empty. */
+static PyObject *
+py_pack_framed(PyObject *self, PyObject *segment)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(segment, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t words = view.len >> 3;
+    PyObject *result = NULL;
+    if ((view.len & 7) || words > 0xFFFFFFFFll) {
+        PyErr_SetString(PyExc_ValueError, "a segment is a whole number of words (< 2**32)");
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, (words + 1) * 10 + 3);
+    if (result == NULL)
+        goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    uint64_t table = (uint64_t)words << 32;
+    Py_ssize_t written = pack_words((const uint8_t *)&table, 1, out);
+    written += pack_words((const uint8_t *)view.buf, words, out + written);
+    _PyBytes_Resize(&result, written);
+done:
+    PyBuffer_Release(&view);
     return result;
 }
 
@@ -1043,7 +1099,7 @@ unpacked_words(const uint8_t *in, Py_ssize_t end, long long limit)
         }
         else {
             words += 1;
-            pos += __builtin_popcount(tag);
+            pos += bits_set[tag];
             if (pos > end)
                 return -1;
         }
@@ -1051,6 +1107,81 @@ unpacked_words(const uint8_t *in, Py_ssize_t end, long long limit)
             return -1;
     }
     return words;
+}
+
+/* For each tag and byte: how many of the word's bytes before it are stored (set in the
+ * tag); filled at import. */
+static uint8_t stored_before[256][8];
+
+static void
+fill_stored_before(void)
+{
+    for (unsigned tag = 0; tag < 256; tag++)
+        for (unsigned byte = 0; byte < 8; byte++)
+            stored_before[tag][byte] = bits_set[tag & ((1u << byte) - 1)];
+}
+
+/* Where decoded bytes go: the first ``skip`` of them to ``head``, the rest to ``out``. */
+typedef struct {
+    uint8_t *out;
+    uint8_t *head;
+    size_t skip;
+} Sink;
+
+/* ``n`` bytes from ``src`` (zeros for NULL) into the sink. */
+static inline void
+emit(Sink *k, const uint8_t *src, size_t n)
+{
+    if (k->skip) {
+        size_t take = n < k->skip ? n : k->skip;
+        if (src) {
+            memcpy(k->head, src, take);
+            src += take;
+        }
+        else {
+            memset(k->head, 0, take);
+        }
+        k->head += take;
+        k->skip -= take;
+        n -= take;
+    }
+    if (src)
+        memcpy(k->out, src, n);
+    else
+        memset(k->out, 0, n);
+    k->out += n;
+}
+
+/* Decode the packed stream ``in`` (already checked by ``unpacked_words``) into the sink. */
+static void
+unpack_into(const uint8_t *in, Py_ssize_t end, Sink *k)
+{
+    Py_ssize_t pos = 0;
+    uint8_t word[8];
+    while (pos < end) {
+        unsigned tag = in[pos++];
+        if (tag == 0) {
+            emit(k, NULL, ((size_t)in[pos++] + 1) << 3);
+        }
+        else if (tag == 0xFF) {
+            size_t raw = (size_t)in[pos + 8] << 3;
+            emit(k, in + pos, 8);
+            emit(k, in + pos + 9, raw);
+            pos += 9 + (Py_ssize_t)raw;
+        }
+        else {
+            /* Branch-free, every byte's load independent of the others: byte ``b`` is
+             * stored byte ``stored_before[tag][b]`` of the word's encoding. Where the tag
+             * says zero the load still happens (at most the bytes object's own trailing
+             * NUL past the end), and the byte is masked to zero. */
+            const uint8_t *at = in + pos;
+            const uint8_t *before = stored_before[tag];
+            for (int byte = 0; byte < 8; byte++)
+                word[byte] = (uint8_t)(at[before[byte]] & (0u - (tag >> byte & 1)));
+            pos += bits_set[tag];
+            emit(k, word, 8);
+        }
+    }
 }
 
 static PyObject *
@@ -1075,26 +1206,40 @@ py_unpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(words << 3));
     if (result == NULL)
         return NULL;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
-    Py_ssize_t pos = 0;
-    while (pos < end) {
-        unsigned tag = in[pos++];
-        if (tag == 0) {
-            size_t zeros = ((size_t)in[pos++] + 1) << 3;
-            memset(out, 0, zeros);
-            out += zeros;
-        }
-        else if (tag == 0xFF) {
-            size_t raw = ((size_t)in[pos + 8] + 1) << 3;
-            memcpy(out, in + pos, 8);
-            memcpy(out + 8, in + pos + 9, raw - 8);
-            out += raw;
-            pos += 1 + (Py_ssize_t)raw;
-        }
-        else {
-            for (int byte = 0; byte < 8; byte++)
-                *out++ = (tag >> byte & 1) ? in[pos++] : 0;
-        }
+    Sink sink = {(uint8_t *)PyBytes_AS_STRING(result), NULL, 0};
+    unpack_into(in, end, &sink);
+    return result;
+}
+
+/* ``unpack_segment(data, max_words)``: the one segment of a packed message in the stream
+ * framing, ``unframe(unpack(data))[0]`` without the unpacked copy; None for anything
+ * else (several segments, a table that disagrees with the size, a fault), which Python
+ * then reads or names the fault of. */
+static PyObject *
+py_unpack_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "unpack_segment(data: bytes, max_words: int)");
+        return NULL;
+    }
+    long long limit = PyLong_AsLongLong(args[1]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    const uint8_t *in = (const uint8_t *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t end = PyBytes_GET_SIZE(args[0]);
+    long long words = unpacked_words(in, end, limit);
+    if (words < 1)
+        Py_RETURN_NONE;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((words - 1) << 3));
+    if (result == NULL)
+        return NULL;
+    uint8_t table[8];
+    Sink sink = {(uint8_t *)PyBytes_AS_STRING(result), table, 8};
+    unpack_into(in, end, &sink);
+    uint64_t head = load64(table);
+    if ((head & 0xFFFFFFFFu) != 0 || (long long)(head >> 32) != words - 1) {
+        Py_DECREF(result);
+        Py_RETURN_NONE;
     }
     return result;
 }
@@ -1272,6 +1417,10 @@ static PyMethodDef module_methods[] = {
     {"encode_root", (PyCFunction)(void (*)(void))py_encode_root, METH_FASTCALL,
      "A whole message from the root's values, or None to encode them in Python."},
     {"pack", (PyCFunction)py_pack, METH_O, "The packed encoding of whole words."},
+    {"pack_framed", (PyCFunction)py_pack_framed, METH_O,
+     "The packed encoding of a one-segment message in the stream framing."},
+    {"unpack_segment", (PyCFunction)(void (*)(void))py_unpack_segment, METH_FASTCALL,
+     "The one segment of a packed framed message, or None to read it in Python."},
     {"unpack", (PyCFunction)(void (*)(void))py_unpack, METH_FASTCALL,
      "The words a packed stream encodes, or None to decode it in Python."},
     {NULL, NULL, 0, NULL},
@@ -1292,6 +1441,8 @@ PyInit__native(void)
     }
     if (PyType_Ready(&ProgramType) < 0)
         return NULL;
+    fill_bits_set();
+    fill_stored_before();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

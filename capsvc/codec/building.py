@@ -183,9 +183,9 @@ class StructBuilder:
     def to_bytes_packed(self) -> bytes:
         """The whole message in the packed encoding of the stream framing (the segment
         table included, as libcapnp's ``writePackedMessage``; capsvc.codec.packing)."""
-        from capsvc.codec.packing import pack
+        from capsvc.codec.packing import pack_message
 
-        return pack(encode_message(self._b.segments()))
+        return pack_message(self._b.buf)
 
     def _set_text(self, slot: int, value: object, field: str) -> None:
         """Text into pointer ``slot``, for generated setters (a method: in the compiled

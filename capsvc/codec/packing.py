@@ -57,7 +57,7 @@ from capsvc._build import COMPILED
 from capsvc._mypyc import i64, u8
 from capsvc.errors import DecodeError
 
-__all__ = ["DEFAULT_MAX_WORDS", "pack", "unpack"]
+__all__ = ["DEFAULT_MAX_WORDS", "pack", "pack_message", "unpack", "unpack_message"]
 
 #: The C loops (capsvc/codec/_native.c), in the compiled build only.
 _native: Any = None
@@ -110,6 +110,28 @@ def pack(data: bytes | bytearray | memoryview) -> bytes:
             return _native.pack(whole)  # type: ignore[no-any-return]
         return _pack_words(whole)
     return _pack_bulk(data if isinstance(data, bytes | bytearray) else bytes(data))
+
+
+def pack_message(segment: bytes | bytearray) -> bytes:
+    """The packed encoding of a one-segment message in the stream framing (what
+    ``to_bytes_packed`` sends): ``pack(encode_message([segment]))``, in C without the
+    framed copy in between where the compiled build has it."""
+    if _native is not None:
+        return _native.pack_framed(segment)  # type: ignore[no-any-return]
+    from capsvc.framing import encode_message
+
+    return pack(encode_message([segment]))
+
+
+def unpack_message(data: bytes | bytearray | memoryview) -> list[bytes] | None:
+    """The one segment of a packed message in the stream framing, decoded in C without
+    the unpacked copy in between (the compiled build); None where that does not apply (no
+    C, several segments, a fault): the caller unpacks and unframes it the general way,
+    which names any fault."""
+    if _native is None or type(data) is not bytes:
+        return None
+    segment = _native.unpack_segment(data, DEFAULT_MAX_WORDS)
+    return None if segment is None else [segment]
 
 
 def _pack_bulk(data: bytes | bytearray) -> bytes:

@@ -1112,6 +1112,9 @@ def unframe(data: bytes | bytearray | memoryview) -> list[bytes | memoryview]:
 def unframe_packed(data: bytes | bytearray | memoryview) -> list[bytes | memoryview]:
     """The segments of one message in the packed encoding of the stream framing
     (capsvc.codec.packing)."""
-    from capsvc.codec.packing import unpack
+    from capsvc.codec.packing import unpack, unpack_message
 
+    segments = unpack_message(data)
+    if segments is not None:
+        return segments  # type: ignore[return-value]
     return unframe(unpack(data))

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from capsvc.codec import packing
 from capsvc.errors import DecodeError
+from capsvc.framing import encode_message
 from tests.codegen.conftest import Generated, native_module
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -211,3 +212,45 @@ def test_c_and_python_unpack_any_bytes_alike(data: bytes, max_words: int) -> Non
     except DecodeError:
         expected = None
     assert NATIVE.unpack(data, max_words) == expected
+
+
+@pytest.fixture(params=["c", "python"] if NATIVE is not None else ["python"])
+def message_way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``pack_message`` and ``unpack_message`` in C (in either build, where it was built)
+    or in Python."""
+    monkeypatch.setattr(packing, "_native", NATIVE if request.param == "c" else None)
+    way: str = request.param
+    return way
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(segment=WORDS.map(lambda words: b"".join(w.to_bytes(8, "little") for w in words)))
+def test_a_framed_message_packs_and_unpacks_without_the_framed_copy(
+    message_way: str, segment: bytes
+) -> None:
+    """``pack_message`` (``to_bytes_packed``) writes what packing the framed message writes,
+    and ``unpack_message`` (``from_bytes_packed``) gives back the segment in C (None in
+    Python: the general way reads it)."""
+    framed = encode_message([segment])
+    packed = packing.pack_message(segment)
+    assert packed == packing.pack(framed)
+    assert packing.unpack(packed) == framed
+    found = packing.unpack_message(packed)
+    assert found == ([segment] if message_way == "c" else None)
+
+
+@pytest.mark.parametrize(
+    "framed",
+    [
+        encode_message([b"\x01" * 8, b"\x02" * 16]),  # two segments: the general way's
+        b"\x00\x00\x00\x00\x05\x00\x00\x00" + b"\x01" * 8,  # a table promising more words
+        b"\x00\x00\x00\x00\x00\x00\x00\x00\x07" * 1,  # not whole words
+    ],
+    ids=["two segments", "short of its table", "ragged"],
+)
+def test_what_unpack_message_cannot_read_is_left_to_the_general_way(
+    message_way: str, framed: bytes
+) -> None:
+    packed = packing.pack(framed + bytes(-len(framed) % 8))
+    assert packing.unpack_message(packed) is None
+    assert packing.unpack_message(packed[:-1]) is None  # truncated
