@@ -976,6 +976,17 @@ word_tag(uint64_t word)
     return (unsigned)((bits * 0x0102040810204080ull) >> 56);
 }
 
+/* Whether ``word`` has at most one zero byte: the high bit of each byte of ``zeros`` is
+ * set exactly where the byte is zero (no carries cross bytes: each byte's low seven bits
+ * plus 0x7F stays below 0x100). */
+static inline int
+few_zero_bytes(uint64_t word)
+{
+    uint64_t low = 0x7F7F7F7F7F7F7F7Full;
+    uint64_t zeros = ~(((word & low) + low) | word | low);
+    return (zeros & (zeros - 1)) == 0;
+}
+
 /* Append the packed encoding of ``words`` words at ``in`` to ``out`` (room for 10 bytes a
  * word); the bytes written. */
 static Py_ssize_t
@@ -1008,14 +1019,10 @@ pack_words(const uint8_t *in, Py_ssize_t words, uint8_t *out)
         pos += 8;
         Py_ssize_t count_at = pos++;
         Py_ssize_t first = index;
-        while (index < words && index - first < 255) {
-            uint64_t raw = load64(in + (index << 3));
-            if (bits_set[word_tag(raw)] < 7)
-                break; /* two zero bytes or more: packing pays again */
-            memcpy(out + pos, &raw, 8);
-            pos += 8;
-            index++;
-        }
+        while (index < words && index - first < 255 && few_zero_bytes(load64(in + (index << 3))))
+            index++; /* at most one zero byte: raw (two or more: packing pays again) */
+        memcpy(out + pos, in + (first << 3), (size_t)(index - first) << 3);
+        pos += (index - first) << 3;
         out[count_at] = (uint8_t)(index - first);
     }
     return pos;
@@ -1152,13 +1159,14 @@ emit(Sink *k, const uint8_t *src, size_t n)
     k->out += n;
 }
 
-/* Decode the packed stream ``in`` (already checked by ``unpacked_words``) into the sink. */
+/* Decode the packed stream ``in`` (already checked by ``unpacked_words``) into the sink:
+ * through ``emit`` while the sink still skips bytes, then straight into ``out``. */
 static void
 unpack_into(const uint8_t *in, Py_ssize_t end, Sink *k)
 {
     Py_ssize_t pos = 0;
     uint8_t word[8];
-    while (pos < end) {
+    while (pos < end && k->skip) {
         unsigned tag = in[pos++];
         if (tag == 0) {
             emit(k, NULL, ((size_t)in[pos++] + 1) << 3);
@@ -1170,10 +1178,6 @@ unpack_into(const uint8_t *in, Py_ssize_t end, Sink *k)
             pos += 9 + (Py_ssize_t)raw;
         }
         else {
-            /* Branch-free, every byte's load independent of the others: byte ``b`` is
-             * stored byte ``stored_before[tag][b]`` of the word's encoding. Where the tag
-             * says zero the load still happens (at most the bytes object's own trailing
-             * NUL past the end), and the byte is masked to zero. */
             const uint8_t *at = in + pos;
             const uint8_t *before = stored_before[tag];
             for (int byte = 0; byte < 8; byte++)
@@ -1182,6 +1186,37 @@ unpack_into(const uint8_t *in, Py_ssize_t end, Sink *k)
             emit(k, word, 8);
         }
     }
+    uint8_t *out = k->out;
+    while (pos < end) {
+        unsigned tag = in[pos++];
+        if (tag == 0) {
+            size_t zeros = ((size_t)in[pos++] + 1) << 3;
+            memset(out, 0, zeros);
+            out += zeros;
+        }
+        else if (tag == 0xFF) {
+            size_t raw = (size_t)in[pos + 8] << 3;
+            memcpy(out, in + pos, 8);
+            memcpy(out + 8, in + pos + 9, raw);
+            out += 8 + raw;
+            pos += 9 + (Py_ssize_t)raw;
+        }
+        else {
+            /* Branch-free, every byte's load independent of the others: byte ``b`` is
+             * stored byte ``stored_before[tag][b]`` of the word's encoding. Where the tag
+             * says zero the load still happens (at most the bytes object's own trailing
+             * NUL past the end), and the byte is masked to zero. */
+            const uint8_t *at = in + pos;
+            const uint8_t *before = stored_before[tag];
+            uint64_t value = 0;
+            for (int byte = 0; byte < 8; byte++)
+                value |= (uint64_t)(at[before[byte]] & (0u - (tag >> byte & 1))) << (byte * 8);
+            memcpy(out, &value, 8);
+            out += 8;
+            pos += bits_set[tag];
+        }
+    }
+    k->out = out;
 }
 
 static PyObject *
