@@ -56,6 +56,8 @@ typedef struct {
     PyObject *sub;     /* Program of a struct, group or struct-list field */
     PyObject *members; /* tuple of an enum's members by code */
     PyObject *field;   /* the FieldPlan, for VIA */
+    PyObject *key;     /* the field's Python keyword, and its schema name (a dict's keys) */
+    PyObject *name;
 } Field;
 
 typedef struct {
@@ -344,6 +346,7 @@ read_row(Ctx *c, Program *p, PyObject *dseg, Py_ssize_t data, Py_ssize_t data_le
     PyObject *row = PyTuple_New(p->count);
     if (row == NULL)
         goto fail;
+    int holds_containers = 0; /* whether the row must stay tracked by the GC */
     for (Py_ssize_t index = 0; index < p->count; index++) {
         Field *f = &p->fields[index];
         PyObject *value;
@@ -422,8 +425,16 @@ read_row(Ctx *c, Program *p, PyObject *dseg, Py_ssize_t data, Py_ssize_t data_le
             Py_DECREF(row);
             goto fail;
         }
+        if (!holds_containers && PyObject_IS_GC(value)
+            && (!PyTuple_CheckExact(value) || PyObject_GC_IsTracked(value)))
+            holds_containers = 1;
         PyTuple_SET_ITEM(row, index, value);
     }
+    /* A row of numbers, strings and rows of those cannot be part of a cycle: untracked
+     * now, as CPython's collector would untrack it on its first pass, so that no
+     * collection walks it (a catrank request is 500 such rows). */
+    if (!holds_containers)
+        PyObject_GC_UnTrack(row);
     Py_LeaveRecursiveCall();
     return row;
 fail:
@@ -538,18 +549,20 @@ py_element_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 /* ---------------------------------------------------------------- the encoder
  *
  * ``encode_root(program, values, missing)``: a whole message (a bytearray: the root
- * pointer, then the root struct and everything below it) from ``values``, the root's
- * values in schema order: a list (generated ``new_message``'s keywords, ``missing`` where
- * a field is not given) or a row (a tuple, None where a field is not given). Nested
- * structs, groups and list elements must be rows. It lays the message out exactly as
- * capsvc.codec.values does, byte for byte: the struct's sections, then its pointer
- * targets in the same order, a composite list's sections before any element's targets.
+ * pointer, then the root struct and everything below it) from ``values``: the root's
+ * values in schema order as generated ``new_message`` passes them (a list, ``missing``
+ * where a field is not given), a row (a tuple, None where a field is not given), or a
+ * dict of fields by either of their names. Nested structs, groups and list elements are
+ * rows or dicts too. It lays the message out exactly as capsvc.codec.values does, byte for
+ * byte: the struct's sections, then its pointer targets in the same order, a composite
+ * list's sections before any element's targets.
  *
  * As the reader does, it takes the common case only and *bails out* (returns None, and
- * nothing was written anywhere) on everything else: a dict or a reader for a struct, a
- * value of a wrong type or out of range, two union members, a capability, an AnyPointer,
- * a list other than a list of structs, a struct field with a schema default. Python then
- * encodes the same values from the start, and names the fault if there is one. */
+ * nothing was written anywhere) on everything else: a reader or builder for a struct, a
+ * key that names no field, a value of a wrong type or out of range, two union members, a
+ * capability, an AnyPointer, a list other than a list of structs, a struct field with a
+ * schema default. Python then encodes the same values from the start, and names the
+ * fault if there is one. */
 
 typedef struct {
     PyObject *array; /* the bytearray being written */
@@ -633,6 +646,51 @@ given(Out *o, PyObject *values, int is_row, Py_ssize_t index)
     if (item == o->missing || (is_row && item == Py_None))
         return NULL;
     return item;
+}
+
+/* A struct's values as the encoder walks them (a new reference): a row as it is, or a
+ * dict of fields (by either of their names, as capsvc.codec.values takes them) as a list
+ * in schema order with ``missing`` where a field is not given; NULL to bail (anything
+ * else, a key that names no field, or a field given by both names) or on an error. */
+static PyObject *
+as_values(Out *o, Program *p, PyObject *value, int *is_row)
+{
+    if (PyTuple_CheckExact(value)) {
+        if (PyTuple_GET_SIZE(value) != p->count) {
+            out_bail(o);
+            return NULL;
+        }
+        *is_row = 1;
+        return Py_NewRef(value);
+    }
+    if (!PyDict_CheckExact(value) || !p->ready) {
+        out_bail(o);
+        return NULL;
+    }
+    PyObject *list = PyList_New(p->count);
+    if (list == NULL)
+        return NULL;
+    Py_ssize_t used = 0;
+    for (Py_ssize_t index = 0; index < p->count; index++) {
+        Field *f = &p->fields[index];
+        PyObject *item = PyDict_GetItemWithError(value, f->key);
+        if (item == NULL && !PyErr_Occurred() && f->name != f->key)
+            item = PyDict_GetItemWithError(value, f->name);
+        if (item == NULL && PyErr_Occurred()) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        if (item != NULL)
+            used++;
+        PyList_SET_ITEM(list, index, Py_NewRef(item != NULL ? item : o->missing));
+    }
+    if (used != PyDict_GET_SIZE(value)) {
+        Py_DECREF(list);
+        out_bail(o); /* Python names the key, or the field given twice */
+        return NULL;
+    }
+    *is_row = 0;
+    return list;
 }
 
 static int is_pointer_kind(int kind)
@@ -750,10 +808,13 @@ fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t data)
                 return out_bail(o);
             break;
         case K_GROUP: {
-            Program *group = (Program *)f->sub;
-            if (!PyTuple_CheckExact(value) || PyTuple_GET_SIZE(value) != group->count)
-                return out_bail(o);
-            if (fill_data(o, group, value, 1, data) < 0)
+            int group_is_row;
+            PyObject *group = as_values(o, (Program *)f->sub, value, &group_is_row);
+            if (group == NULL)
+                return -1;
+            int rc = fill_data(o, (Program *)f->sub, group, group_is_row, data);
+            Py_DECREF(group);
+            if (rc < 0)
                 return -1;
             break;
         }
@@ -799,18 +860,30 @@ encode_composite(Out *o, Program *element, PyObject *items, Py_ssize_t at)
     patch_word(o, at, lower | 1, (uint32_t)(count * size) << 3 | 7);
     patch_word(o, tag, (uint32_t)count << 2, (uint32_t)(dw | pc << 16));
     Py_ssize_t first = tag + 1;
-    for (Py_ssize_t index = 0; index < count; index++) {
-        PyObject *row = item[index];
-        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != element->count)
-            return out_bail(o); /* dicts and readers: Python's */
-        if (fill_data(o, element, row, 1, (first + index * size) << 3) < 0)
-            return -1;
+    /* Every element's sections first, then every element's pointer targets: the values
+     * (rows as they are, dicts made lists) are kept from one pass to the other. */
+    PyObject *values = PyList_New(count);
+    if (values == NULL)
+        return -1;
+    char *rowness = PyMem_Malloc(count ? (size_t)count : 1);
+    int rc = rowness == NULL ? (PyErr_NoMemory(), -1) : 0;
+    for (Py_ssize_t index = 0; rc == 0 && index < count; index++) {
+        int is_row;
+        PyObject *element_values = as_values(o, element, item[index], &is_row);
+        if (element_values == NULL) {
+            rc = -1; /* a reader, or anything else: Python's */
+            break;
+        }
+        PyList_SET_ITEM(values, index, element_values);
+        rowness[index] = (char)is_row;
+        rc = fill_data(o, element, element_values, is_row, (first + index * size) << 3);
     }
-    for (Py_ssize_t index = 0; index < count; index++) {
-        if (fill_pointers(o, element, item[index], 1, first + index * size + dw) < 0)
-            return -1;
-    }
-    return 0;
+    for (Py_ssize_t index = 0; rc == 0 && index < count; index++)
+        rc = fill_pointers(o, element, PyList_GET_ITEM(values, index), rowness[index],
+                           first + index * size + dw);
+    PyMem_Free(rowness);
+    Py_DECREF(values);
+    return rc;
 }
 
 /* Phase two: what the pointers of a struct of ``p`` (at word ``ptr``) lead to, appended
@@ -853,14 +926,10 @@ fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t ptr)
                 return out_bail(o);
             }
             break;
-        case K_STRUCT: {
-            Program *target = (Program *)f->sub;
-            if (!PyTuple_CheckExact(value) || PyTuple_GET_SIZE(value) != target->count)
-                return out_bail(o);
-            if (encode_struct_at(o, target, value, at) < 0)
+        case K_STRUCT:
+            if (encode_struct_at(o, (Program *)f->sub, value, at) < 0)
                 return -1;
             break;
-        }
         case K_LIST:
             if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value))
                 return out_bail(o);
@@ -868,8 +937,13 @@ fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t ptr)
                 return -1;
             break;
         case K_GROUP: {
-            Program *group = (Program *)f->sub;
-            if (fill_pointers(o, group, value, 1, ptr) < 0)
+            int group_is_row;
+            PyObject *group = as_values(o, (Program *)f->sub, value, &group_is_row);
+            if (group == NULL)
+                return -1;
+            int rc = fill_pointers(o, (Program *)f->sub, group, group_is_row, ptr);
+            Py_DECREF(group);
+            if (rc < 0)
                 return -1;
             break;
         }
@@ -880,25 +954,33 @@ fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t ptr)
     return 0;
 }
 
-/* A struct of ``p`` holding ``row``, appended, with the pointer at word ``at`` to it. */
+/* A struct of ``p`` holding ``value`` (a row or a dict), appended, with the pointer at
+ * word ``at`` to it. */
 static int
-encode_struct_at(Out *o, Program *p, PyObject *row, Py_ssize_t at)
+encode_struct_at(Out *o, Program *p, PyObject *value, Py_ssize_t at)
 {
-    if (!p->ready)
-        return out_bail(o);
+    int is_row;
+    PyObject *values = as_values(o, p, value, &is_row);
+    if (values == NULL)
+        return -1;
+    int rc = -1;
     uint32_t lower;
     Py_ssize_t start = o->len >> 3;
-    if (offset_bits(at, start, &lower) < 0)
-        return out_bail(o);
+    if (offset_bits(at, start, &lower) < 0) {
+        out_bail(o);
+        goto done;
+    }
     if (append_zeros(o, (p->data_words + p->pointers) << 3) < 0)
-        return -1;
+        goto done;
     patch_word(o, at, lower, (uint32_t)(p->data_words | p->pointers << 16));
-    if (Py_EnterRecursiveCall(" encoding a row"))
-        return -1;
-    int rc = fill_data(o, p, row, 1, start << 3);
+    if (Py_EnterRecursiveCall(" encoding a struct"))
+        goto done;
+    rc = fill_data(o, p, values, is_row, start << 3);
     if (rc == 0)
-        rc = fill_pointers(o, p, row, 1, start + p->data_words);
+        rc = fill_pointers(o, p, values, is_row, start + p->data_words);
     Py_LeaveRecursiveCall();
+done:
+    Py_DECREF(values);
     return rc;
 }
 
@@ -910,18 +992,30 @@ py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Program *p = (Program *)args[0];
-    PyObject *values = args[1];
-    int is_row = PyTuple_CheckExact(values);
-    if (!p->ready || (!is_row && !PyList_CheckExact(values))
-        || PySequence_Fast_GET_SIZE(values) != p->count)
-        Py_RETURN_NONE;
-    Py_ssize_t words = 1 + p->data_words + p->pointers;
     Out o = {0};
     o.missing = args[2];
+    int is_row = 0;
+    PyObject *values;
+    if (PyList_CheckExact(args[1])) { /* the root's values as generated new_message passes them */
+        if (!p->ready || PyList_GET_SIZE(args[1]) != p->count)
+            Py_RETURN_NONE;
+        values = Py_NewRef(args[1]);
+    }
+    else {
+        values = as_values(&o, p, args[1], &is_row);
+        if (values == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            Py_RETURN_NONE;
+        }
+    }
+    Py_ssize_t words = 1 + p->data_words + p->pointers;
     o.cap = words << 3 < 256 ? 256 : words << 3;
     o.array = PyByteArray_FromStringAndSize(NULL, o.cap);
-    if (o.array == NULL)
+    if (o.array == NULL) {
+        Py_DECREF(values);
         return NULL;
+    }
     o.buf = (uint8_t *)PyByteArray_AS_STRING(o.array);
     memset(o.buf, 0, (size_t)(words << 3));
     o.len = words << 3;
@@ -929,6 +1023,7 @@ py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int rc = fill_data(&o, p, values, is_row, 8);
     if (rc == 0)
         rc = fill_pointers(&o, p, values, is_row, 1 + p->data_words);
+    Py_DECREF(values);
     if (rc < 0) {
         Py_DECREF(o.array);
         if (o.bailed && !PyErr_Occurred())
@@ -1289,6 +1384,8 @@ clear_fields(Program *p)
         Py_CLEAR(p->fields[i].sub);
         Py_CLEAR(p->fields[i].members);
         Py_CLEAR(p->fields[i].field);
+        Py_CLEAR(p->fields[i].key);
+        Py_CLEAR(p->fields[i].name);
     }
     PyMem_Free(p->fields);
     p->fields = NULL;
@@ -1347,12 +1444,12 @@ Program_set(Program *self, PyObject *args)
     int has_via = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         Field *f = &made[i];
-        PyObject *sub, *members, *field;
+        PyObject *sub, *members, *field, *key, *name;
         unsigned long long xor_bits;
         int kind, orig_kind, width, is_signed, offset, disc;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fields, i), "iiiipKiOOO", &kind, &orig_kind,
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fields, i), "iiiipKiOOOUU", &kind, &orig_kind,
                               &offset, &width, &is_signed, &xor_bits, &disc, &sub, &members,
-                              &field))
+                              &field, &key, &name))
             goto fail;
         int needs_sub = kind == K_STRUCT || kind == K_GROUP || kind == K_LIST;
         if ((needs_sub && !PyObject_TypeCheck(sub, &ProgramType))
@@ -1372,6 +1469,8 @@ Program_set(Program *self, PyObject *args)
         f->sub = needs_sub ? Py_NewRef(sub) : NULL;
         f->members = kind == K_ENUM ? Py_NewRef(members) : NULL;
         f->field = Py_NewRef(field);
+        f->key = Py_NewRef(key);
+        f->name = Py_NewRef(name);
         if (kind == K_VIA || kind == K_ENUM)
             has_via = 1;
     }
@@ -1391,6 +1490,8 @@ fail:
         Py_CLEAR(made[i].sub);
         Py_CLEAR(made[i].members);
         Py_CLEAR(made[i].field);
+        Py_CLEAR(made[i].key);
+        Py_CLEAR(made[i].name);
     }
     PyMem_Free(made);
     return NULL;
@@ -1404,6 +1505,8 @@ Program_traverse(Program *self, visitproc visit, void *arg)
         Py_VISIT(self->fields[i].sub);
         Py_VISIT(self->fields[i].members);
         Py_VISIT(self->fields[i].field);
+        Py_VISIT(self->fields[i].key);
+        Py_VISIT(self->fields[i].name);
     }
     return 0;
 }

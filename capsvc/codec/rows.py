@@ -235,6 +235,8 @@ def _make_program(plan: StructPlan) -> object:
                 sub,
                 field.enum_members,
                 field,
+                field.key,
+                field.name,
             )
         )
     # The order the Python encoder appends pointer targets in (capsvc.codec.values): by

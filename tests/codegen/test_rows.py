@@ -432,9 +432,10 @@ _ODD_VALUES = [-1, 1 << 64, 70000, 1.5, "x", "\ud800", b"x", True, None, (), [()
 def test_c_and_python_encoders_write_the_same_bytes(
     generated: Generated, scope: str, file_index: int
 ) -> None:
-    """``from_row`` and ``new_message`` write the same message byte for byte with the C
-    encoder and without it; a row with a value of a wrong type or range in it gets the same
-    error from both (C hands every fault to Python)."""
+    """``from_row`` and ``new_message`` (of rows, and of plain values: dicts) write the
+    same message byte for byte with the C encoder and without it; a row with a value of a
+    wrong type or range in it gets the same error from both (C hands every fault to
+    Python)."""
     struct_ = struct_named(generated.schema, scope, file_index)
     ours = generated_type(generated, scope, file_index)
     reference = reference_type(generated, scope, file_index)
@@ -467,6 +468,11 @@ def test_c_and_python_encoders_write_the_same_bytes(
         fields = {k: v for k, v in zip(plan.keys, row, strict=True) if v is not None}
         first, second = outcome(lambda: ours.new_message(**fields))
         assert first == second
+        # Plain values, as pycapnp's new_message takes them: dicts for structs and groups.
+        first, second = outcome(lambda: ours.new_message(**data))
+        assert first == second
+        if NATIVE.encode_root(rows_module.native_program(plan), data, MISSING) is not None:
+            encoded_in_c.append(row)
         if row:
             index = draw.draw(st.integers(0, len(row) - 1))
             odd = draw.draw(st.sampled_from(_ODD_VALUES))
@@ -476,7 +482,9 @@ def test_c_and_python_encoders_write_the_same_bytes(
 
     encoded_in_c: list[tuple[Any, ...]] = []
     check()
-    # C must take the common case, not leave every row to Python: all but these structs,
-    # whose rows hold what C leaves to Python (fields with schema defaults, lists of
-    # scalars, an AnyPointer: such rows are not even written back here).
-    assert bool(encoded_in_c) == (scope not in {"Defaults", "Lists", "Tree"})
+    # C must take the common case, not leave every message to Python: it does for a
+    # good share of each struct's examples, except Tree's (an AnyPointer: such rows are
+    # not written back here) and Lists' (lists of scalars, which C leaves to Python: only
+    # examples that give none of them are C's).
+    if scope not in {"Lists", "Tree"}:
+        assert encoded_in_c
