@@ -79,6 +79,10 @@ typedef struct {
 
 static PyTypeObject ProgramType;
 
+/* Attribute names, interned once at import (a C string would make a str per lookup). */
+static PyObject *str_budget;
+static PyObject *str_segments;
+
 /* One read: the message, the one segment C reads pointers in, the budget left. */
 typedef struct {
     PyObject *msg;
@@ -147,7 +151,7 @@ write_budget(Ctx *c, long long value)
     PyObject *number = PyLong_FromLongLong(value);
     if (number == NULL)
         return -1;
-    int rc = PyObject_SetAttrString(c->msg, "budget", number);
+    int rc = PyObject_SetAttr(c->msg, str_budget, number);
     Py_DECREF(number);
     return rc;
 }
@@ -155,7 +159,7 @@ write_budget(Ctx *c, long long value)
 static int
 read_budget(PyObject *msg, long long *out)
 {
-    PyObject *number = PyObject_GetAttrString(msg, "budget");
+    PyObject *number = PyObject_GetAttr(msg, str_budget);
     if (number == NULL)
         return -1;
     long long value = PyLong_AsLongLong(number);
@@ -450,7 +454,7 @@ open_ctx(Ctx *c, PyObject *msg, Py_ssize_t si, PyObject *via)
     c->msg = msg;
     c->via = via;
     c->si = si;
-    PyObject *segments = PyObject_GetAttrString(msg, "segments");
+    PyObject *segments = PyObject_GetAttr(msg, str_segments);
     if (segments == NULL)
         return -1;
     if (!PyList_Check(segments) || si < 0 || si >= PyList_GET_SIZE(segments)) {
@@ -1578,6 +1582,10 @@ PyInit__native(void)
         return NULL;
     }
     if (PyType_Ready(&ProgramType) < 0)
+        return NULL;
+    str_budget = PyUnicode_InternFromString("budget");
+    str_segments = PyUnicode_InternFromString("segments");
+    if (str_budget == NULL || str_segments == NULL)
         return NULL;
     fill_bits_set();
     fill_stored_before();
