@@ -25,6 +25,12 @@ Decoding (:class:`FrameDecoder`):
   exceed the limit). Hence the buffer never holds more than one header, one allowed body
   and one ``feed``'s worth of data, provided the caller drains ``next_message()`` until it
   returns ``None`` after each ``feed`` (the connection reader does).
+- A large body (``_LARGE_BODY`` bytes or more) that has not all arrived is *collected*
+  instead: the part already buffered is moved out, and later feeds are kept as they are
+  in a list until the body is complete, which is then joined into its ``bytes`` object
+  in one copy (the bytes beyond it go back to the buffer). Without this, a 160 KiB
+  message arriving in 64 KiB pipe reads was copied into the growing buffer (reallocated
+  as it grew), then out of it.
 - A complete message's body is copied out once into a fresh ``bytes`` object: a
   one-segment message's segment is that object, and the segments of a longer one are
   ``memoryview`` slices of it at multiples of 8 bytes. CPython
@@ -67,6 +73,7 @@ Segment: TypeAlias = bytes | bytearray | memoryview
 _WORD = 8
 _FIRST_WORD = struct.Struct("<II")  # segment count - 1, size of segment 0 (§1 items 1-2)
 _SMALL_BODY = 4096  # bodies up to this size are copied out through a bytearray slice
+_LARGE_BODY = 65536  # bodies from this size on are collected in parts while they arrive
 
 
 DEFAULT_LIMITS = Limits()
@@ -91,7 +98,7 @@ def _header_bytes(count: int) -> int:
 class FrameDecoder:
     """Incremental decoder of a stream of framed messages. See the module docstring."""
 
-    __slots__ = ("_buf", "_eof", "_error", "_header", "_limits", "_pos")
+    __slots__ = ("_buf", "_eof", "_error", "_header", "_limits", "_parts", "_parts_len", "_pos")
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self._limits = limits
@@ -102,6 +109,10 @@ class FrameDecoder:
         # The validated header of the message at _pos once it has been parsed, kept while
         # its body arrives: (header bytes, segment sizes in words, body bytes).
         self._header: tuple[int, tuple[int, ...], int] | None = None
+        # A large body being collected (module docstring): its parts so far, and their
+        # bytes; None when no body is being collected (``_buf`` holds everything).
+        self._parts: list[bytes | memoryview] | None = None
+        self._parts_len = 0
 
     @property
     def limits(self) -> Limits:
@@ -110,7 +121,11 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet returned as part of a message."""
-        return len(self._buf) - self._pos
+        buffered = len(self._buf) - self._pos
+        header = self._header
+        if self._parts is not None and header is not None:  # a body being collected
+            buffered += header[0] + self._parts_len  # (its header was consumed from _buf)
+        return buffered
 
     @property
     def eof(self) -> bool:
@@ -122,7 +137,15 @@ class FrameDecoder:
             raise self._error
         if self._eof:
             raise LocalProtocolError("FrameDecoder.feed() called after feed_eof()")
-        if data:
+        if not data:
+            return
+        parts = self._parts
+        header = self._header
+        if parts is not None and header is not None and self._parts_len < header[2]:
+            # Kept as it is (a copy only of a buffer the caller may reuse).
+            parts.append(data if type(data) is bytes else bytes(data))
+            self._parts_len += len(data)
+        else:
             self._buf += data
 
     def feed_eof(self) -> None:
@@ -150,6 +173,8 @@ class FrameDecoder:
                 return None
             self._header = header
         header_len, sizes, body_len = header
+        if self._parts is not None:
+            return self._collected(sizes, body_len)
         buf = self._buf
         start = self._pos + header_len
         end = start + body_len
@@ -159,6 +184,14 @@ class FrameDecoder:
                     "connection closed in the middle of a message "
                     f"(received {len(buf) - start} of its {body_len} body bytes)"
                 )
+            if body_len >= _LARGE_BODY:
+                # Collect the rest as it comes: what is here moves out once, and the
+                # buffer is left empty for the feeds after the body.
+                with memoryview(buf) as view:
+                    self._parts = [view[start:].tobytes()]
+                self._parts_len = len(buf) - start
+                buf.clear()
+                self._pos = 0
             return None
         self._header = None
         # Copy the body out into a fresh bytes object: its storage is 16-byte aligned in CPython,
@@ -169,18 +202,31 @@ class FrameDecoder:
             with memoryview(buf) as view:
                 body = view[start:end].tobytes()
         self._consume(end)
-        if len(sizes) == 1:
-            # The bytes themselves, not a view: slicing and decoding a Text from ``bytes``
-            # costs half what it does from a memoryview (generated readers, codegen.md §4).
-            return [body]
-        whole = memoryview(body)
-        segments: list[bytes | memoryview] = []
-        offset = 0
-        for words in sizes:
-            size = words * _WORD
-            segments.append(whole[offset : offset + size])
-            offset += size
-        return segments
+        return _split(body, sizes)
+
+    def _collected(self, sizes: tuple[int, ...], body_len: int) -> list[bytes | memoryview] | None:
+        """The message whose large body is being collected, once all of it is here."""
+        parts = self._parts
+        assert parts is not None
+        if self._parts_len < body_len:
+            if self._eof:
+                self._fail(
+                    "connection closed in the middle of a message "
+                    f"(received {self._parts_len} of its {body_len} body bytes)"
+                )
+            return None
+        # Feeds stop going to the parts once the body is complete, so whatever lies beyond
+        # it is in the last part: back to the (empty) buffer with it.
+        excess = self._parts_len - body_len
+        if excess:
+            last = memoryview(parts[-1])
+            parts[-1] = last[: len(last) - excess]
+            self._buf[:0] = last[len(last) - excess :]
+        body = b"".join(parts)
+        self._parts = None
+        self._parts_len = 0
+        self._header = None
+        return _split(body, sizes)
 
     # -- internals ---------------------------------------------------------------------
 
@@ -242,6 +288,22 @@ class FrameDecoder:
                 f"message {what} {words} words ({words * _WORD} bytes), over the limit of "
                 f"{limit} words (Limits.max_message_words)"
             )
+
+
+def _split(body: bytes, sizes: tuple[int, ...]) -> list[bytes | memoryview]:
+    """A message's segments from its body."""
+    if len(sizes) == 1:
+        # The bytes themselves, not a view: slicing and decoding a Text from ``bytes``
+        # costs half what it does from a memoryview (generated readers, codegen.md §4).
+        return [body]
+    whole = memoryview(body)
+    segments: list[bytes | memoryview] = []
+    offset = 0
+    for words in sizes:
+        size = words * _WORD
+        segments.append(whole[offset : offset + size])
+        offset += size
+    return segments
 
 
 def _segment_size(segment: Segment) -> int:

@@ -227,6 +227,49 @@ def test_large_message_in_small_chunks() -> None:
     assert got == [[body, body[: 8 * 1000]]]
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.sampled_from([1, 7, 8191, 8192, 8193, 20_000, 70_000]), max_size=4),
+    data=st.data(),
+)
+def test_large_bodies_collected_from_any_split(sizes: list[int], data: st.DataObject) -> None:
+    """Bodies of 64 KiB and more are collected in parts while they arrive (framing.py): any
+    split of a stream of large and small messages, feeds that end a body and start the
+    next message included, gives back every message whole, in order, aligned."""
+    messages = [
+        [bytes([index + 1]) * (8 * words), bytes(8 * (index % 3))]
+        for index, words in enumerate(sizes)
+    ]
+    stream = encode_messages(messages)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
+    decoder = FrameDecoder()
+    got: list[list[bytes]] = []
+    previous = 0
+    for cut in [*cuts, len(stream)]:
+        decoder.feed(stream[previous:cut])
+        previous = cut
+        got.extend(drain(decoder))
+        assert decoder.buffered == cut - sum(len(encode_message(m)) for m in messages[: len(got)])
+    decoder.feed_eof()
+    assert decoder.next_message() is None
+    assert got == messages
+    for segments in got:
+        assert all(buffer_address(segment) % 8 == 0 for segment in segments)
+
+
+def test_a_large_body_cut_short_by_the_end_of_the_stream() -> None:
+    stream = encode_message([bytes(8 * 10_000)])
+    decoder = FrameDecoder()
+    decoder.feed(stream[:30_000])
+    assert decoder.next_message() is None
+    decoder.feed(stream[30_000:70_000])  # collected: not in the buffer
+    assert decoder.next_message() is None
+    assert decoder.buffered == 70_000
+    decoder.feed_eof()
+    with pytest.raises(FramingError, match="received 69992 of its 80000 body bytes"):
+        decoder.next_message()
+
+
 def test_zero_word_message_is_legal_framing() -> None:
     decoder = FrameDecoder()
     decoder.feed(header([0]) + header([0, 0, 0]))
