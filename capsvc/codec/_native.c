@@ -75,6 +75,10 @@ typedef struct {
      * else schema order (groups among them). */
     Py_ssize_t *pointer_order;
     Py_ssize_t pointer_count;
+    /* The size of the last message encoded from this root, and a little more: where the
+     * next one's buffer starts, rather than growing by doubling (a 160 KB message grew
+     * through ten reallocations). */
+    Py_ssize_t size_hint;
 } Program;
 
 static PyTypeObject ProgramType;
@@ -1015,6 +1019,8 @@ py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t words = 1 + p->data_words + p->pointers;
     o.cap = words << 3 < 256 ? 256 : words << 3;
+    if (o.cap < p->size_hint)
+        o.cap = p->size_hint;
     o.array = PyByteArray_FromStringAndSize(NULL, o.cap);
     if (o.array == NULL) {
         Py_DECREF(values);
@@ -1034,6 +1040,7 @@ py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_RETURN_NONE;
         return NULL;
     }
+    p->size_hint = o.len + (o.len >> 3);
     if (PyByteArray_Resize(o.array, o.len) < 0) {
         Py_DECREF(o.array);
         return NULL;
