@@ -203,16 +203,27 @@ segment_lists = st.lists(
 def test_random_splits(messages: list[list[bytes]], data: st.DataObject) -> None:
     stream = encode_messages(messages)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=20)))
+    assert _fed_in_pieces(stream, cuts) == messages
+
+
+def _fed_in_pieces(
+    stream: bytes, cuts: list[int], after_each: Any = None
+) -> list[list[bytes | memoryview]]:
+    """The messages a decoder gives for ``stream`` fed in pieces ending at ``cuts`` (and at
+    the end), then the end of the stream; ``after_each(decoder, cut, got)`` checks it
+    after each piece."""
     decoder = FrameDecoder()
-    got: list[list[bytes]] = []
+    got: list[list[bytes | memoryview]] = []
     previous = 0
     for cut in [*cuts, len(stream)]:
         decoder.feed(stream[previous:cut])
         previous = cut
         got.extend(drain(decoder))
+        if after_each is not None:
+            after_each(decoder, cut, got)
     decoder.feed_eof()
     assert decoder.next_message() is None
-    assert got == messages
+    return got
 
 
 def test_large_message_in_small_chunks() -> None:
@@ -242,16 +253,12 @@ def test_large_bodies_collected_from_any_split(sizes: list[int], data: st.DataOb
     ]
     stream = encode_messages(messages)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12)))
-    decoder = FrameDecoder()
-    got: list[list[bytes]] = []
-    previous = 0
-    for cut in [*cuts, len(stream)]:
-        decoder.feed(stream[previous:cut])
-        previous = cut
-        got.extend(drain(decoder))
-        assert decoder.buffered == cut - sum(len(encode_message(m)) for m in messages[: len(got)])
-    decoder.feed_eof()
-    assert decoder.next_message() is None
+
+    def check(decoder: FrameDecoder, cut: int, got: list[list[bytes | memoryview]]) -> None:
+        returned = sum(len(encode_message(m)) for m in messages[: len(got)])
+        assert decoder.buffered == cut - returned  # every byte not returned yet
+
+    got = _fed_in_pieces(stream, cuts, check)
     assert got == messages
     for segments in got:
         assert all(buffer_address(segment) % 8 == 0 for segment in segments)

@@ -500,6 +500,18 @@ close_ctx(Ctx *c, PyObject *result)
     return result;
 }
 
+/* ``count`` integer arguments as Py_ssize_t; -1 with the exception set. */
+static int
+ssize_args(PyObject *const *args, Py_ssize_t count, Py_ssize_t *out)
+{
+    for (Py_ssize_t index = 0; index < count; index++) {
+        out[index] = PyLong_AsSsize_t(args[index]);
+        if (out[index] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 py_struct_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -509,15 +521,13 @@ py_struct_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Program *p = (Program *)args[0];
-    Py_ssize_t si = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t data = PyLong_AsSsize_t(args[4]);
-    Py_ssize_t ptr = PyLong_AsSsize_t(args[5]);
-    Py_ssize_t pend = PyLong_AsSsize_t(args[6]);
-    long depth = PyLong_AsLong(args[7]);
-    if (PyErr_Occurred())
+    Py_ssize_t n[5]; /* data, ptr, pend, depth; then si */
+    if (ssize_args(args + 4, 4, n) < 0 || ssize_args(args + 2, 1, n + 4) < 0)
         return NULL;
+    Py_ssize_t data = n[0], ptr = n[1], pend = n[2];
+    long depth = (long)n[3];
     Ctx c;
-    if (open_ctx(&c, args[1], si, args[8]) < 0)
+    if (open_ctx(&c, args[1], n[4], args[8]) < 0)
         return NULL;
     Py_ssize_t data_len = p->data_words << 3;
     if (data < 0 || data + data_len > PyBytes_GET_SIZE(args[3]) || ptr < 0 || pend < ptr
@@ -536,17 +546,13 @@ py_element_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Program *p = (Program *)args[0];
-    Py_ssize_t si = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t start = PyLong_AsSsize_t(args[3]);
-    Py_ssize_t count = PyLong_AsSsize_t(args[4]);
-    Py_ssize_t size = PyLong_AsSsize_t(args[5]);
-    Py_ssize_t data_words = PyLong_AsSsize_t(args[6]);
-    Py_ssize_t pointers = PyLong_AsSsize_t(args[7]);
-    long depth = PyLong_AsLong(args[8]);
-    if (PyErr_Occurred())
+    Py_ssize_t n[7]; /* si, start, count, words, data_words, pointers, depth */
+    if (ssize_args(args + 2, 7, n) < 0)
         return NULL;
+    Py_ssize_t start = n[1], count = n[2], size = n[3], data_words = n[4], pointers = n[5];
+    long depth = (long)n[6];
     Ctx c;
-    if (open_ctx(&c, args[1], si, args[9]) < 0)
+    if (open_ctx(&c, args[1], n[0], args[9]) < 0)
         return NULL;
     if (start < 0 || count < 0 || size <= 0 || data_words < 0 || pointers < 0
         || data_words + pointers > size || start + count * size > c.words)

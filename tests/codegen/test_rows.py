@@ -347,17 +347,24 @@ def test_mutated_messages_read_as_the_reader_reads_them(
 ) -> None:
     """Words of a valid message replaced: the row equals the reader's values, or both
     refuse the message with DecodeError."""
+    name, frozen = _mutated(seeds, data, least=1)
+    _same_outcome(getattr(generated.kitchen, name), frozen)
+
+
+def _mutated(
+    seeds: list[tuple[str, list[bytes]]], data: st.DataObject, least: int
+) -> tuple[str, list[bytes]]:
+    """A seed message (its struct's name, its segments) with ``least`` to 4 of its words
+    replaced by drawn ones."""
     name, original = data.draw(st.sampled_from(seeds))
     segments = [bytearray(segment) for segment in original]
-    for _ in range(data.draw(st.integers(1, 4))):
+    for _ in range(data.draw(st.integers(least, 4))):
         si = data.draw(st.integers(0, len(segments) - 1))
         words = len(segments[si]) >> 3
         if words:
             at = data.draw(st.integers(0, words - 1)) << 3
             segments[si][at : at + 8] = struct.pack("<Q", data.draw(_WORDS))
-    kind = getattr(generated.kitchen, name)
-    frozen = [bytes(segment) for segment in segments]
-    _same_outcome(kind, frozen)
+    return name, [bytes(segment) for segment in segments]
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
@@ -395,16 +402,8 @@ def test_c_and_python_agree_on_hostile_messages(
 ) -> None:
     """The C reader reads a message exactly as the Python one does: the same row and the
     same traversal budget left, or the same DecodeError (C hands every fault to Python)."""
-    name, original = data.draw(st.sampled_from(seeds))
-    segments = [bytearray(segment) for segment in original]
-    for _ in range(data.draw(st.integers(0, 4))):
-        si = data.draw(st.integers(0, len(segments) - 1))
-        words = len(segments[si]) >> 3
-        if words:
-            at = data.draw(st.integers(0, words - 1)) << 3
-            segments[si][at : at + 8] = struct.pack("<Q", data.draw(_WORDS))
+    name, frozen = _mutated(seeds, data, least=0)
     kind = getattr(generated.kitchen, name)
-    frozen = [bytes(segment) for segment in segments]
     limit = data.draw(st.sampled_from([1 << 12, 64, 16]))
     outcomes = []
     for native in (NATIVE, None):
