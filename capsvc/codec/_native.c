@@ -467,18 +467,27 @@ open_ctx(Ctx *c, PyObject *msg, Py_ssize_t si, PyObject *via)
         return -1;
     }
     PyObject *segment = PyList_GET_ITEM(segments, si);
-    Py_DECREF(segments); /* the message keeps its segment alive while we read */
+    Py_DECREF(segments);
     if (!PyBytes_CheckExact(segment)) {
         PyErr_SetString(PyExc_TypeError, "a message segment must be bytes");
         return -1;
     }
-    c->segment = segment;
+    /* Held for the read: a field read through Python code may run anything. */
+    c->segment = Py_NewRef(segment);
     c->base = (const uint8_t *)PyBytes_AS_STRING(segment);
     c->words = PyBytes_GET_SIZE(segment) >> 3;
-    if (read_budget(msg, &c->budget) < 0)
+    if (read_budget(msg, &c->budget) < 0) {
+        Py_CLEAR(c->segment);
         return -1;
+    }
     c->entry_budget = c->budget;
     return 0;
+}
+
+static void
+release_ctx(Ctx *c)
+{
+    Py_CLEAR(c->segment);
 }
 
 /* What a read returns: the value with the budget written back, or None (a bail, the
@@ -486,6 +495,7 @@ open_ctx(Ctx *c, PyObject *msg, Py_ssize_t si, PyObject *via)
 static PyObject *
 close_ctx(Ctx *c, PyObject *result)
 {
+    release_ctx(c);
     if (result == NULL) {
         if (!c->bailed || PyErr_Occurred())
             return NULL;
@@ -531,8 +541,10 @@ py_struct_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     Py_ssize_t data_len = p->data_words << 3;
     if (data < 0 || data + data_len > PyBytes_GET_SIZE(args[3]) || ptr < 0 || pend < ptr
-        || pend > c.words)
+        || pend > c.words) {
+        release_ctx(&c);
         Py_RETURN_NONE; /* not the reader's invariant: let Python read it */
+    }
     return close_ctx(&c, read_row(&c, p, args[3], data, data_len, ptr, pend, depth));
 }
 
@@ -555,8 +567,10 @@ py_element_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (open_ctx(&c, args[1], n[0], args[9]) < 0)
         return NULL;
     if (start < 0 || count < 0 || size <= 0 || data_words < 0 || pointers < 0
-        || data_words + pointers > size || start + count * size > c.words)
+        || data_words + pointers > size || start + count * size > c.words) {
+        release_ctx(&c);
         Py_RETURN_NONE;
+    }
     return close_ctx(&c, read_elements(&c, p, start, count, size, data_words, pointers, depth));
 }
 
@@ -857,11 +871,26 @@ encode_bytes(Out *o, Py_ssize_t at, const char *bytes, Py_ssize_t size, int is_t
     return 0;
 }
 
+static int encode_elements(Out *o, Program *element, PyObject *items, Py_ssize_t at);
+
+/* A list of structs: its elements held in a tuple of their own while they are encoded (a
+ * dict key's ``__eq__`` may run Python code, which could change the user's list). */
 static int
-encode_composite(Out *o, Program *element, PyObject *items, Py_ssize_t at)
+encode_composite(Out *o, Program *element, PyObject *list, Py_ssize_t at)
 {
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(items);
-    PyObject **item = PySequence_Fast_ITEMS(items);
+    PyObject *items = PySequence_Tuple(list);
+    if (items == NULL)
+        return -1;
+    int rc = encode_elements(o, element, items, at);
+    Py_DECREF(items);
+    return rc;
+}
+
+static int
+encode_elements(Out *o, Program *element, PyObject *items, Py_ssize_t at)
+{
+    Py_ssize_t count = PyTuple_GET_SIZE(items);
+    PyObject **item = ((PyTupleObject *)items)->ob_item;
     Py_ssize_t dw = element->data_words, pc = element->pointers, size = dw + pc;
     if (count >= (1 << 29) || count * size >= (1 << 29))
         return out_bail(o);

@@ -578,7 +578,13 @@ def _capability(enc: _Encoder, w: BytesWriter, rel: int, value: object, label: s
 
 
 def _items(value: object, label: str) -> Sequence[object]:
-    if isinstance(value, list | tuple):
+    if type(value) is tuple:
+        return value
+    if isinstance(value, list):
+        # The elements as given: a list could change while it is encoded (a dict key's
+        # ``__eq__`` runs Python code), and the list's pointer already holds its length.
+        return tuple(value)
+    if isinstance(value, tuple):
         return value
     if isinstance(value, str | bytes | bytearray | dict) or not hasattr(value, "__iter__"):
         raise bad_type(value, label, "a sequence (a List)")

@@ -290,6 +290,26 @@ def test_rows_keep_nothing_alive(generated: Generated) -> None:
     assert all(item is None for scratch in plan_of(k.Tree).scratch for item in scratch)
 
 
+def test_a_list_changed_while_it_is_encoded(generated: Generated) -> None:
+    """A dict key whose ``__eq__`` empties the list being encoded (Python code run in the
+    middle of an encode): both encoders write the elements as they were given, so the
+    list's length and its elements agree."""
+    k = generated.kitchen
+    children: list[Any] = []
+
+    class Meddler(str):
+        __hash__ = str.__hash__
+
+        def __eq__(self, other: object) -> bool:
+            children.clear()
+            return str.__eq__(self, other)
+
+    children.extend([{"value": 1}, {Meddler("value"): 2}, {"value": 3}] * 3)
+    built = k.Tree.new_message(children=children)
+    assert children == []  # the key did run
+    assert [child.value for child in built.as_reader().children] == [1, 2, 3] * 3
+
+
 def test_rows_as_values_are_checked(generated: Generated) -> None:
     k = generated.kitchen
     with pytest.raises(TypeError, match=r"a Numbers row holds 14 values \(b, i8, .*\), not 2"):
