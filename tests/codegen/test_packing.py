@@ -26,25 +26,35 @@ NATIVE = native_module()
 
 
 class _Ways:
-    """``pack`` and ``unpack`` one way: in C (what the compiled build runs), a word at a
-    time (what it falls back on to name a fault) or in bulk passes (the pure-Python
-    build); all run in either build here, C wherever it was built."""
+    """``pack`` and ``unpack`` one way: in C (what the compiled build runs) with the byte
+    shuffle where the CPU has it (``c``) and without (``c-plain``), a word at a time
+    (what it falls back on to name a fault) or in bulk passes (the pure-Python build);
+    all run in either build here, C wherever it was built."""
 
     def __init__(self, way: str) -> None:
         self.way = way
 
+    def _c(self) -> Any:
+        assert NATIVE is not None
+        NATIVE.use_shuffle(self.way == "c")
+        return NATIVE
+
     def pack(self, data: bytes) -> bytes:
         if len(data) & 7 or not data:
             return packing.pack(data)
-        if self.way == "c":
-            assert NATIVE is not None
-            return NATIVE.pack(data)  # type: ignore[no-any-return]
+        if self.way.startswith("c"):
+            try:
+                return self._c().pack(data)  # type: ignore[no-any-return]
+            finally:
+                NATIVE.use_shuffle(True)  # type: ignore[union-attr]
         return packing._pack_words(data) if self.way == "words" else packing._pack_bulk(data)
 
     def unpack(self, data: bytes, max_words: int = packing.DEFAULT_MAX_WORDS) -> bytes:
-        if self.way == "c":
-            assert NATIVE is not None
-            words = NATIVE.unpack(data, max_words)
+        if self.way.startswith("c"):
+            try:
+                words = self._c().unpack(data, max_words)
+            finally:
+                NATIVE.use_shuffle(True)  # type: ignore[union-attr]
             if words is None:  # C decodes no faulty stream: Python names the fault...
                 packing._unpack_words(data, max_words)
                 raise AssertionError("C refused a stream Python decodes")  # ...if faulty
@@ -56,7 +66,7 @@ class _Ways:
 
 WAYS = [
     pytest.param(_Ways(way), id=way)
-    for way in (["c"] if NATIVE is not None else []) + ["words", "bulk"]
+    for way in (["c", "c-plain"] if NATIVE is not None else []) + ["words", "bulk"]
 ]
 
 
@@ -212,6 +222,11 @@ def test_c_and_python_unpack_any_bytes_alike(data: bytes, max_words: int) -> Non
     except DecodeError:
         expected = None
     assert NATIVE.unpack(data, max_words) == expected
+    NATIVE.use_shuffle(False)
+    try:
+        assert NATIVE.unpack(data, max_words) == expected  # the plain loop too
+    finally:
+        NATIVE.use_shuffle(True)
 
 
 @pytest.fixture(params=["c", "python"] if NATIVE is not None else ["python"])
