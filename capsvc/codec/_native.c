@@ -354,7 +354,6 @@ read_row(Ctx *c, Program *p, PyObject *dseg, Py_ssize_t data, Py_ssize_t data_le
     PyObject *row = PyTuple_New(p->count);
     if (row == NULL)
         goto fail;
-    int holds_containers = 0; /* whether the row must stay tracked by the GC */
     for (Py_ssize_t index = 0; index < p->count; index++) {
         Field *f = &p->fields[index];
         PyObject *value;
@@ -433,16 +432,8 @@ read_row(Ctx *c, Program *p, PyObject *dseg, Py_ssize_t data, Py_ssize_t data_le
             Py_DECREF(row);
             goto fail;
         }
-        if (!holds_containers && PyObject_IS_GC(value)
-            && (!PyTuple_CheckExact(value) || PyObject_GC_IsTracked(value)))
-            holds_containers = 1;
         PyTuple_SET_ITEM(row, index, value);
     }
-    /* A row of numbers, strings and rows of those cannot be part of a cycle: untracked
-     * now, as CPython's collector would untrack it on its first pass, so that no
-     * collection walks it (a catrank request is 500 such rows). */
-    if (!holds_containers)
-        PyObject_GC_UnTrack(row);
     Py_LeaveRecursiveCall();
     return row;
 fail:
@@ -903,29 +894,40 @@ encode_elements(Out *o, Program *element, PyObject *items, Py_ssize_t at)
     patch_word(o, at, lower | 1, (uint32_t)(count * size) << 3 | 7);
     patch_word(o, tag, (uint32_t)count << 2, (uint32_t)(dw | pc << 16));
     Py_ssize_t first = tag + 1;
-    /* Every element's sections first, then every element's pointer targets: the values
-     * (rows as they are, dicts made lists) are kept from one pass to the other. */
-    PyObject *values = PyList_New(count);
-    if (values == NULL)
-        return -1;
-    char *rowness = PyMem_Malloc(count ? (size_t)count : 1);
-    int rc = rowness == NULL ? (PyErr_NoMemory(), -1) : 0;
+    /* Every element's sections first, then every element's pointer targets. A row is
+     * used as it is; a dict is made a list of values once, kept in ``converted`` (made
+     * only when a dict comes) from one pass to the other. */
+    PyObject *converted = NULL;
+    int rc = 0;
     for (Py_ssize_t index = 0; rc == 0 && index < count; index++) {
+        PyObject *value = item[index];
+        Py_ssize_t data = (first + index * size) << 3;
+        if (PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == element->count) {
+            rc = fill_data(o, element, value, 1, data);
+            continue;
+        }
         int is_row;
-        PyObject *element_values = as_values(o, element, item[index], &is_row);
-        if (element_values == NULL) {
+        PyObject *values = as_values(o, element, value, &is_row);
+        if (values == NULL) {
             rc = -1; /* a reader, or anything else: Python's */
             break;
         }
-        PyList_SET_ITEM(values, index, element_values);
-        rowness[index] = (char)is_row;
-        rc = fill_data(o, element, element_values, is_row, (first + index * size) << 3);
+        if (converted == NULL && (converted = PyList_New(count)) == NULL) {
+            Py_DECREF(values);
+            rc = -1;
+            break;
+        }
+        PyList_SET_ITEM(converted, index, values);
+        rc = fill_data(o, element, values, is_row, data);
     }
-    for (Py_ssize_t index = 0; rc == 0 && index < count; index++)
-        rc = fill_pointers(o, element, PyList_GET_ITEM(values, index), rowness[index],
+    for (Py_ssize_t index = 0; rc == 0 && index < count; index++) {
+        PyObject *values = converted ? PyList_GET_ITEM(converted, index) : NULL;
+        if (values == NULL)
+            values = item[index];
+        rc = fill_pointers(o, element, values, PyTuple_CheckExact(values),
                            first + index * size + dw);
-    PyMem_Free(rowness);
-    Py_DECREF(values);
+    }
+    Py_XDECREF(converted);
     return rc;
 }
 
