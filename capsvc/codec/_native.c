@@ -275,8 +275,14 @@ read_struct_field(Ctx *c, Program *target, Py_ssize_t w, long depth)
         || !charge(c, data_words + pointers))
         return bail(c);
     Py_ssize_t ptr = (Py_ssize_t)(start + data_words);
-    return read_row(c, target, c->segment, (Py_ssize_t)(start << 3), (Py_ssize_t)(data_words << 3),
-                    ptr, ptr + (Py_ssize_t)pointers, depth - 1);
+    /* The C stack, guarded where pointers nest (a group is a fixed depth in the schema). */
+    if (Py_EnterRecursiveCall(" reading a row"))
+        return NULL;
+    PyObject *row = read_row(c, target, c->segment, (Py_ssize_t)(start << 3),
+                             (Py_ssize_t)(data_words << 3), ptr, ptr + (Py_ssize_t)pointers,
+                             depth - 1);
+    Py_LeaveRecursiveCall();
+    return row;
 }
 
 /* ``count`` elements of ``size`` words each from word ``start``, already checked and
@@ -329,9 +335,13 @@ read_list_field(Ctx *c, Program *target, Py_ssize_t w, long depth)
     if (left < 0)
         return bail(c);
     c->budget = left;
-    return read_elements(c, target, (Py_ssize_t)(start + 1), (Py_ssize_t)elements,
-                         (Py_ssize_t)size, (Py_ssize_t)data_words, (Py_ssize_t)pointers,
-                         depth - 1);
+    if (Py_EnterRecursiveCall(" reading a row"))
+        return NULL;
+    PyObject *rows = read_elements(c, target, (Py_ssize_t)(start + 1), (Py_ssize_t)elements,
+                                   (Py_ssize_t)size, (Py_ssize_t)data_words,
+                                   (Py_ssize_t)pointers, depth - 1);
+    Py_LeaveRecursiveCall();
+    return rows;
 }
 
 /* The row of a struct of ``p``: its data section is ``data_len`` bytes at byte ``data`` of
@@ -345,8 +355,6 @@ read_row(Ctx *c, Program *p, PyObject *dseg, Py_ssize_t data, Py_ssize_t data_le
         return bail(c);
     if (p->has_via && data_len < (p->data_words << 3))
         return bail(c); /* the generated reader needs the schema's section: Python pads it */
-    if (Py_EnterRecursiveCall(" reading a row"))
-        return NULL;
     const uint8_t *section = (const uint8_t *)PyBytes_AS_STRING(dseg) + data;
     long disc = -1;
     if (p->disc_at >= 0)
@@ -434,10 +442,8 @@ read_row(Ctx *c, Program *p, PyObject *dseg, Py_ssize_t data, Py_ssize_t data_le
         }
         PyTuple_SET_ITEM(row, index, value);
     }
-    Py_LeaveRecursiveCall();
     return row;
 fail:
-    Py_LeaveRecursiveCall();
     return NULL;
 }
 
