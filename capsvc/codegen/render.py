@@ -658,35 +658,10 @@ def _row_field_type(field: Field, names: _Names) -> str:
         assert field.type is not None
         if field.type.kind == "void":
             return "Literal[True] | None" if field.discriminant is not None else "None"
-        value = _row_value_type(field.type, names)
+        value = _reader_type(field.type, names, row=True)
         if field.type.kind == "struct" and field.default is None:
             return f"{value} | None"  # a null pointer
     return f"{value} | None" if field.discriminant is not None else value
-
-
-def _row_value_type(kind: Type, names: _Names) -> str:
-    """What a row holds for a field (or a list element) of ``kind``."""
-    k = kind.kind
-    if k == "void":
-        return "None"
-    if k == "bool":
-        return "bool"
-    if k in NUMBERS:
-        return "float" if k.startswith("float") else "int"
-    if k == "enum":
-        return names.of(kind.target)
-    if k == "text":
-        return "str"
-    if k == "data":
-        return "bytes"
-    if k == "struct":
-        return f"{names.of(kind.target)}.Row"
-    if k == "list":
-        assert kind.element is not None
-        return f"list[{_row_value_type(kind.element, names)}]"
-    if k == "interface":
-        return f"{names.of(kind.target)}.Client"
-    return "_r.AnyPointer"
 
 
 def _row_functions(out: _Out, node: Struct, path: str) -> None:
@@ -986,7 +961,9 @@ def _number(value: object, kind: str) -> object:
     return int(value)  # type: ignore[call-overload]
 
 
-def _reader_type(kind: Type, names: _Names) -> str:
+def _reader_type(kind: Type, names: _Names, *, row: bool = False) -> str:
+    """What a reader's field (or list element) of ``kind`` gives; with ``row``, what a row
+    holds for it (capsvc.codec.rows: rows for structs, Python lists for lists)."""
     k = kind.kind
     if k == "void":
         return "None"
@@ -1003,10 +980,11 @@ def _reader_type(kind: Type, names: _Names) -> str:
     if k == "data":
         return "bytes"
     if k == "struct":
-        return f"{names.of(kind.target)}.Reader"
+        return f"{names.of(kind.target)}.{'Row' if row else 'Reader'}"
     if k == "list":
         assert kind.element is not None
-        return f"_r.ListReader[{_reader_type(kind.element, names)}]"
+        inner = _reader_type(kind.element, names, row=row)
+        return f"list[{inner}]" if row else f"_r.ListReader[{inner}]"
     if k == "interface":
         return f"{names.of(kind.target)}.Client"
     return "_r.AnyPointer"
