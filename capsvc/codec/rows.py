@@ -141,7 +141,7 @@ def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
                 f" not of {elements._cls.__qualname__}"
             )
         snapshot = MessageReader([bytes(elements._b.buf)])
-        return _element_rows(
+        return _list_of_rows(
             snapshot,
             0,
             elements._start,
@@ -164,22 +164,7 @@ def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
     words = elements._words
     if not words or not elements._count:
         return [struct_row(item, plan) for item in elements]
-    if _native is not None:
-        rows = _native.element_rows(
-            native_program(plan),
-            elements._msg,
-            elements._si,
-            elements._start,
-            elements._count,
-            words,
-            elements._dw,
-            elements._pc,
-            elements._depth,
-            _via_reader,
-        )
-        if rows is not None:
-            return rows  # type: ignore[no-any-return]
-    return _element_rows(
+    return _list_of_rows(
         elements._msg,
         elements._si,
         elements._start,
@@ -190,6 +175,36 @@ def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
         plan,
         elements._depth,
     )
+
+
+def _list_of_rows(
+    msg: MessageReader,
+    si: int,
+    start: int,
+    count: int,
+    words: int,
+    data_words: int,
+    pointers: int,
+    plan: StructPlan,
+    depth: int,
+) -> list[tuple[Any, ...]]:
+    """``_element_rows`` (the same arguments), in C where the compiled build can."""
+    if _native is not None:
+        rows = _native.element_rows(
+            native_program(plan),
+            msg,
+            si,
+            start,
+            count,
+            words,
+            data_words,
+            pointers,
+            depth,
+            _via_reader,
+        )
+        if rows is not None:
+            return rows  # type: ignore[no-any-return]
+    return _element_rows(msg, si, start, count, words, data_words, pointers, plan, depth)
 
 
 # ---------------------------------------------------------------------- the C reader
