@@ -58,6 +58,8 @@ typedef struct {
     PyObject *field;   /* the FieldPlan, for VIA */
     PyObject *key;     /* the field's Python keyword, and its schema name (a dict's keys) */
     PyObject *name;
+    Py_ssize_t row_at; /* where its value (a spliced group's first) is in a row */
+    int spliced;       /* a group whose fields take its place in the row */
 } Field;
 
 typedef struct {
@@ -65,6 +67,7 @@ typedef struct {
     PyObject *plan;
     Field *fields;
     Py_ssize_t count;
+    Py_ssize_t width; /* the values of a row (StructPlan.row_width) */
     Py_ssize_t data_words;
     Py_ssize_t pointers;
     Py_ssize_t disc_at;
@@ -176,6 +179,9 @@ read_budget(PyObject *msg, long long *out)
 
 static PyObject *read_row(Ctx *c, Program *p, PyObject *dseg, Py_ssize_t data,
                           Py_ssize_t data_len, Py_ssize_t ptr, Py_ssize_t pend, long depth);
+static int read_into(Ctx *c, Program *p, PyObject *row, Py_ssize_t base, PyObject *dseg,
+                     Py_ssize_t data, Py_ssize_t data_len, Py_ssize_t ptr, Py_ssize_t pend,
+                     long depth);
 
 /* ``_via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)`` in rows.py. */
 static PyObject *
@@ -353,22 +359,42 @@ read_row(Ctx *c, Program *p, PyObject *dseg, Py_ssize_t data, Py_ssize_t data_le
 {
     if (!p->ready)
         return bail(c);
-    if (p->has_via && data_len < (p->data_words << 3))
-        return bail(c); /* the generated reader needs the schema's section: Python pads it */
+    PyObject *row = PyTuple_New(p->width);
+    if (row == NULL)
+        return NULL;
+    if (read_into(c, p, row, 0, dseg, data, data_len, ptr, pend, depth) < 0) {
+        Py_DECREF(row); /* (a tuple partly filled: its empty items are NULL) */
+        return NULL;
+    }
+    return row;
+}
+
+/* The values of a struct of ``p`` into ``row`` from item ``base`` on (a spliced group's
+ * fields land in its struct's row); -1 on a bail or an error. */
+static int
+read_into(Ctx *c, Program *p, PyObject *row, Py_ssize_t base, PyObject *dseg,
+          Py_ssize_t data, Py_ssize_t data_len, Py_ssize_t ptr, Py_ssize_t pend, long depth)
+{
+    if (!p->ready || base < 0 || base + p->width > PyTuple_GET_SIZE(row)) {
+        bail(c);
+        return -1;
+    }
+    if (p->has_via && data_len < (p->data_words << 3)) {
+        bail(c); /* the generated reader needs the schema's section: Python pads it */
+        return -1;
+    }
     const uint8_t *section = (const uint8_t *)PyBytes_AS_STRING(dseg) + data;
     long disc = -1;
     if (p->disc_at >= 0)
         disc = p->disc_at + 2 <= data_len ? (long)load16(section + p->disc_at) : 0;
-    PyObject *row = PyTuple_New(p->count);
-    if (row == NULL)
-        goto fail;
     for (Py_ssize_t index = 0; index < p->count; index++) {
         Field *f = &p->fields[index];
+        Py_ssize_t at = base + f->row_at;
         PyObject *value;
         if (f->disc >= 0 && f->disc != disc) {
             value = Py_None; /* a union member not set */
             Py_INCREF(value);
-            PyTuple_SET_ITEM(row, index, value);
+            PyTuple_SET_ITEM(row, at, value);
             continue;
         }
         Py_ssize_t slot = ptr + f->offset;
@@ -426,6 +452,12 @@ read_row(Ctx *c, Program *p, PyObject *dseg, Py_ssize_t data, Py_ssize_t data_le
             value = read_list_field(c, (Program *)f->sub, w, depth);
             break;
         case K_GROUP:
+            if (f->spliced) { /* its fields take its place */
+                if (read_into(c, (Program *)f->sub, row, at, dseg, data, data_len, ptr, pend,
+                              depth) < 0)
+                    return -1;
+                continue;
+            }
             value = read_row(c, (Program *)f->sub, dseg, data, data_len, ptr, pend, depth);
             break;
         case K_VOID:
@@ -436,15 +468,11 @@ read_row(Ctx *c, Program *p, PyObject *dseg, Py_ssize_t data, Py_ssize_t data_le
             value = call_via(c, p, f, dseg, data, ptr, pend, depth);
             break;
         }
-        if (value == NULL) {
-            Py_DECREF(row);
-            goto fail;
-        }
-        PyTuple_SET_ITEM(row, index, value);
+        if (value == NULL)
+            return -1;
+        PyTuple_SET_ITEM(row, at, value);
     }
-    return row;
-fail:
-    return NULL;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- entry points */
@@ -663,11 +691,14 @@ out_bail(Out *o)
     return -1;
 }
 
-/* Value ``index`` of ``values`` (a row, or the root's list) if given, else NULL. */
+/* The value of field ``index`` (``f``) in ``values`` if given, else NULL: a row's item
+ * ``base + f->row_at`` (``base``: where a spliced group's fields start), or the list's
+ * item ``index`` (the values in schema order). */
 static inline PyObject *
-given(Out *o, PyObject *values, int is_row, Py_ssize_t index)
+given(Out *o, PyObject *values, int is_row, Py_ssize_t base, Field *f, Py_ssize_t index)
 {
-    PyObject *item = is_row ? PyTuple_GET_ITEM(values, index) : PyList_GET_ITEM(values, index);
+    PyObject *item = is_row ? PyTuple_GET_ITEM(values, base + f->row_at)
+                            : PyList_GET_ITEM(values, index);
     if (item == o->missing || (is_row && item == Py_None))
         return NULL;
     return item;
@@ -681,7 +712,7 @@ static PyObject *
 as_values(Out *o, Program *p, PyObject *value, int *is_row)
 {
     if (PyTuple_CheckExact(value)) {
-        if (PyTuple_GET_SIZE(value) != p->count) {
+        if (!p->ready || PyTuple_GET_SIZE(value) != p->width) {
             out_bail(o);
             return NULL;
         }
@@ -757,19 +788,26 @@ integer_bits(PyObject *value, Field *f, uint64_t *out)
 }
 
 static int encode_struct_at(Out *o, Program *p, PyObject *row, Py_ssize_t at);
-static int fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t ptr);
+static int fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base,
+                         Py_ssize_t ptr);
 
 /* Phase one: the data section of a struct of ``p`` at byte ``data`` (zeroed): numbers,
- * bools, enums, discriminants, and the same for its groups. */
+ * bools, enums, discriminants, and the same for its groups. ``values``: a row (its
+ * values from item ``base`` on) or a list in schema order. */
 static int
-fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t data)
+fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base, Py_ssize_t data)
 {
-    if (!p->ready)
+    if (!p->ready || (is_row && base + p->width > PyTuple_GET_SIZE(values)))
         return out_bail(o);
     int members = 0;
     for (Py_ssize_t index = 0; index < p->count; index++) {
         Field *f = &p->fields[index];
-        PyObject *value = given(o, values, is_row, index);
+        if (is_row && f->spliced) { /* a group's fields, in its place in the row */
+            if (fill_data(o, (Program *)f->sub, values, 1, base + f->row_at, data) < 0)
+                return -1;
+            continue;
+        }
+        PyObject *value = given(o, values, is_row, base, f, index);
         if (value == NULL)
             continue;
         if (f->kind == K_VIA) {
@@ -837,7 +875,7 @@ fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t data)
             PyObject *group = as_values(o, (Program *)f->sub, value, &group_is_row);
             if (group == NULL)
                 return -1;
-            int rc = fill_data(o, (Program *)f->sub, group, group_is_row, data);
+            int rc = fill_data(o, (Program *)f->sub, group, group_is_row, 0, data);
             Py_DECREF(group);
             if (rc < 0)
                 return -1;
@@ -908,8 +946,8 @@ encode_elements(Out *o, Program *element, PyObject *items, Py_ssize_t at)
     for (Py_ssize_t index = 0; rc == 0 && index < count; index++) {
         PyObject *value = item[index];
         Py_ssize_t data = (first + index * size) << 3;
-        if (PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == element->count) {
-            rc = fill_data(o, element, value, 1, data);
+        if (PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == element->width) {
+            rc = fill_data(o, element, value, 1, 0, data);
             continue;
         }
         int is_row;
@@ -924,13 +962,13 @@ encode_elements(Out *o, Program *element, PyObject *items, Py_ssize_t at)
             break;
         }
         PyList_SET_ITEM(converted, index, values);
-        rc = fill_data(o, element, values, is_row, data);
+        rc = fill_data(o, element, values, is_row, 0, data);
     }
     for (Py_ssize_t index = 0; rc == 0 && index < count; index++) {
         PyObject *values = converted ? PyList_GET_ITEM(converted, index) : NULL;
         if (values == NULL)
             values = item[index];
-        rc = fill_pointers(o, element, values, PyTuple_CheckExact(values),
+        rc = fill_pointers(o, element, values, PyTuple_CheckExact(values), 0,
                            first + index * size + dw);
     }
     Py_XDECREF(converted);
@@ -940,12 +978,18 @@ encode_elements(Out *o, Program *element, PyObject *items, Py_ssize_t at)
 /* Phase two: what the pointers of a struct of ``p`` (at word ``ptr``) lead to, appended
  * in the Python encoder's order. */
 static int
-fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t ptr)
+fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base,
+              Py_ssize_t ptr)
 {
     for (Py_ssize_t n = 0; n < p->pointer_count; n++) {
         Py_ssize_t index = p->pointer_order[n];
         Field *f = &p->fields[index];
-        PyObject *value = given(o, values, is_row, index);
+        if (is_row && f->spliced) {
+            if (fill_pointers(o, (Program *)f->sub, values, 1, base + f->row_at, ptr) < 0)
+                return -1;
+            continue;
+        }
+        PyObject *value = given(o, values, is_row, base, f, index);
         if (value == NULL || value == Py_None)
             continue;
         Py_ssize_t at = ptr + f->offset;
@@ -992,7 +1036,7 @@ fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t ptr)
             PyObject *group = as_values(o, (Program *)f->sub, value, &group_is_row);
             if (group == NULL)
                 return -1;
-            int rc = fill_pointers(o, (Program *)f->sub, group, group_is_row, ptr);
+            int rc = fill_pointers(o, (Program *)f->sub, group, group_is_row, 0, ptr);
             Py_DECREF(group);
             if (rc < 0)
                 return -1;
@@ -1026,9 +1070,9 @@ encode_struct_at(Out *o, Program *p, PyObject *value, Py_ssize_t at)
     patch_word(o, at, lower, (uint32_t)(p->data_words | p->pointers << 16));
     if (Py_EnterRecursiveCall(" encoding a struct"))
         goto done;
-    rc = fill_data(o, p, values, is_row, start << 3);
+    rc = fill_data(o, p, values, is_row, 0, start << 3);
     if (rc == 0)
-        rc = fill_pointers(o, p, values, is_row, start + p->data_words);
+        rc = fill_pointers(o, p, values, is_row, 0, start + p->data_words);
     Py_LeaveRecursiveCall();
 done:
     Py_DECREF(values);
@@ -1073,9 +1117,9 @@ py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     memset(o.buf, 0, (size_t)(words << 3));
     o.len = words << 3;
     patch_word(&o, 0, 0, (uint32_t)(p->data_words | p->pointers << 16));
-    int rc = fill_data(&o, p, values, is_row, 8);
+    int rc = fill_data(&o, p, values, is_row, 0, 8);
     if (rc == 0)
-        rc = fill_pointers(&o, p, values, is_row, 1 + p->data_words);
+        rc = fill_pointers(&o, p, values, is_row, 0, 1 + p->data_words);
     Py_DECREF(values);
     if (rc < 0) {
         Py_DECREF(o.array);
@@ -1550,16 +1594,16 @@ Program_init(Program *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-/* program.set(data_words, pointers, disc_at, fields, pointer_order): each field a tuple
- * (kind, orig_kind, offset, width, signed, xor_bits, disc, sub, members, field);
- * pointer_order a tuple of field indices. */
+/* program.set(data_words, pointers, disc_at, width, fields, pointer_order): each field a
+ * tuple (kind, orig_kind, offset, width, signed, xor_bits, disc, sub, members, field, key,
+ * name, row_at, spliced); pointer_order a tuple of field indices. */
 static PyObject *
 Program_set(Program *self, PyObject *args)
 {
-    Py_ssize_t data_words, pointers, disc_at;
+    Py_ssize_t data_words, pointers, disc_at, row_width;
     PyObject *fields, *order;
-    if (!PyArg_ParseTuple(args, "nnnO!O!", &data_words, &pointers, &disc_at, &PyTuple_Type,
-                          &fields, &PyTuple_Type, &order))
+    if (!PyArg_ParseTuple(args, "nnnnO!O!", &data_words, &pointers, &disc_at, &row_width,
+                          &PyTuple_Type, &fields, &PyTuple_Type, &order))
         return NULL;
     if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "a program is set once");
@@ -1586,16 +1630,35 @@ Program_set(Program *self, PyObject *args)
         return PyErr_NoMemory();
     }
     int has_via = 0;
+    /* The fields tile the row, in order: every item of a row read is set (a tuple with
+     * an item left NULL would crash whoever reads it). */
+    Py_ssize_t next_at = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         Field *f = &made[i];
         PyObject *sub, *members, *field, *key, *name;
         unsigned long long xor_bits;
-        int kind, orig_kind, width, is_signed, offset, disc;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fields, i), "iiiipKiOOOUU", &kind, &orig_kind,
+        int kind, orig_kind, width, is_signed, offset, disc, spliced;
+        Py_ssize_t row_at;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(fields, i), "iiiipKiOOOUUnp", &kind, &orig_kind,
                               &offset, &width, &is_signed, &xor_bits, &disc, &sub, &members,
-                              &field, &key, &name))
+                              &field, &key, &name, &row_at, &spliced))
             goto fail;
         int needs_sub = kind == K_STRUCT || kind == K_GROUP || kind == K_LIST;
+        /* Where its values go in a row: one, or a spliced group's (its ready program's). */
+        Py_ssize_t takes = 1;
+        if (spliced) {
+            if (kind != K_GROUP || !PyObject_TypeCheck(sub, &ProgramType)
+                || !((Program *)sub)->ready) {
+                PyErr_Format(PyExc_ValueError, "field %zd of a program is malformed", i);
+                goto fail;
+            }
+            takes = ((Program *)sub)->width;
+        }
+        if (row_at != next_at || row_at + takes > row_width) {
+            PyErr_Format(PyExc_ValueError, "field %zd of a program is not where its row has it", i);
+            goto fail;
+        }
+        next_at += takes;
         if ((needs_sub && !PyObject_TypeCheck(sub, &ProgramType))
             || (kind == K_ENUM && !PyTuple_Check(members)) || offset < 0
             || (kind == K_INT && width != 1 && width != 2 && width != 4 && width != 8)
@@ -1615,11 +1678,18 @@ Program_set(Program *self, PyObject *args)
         f->field = Py_NewRef(field);
         f->key = Py_NewRef(key);
         f->name = Py_NewRef(name);
+        f->row_at = row_at;
+        f->spliced = spliced;
         if (kind == K_VIA || kind == K_ENUM)
             has_via = 1;
     }
+    if (next_at != row_width) {
+        PyErr_SetString(PyExc_ValueError, "a program's fields do not fill its row");
+        goto fail;
+    }
     self->fields = made;
     self->count = count;
+    self->width = row_width;
     self->data_words = data_words;
     self->pointers = pointers;
     self->disc_at = disc_at;

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from typing import ClassVar, Final, Protocol
 
-__all__ = ["FieldPlan", "ListPlan", "StructPlan"]
+__all__ = ["FieldPlan", "ListPlan", "StructPlan", "spliced"]
 
 # Field and element kinds.
 VOID: Final = 0
@@ -182,6 +182,9 @@ class StructPlan:
         "pointer_fields",
         "pointers",
         "reader",
+        "row_at",
+        "row_size",
+        "row_spliced",
         "scratch",
         "scratch_busy",
         "scratch_level",
@@ -204,6 +207,11 @@ class StructPlan:
         self.scratch: list[list[object]] = []
         self.scratch_busy: list[bool] = []
         self.scratch_level = 0
+        #: Where each field (in ``order``) starts in a row, and a row's length: filled in
+        #: by ``row_width`` on first use (a group's plan may get its fields after this one).
+        self.row_at: list[int] = []
+        self.row_size = -1
+        self.row_spliced = False  # (whether a group's fields are spliced in)
         self.name = name
         self.data_words = data_words
         self.pointers = pointers
@@ -229,6 +237,7 @@ class StructPlan:
             self.fields[field.name] = field
             self.order.append(field)
             self.keys.append(field.key)
+        self.row_size = -1  # (measured again on first use)
         self._lay_out()
 
     def _lay_out(self) -> None:
@@ -259,9 +268,44 @@ class StructPlan:
         self.data_items = items
         self.pointer_fields = sorted(pointers, key=_offset)
 
+    def row_width(self) -> int:
+        """How many values a row of this struct holds (capsvc.codec.rows): one per field,
+        except a group that is not a union member, whose fields take its place in the
+        row (its own row's values, spliced in: a group is part of its struct's layout,
+        as an unnamed union's members are)."""
+        if self.row_size < 0:
+            at: list[int] = []
+            size = 0
+            for field in self.order:
+                at.append(size)
+                target = field.target
+                size += target.row_width() if spliced(field) and target is not None else 1
+            self.row_at = at
+            self.row_spliced = any(spliced(field) for field in self.order)
+            self.row_size = size
+        return self.row_size
+
+    def row_labels(self) -> list[str]:
+        """What each value of a row is: a field's keyword, ``group.field`` inside a
+        spliced group."""
+        labels: list[str] = []
+        for field in self.order:
+            if spliced(field):
+                assert field.target is not None
+                labels.extend(f"{field.key}.{label}" for label in field.target.row_labels())
+            else:
+                labels.append(field.key)
+        return labels
+
     def unknown(self, key: object, where: str) -> TypeError:
         known = ", ".join(self.keys) or "none"
         return TypeError(f"{where}: {self.name} has no field {key!r} (its fields: {known})")
+
+
+def spliced(field: FieldPlan) -> bool:
+    """Whether ``field`` is a group whose fields are spliced into its struct's row (every
+    group but a union member, which is one value: its row, or None when not set)."""
+    return field.kind == GROUP and field.disc < 0
 
 
 def _offset(field: FieldPlan) -> int:

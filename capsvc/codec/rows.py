@@ -4,11 +4,14 @@ Theory of operation
 -------------------
 A *row* is a struct read all at once into a tuple of its fields' values, in schema order
 (a struct's ``StructPlan.order``, what ``new_message`` and ``assign`` take too): numbers,
-bools, enum members, ``str`` for Text, ``bytes`` for Data, a row for a struct or group
-field (None for a null struct pointer: rows are read eagerly, and a struct that holds
-itself would otherwise never end), a Python ``list`` for a List field (of rows, for a
-list of structs). A union member that is not set reads as None, and a Void member that
-is set as True. Generated
+bools, enum members, ``str`` for Text, ``bytes`` for Data, a row for a struct field
+(None for a null struct pointer: rows are read eagerly, and a struct that holds itself
+would otherwise never end), a Python ``list`` for a List field (of rows, for a list of
+structs). A group's fields take its place (``StructPlan.row_width``: a group is part of
+its struct's layout, as an unnamed union's members are, and one tuple per struct is
+what makes a tree of them as cheap as msgpack's), except a group that is a union member,
+which is one value: its own row, or None. A union member that is not set reads as None,
+and a Void member that is set as True. Generated
 ``T.row(reader)`` and ``T.rows(list_reader)`` call it, and the generated encoder takes a
 row wherever it takes a dict of a struct's fields, so a row read is a row written.
 
@@ -60,6 +63,7 @@ from capsvc.codec.plans import (
     FieldPlan,
     ListPlan,
     StructPlan,
+    spliced,
 )
 from capsvc.codec.reading import (
     DEFAULT_NESTING_LIMIT,
@@ -224,7 +228,8 @@ def _make_program(plan: StructPlan) -> object:
     program = _native.Program(plan)
     plan.native = program  # before the fields: a struct may hold itself
     fields: list[tuple[object, ...]] = []
-    for field in plan.order:
+    width = plan.row_width()
+    for field, row_at in zip(plan.order, plan.row_at, strict=True):
         kind = field.kind
         sub: object = None
         if field.row_via_reader or kind in (CAPABILITY, ANY) or (kind == FLOAT and field.xor):
@@ -252,13 +257,15 @@ def _make_program(plan: StructPlan) -> object:
                 field,
                 field.key,
                 field.name,
+                row_at,
+                spliced(field),
             )
         )
     # The order the Python encoder appends pointer targets in (capsvc.codec.values): by
     # offset for a plan written in one pass, else schema order (groups among them).
     appended = plan.pointer_fields if plan.in_order else plan.order
     order = tuple(field.index for field in appended)
-    program.set(plan.data_words, plan.pointers, plan.disc_at, tuple(fields), order)
+    program.set(plan.data_words, plan.pointers, plan.disc_at, width, tuple(fields), order)
     return program
 
 
@@ -281,13 +288,14 @@ def _row(
     scratch, busy = plan.scratch, plan.scratch_busy
     level = plan.scratch_level
     if level == len(scratch):
-        scratch.append([None] * len(plan.order))
+        scratch.append([None] * plan.row_width())
         busy.append(False)
     values = scratch[level]
     busy[level] = True
     plan.scratch_level = level + 1
     try:
-        return _gather(msg, si, seg, data, ptr, pend, plan, depth, values)
+        _gather(msg, si, seg, data, ptr, pend, plan, depth, values, 0)
+        return tuple(values)
     finally:
         for index in range(len(values)):
             values[index] = None  # what the row holds is the caller's, not the plan's
@@ -310,47 +318,53 @@ def _gather(
     plan: StructPlan,
     depth: int,
     values: list[object],
-) -> tuple[Any, ...]:
-    """``_row`` into ``values`` (one slot per field), then as a tuple."""
+    base: int,
+) -> None:
+    """``_row`` into ``values`` from ``base`` on (a spliced group's fields land in its
+    struct's row: ``StructPlan.row_width``)."""
     disc = -1
     if plan.disc_at >= 0:
         disc = int(read_i16_le(seg, data + plan.disc_at)) & 0xFFFF
-    index: i64 = -1
+    plan.row_width()  # (``row_at``, on first use)
+    row_at = plan.row_at
+    position: i64 = 0
+    field_index: i64 = -1
     for field in plan.order:
-        index += 1
+        field_index += 1
+        position = base + row_at[field_index]
         if field.disc >= 0 and field.disc != disc:
             continue  # a union member not set: None
         kind = field.kind
         if kind == INT:
-            values[index] = _integer(seg, data + field.offset, field)
+            values[position] = _integer(seg, data + field.offset, field)
         elif kind == BOOL:
             bit = field.offset
-            values[index] = (seg[data + (bit >> 3)] >> (bit & 7) & 1) != field.xor
+            values[position] = (seg[data + (bit >> 3)] >> (bit & 7) & 1) != field.xor
         elif kind == FLOAT and not field.xor:
             if field.width == 4:
-                values[index] = read_f32_le(seg, data + field.offset)
+                values[position] = read_f32_le(seg, data + field.offset)
             else:
-                values[index] = read_f64_le(seg, data + field.offset)
+                values[position] = read_f64_le(seg, data + field.offset)
         elif kind == ENUM:
             code = (int(read_i16_le(seg, data + field.offset)) & 0xFFFF) ^ field.xor
             members = field.enum_members
             if code < len(members):
-                values[index] = members[code]
+                values[position] = members[code]
             else:
-                values[index] = _via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)
+                values[position] = _via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)
         elif field.row_via_reader:
-            values[index] = _via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)
+            values[position] = _via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)
         elif kind == TEXT:
             w = ptr + field.offset
-            values[index] = read_text(msg, si, w if w < pend else -1, "")
+            values[position] = read_text(msg, si, w if w < pend else -1, "")
         elif kind == STRUCT:
             w = ptr + field.offset
             target = field.target
             assert target is not None
-            values[index] = _struct_field(msg, si, w if w < pend else -1, target, depth)
+            values[position] = _struct_field(msg, si, w if w < pend else -1, target, depth)
         elif kind == LIST:
             w = ptr + field.offset
-            values[index] = (
+            values[position] = (
                 _list_field(msg, si, w if w < pend else -1, field, depth)
                 if _is_struct_list(field)
                 else _via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)
@@ -358,15 +372,17 @@ def _gather(
         elif kind == GROUP:
             target = field.target
             assert target is not None
-            values[index] = _row(msg, si, seg, data, ptr, pend, target, depth)
+            if field.disc < 0:  # spliced: its fields take its place
+                _gather(msg, si, seg, data, ptr, pend, target, depth, values, position)
+            else:  # a union member: its own row
+                values[position] = _row(msg, si, seg, data, ptr, pend, target, depth)
         elif kind == DATA:
             w = ptr + field.offset
-            values[index] = read_data(msg, si, w if w < pend else -1, b"")
+            values[position] = read_data(msg, si, w if w < pend else -1, b"")
         elif kind == VOID:
-            values[index] = True if field.disc >= 0 else None
+            values[position] = True if field.disc >= 0 else None
         else:  # capabilities, AnyPointers, float defaults
-            values[index] = _via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)
-    return tuple(values)
+            values[position] = _via_reader(msg, si, seg, data, ptr, pend, plan, depth, field)
 
 
 def _integer(seg: bytes, at: int, field: FieldPlan) -> int:

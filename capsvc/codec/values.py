@@ -62,6 +62,7 @@ from capsvc.codec.plans import (
     FieldPlan,
     ListPlan,
     StructPlan,
+    spliced,
 )
 from capsvc.codec.reading import StructReader
 from capsvc.codec.scalars import (
@@ -324,14 +325,28 @@ def _values_of(enc: _Encoder, plan: StructPlan, fields: object) -> list[object]:
 
 
 def _row_values(enc: _Encoder, plan: StructPlan, row: tuple[object, ...]) -> list[object]:
-    """A row (capsvc.codec.rows: every field in schema order, None where a field is left
-    at its default or a union member is not set) as values in the plan's order."""
-    if len(row) != len(plan.order):
+    """A row (capsvc.codec.rows: every field in schema order, a group's fields in its
+    place, None where a field is left at its default or a union member is not set) as
+    values in the plan's order (a spliced group's as its own row)."""
+    width = plan.row_width()
+    if len(row) != width:
         raise TypeError(
-            f"{enc.where()}: a {plan.name} row holds {len(plan.order)} values"
-            f" ({', '.join(plan.keys)}), not {len(row)}"
+            f"{enc.where()}: a {plan.name} row holds {width} values"
+            f" ({', '.join(plan.row_labels())}), not {len(row)}"
         )
-    return [MISSING if value is None else value for value in row]
+    if not plan.row_spliced:  # a value per field
+        return [MISSING if value is None else value for value in row]
+    values: list[object] = []
+    row_at = plan.row_at
+    for index, field in enumerate(plan.order):
+        at = row_at[index]
+        if spliced(field):
+            assert field.target is not None
+            values.append(row[at : at + field.target.row_width()])
+        else:
+            value = row[at]
+            values.append(MISSING if value is None else value)
+    return values
 
 
 # ---------------------------------------------------------------------- structs

@@ -646,21 +646,33 @@ def _init_type(out: _Out, node: Struct, path: str, names: _Names) -> None:
 def _row_type(out: _Out, node: Struct, names: _Names) -> None:
     """``Row``: the struct as one tuple of its fields in schema order (capsvc.codec.rows),
     what ``row()`` reads and what the encoder takes wherever it takes an ``Init``."""
-    fields = sorted(node.fields, key=lambda f: f.code_order)
-    items = ", ".join(_row_field_type(field, names) for field in fields) or "()"
+    items = ", ".join(_row_items(node, names)) or "()"
     out.add(f'Row: TypeAlias = "tuple[{items}]"')
 
 
+def _row_items(node: Struct, names: _Names) -> list[str]:
+    """The types of a row's values: one per field, a group's own values in its place
+    (every group but a union member: capsvc.codec.plans.StructPlan.row_width)."""
+    items: list[str] = []
+    for field in sorted(node.fields, key=lambda f: f.code_order):
+        if field.group is not None and field.discriminant is None:
+            group = names.schema_node(field.group)
+            assert isinstance(group, Struct)
+            items.extend(_row_items(group, names))
+        else:
+            items.append(_row_field_type(field, names))
+    return items
+
+
 def _row_field_type(field: Field, names: _Names) -> str:
-    if field.group is not None:
-        value = f"{names.of(field.group)}.Row"
-    else:
-        assert field.type is not None
-        if field.type.kind == "void":
-            return "Literal[True] | None" if field.discriminant is not None else "None"
-        value = _reader_type(field.type, names, row=True)
-        if field.type.kind == "struct" and field.default is None:
-            return f"{value} | None"  # a null pointer
+    if field.group is not None:  # a union member: its row, or None when not set
+        return f"{names.of(field.group)}.Row | None"
+    assert field.type is not None
+    if field.type.kind == "void":
+        return "Literal[True] | None" if field.discriminant is not None else "None"
+    value = _reader_type(field.type, names, row=True)
+    if field.type.kind == "struct" and field.default is None:
+        return f"{value} | None"  # a null pointer
     return f"{value} | None" if field.discriminant is not None else value
 
 
@@ -669,8 +681,9 @@ def _row_functions(out: _Out, node: Struct, path: str) -> None:
     plan = _plan_name(path)
     out.add("@staticmethod")
     out.add(f"def row(reader: {path}.Reader | {path}.Builder) -> {path}.Row:")
-    out.add('    """Every field at once, as a tuple in schema order (a union member not set')
-    out.add('    is None): what ``from_row``, and any field of this type, take back."""')
+    out.add('    """Every field at once, as a tuple in schema order (a group\'s fields in its')
+    out.add("    place, None for a union member not set): what ``from_row``, and any field")
+    out.add('    of this type, take back."""')
     out.add(f"    return _w.struct_row(reader, {plan})")
     out.add("")
     out.add("@staticmethod")

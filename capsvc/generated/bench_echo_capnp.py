@@ -121,8 +121,9 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
         @staticmethod
         def row(reader: BenchEcho.PingCapParams.Reader | BenchEcho.PingCapParams.Builder) -> BenchEcho.PingCapParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_BenchEcho_PingCapParams)
 
         @staticmethod
@@ -253,8 +254,9 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
         @staticmethod
         def row(reader: BenchEcho.PingCapResults.Reader | BenchEcho.PingCapResults.Builder) -> BenchEcho.PingCapResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_BenchEcho_PingCapResults)
 
         @staticmethod

@@ -254,8 +254,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
         @staticmethod
         def row(reader: Calculator.Expression.Reader | Calculator.Expression.Builder) -> Calculator.Expression.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Calculator_Expression)
 
         @staticmethod
@@ -383,8 +384,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             @staticmethod
             def row(reader: Calculator.Function.CallParams.Reader | Calculator.Function.CallParams.Builder) -> Calculator.Function.CallParams.Row:
-                """Every field at once, as a tuple in schema order (a union member not set
-                is None): what ``from_row``, and any field of this type, take back."""
+                """Every field at once, as a tuple in schema order (a group's fields in its
+                place, None for a union member not set): what ``from_row``, and any field
+                of this type, take back."""
                 return _w.struct_row(reader, _P_Calculator_Function_CallParams)
 
             @staticmethod
@@ -496,8 +498,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             @staticmethod
             def row(reader: Calculator.Function.CallResults.Reader | Calculator.Function.CallResults.Builder) -> Calculator.Function.CallResults.Row:
-                """Every field at once, as a tuple in schema order (a union member not set
-                is None): what ``from_row``, and any field of this type, take back."""
+                """Every field at once, as a tuple in schema order (a group's fields in its
+                place, None for a union member not set): what ``from_row``, and any field
+                of this type, take back."""
                 return _w.struct_row(reader, _P_Calculator_Function_CallResults)
 
             @staticmethod
@@ -646,8 +649,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             @staticmethod
             def row(reader: Calculator.Value.ReadParams.Reader | Calculator.Value.ReadParams.Builder) -> Calculator.Value.ReadParams.Row:
-                """Every field at once, as a tuple in schema order (a union member not set
-                is None): what ``from_row``, and any field of this type, take back."""
+                """Every field at once, as a tuple in schema order (a group's fields in its
+                place, None for a union member not set): what ``from_row``, and any field
+                of this type, take back."""
                 return _w.struct_row(reader, _P_Calculator_Value_ReadParams)
 
             @staticmethod
@@ -759,8 +763,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             @staticmethod
             def row(reader: Calculator.Value.ReadResults.Reader | Calculator.Value.ReadResults.Builder) -> Calculator.Value.ReadResults.Row:
-                """Every field at once, as a tuple in schema order (a union member not set
-                is None): what ``from_row``, and any field of this type, take back."""
+                """Every field at once, as a tuple in schema order (a group's fields in its
+                place, None for a union member not set): what ``from_row``, and any field
+                of this type, take back."""
                 return _w.struct_row(reader, _P_Calculator_Value_ReadResults)
 
             @staticmethod
@@ -929,8 +934,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
         @staticmethod
         def row(reader: Calculator.DefFunctionParams.Reader | Calculator.DefFunctionParams.Builder) -> Calculator.DefFunctionParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Calculator_DefFunctionParams)
 
         @staticmethod
@@ -1051,8 +1057,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
         @staticmethod
         def row(reader: Calculator.DefFunctionResults.Reader | Calculator.DefFunctionResults.Builder) -> Calculator.DefFunctionResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Calculator_DefFunctionResults)
 
         @staticmethod
@@ -1180,8 +1187,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
         @staticmethod
         def row(reader: Calculator.EvaluateParams.Reader | Calculator.EvaluateParams.Builder) -> Calculator.EvaluateParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Calculator_EvaluateParams)
 
         @staticmethod
@@ -1302,8 +1310,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
         @staticmethod
         def row(reader: Calculator.EvaluateResults.Reader | Calculator.EvaluateResults.Builder) -> Calculator.EvaluateResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Calculator_EvaluateResults)
 
         @staticmethod
@@ -1423,8 +1432,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
         @staticmethod
         def row(reader: Calculator.GetOperatorParams.Reader | Calculator.GetOperatorParams.Builder) -> Calculator.GetOperatorParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Calculator_GetOperatorParams)
 
         @staticmethod
@@ -1545,8 +1555,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
         @staticmethod
         def row(reader: Calculator.GetOperatorResults.Reader | Calculator.GetOperatorResults.Builder) -> Calculator.GetOperatorResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Calculator_GetOperatorResults)
 
         @staticmethod

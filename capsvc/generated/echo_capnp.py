@@ -120,8 +120,9 @@ class Echo(_t.Interface["Echo.Client"]):
 
         @staticmethod
         def row(reader: Echo.PingParams.Reader | Echo.PingParams.Builder) -> Echo.PingParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Echo_PingParams)
 
         @staticmethod
@@ -234,8 +235,9 @@ class Echo(_t.Interface["Echo.Client"]):
 
         @staticmethod
         def row(reader: Echo.PingResults.Reader | Echo.PingResults.Builder) -> Echo.PingResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Echo_PingResults)
 
         @staticmethod
@@ -356,8 +358,9 @@ class Echo(_t.Interface["Echo.Client"]):
 
         @staticmethod
         def row(reader: Echo.PingDataParams.Reader | Echo.PingDataParams.Builder) -> Echo.PingDataParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Echo_PingDataParams)
 
         @staticmethod
@@ -478,8 +481,9 @@ class Echo(_t.Interface["Echo.Client"]):
 
         @staticmethod
         def row(reader: Echo.PingDataResults.Reader | Echo.PingDataResults.Builder) -> Echo.PingDataResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Echo_PingDataResults)
 
         @staticmethod

@@ -120,8 +120,9 @@ class Health(_t.Interface["Health.Client"]):
 
         @staticmethod
         def row(reader: Health.CheckParams.Reader | Health.CheckParams.Builder) -> Health.CheckParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Health_CheckParams)
 
         @staticmethod
@@ -241,8 +242,9 @@ class Health(_t.Interface["Health.Client"]):
 
         @staticmethod
         def row(reader: Health.CheckResults.Reader | Health.CheckResults.Builder) -> Health.CheckResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Health_CheckResults)
 
         @staticmethod

@@ -133,8 +133,9 @@ class Accept:
 
     @staticmethod
     def row(reader: Accept.Reader | Accept.Builder) -> Accept.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Accept)
 
     @staticmethod
@@ -259,8 +260,9 @@ class Bootstrap:
 
     @staticmethod
     def row(reader: Bootstrap.Reader | Bootstrap.Builder) -> Bootstrap.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Bootstrap)
 
     @staticmethod
@@ -431,7 +433,7 @@ class Call:
 
         sendResultsTo: Call.SendResultsTo.Init | Call.SendResultsTo.Row
 
-    Row: TypeAlias = "tuple[int, MessageTarget.Row | None, int, int, bool, bool, bool, Payload.Row | None, Call.SendResultsTo.Row]"
+    Row: TypeAlias = "tuple[int, MessageTarget.Row | None, int, int, bool, bool, bool, Payload.Row | None, Literal[True] | None, Literal[True] | None, _r.AnyPointer | None]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -590,8 +592,9 @@ class Call:
 
     @staticmethod
     def row(reader: Call.Reader | Call.Builder) -> Call.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Call)
 
     @staticmethod
@@ -822,8 +825,9 @@ class CapDescriptor:
 
     @staticmethod
     def row(reader: CapDescriptor.Reader | CapDescriptor.Builder) -> CapDescriptor.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_CapDescriptor)
 
     @staticmethod
@@ -977,7 +981,7 @@ class Disembargo:
 
         context: Disembargo.Context.Init | Disembargo.Context.Row
 
-    Row: TypeAlias = "tuple[MessageTarget.Row | None, Disembargo.Context.Row]"
+    Row: TypeAlias = "tuple[MessageTarget.Row | None, int | None, int | None, Literal[True] | None, int | None]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1071,8 +1075,9 @@ class Disembargo:
 
     @staticmethod
     def row(reader: Disembargo.Reader | Disembargo.Builder) -> Disembargo.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Disembargo)
 
     @staticmethod
@@ -1248,8 +1253,9 @@ class Exception:
 
     @staticmethod
     def row(reader: Exception.Reader | Exception.Builder) -> Exception.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Exception)
 
     @staticmethod
@@ -1379,8 +1385,9 @@ class Finish:
 
     @staticmethod
     def row(reader: Finish.Reader | Finish.Builder) -> Finish.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Finish)
 
     @staticmethod
@@ -1530,8 +1537,9 @@ class Join:
 
     @staticmethod
     def row(reader: Join.Reader | Join.Builder) -> Join.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Join)
 
     @staticmethod
@@ -2023,8 +2031,9 @@ class Message:
 
     @staticmethod
     def row(reader: Message.Reader | Message.Builder) -> Message.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Message)
 
     @staticmethod
@@ -2179,8 +2188,9 @@ class MessageTarget:
 
     @staticmethod
     def row(reader: MessageTarget.Reader | MessageTarget.Builder) -> MessageTarget.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_MessageTarget)
 
     @staticmethod
@@ -2308,8 +2318,9 @@ class Payload:
 
     @staticmethod
     def row(reader: Payload.Reader | Payload.Builder) -> Payload.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Payload)
 
     @staticmethod
@@ -2458,8 +2469,9 @@ class PromisedAnswer:
 
         @staticmethod
         def row(reader: PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder) -> PromisedAnswer.Op.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_PromisedAnswer_Op)
 
         @staticmethod
@@ -2578,8 +2590,9 @@ class PromisedAnswer:
 
     @staticmethod
     def row(reader: PromisedAnswer.Reader | PromisedAnswer.Builder) -> PromisedAnswer.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_PromisedAnswer)
 
     @staticmethod
@@ -2729,8 +2742,9 @@ class Provide:
 
     @staticmethod
     def row(reader: Provide.Reader | Provide.Builder) -> Provide.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Provide)
 
     @staticmethod
@@ -2851,8 +2865,9 @@ class Release:
 
     @staticmethod
     def row(reader: Release.Reader | Release.Builder) -> Release.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Release)
 
     @staticmethod
@@ -3035,8 +3050,9 @@ class Resolve:
 
     @staticmethod
     def row(reader: Resolve.Reader | Resolve.Builder) -> Resolve.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Resolve)
 
     @staticmethod
@@ -3297,8 +3313,9 @@ class Return:
 
     @staticmethod
     def row(reader: Return.Reader | Return.Builder) -> Return.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Return)
 
     @staticmethod
@@ -3423,8 +3440,9 @@ class ThirdPartyCapDescriptor:
 
     @staticmethod
     def row(reader: ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder) -> ThirdPartyCapDescriptor.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_ThirdPartyCapDescriptor)
 
     @staticmethod

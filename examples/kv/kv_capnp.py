@@ -120,8 +120,9 @@ class Directory(_t.Interface["Directory.Client"]):
 
         @staticmethod
         def row(reader: Directory.OpenParams.Reader | Directory.OpenParams.Builder) -> Directory.OpenParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Directory_OpenParams)
 
         @staticmethod
@@ -242,8 +243,9 @@ class Directory(_t.Interface["Directory.Client"]):
 
         @staticmethod
         def row(reader: Directory.OpenResults.Reader | Directory.OpenResults.Builder) -> Directory.OpenResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Directory_OpenResults)
 
         @staticmethod
@@ -398,8 +400,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.GetParams.Reader | Store.GetParams.Builder) -> Store.GetParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_GetParams)
 
         @staticmethod
@@ -529,8 +532,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.GetResults.Reader | Store.GetResults.Builder) -> Store.GetResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_GetResults)
 
         @staticmethod
@@ -619,8 +623,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.KeysParams.Reader | Store.KeysParams.Builder) -> Store.KeysParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_KeysParams)
 
         @staticmethod
@@ -742,8 +747,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.KeysResults.Reader | Store.KeysResults.Builder) -> Store.KeysResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_KeysResults)
 
         @staticmethod
@@ -874,8 +880,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.PutParams.Reader | Store.PutParams.Builder) -> Store.PutParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_PutParams)
 
         @staticmethod
@@ -987,8 +994,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.PutResults.Reader | Store.PutResults.Builder) -> Store.PutResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_PutResults)
 
         @staticmethod
@@ -1109,8 +1117,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.WatchParams.Reader | Store.WatchParams.Builder) -> Store.WatchParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_WatchParams)
 
         @staticmethod
@@ -1199,8 +1208,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.WatchResults.Reader | Store.WatchResults.Builder) -> Store.WatchResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_WatchResults)
 
         @staticmethod
@@ -1438,8 +1448,9 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
         @staticmethod
         def row(reader: Watcher.ChangedParams.Reader | Watcher.ChangedParams.Builder) -> Watcher.ChangedParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Watcher_ChangedParams)
 
         @staticmethod
@@ -1528,8 +1539,9 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
         @staticmethod
         def row(reader: Watcher.ChangedResults.Reader | Watcher.ChangedResults.Builder) -> Watcher.ChangedResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Watcher_ChangedResults)
 
         @staticmethod

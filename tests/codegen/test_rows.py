@@ -64,11 +64,14 @@ def row_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
 # ---------------------------------------------------------------------- the reference
 def reference_row(reader: StructReader, plan: StructPlan) -> tuple[Any, ...]:
     """What a row must hold, a field at a time through the generated reader's own
-    properties (union members by ``which()``), in the plan's (schema) order."""
+    properties (union members by ``which()``), in the plan's (schema) order, a group
+    that is not a union member spliced in (its fields in its place)."""
     which = reader.which() if plan.disc_at >= 0 else None
     out: list[Any] = []
     for field in plan.order:
-        if field.disc >= 0 and which != field.name:
+        if field.kind == GROUP and field.disc < 0:  # its fields in its place
+            out.extend(reference_row(getattr(reader, field.key), field.target))
+        elif field.disc >= 0 and which != field.name:
             out.append(None)
         elif field.kind == VOID:
             out.append(True if field.disc >= 0 else None)
@@ -104,6 +107,19 @@ def comparable(value: Any) -> Any:
     if hasattr(value, "_capsvc_hook"):
         return ("capability", type(value).__qualname__)
     return value
+
+
+def row_fields(plan: StructPlan, row: tuple[Any, ...]) -> dict[str, Any]:
+    """A row as its fields' values by keyword: a spliced group's as its own row."""
+    plan.row_width()
+    fields: dict[str, Any] = {}
+    for field, at in zip(plan.order, plan.row_at, strict=True):
+        if field.kind == GROUP and field.disc < 0:
+            assert field.target is not None
+            fields[field.key] = row[at : at + field.target.row_width()]
+        else:
+            fields[field.key] = row[at]
+    return fields
 
 
 def plan_of(kind: Any) -> StructPlan:
@@ -207,11 +223,45 @@ def test_defaults_and_unions(generated: Generated) -> None:
     shapes = k.Shapes.new_message(nothing=None)
     shape_row = k.Shapes.row(shapes)
     assert shape_row == reference_row(shapes.as_reader(), plan_of(k.Shapes))
-    keys = plan_of(k.Shapes).keys
-    assert [key for key, value in zip(keys, shape_row, strict=True) if value is True] == ["nothing"]
+    labels = plan_of(k.Shapes).row_labels()
+    set_true = [key for key, value in zip(labels, shape_row, strict=True) if value is True]
+    assert set_true == ["nothing", "style.fill.solid"]  # (a union's first member)
     again = k.Shapes.from_row(shape_row)
     assert again.as_reader().which() == "nothing"
     assert k.Defaults.row(k.Defaults.from_row((None,) * len(row))) == row
+
+
+def test_a_group_takes_its_place_in_the_row(generated: Generated) -> None:
+    """A group's fields are spliced into its struct's row, nested groups too; a group
+    that is a union member is one value (its row, or None); from_row takes the same
+    shape back, and a row of another length is refused naming every value."""
+    k = generated.kitchen
+    plan = plan_of(k.Shapes)
+    assert plan.row_labels() == [
+        "name", "circle", "square", "nothing", "points",
+        "style.color", "style.fill.solid", "style.fill.pattern", "style.fill.gradient",
+    ]  # fmt: skip
+    shapes = k.Shapes.new_message(
+        name="sq",
+        square={"side": 2.5, "label": "two"},
+        style={"color": "blue", "fill": {"gradient": {"from": "red", "to": "green"}}},
+    )
+    row = k.Shapes.row(shapes)
+    assert row == (
+        "sq", None, (2.5, "two"), None, None,
+        k.Color.blue, None, None, (k.Color.red, k.Color.green),
+    )  # fmt: skip
+    again = k.Shapes.from_row(row).as_reader()
+    assert (again.which(), again.square.label) == ("square", "two")
+    assert (again.style.color, again.style.fill.which()) == (k.Color.blue, "gradient")
+    assert again.style.fill.gradient.to == k.Color.green
+    assert k.Shapes.row(again) == row
+    # A group given alone (a keyword, a dict's value) takes its own row, also spliced.
+    alone = k.Shapes.new_message(style=(k.Color.green, None, "dots", None))
+    assert k.Shapes.row(alone)[5:] == (k.Color.green, None, "dots", None)
+    refused = r"row holds 9 values \(name, circle, .*style\.fill\.gradient\), not 6"
+    with pytest.raises(TypeError, match=refused):
+        k.Shapes.from_row(row[:6])  # type: ignore[arg-type]
 
 
 def test_a_struct_that_holds_itself(generated: Generated) -> None:
@@ -484,7 +534,7 @@ def test_c_and_python_encoders_write_the_same_bytes(
         assert first == second
         if NATIVE.encode_root(rows_module.native_program(plan), row, MISSING) is not None:
             encoded_in_c.append(row)
-        fields = {k: v for k, v in zip(plan.keys, row, strict=True) if v is not None}
+        fields = {k: v for k, v in row_fields(plan, row).items() if v is not None}
         first, second = outcome(lambda: ours.new_message(**fields))
         assert first == second
         # Plain values, as pycapnp's new_message takes them: dicts for structs and groups.

@@ -119,8 +119,9 @@ class Callback(_t.Interface["Callback.Client"]):
 
         @staticmethod
         def row(reader: Callback.NotifyParams.Reader | Callback.NotifyParams.Builder) -> Callback.NotifyParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Callback_NotifyParams)
 
         @staticmethod
@@ -232,8 +233,9 @@ class Callback(_t.Interface["Callback.Client"]):
 
         @staticmethod
         def row(reader: Callback.NotifyResults.Reader | Callback.NotifyResults.Builder) -> Callback.NotifyResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Callback_NotifyResults)
 
         @staticmethod
@@ -363,8 +365,9 @@ class Counter(_t.Interface["Counter.Client"]):
 
         @staticmethod
         def row(reader: Counter.GetParams.Reader | Counter.GetParams.Builder) -> Counter.GetParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Counter_GetParams)
 
         @staticmethod
@@ -476,8 +479,9 @@ class Counter(_t.Interface["Counter.Client"]):
 
         @staticmethod
         def row(reader: Counter.GetResults.Reader | Counter.GetResults.Builder) -> Counter.GetResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Counter_GetResults)
 
         @staticmethod
@@ -589,8 +593,9 @@ class Counter(_t.Interface["Counter.Client"]):
 
         @staticmethod
         def row(reader: Counter.IncrementParams.Reader | Counter.IncrementParams.Builder) -> Counter.IncrementParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Counter_IncrementParams)
 
         @staticmethod
@@ -702,8 +707,9 @@ class Counter(_t.Interface["Counter.Client"]):
 
         @staticmethod
         def row(reader: Counter.IncrementResults.Reader | Counter.IncrementResults.Builder) -> Counter.IncrementResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Counter_IncrementResults)
 
         @staticmethod
@@ -996,7 +1002,7 @@ class Holder:
 
         extra: Holder.Extra.Init | Holder.Extra.Row
 
-    Row: TypeAlias = "tuple[str, Counter.Client, Holder.Row | None, list[Counter.Client], list[Holder.Row], Holder.Choice.Row, Holder.Extra.Row]"
+    Row: TypeAlias = "tuple[str, Counter.Client, Holder.Row | None, list[Counter.Client], list[Holder.Row], Literal[True] | None, Counter.Client | None, str | None, int, Callback.Client]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -1150,8 +1156,9 @@ class Holder:
 
     @staticmethod
     def row(reader: Holder.Reader | Holder.Builder) -> Holder.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Holder)
 
     @staticmethod
@@ -1288,8 +1295,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.CallBackParams.Reader | Tester.CallBackParams.Builder) -> Tester.CallBackParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_CallBackParams)
 
         @staticmethod
@@ -1401,8 +1409,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.CallBackResults.Reader | Tester.CallBackResults.Builder) -> Tester.CallBackResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_CallBackResults)
 
         @staticmethod
@@ -1532,8 +1541,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.CallCounterParams.Reader | Tester.CallCounterParams.Builder) -> Tester.CallCounterParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_CallCounterParams)
 
         @staticmethod
@@ -1645,8 +1655,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.CallCounterResults.Reader | Tester.CallCounterResults.Builder) -> Tester.CallCounterResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_CallCounterResults)
 
         @staticmethod
@@ -1759,8 +1770,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.EchoParams.Reader | Tester.EchoParams.Builder) -> Tester.EchoParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_EchoParams)
 
         @staticmethod
@@ -1873,8 +1885,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.EchoResults.Reader | Tester.EchoResults.Builder) -> Tester.EchoResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_EchoResults)
 
         @staticmethod
@@ -1997,8 +2010,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.FailParams.Reader | Tester.FailParams.Builder) -> Tester.FailParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_FailParams)
 
         @staticmethod
@@ -2087,8 +2101,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.FailResults.Reader | Tester.FailResults.Builder) -> Tester.FailResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_FailResults)
 
         @staticmethod
@@ -2177,8 +2192,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.GetSelfParams.Reader | Tester.GetSelfParams.Builder) -> Tester.GetSelfParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_GetSelfParams)
 
         @staticmethod
@@ -2299,8 +2315,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.GetSelfResults.Reader | Tester.GetSelfResults.Builder) -> Tester.GetSelfResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_GetSelfResults)
 
         @staticmethod
@@ -2428,8 +2445,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.HoldCapsParams.Reader | Tester.HoldCapsParams.Builder) -> Tester.HoldCapsParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_HoldCapsParams)
 
         @staticmethod
@@ -2557,8 +2575,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.HoldCapsResults.Reader | Tester.HoldCapsResults.Builder) -> Tester.HoldCapsResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_HoldCapsResults)
 
         @staticmethod
@@ -2670,8 +2689,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.NewCounterParams.Reader | Tester.NewCounterParams.Builder) -> Tester.NewCounterParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_NewCounterParams)
 
         @staticmethod
@@ -2792,8 +2812,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.NewCounterResults.Reader | Tester.NewCounterResults.Builder) -> Tester.NewCounterResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_NewCounterResults)
 
         @staticmethod
@@ -2914,8 +2935,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.ReflectParams.Reader | Tester.ReflectParams.Builder) -> Tester.ReflectParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_ReflectParams)
 
         @staticmethod
@@ -3036,8 +3058,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.ReflectResults.Reader | Tester.ReflectResults.Builder) -> Tester.ReflectResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_ReflectResults)
 
         @staticmethod
@@ -3149,8 +3172,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.SlowParams.Reader | Tester.SlowParams.Builder) -> Tester.SlowParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_SlowParams)
 
         @staticmethod
@@ -3262,8 +3286,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.SlowResults.Reader | Tester.SlowResults.Builder) -> Tester.SlowResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_SlowResults)
 
         @staticmethod
@@ -3383,8 +3408,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.SumParams.Reader | Tester.SumParams.Builder) -> Tester.SumParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_SumParams)
 
         @staticmethod
@@ -3496,8 +3522,9 @@ class Tester(_t.Interface["Tester.Client"]):
 
         @staticmethod
         def row(reader: Tester.SumResults.Reader | Tester.SumResults.Builder) -> Tester.SumResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tester_SumResults)
 
         @staticmethod
@@ -3825,8 +3852,9 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
         @staticmethod
         def row(reader: Unknown.NothingParams.Reader | Unknown.NothingParams.Builder) -> Unknown.NothingParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Unknown_NothingParams)
 
         @staticmethod
@@ -3915,8 +3943,9 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
         @staticmethod
         def row(reader: Unknown.NothingResults.Reader | Unknown.NothingResults.Builder) -> Unknown.NothingResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Unknown_NothingResults)
 
         @staticmethod

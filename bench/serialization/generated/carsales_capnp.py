@@ -293,8 +293,9 @@ class Car:
 
     @staticmethod
     def row(reader: Car.Reader | Car.Builder) -> Car.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Car)
 
     @staticmethod
@@ -465,8 +466,9 @@ class Engine:
 
     @staticmethod
     def row(reader: Engine.Reader | Engine.Builder) -> Engine.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Engine)
 
     @staticmethod
@@ -581,8 +583,9 @@ class ParkingLot:
 
     @staticmethod
     def row(reader: ParkingLot.Reader | ParkingLot.Builder) -> ParkingLot.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_ParkingLot)
 
     @staticmethod
@@ -694,8 +697,9 @@ class TotalValue:
 
     @staticmethod
     def row(reader: TotalValue.Reader | TotalValue.Builder) -> TotalValue.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_TotalValue)
 
     @staticmethod
@@ -825,8 +829,9 @@ class Wheel:
 
     @staticmethod
     def row(reader: Wheel.Reader | Wheel.Builder) -> Wheel.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Wheel)
 
     @staticmethod

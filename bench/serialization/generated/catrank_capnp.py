@@ -131,8 +131,9 @@ class SearchResult:
 
     @staticmethod
     def row(reader: SearchResult.Reader | SearchResult.Builder) -> SearchResult.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_SearchResult)
 
     @staticmethod
@@ -247,8 +248,9 @@ class SearchResultList:
 
     @staticmethod
     def row(reader: SearchResultList.Reader | SearchResultList.Builder) -> SearchResultList.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_SearchResultList)
 
     @staticmethod

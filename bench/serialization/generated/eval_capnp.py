@@ -111,8 +111,9 @@ class EvaluationResult:
 
     @staticmethod
     def row(reader: EvaluationResult.Reader | EvaluationResult.Builder) -> EvaluationResult.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_EvaluationResult)
 
     @staticmethod
@@ -361,7 +362,7 @@ class Expression:
 
         right: Expression.Right.Init | Expression.Right.Row
 
-    Row: TypeAlias = "tuple[Operation, Expression.Left.Row, Expression.Right.Row]"
+    Row: TypeAlias = "tuple[Operation, int | None, Expression.Row | None, int | None, Expression.Row | None]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -458,8 +459,9 @@ class Expression:
 
     @staticmethod
     def row(reader: Expression.Reader | Expression.Builder) -> Expression.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Expression)
 
     @staticmethod

@@ -4,10 +4,11 @@ Theory of operation
 -------------------
 Two ways a user of ``capsvc gen`` writes it, through the generated API only. ``capsvc``
 (``CapsvcEval``) works on whole rows: the client builds the tree as nested
-``Expression.Row`` tuples (op, left, right; a side is (value, None) or (None, child): a
-union member not set is None) and encodes it with one ``Expression.from_row``; the server
-reads the whole tree in one ``Expression.row`` call and evaluates the tuples, as the
-msgpack format does its nested lists (specs/benchmarks.md §8). ``capsvc-fields``
+``Expression.Row`` tuples (op, then each side's group in its place: its value and its
+expression, one of them None as a union member not set reads) and encodes it with one
+``Expression.from_row``; the server reads the whole tree in one ``Expression.row`` call
+and evaluates the tuples, as the msgpack format does its nested lists (specs/benchmarks.md
+§8). ``capsvc-fields``
 (``CapsvcFieldsEval``) is what follows: the client builds the tree recursively from the
 preorder tokens of eval.py as plain values (a dict per node, ``{"value": v}`` or
 ``{"expression": ...}`` per side) and encodes it with one ``Expression.new_message``;
@@ -58,13 +59,20 @@ def evaluate(node: Expression.Reader) -> int:
 
 
 def _build_row(nxt: Callable[[], int]) -> Expression.Row:
-    """An expression from the preorder tokens, as a row (``Expression.Row``)."""
+    """An expression from the preorder tokens, as a row (``Expression.Row``: op, then
+    each side's group spliced in, its value and its expression)."""
     op = nxt()
-    value = nxt()  # a leaf value 1..128, or 0: a child's tokens follow
-    left: Expression.Left.Row = (value, None) if value else (None, _build_row(nxt))
-    value = nxt()
-    right: Expression.Right.Row = (value, None) if value else (None, _build_row(nxt))
-    return (_OPERATIONS[op], left, right)
+    left: int | None = nxt()  # a leaf value 1..128, or 0: a child's tokens follow
+    if left:
+        left_child = None
+    else:
+        left, left_child = None, _build_row(nxt)
+    right: int | None = nxt()
+    if right:
+        right_child = None
+    else:
+        right, right_child = None, _build_row(nxt)
+    return (_OPERATIONS[op], left, left_child, right, right_child)
 
 
 _OPERATIONS = tuple(Operation)  # by code: an IntEnum call costs ~0.5 µs
@@ -72,7 +80,7 @@ _OPERATIONS = tuple(Operation)  # by code: an IntEnum call costs ~0.5 µs
 
 def evaluate_row(node: Expression.Row) -> int:
     """``evaluate`` on a row: a side whose value is None holds an expression."""
-    op, (left, left_child), (right, right_child) = node
+    op, left, left_child, right, right_child = node
     if left is None:
         assert left_child is not None
         left = evaluate_row(left_child)

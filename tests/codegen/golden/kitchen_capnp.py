@@ -192,8 +192,9 @@ class Anything:
 
     @staticmethod
     def row(reader: Anything.Reader | Anything.Builder) -> Anything.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Anything)
 
     @staticmethod
@@ -289,8 +290,9 @@ class Base(_t.Interface["Base.Client"]):
 
         @staticmethod
         def row(reader: Base.DepthParams.Reader | Base.DepthParams.Builder) -> Base.DepthParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Base_DepthParams)
 
         @staticmethod
@@ -402,8 +404,9 @@ class Base(_t.Interface["Base.Client"]):
 
         @staticmethod
         def row(reader: Base.DepthResults.Reader | Base.DepthResults.Builder) -> Base.DepthResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Base_DepthResults)
 
         @staticmethod
@@ -586,8 +589,9 @@ class Box:
 
     @staticmethod
     def row(reader: Box.Reader | Box.Builder) -> Box.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Box)
 
     @staticmethod
@@ -840,8 +844,9 @@ class Boxes:
 
     @staticmethod
     def row(reader: Boxes.Reader | Boxes.Builder) -> Boxes.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Boxes)
 
     @staticmethod
@@ -1173,8 +1178,9 @@ class Defaults:
 
     @staticmethod
     def row(reader: Defaults.Reader | Defaults.Builder) -> Defaults.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Defaults)
 
     @staticmethod
@@ -1323,8 +1329,9 @@ class Keywords:
 
     @staticmethod
     def row(reader: Keywords.Reader | Keywords.Builder) -> Keywords.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Keywords)
 
     @staticmethod
@@ -1420,8 +1427,9 @@ class Left(_t.Interface["Left.Client"]):
 
         @staticmethod
         def row(reader: Left.LeftParams.Reader | Left.LeftParams.Builder) -> Left.LeftParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Left_LeftParams)
 
         @staticmethod
@@ -1534,8 +1542,9 @@ class Left(_t.Interface["Left.Client"]):
 
         @staticmethod
         def row(reader: Left.LeftResults.Reader | Left.LeftResults.Builder) -> Left.LeftResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Left_LeftResults)
 
         @staticmethod
@@ -1986,8 +1995,9 @@ class Lists:
 
     @staticmethod
     def row(reader: Lists.Reader | Lists.Builder) -> Lists.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Lists)
 
     @staticmethod
@@ -2224,8 +2234,9 @@ class Numbers:
 
     @staticmethod
     def row(reader: Numbers.Reader | Numbers.Builder) -> Numbers.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Numbers)
 
     @staticmethod
@@ -2354,8 +2365,9 @@ class Pair:
 
     @staticmethod
     def row(reader: Pair.Reader | Pair.Builder) -> Pair.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Pair)
 
     @staticmethod
@@ -2451,8 +2463,9 @@ class Right(_t.Interface["Right.Client"]):
 
         @staticmethod
         def row(reader: Right.RightParams.Reader | Right.RightParams.Builder) -> Right.RightParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Right_RightParams)
 
         @staticmethod
@@ -2565,8 +2578,9 @@ class Right(_t.Interface["Right.Client"]):
 
         @staticmethod
         def row(reader: Right.RightResults.Reader | Right.RightResults.Builder) -> Right.RightResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Right_RightResults)
 
         @staticmethod
@@ -2754,8 +2768,9 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
         @staticmethod
         def row(reader: Diamond.TrickyParams.Reader | Diamond.TrickyParams.Builder) -> Diamond.TrickyParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Diamond_TrickyParams)
 
         @staticmethod
@@ -2886,8 +2901,9 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
         @staticmethod
         def row(reader: Diamond.TrickyResults.Reader | Diamond.TrickyResults.Builder) -> Diamond.TrickyResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Diamond_TrickyResults)
 
         @staticmethod
@@ -3230,7 +3246,7 @@ class Shapes:
 
             fill: Shapes.Style.Fill.Init | Shapes.Style.Fill.Row
 
-        Row: TypeAlias = "tuple[Color, Shapes.Style.Fill.Row]"
+        Row: TypeAlias = "tuple[Color, Literal[True] | None, str | None, Shapes.Style.Fill.Gradient.Row | None]"
 
         class Reader(_r.StructReader):
             __slots__ = ()
@@ -3311,7 +3327,7 @@ class Shapes:
 
         style: Shapes.Style.Init | Shapes.Style.Row
 
-    Row: TypeAlias = "tuple[str, float | None, Shapes.Square.Row | None, Literal[True] | None, list[int] | None, Shapes.Style.Row]"
+    Row: TypeAlias = "tuple[str, float | None, Shapes.Square.Row | None, Literal[True] | None, list[int] | None, Color, Literal[True] | None, str | None, Shapes.Style.Fill.Gradient.Row | None]"
 
     class Reader(_r.StructReader):
         __slots__ = ()
@@ -3458,8 +3474,9 @@ class Shapes:
 
     @staticmethod
     def row(reader: Shapes.Reader | Shapes.Builder) -> Shapes.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Shapes)
 
     @staticmethod
@@ -3588,8 +3605,9 @@ class Shop(_t.Interface["Shop.Client"]):
 
         @staticmethod
         def row(reader: Shop.BuyParams.Reader | Shop.BuyParams.Builder) -> Shop.BuyParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Shop_BuyParams)
 
         @staticmethod
@@ -3726,8 +3744,9 @@ class Shop(_t.Interface["Shop.Client"]):
 
         @staticmethod
         def row(reader: Shop.BuyResults.Reader | Shop.BuyResults.Builder) -> Shop.BuyResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Shop_BuyResults)
 
         @staticmethod
@@ -3816,8 +3835,9 @@ class Shop(_t.Interface["Shop.Client"]):
 
         @staticmethod
         def row(reader: Shop.ListParams.Reader | Shop.ListParams.Builder) -> Shop.ListParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Shop_ListParams)
 
         @staticmethod
@@ -3939,8 +3959,9 @@ class Shop(_t.Interface["Shop.Client"]):
 
         @staticmethod
         def row(reader: Shop.ListResults.Reader | Shop.ListResults.Builder) -> Shop.ListResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Shop_ListResults)
 
         @staticmethod
@@ -4068,8 +4089,9 @@ class Shop(_t.Interface["Shop.Client"]):
 
         @staticmethod
         def row(reader: Shop.PeekParams.Reader | Shop.PeekParams.Builder) -> Shop.PeekParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Shop_PeekParams)
 
         @staticmethod
@@ -4158,8 +4180,9 @@ class Shop(_t.Interface["Shop.Client"]):
 
         @staticmethod
         def row(reader: Shop.PeekResults.Reader | Shop.PeekResults.Builder) -> Shop.PeekResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Shop_PeekResults)
 
         @staticmethod
@@ -4332,8 +4355,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.GetParams.Reader | Store.GetParams.Builder) -> Store.GetParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_GetParams)
 
         @staticmethod
@@ -4474,8 +4498,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.GetResults.Reader | Store.GetResults.Builder) -> Store.GetResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_GetResults)
 
         @staticmethod
@@ -4591,8 +4616,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.PutParams.Reader | Store.PutParams.Builder) -> Store.PutParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_PutParams)
 
         @staticmethod
@@ -4681,8 +4707,9 @@ class Store(_t.Interface["Store.Client"]):
 
         @staticmethod
         def row(reader: Store.PutResults.Reader | Store.PutResults.Builder) -> Store.PutResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_PutResults)
 
         @staticmethod
@@ -4850,8 +4877,9 @@ class Tree:
 
         @staticmethod
         def row(reader: Tree.Reader_.Reader | Tree.Reader_.Builder) -> Tree.Reader_.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Tree_Reader_)
 
         @staticmethod
@@ -5033,8 +5061,9 @@ class Tree:
 
     @staticmethod
     def row(reader: Tree.Reader | Tree.Builder) -> Tree.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Tree)
 
     @staticmethod
@@ -5192,8 +5221,9 @@ class Box_Text:
 
     @staticmethod
     def row(reader: Box_Text.Reader | Box_Text.Builder) -> Box_Text.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Box_Text)
 
     @staticmethod
@@ -5349,8 +5379,9 @@ class Box_List_Int32:
 
     @staticmethod
     def row(reader: Box_List_Int32.Reader | Box_List_Int32.Builder) -> Box_List_Int32.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Box_List_Int32)
 
     @staticmethod
@@ -5513,8 +5544,9 @@ class Box_Tree:
 
     @staticmethod
     def row(reader: Box_Tree.Reader | Box_Tree.Builder) -> Box_Tree.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Box_Tree)
 
     @staticmethod
@@ -5670,8 +5702,9 @@ class Box_Shop:
 
     @staticmethod
     def row(reader: Box_Shop.Reader | Box_Shop.Builder) -> Box_Shop.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Box_Shop)
 
     @staticmethod
@@ -5809,8 +5842,9 @@ class Pair_Text_Box_Text:
 
     @staticmethod
     def row(reader: Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder) -> Pair_Text_Box_Text.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Pair_Text_Box_Text)
 
     @staticmethod
@@ -5930,8 +5964,9 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
         @staticmethod
         def row(reader: Store_Text.PutParams.Reader | Store_Text.PutParams.Builder) -> Store_Text.PutParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_Text_PutParams)
 
         @staticmethod
@@ -6020,8 +6055,9 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
         @staticmethod
         def row(reader: Store_Text.PutResults.Reader | Store_Text.PutResults.Builder) -> Store_Text.PutResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_Text_PutResults)
 
         @staticmethod
@@ -6110,8 +6146,9 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
         @staticmethod
         def row(reader: Store_Text.GetParams.Reader | Store_Text.GetParams.Builder) -> Store_Text.GetParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_Text_GetParams)
 
         @staticmethod
@@ -6249,8 +6286,9 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
         @staticmethod
         def row(reader: Store_Text.GetResults.Reader | Store_Text.GetResults.Builder) -> Store_Text.GetResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_Store_Text_GetResults)
 
         @staticmethod
@@ -6400,8 +6438,9 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
         @staticmethod
         def row(reader: TextStore.SizeParams.Reader | TextStore.SizeParams.Builder) -> TextStore.SizeParams.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_TextStore_SizeParams)
 
         @staticmethod
@@ -6513,8 +6552,9 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
         @staticmethod
         def row(reader: TextStore.SizeResults.Reader | TextStore.SizeResults.Builder) -> TextStore.SizeResults.Row:
-            """Every field at once, as a tuple in schema order (a union member not set
-            is None): what ``from_row``, and any field of this type, take back."""
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
             return _w.struct_row(reader, _P_TextStore_SizeResults)
 
         @staticmethod

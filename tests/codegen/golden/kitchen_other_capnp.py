@@ -154,8 +154,9 @@ class Thing:
 
     @staticmethod
     def row(reader: Thing.Reader | Thing.Builder) -> Thing.Row:
-        """Every field at once, as a tuple in schema order (a union member not set
-        is None): what ``from_row``, and any field of this type, take back."""
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
         return _w.struct_row(reader, _P_Thing)
 
     @staticmethod
