@@ -51,10 +51,16 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
+from capsvc._build import COMPILED
 from capsvc.errors import FramingError, LocalProtocolError
 from capsvc.limits import FramingLimits, Limits
+
+#: The C split of the common message (capsvc/codec/_native.c), in the compiled build only.
+_native: Any = None
+if COMPILED:
+    from capsvc.codec import _native
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -98,10 +104,21 @@ def _header_bytes(count: int) -> int:
 class FrameDecoder:
     """Incremental decoder of a stream of framed messages. See the module docstring."""
 
-    __slots__ = ("_buf", "_eof", "_error", "_header", "_limits", "_parts", "_parts_len", "_pos")
+    __slots__ = (
+        "_buf",
+        "_eof",
+        "_error",
+        "_header",
+        "_limits",
+        "_max_words",
+        "_parts",
+        "_parts_len",
+        "_pos",
+    )
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self._limits = limits
+        self._max_words = limits.max_message_words
         self._buf = bytearray()
         self._pos = 0  # read offset into _buf: bytes before it are consumed
         self._eof = False
@@ -162,6 +179,13 @@ class FrameDecoder:
         if self._error is not None:
             raise self._error
         header = self._header
+        if header is None and _native is not None:
+            # The common case in one C call: a whole one-segment message within the limit
+            # is here (a new bytes body). Anything else goes the way below.
+            body = _native.one_segment(self._buf, self._pos, self._max_words)
+            if body is not None:
+                self._consume(self._pos + _WORD + len(body))
+                return [body]
         if header is None:
             header = self._parse_header()
             if header is None:

@@ -1235,12 +1235,14 @@ pack_ordinary(const uint8_t *in, Py_ssize_t *index, Py_ssize_t words, uint8_t *o
 }
 
 /* Decode the ordinary words from ``pos`` on into ``*out`` while 16 bytes can be read after
- * a tag; stop at a zero or 0xff tag (or near the end): the next tag's position. */
+ * a tag and a word fits before ``out_end``; stop at a zero or 0xff tag (or near either
+ * end): the next tag's position. */
 __attribute__((target("ssse3"))) static Py_ssize_t
-unpack_ordinary(const uint8_t *in, Py_ssize_t pos, Py_ssize_t end, uint8_t **out)
+unpack_ordinary(const uint8_t *in, Py_ssize_t pos, Py_ssize_t end, uint8_t **out,
+                const uint8_t *out_end)
 {
     uint8_t *to = *out;
-    while (pos + 17 <= end) {
+    while (pos + 17 <= end && out_end - to >= 8) {
         unsigned tag = in[pos];
         if (tag == 0 || tag == 0xFF)
             break;
@@ -1404,11 +1406,13 @@ unpacked_words(const uint8_t *in, Py_ssize_t end, long long limit)
 
 
 
-/* Where decoded bytes go: the first ``skip`` of them to ``head``, the rest to ``out``. */
+/* Where decoded bytes go: the first ``skip`` of them to ``head``, the rest to ``out``
+ * (which ends at ``end``). */
 typedef struct {
     uint8_t *out;
     uint8_t *head;
     size_t skip;
+    const uint8_t *end;
 } Sink;
 
 /* ``n`` bytes from ``src`` (zeros for NULL) into the sink. */
@@ -1466,7 +1470,7 @@ unpack_into(const uint8_t *in, Py_ssize_t end, Sink *k)
     while (pos < end) {
 #ifdef HAVE_SHUFFLE
         if (shuffle_ok) {
-            pos = unpack_ordinary(in, pos, end, &out);
+            pos = unpack_ordinary(in, pos, end, &out, k->end);
             if (pos >= end)
                 break;
         }
@@ -1524,15 +1528,98 @@ py_unpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(words << 3));
     if (result == NULL)
         return NULL;
-    Sink sink = {(uint8_t *)PyBytes_AS_STRING(result), NULL, 0};
+    uint8_t *start = (uint8_t *)PyBytes_AS_STRING(result);
+    Sink sink = {start, NULL, 0, start + (words << 3)};
     unpack_into(in, end, &sink);
     return result;
+}
+
+/* ``unpack_segment`` by counting first, then decoding (any table). */
+static PyObject *
+two_pass_segment(const uint8_t *in, Py_ssize_t end, long long limit)
+{
+    long long words = unpacked_words(in, end, limit);
+    if (words < 1)
+        Py_RETURN_NONE;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((words - 1) << 3));
+    if (result == NULL)
+        return NULL;
+    uint8_t table[8];
+    uint8_t *start = (uint8_t *)PyBytes_AS_STRING(result);
+    Sink sink = {start, table, 8, start + ((words - 1) << 3)};
+    unpack_into(in, end, &sink);
+    uint64_t head = load64(table);
+    if ((head & 0xFFFFFFFFu) != 0 || (long long)(head >> 32) != words - 1) {
+        Py_DECREF(result);
+        Py_RETURN_NONE;
+    }
+    return result;
+}
+
+/* Decode ``in[pos:end]`` into exactly ``out[0:size]``, checking every read and write: 0
+ * when the stream fills the output exactly, -1 for anything else (truncated, too long,
+ * too short). */
+static int
+unpack_exact(const uint8_t *in, Py_ssize_t pos, Py_ssize_t end, uint8_t *out, size_t size)
+{
+    const uint8_t *out_end = out + size;
+    while (pos < end) {
+#ifdef HAVE_SHUFFLE
+        if (shuffle_ok) {
+            pos = unpack_ordinary(in, pos, end, &out, out_end);
+            if (pos >= end)
+                break;
+        }
+#endif
+        unsigned tag = in[pos++];
+        if (tag == 0) {
+            if (pos >= end)
+                return -1;
+            size_t zeros = ((size_t)in[pos++] + 1) << 3;
+            if ((size_t)(out_end - out) < zeros)
+                return -1;
+            memset(out, 0, zeros);
+            out += zeros;
+        }
+        else if (tag == 0xFF) {
+            if (end - pos < 9)
+                return -1;
+            size_t raw = (size_t)in[pos + 8] << 3;
+            if ((size_t)(end - pos - 9) < raw || (size_t)(out_end - out) < 8 + raw)
+                return -1;
+            memcpy(out, in + pos, 8);
+            memcpy(out + 8, in + pos + 9, raw);
+            out += 8 + raw;
+            pos += 9 + (Py_ssize_t)raw;
+        }
+        else {
+            if (end - pos < bits_set[tag] || out_end - out < 8)
+                return -1;
+            /* (The loads of bytes the tag leaves out reach at most ``in[end]``: the bytes
+             * object's own trailing NUL; they are masked to zero.) */
+            const uint8_t *at = in + pos;
+            const uint8_t *before = stored_before[tag];
+            uint64_t value = 0;
+            for (int byte = 0; byte < 8; byte++)
+                value |= (uint64_t)(at[before[byte]] & (0u - (tag >> byte & 1))) << (byte * 8);
+            memcpy(out, &value, 8);
+            out += 8;
+            pos += bits_set[tag];
+        }
+    }
+    return out == out_end ? 0 : -1;
 }
 
 /* ``unpack_segment(data, max_words)``: the one segment of a packed message in the stream
  * framing, ``unframe(unpack(data))[0]`` without the unpacked copy; None for anything
  * else (several segments, a table that disagrees with the size, a fault), which Python
- * then reads or names the fault of. */
+ * then reads or names the fault of.
+ *
+ * One pass: the segment table is the first word, packed on its own (its first four
+ * bytes, the segment count less one, are zero: neither a zero nor a raw tag) and it says
+ * how long the segment is, so the output is made that size first and decoded into with
+ * every read and write checked. A table packed any other way (a zero-length segment
+ * starts a zero run) goes through ``unpack`` instead. */
 static PyObject *
 py_unpack_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1545,21 +1632,59 @@ py_unpack_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     const uint8_t *in = (const uint8_t *)PyBytes_AS_STRING(args[0]);
     Py_ssize_t end = PyBytes_GET_SIZE(args[0]);
-    long long words = unpacked_words(in, end, limit);
-    if (words < 1)
+    if (end < 1)
         Py_RETURN_NONE;
-    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((words - 1) << 3));
+    unsigned tag = in[0];
+    if (tag == 0 || (tag & 0x0F) != 0 || 1 + bits_set[tag] > end)
+        return two_pass_segment(in, end, limit);
+    uint64_t table = 0;
+    for (int byte = 4; byte < 8; byte++)
+        table |= (uint64_t)(in[1 + stored_before[tag][byte]] & (0u - (tag >> byte & 1)))
+                 << (byte * 8);
+    long long words = (long long)(table >> 32);
+    if (words + 1 > limit) /* the table's word counts, as ``unpack``'s limit counts it */
+        Py_RETURN_NONE;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(words << 3));
     if (result == NULL)
         return NULL;
-    uint8_t table[8];
-    Sink sink = {(uint8_t *)PyBytes_AS_STRING(result), table, 8};
-    unpack_into(in, end, &sink);
-    uint64_t head = load64(table);
-    if ((head & 0xFFFFFFFFu) != 0 || (long long)(head >> 32) != words - 1) {
+    if (unpack_exact(in, 1 + bits_set[tag], end, (uint8_t *)PyBytes_AS_STRING(result),
+                     (size_t)words << 3) < 0) {
         Py_DECREF(result);
         Py_RETURN_NONE;
     }
     return result;
+}
+
+/* ---------------------------------------------------------------- framing
+ *
+ * ``one_segment(buf, pos, max_words)``: the body of the one-segment message whose
+ * stream framing (rpc-protocol.md §1) starts at byte ``pos`` of the bytearray ``buf``,
+ * as a new ``bytes`` (its storage 16-byte aligned, as every segment must be 8), when all
+ * of it is there and its size is within ``max_words``. None otherwise (a segment table
+ * of more segments, a message not complete yet, one over the limit): capsvc.framing's
+ * FrameDecoder then does the general work and names the fault. */
+static PyObject *
+py_one_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyByteArray_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "one_segment(buf: bytearray, pos: int, max_words: int)");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    long long limit = PyLong_AsLongLong(args[2]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t size = PyByteArray_GET_SIZE(args[0]);
+    if (pos < 0 || size - pos < 8)
+        Py_RETURN_NONE;
+    const uint8_t *head = (const uint8_t *)PyByteArray_AS_STRING(args[0]) + pos;
+    uint64_t table = load64(head);
+    long long words = (long long)(table >> 32);
+    if ((table & 0xFFFFFFFFu) != 0 || words > limit || words > (size - pos - 8) >> 3)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)head + 8, (Py_ssize_t)(words << 3));
 }
 
 /* ---------------------------------------------------------------- the Program type */
@@ -1791,6 +1916,8 @@ static PyMethodDef module_methods[] = {
      "The packed encoding of a one-segment message in the stream framing."},
     {"unpack_segment", (PyCFunction)(void (*)(void))py_unpack_segment, METH_FASTCALL,
      "The one segment of a packed framed message, or None to read it in Python."},
+    {"one_segment", (PyCFunction)(void (*)(void))py_one_segment, METH_FASTCALL,
+     "The body of a complete one-segment framed message in a bytearray, or None."},
     {"unpack", (PyCFunction)(void (*)(void))py_unpack, METH_FASTCALL,
      "The words a packed stream encodes, or None to decode it in Python."},
     {NULL, NULL, 0, NULL},

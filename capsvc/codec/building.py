@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 from capsvc._mypyc import mypyc_attr
 from capsvc.codec.reading import SHORT_LIST
 from capsvc.errors import DecodeError
-from capsvc.framing import encode_message
 
 if TYPE_CHECKING:
     from capsvc.codec.plans import StructPlan
@@ -38,6 +37,8 @@ _set_u64 = struct.Struct("<Q").pack_into
 #: A pointer word as its two 32-bit halves: the values stay small ints (a whole word with
 #: bits 62 and up set would be a Python long, made and freed per pointer written).
 _set_halves = struct.Struct("<II").pack_into
+#: A one-segment message's table (rpc-protocol.md §1): segment count - 1 (0), its words.
+_ONE_SEGMENT_TABLE: Callable[[int, int], bytes] = struct.Struct("<II").pack
 _ZERO_WORD = bytes(8)
 _get_u64: Callable[[Any, int], tuple[int]] = struct.Struct("<Q").unpack_from
 
@@ -178,7 +179,8 @@ class StructBuilder:
 
     def to_bytes(self) -> bytes:
         """The whole message in the standard stream framing (rpc-protocol.md §1)."""
-        return encode_message(self._b.segments())
+        buf = self._b.buf  # one segment, whole words: its table is one count and one size
+        return _ONE_SEGMENT_TABLE(0, len(buf) >> 3) + buf
 
     def to_bytes_packed(self) -> bytes:
         """The whole message in the packed encoding of the stream framing (the segment

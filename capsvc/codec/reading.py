@@ -78,17 +78,22 @@ class MessageReader:
         #: readers read words and bytes of a ``bytes`` object natively (librt.strings),
         #: with no Python call and no tuple per read. A ``bytes`` segment is kept as it
         #: is; a bytearray or memoryview one is copied once here.
-        self.segments: list[bytes] = [
-            segment if type(segment) is bytes else bytes(segment) for segment in segments
-        ]
+        only = segments[0] if len(segments) == 1 else None
+        if type(only) is bytes:  # the common case, without the comprehensions
+            self.segments: list[bytes] = [only]
+            self.sizes = [len(only) >> 3]
+        else:
+            self.segments = [
+                segment if type(segment) is bytes else bytes(segment) for segment in segments
+            ]
+            #: Whole words in each segment (a trailing partial word does not count).
+            self.sizes = [len(segment) >> 3 for segment in self.segments]
         #: The capabilities capability pointers index (an RPC payload's cap table, as
         #: hooks): what an interface field reads as (``read_client``).
         self.caps = caps
         #: Whatever must stay alive while readers of this message do (the call result
         #: that owns the payload, for an RPC message).
         self.keep = keep
-        #: Whole words in each segment (a trailing partial word does not count).
-        self.sizes = [len(segment) >> 3 for segment in self.segments]
         self.budget = traversal_limit_words
         self.nesting_limit = nesting_limit
 
@@ -289,12 +294,7 @@ class StructReader:
         nesting_limit: int = DEFAULT_NESTING_LIMIT,
     ) -> R:
         """The message's root struct, read as this type."""
-        if not segments or len(segments[0]) < 8:
-            raise DecodeError("message has no root pointer")
-        msg = MessageReader(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
-        return read_struct(msg, 0, 0, cls, nesting_limit, None)
+        return read_segments(cls, segments, traversal_limit_words, nesting_limit)
 
     @classmethod
     def _view(cls: type[R], parent: StructReader) -> R:
@@ -1078,6 +1078,31 @@ def default_list(
 def default_any(default: Segments) -> AnyPointer:
     msg, si, w = default_location(default)
     return AnyPointer(msg, si, w, DEFAULT_NESTING_LIMIT)
+
+
+def read_segments(
+    cls: type[R], segments: Segments, traversal_limit_words: int, nesting_limit: int
+) -> R:
+    """The root ``cls`` struct of a message (its segments): what ``StructReader.read``
+    and generated ``read`` call (positional, one compiled call)."""
+    if not segments or len(segments[0]) < 8:
+        raise DecodeError("message has no root pointer")
+    msg = MessageReader(
+        segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
+    )
+    return read_struct(msg, 0, 0, cls, nesting_limit, None)
+
+
+def read_framed(cls: type[R], data: bytes | bytearray | memoryview) -> R:
+    """The root ``cls`` struct of one message in the standard stream framing, with the
+    default limits: what generated ``from_bytes`` calls."""
+    return read_segments(cls, unframe(data), DEFAULT_TRAVERSAL_LIMIT, DEFAULT_NESTING_LIMIT)
+
+
+def read_packed(cls: type[R], data: bytes | bytearray | memoryview) -> R:
+    """``read_framed`` of a packed message: what generated ``from_bytes_packed`` calls."""
+    segments = unframe_packed(data)
+    return read_segments(cls, segments, DEFAULT_TRAVERSAL_LIMIT, DEFAULT_NESTING_LIMIT)
 
 
 def unframe(data: bytes | bytearray | memoryview) -> list[bytes | memoryview]:

@@ -612,24 +612,22 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
             out.add("    nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,")
             out.add(f") -> {path}.Reader:")
             out.add(f'    """The root {node.scope} of a message (its segments)."""')
-            out.add(f"    return {path}.Reader.read(")
             out.add(
-                "        segments, traversal_limit_words=traversal_limit_words,"
-                " nesting_limit=nesting_limit"
+                f"    return _r.read_segments({path}.Reader, segments,"
+                " traversal_limit_words, nesting_limit)"
             )
-            out.add("    )")
             out.add("")
             out.add("@staticmethod")
             out.add(f"def from_bytes(data: bytes | bytearray | memoryview) -> {path}.Reader:")
             out.add('    """The root of a message in the standard stream framing."""')
-            out.add(f"    return {path}.Reader.read(_r.unframe(data))")
+            out.add(f"    return _r.read_framed({path}.Reader, data)")
             out.add("")
             out.add("@staticmethod")
             out.add(
                 f"def from_bytes_packed(data: bytes | bytearray | memoryview) -> {path}.Reader:"
             )
             out.add('    """The root of a packed message (the packed encoding of the framing)."""')
-            out.add(f"    return {path}.Reader.read(_r.unframe_packed(data))")
+            out.add(f"    return _r.read_packed({path}.Reader, data)")
 
 
 def _init_type(out: _Out, node: Struct, path: str, names: _Names) -> None:

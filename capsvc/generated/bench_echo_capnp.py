@@ -144,19 +144,17 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> BenchEcho.PingCapParams.Reader:
             """The root BenchEcho.pingCap$Params of a message (its segments)."""
-            return BenchEcho.PingCapParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(BenchEcho.PingCapParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> BenchEcho.PingCapParams.Reader:
             """The root of a message in the standard stream framing."""
-            return BenchEcho.PingCapParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(BenchEcho.PingCapParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> BenchEcho.PingCapParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return BenchEcho.PingCapParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(BenchEcho.PingCapParams.Reader, data)
 
     class PingCapResults:
         """struct BenchEcho.pingCap$Results (0x9f590e4882f9b246)."""
@@ -277,19 +275,17 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> BenchEcho.PingCapResults.Reader:
             """The root BenchEcho.pingCap$Results of a message (its segments)."""
-            return BenchEcho.PingCapResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(BenchEcho.PingCapResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> BenchEcho.PingCapResults.Reader:
             """The root of a message in the standard stream framing."""
-            return BenchEcho.PingCapResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(BenchEcho.PingCapResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> BenchEcho.PingCapResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return BenchEcho.PingCapResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(BenchEcho.PingCapResults.Reader, data)
 
     class Client(echo_capnp.Echo.Client):
         """A capability typed as BenchEcho: call its methods."""

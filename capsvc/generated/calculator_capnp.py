@@ -277,19 +277,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Calculator.Expression.Reader:
             """The root Calculator.Expression of a message (its segments)."""
-            return Calculator.Expression.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Calculator.Expression.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Expression.Reader:
             """The root of a message in the standard stream framing."""
-            return Calculator.Expression.Reader.read(_r.unframe(data))
+            return _r.read_framed(Calculator.Expression.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Expression.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Calculator.Expression.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Calculator.Expression.Reader, data)
 
     class Function(_t.Interface["Calculator.Function.Client"]):
         """interface Calculator.Function (0xede83a3d96840394): its methods' params and results."""
@@ -407,19 +405,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
             ) -> Calculator.Function.CallParams.Reader:
                 """The root Calculator.Function.call$Params of a message (its segments)."""
-                return Calculator.Function.CallParams.Reader.read(
-                    segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-                )
+                return _r.read_segments(Calculator.Function.CallParams.Reader, segments, traversal_limit_words, nesting_limit)
 
             @staticmethod
             def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Function.CallParams.Reader:
                 """The root of a message in the standard stream framing."""
-                return Calculator.Function.CallParams.Reader.read(_r.unframe(data))
+                return _r.read_framed(Calculator.Function.CallParams.Reader, data)
 
             @staticmethod
             def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Function.CallParams.Reader:
                 """The root of a packed message (the packed encoding of the framing)."""
-                return Calculator.Function.CallParams.Reader.read(_r.unframe_packed(data))
+                return _r.read_packed(Calculator.Function.CallParams.Reader, data)
 
         class CallResults:
             """struct Calculator.Function.call$Results (0xc0e0abf76914dead)."""
@@ -521,19 +517,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
             ) -> Calculator.Function.CallResults.Reader:
                 """The root Calculator.Function.call$Results of a message (its segments)."""
-                return Calculator.Function.CallResults.Reader.read(
-                    segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-                )
+                return _r.read_segments(Calculator.Function.CallResults.Reader, segments, traversal_limit_words, nesting_limit)
 
             @staticmethod
             def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Function.CallResults.Reader:
                 """The root of a message in the standard stream framing."""
-                return Calculator.Function.CallResults.Reader.read(_r.unframe(data))
+                return _r.read_framed(Calculator.Function.CallResults.Reader, data)
 
             @staticmethod
             def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Function.CallResults.Reader:
                 """The root of a packed message (the packed encoding of the framing)."""
-                return Calculator.Function.CallResults.Reader.read(_r.unframe_packed(data))
+                return _r.read_packed(Calculator.Function.CallResults.Reader, data)
 
         class Client(_t.Client):
             """A capability typed as Calculator.Function: call its methods."""
@@ -672,19 +666,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
             ) -> Calculator.Value.ReadParams.Reader:
                 """The root Calculator.Value.read$Params of a message (its segments)."""
-                return Calculator.Value.ReadParams.Reader.read(
-                    segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-                )
+                return _r.read_segments(Calculator.Value.ReadParams.Reader, segments, traversal_limit_words, nesting_limit)
 
             @staticmethod
             def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Value.ReadParams.Reader:
                 """The root of a message in the standard stream framing."""
-                return Calculator.Value.ReadParams.Reader.read(_r.unframe(data))
+                return _r.read_framed(Calculator.Value.ReadParams.Reader, data)
 
             @staticmethod
             def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Value.ReadParams.Reader:
                 """The root of a packed message (the packed encoding of the framing)."""
-                return Calculator.Value.ReadParams.Reader.read(_r.unframe_packed(data))
+                return _r.read_packed(Calculator.Value.ReadParams.Reader, data)
 
         class ReadResults:
             """struct Calculator.Value.read$Results (0xe6be6723122ae822)."""
@@ -786,19 +778,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
             ) -> Calculator.Value.ReadResults.Reader:
                 """The root Calculator.Value.read$Results of a message (its segments)."""
-                return Calculator.Value.ReadResults.Reader.read(
-                    segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-                )
+                return _r.read_segments(Calculator.Value.ReadResults.Reader, segments, traversal_limit_words, nesting_limit)
 
             @staticmethod
             def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Value.ReadResults.Reader:
                 """The root of a message in the standard stream framing."""
-                return Calculator.Value.ReadResults.Reader.read(_r.unframe(data))
+                return _r.read_framed(Calculator.Value.ReadResults.Reader, data)
 
             @staticmethod
             def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Value.ReadResults.Reader:
                 """The root of a packed message (the packed encoding of the framing)."""
-                return Calculator.Value.ReadResults.Reader.read(_r.unframe_packed(data))
+                return _r.read_packed(Calculator.Value.ReadResults.Reader, data)
 
         class Client(_t.Client):
             """A capability typed as Calculator.Value: call its methods."""
@@ -957,19 +947,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Calculator.DefFunctionParams.Reader:
             """The root Calculator.defFunction$Params of a message (its segments)."""
-            return Calculator.DefFunctionParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Calculator.DefFunctionParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.DefFunctionParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Calculator.DefFunctionParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Calculator.DefFunctionParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.DefFunctionParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Calculator.DefFunctionParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Calculator.DefFunctionParams.Reader, data)
 
     class DefFunctionResults:
         """struct Calculator.defFunction$Results (0x8d24f465047cd6c8)."""
@@ -1080,19 +1068,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Calculator.DefFunctionResults.Reader:
             """The root Calculator.defFunction$Results of a message (its segments)."""
-            return Calculator.DefFunctionResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Calculator.DefFunctionResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.DefFunctionResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Calculator.DefFunctionResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Calculator.DefFunctionResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.DefFunctionResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Calculator.DefFunctionResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Calculator.DefFunctionResults.Reader, data)
 
     class EvaluateParams:
         """struct Calculator.evaluate$Params (0xbb0eaae1557a36d4)."""
@@ -1210,19 +1196,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Calculator.EvaluateParams.Reader:
             """The root Calculator.evaluate$Params of a message (its segments)."""
-            return Calculator.EvaluateParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Calculator.EvaluateParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.EvaluateParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Calculator.EvaluateParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Calculator.EvaluateParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.EvaluateParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Calculator.EvaluateParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Calculator.EvaluateParams.Reader, data)
 
     class EvaluateResults:
         """struct Calculator.evaluate$Results (0x81b1a3f55887a611)."""
@@ -1333,19 +1317,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Calculator.EvaluateResults.Reader:
             """The root Calculator.evaluate$Results of a message (its segments)."""
-            return Calculator.EvaluateResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Calculator.EvaluateResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.EvaluateResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Calculator.EvaluateResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Calculator.EvaluateResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.EvaluateResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Calculator.EvaluateResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Calculator.EvaluateResults.Reader, data)
 
     class GetOperatorParams:
         """struct Calculator.getOperator$Params (0x8a8dceb4f4a3c530)."""
@@ -1455,19 +1437,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Calculator.GetOperatorParams.Reader:
             """The root Calculator.getOperator$Params of a message (its segments)."""
-            return Calculator.GetOperatorParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Calculator.GetOperatorParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.GetOperatorParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Calculator.GetOperatorParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Calculator.GetOperatorParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.GetOperatorParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Calculator.GetOperatorParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Calculator.GetOperatorParams.Reader, data)
 
     class GetOperatorResults:
         """struct Calculator.getOperator$Results (0xd18fbb7763c08c20)."""
@@ -1578,19 +1558,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Calculator.GetOperatorResults.Reader:
             """The root Calculator.getOperator$Results of a message (its segments)."""
-            return Calculator.GetOperatorResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Calculator.GetOperatorResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.GetOperatorResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Calculator.GetOperatorResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Calculator.GetOperatorResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.GetOperatorResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Calculator.GetOperatorResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Calculator.GetOperatorResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Calculator: call its methods."""

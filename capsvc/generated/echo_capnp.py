@@ -143,19 +143,17 @@ class Echo(_t.Interface["Echo.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Echo.PingParams.Reader:
             """The root Echo.ping$Params of a message (its segments)."""
-            return Echo.PingParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Echo.PingParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Echo.PingParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Echo.PingParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Echo.PingParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Echo.PingParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Echo.PingParams.Reader, data)
 
     class PingResults:
         """struct Echo.ping$Results (0xb37b9e41b12a2677)."""
@@ -258,19 +256,17 @@ class Echo(_t.Interface["Echo.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Echo.PingResults.Reader:
             """The root Echo.ping$Results of a message (its segments)."""
-            return Echo.PingResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Echo.PingResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Echo.PingResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Echo.PingResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Echo.PingResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Echo.PingResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Echo.PingResults.Reader, data)
 
     class PingDataParams:
         """struct Echo.pingData$Params (0xd7e37bd20ee55124)."""
@@ -381,19 +377,17 @@ class Echo(_t.Interface["Echo.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Echo.PingDataParams.Reader:
             """The root Echo.pingData$Params of a message (its segments)."""
-            return Echo.PingDataParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Echo.PingDataParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Echo.PingDataParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Echo.PingDataParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Echo.PingDataParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingDataParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Echo.PingDataParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Echo.PingDataParams.Reader, data)
 
     class PingDataResults:
         """struct Echo.pingData$Results (0xf98dcdb1b8b0c70c)."""
@@ -504,19 +498,17 @@ class Echo(_t.Interface["Echo.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Echo.PingDataResults.Reader:
             """The root Echo.pingData$Results of a message (its segments)."""
-            return Echo.PingDataResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Echo.PingDataResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Echo.PingDataResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Echo.PingDataResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Echo.PingDataResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingDataResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Echo.PingDataResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Echo.PingDataResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Echo: call its methods."""

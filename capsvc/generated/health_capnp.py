@@ -143,19 +143,17 @@ class Health(_t.Interface["Health.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Health.CheckParams.Reader:
             """The root Health.check$Params of a message (its segments)."""
-            return Health.CheckParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Health.CheckParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Health.CheckParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Health.CheckParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Health.CheckParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Health.CheckParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Health.CheckParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Health.CheckParams.Reader, data)
 
     class CheckResults:
         """struct Health.check$Results (0xcff75b88dce15fb4)."""
@@ -265,19 +263,17 @@ class Health(_t.Interface["Health.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Health.CheckResults.Reader:
             """The root Health.check$Results of a message (its segments)."""
-            return Health.CheckResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Health.CheckResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Health.CheckResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Health.CheckResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Health.CheckResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Health.CheckResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Health.CheckResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Health.CheckResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Health: call its methods."""

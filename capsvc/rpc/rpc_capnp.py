@@ -156,19 +156,17 @@ class Accept:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Accept.Reader:
         """The root Accept of a message (its segments)."""
-        return Accept.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Accept.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Accept.Reader:
         """The root of a message in the standard stream framing."""
-        return Accept.Reader.read(_r.unframe(data))
+        return _r.read_framed(Accept.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Accept.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Accept.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Accept.Reader, data)
 
 class Bootstrap:
     """struct Bootstrap (0xe94ccf8031176ec4)."""
@@ -283,19 +281,17 @@ class Bootstrap:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Bootstrap.Reader:
         """The root Bootstrap of a message (its segments)."""
-        return Bootstrap.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Bootstrap.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Bootstrap.Reader:
         """The root of a message in the standard stream framing."""
-        return Bootstrap.Reader.read(_r.unframe(data))
+        return _r.read_framed(Bootstrap.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Bootstrap.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Bootstrap.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Bootstrap.Reader, data)
 
 class Call:
     """struct Call (0x836a53ce789d4cd4)."""
@@ -615,19 +611,17 @@ class Call:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Call.Reader:
         """The root Call of a message (its segments)."""
-        return Call.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Call.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Call.Reader:
         """The root of a message in the standard stream framing."""
-        return Call.Reader.read(_r.unframe(data))
+        return _r.read_framed(Call.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Call.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Call.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Call.Reader, data)
 
 class CapDescriptor:
     """struct CapDescriptor (0x8523ddc40b86b8b0)."""
@@ -848,19 +842,17 @@ class CapDescriptor:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> CapDescriptor.Reader:
         """The root CapDescriptor of a message (its segments)."""
-        return CapDescriptor.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(CapDescriptor.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> CapDescriptor.Reader:
         """The root of a message in the standard stream framing."""
-        return CapDescriptor.Reader.read(_r.unframe(data))
+        return _r.read_framed(CapDescriptor.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> CapDescriptor.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return CapDescriptor.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(CapDescriptor.Reader, data)
 
 class Disembargo:
     """struct Disembargo (0xf964368b0fbd3711)."""
@@ -1098,19 +1090,17 @@ class Disembargo:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Disembargo.Reader:
         """The root Disembargo of a message (its segments)."""
-        return Disembargo.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Disembargo.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Disembargo.Reader:
         """The root of a message in the standard stream framing."""
-        return Disembargo.Reader.read(_r.unframe(data))
+        return _r.read_framed(Disembargo.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Disembargo.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Disembargo.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Disembargo.Reader, data)
 
 class Exception:
     """struct Exception (0xd625b7063acf691a)."""
@@ -1276,19 +1266,17 @@ class Exception:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Exception.Reader:
         """The root Exception of a message (its segments)."""
-        return Exception.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Exception.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Exception.Reader:
         """The root of a message in the standard stream framing."""
-        return Exception.Reader.read(_r.unframe(data))
+        return _r.read_framed(Exception.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Exception.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Exception.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Exception.Reader, data)
 
 class Finish:
     """struct Finish (0xd37d2eb2c2f80e63)."""
@@ -1408,19 +1396,17 @@ class Finish:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Finish.Reader:
         """The root Finish of a message (its segments)."""
-        return Finish.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Finish.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Finish.Reader:
         """The root of a message in the standard stream framing."""
-        return Finish.Reader.read(_r.unframe(data))
+        return _r.read_framed(Finish.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Finish.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Finish.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Finish.Reader, data)
 
 class Join:
     """struct Join (0xfbe1980490e001af)."""
@@ -1560,19 +1546,17 @@ class Join:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Join.Reader:
         """The root Join of a message (its segments)."""
-        return Join.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Join.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Join.Reader:
         """The root of a message in the standard stream framing."""
-        return Join.Reader.read(_r.unframe(data))
+        return _r.read_framed(Join.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Join.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Join.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Join.Reader, data)
 
 class Message:
     """struct Message (0x91b79f1f808db032)."""
@@ -2054,19 +2038,17 @@ class Message:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Message.Reader:
         """The root Message of a message (its segments)."""
-        return Message.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Message.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Message.Reader:
         """The root of a message in the standard stream framing."""
-        return Message.Reader.read(_r.unframe(data))
+        return _r.read_framed(Message.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Message.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Message.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Message.Reader, data)
 
 class MessageTarget:
     """struct MessageTarget (0x95bc14545813fbc1)."""
@@ -2211,19 +2193,17 @@ class MessageTarget:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> MessageTarget.Reader:
         """The root MessageTarget of a message (its segments)."""
-        return MessageTarget.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(MessageTarget.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> MessageTarget.Reader:
         """The root of a message in the standard stream framing."""
-        return MessageTarget.Reader.read(_r.unframe(data))
+        return _r.read_framed(MessageTarget.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> MessageTarget.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return MessageTarget.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(MessageTarget.Reader, data)
 
 class Payload:
     """struct Payload (0x9a0e61223d96743b)."""
@@ -2341,19 +2321,17 @@ class Payload:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Payload.Reader:
         """The root Payload of a message (its segments)."""
-        return Payload.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Payload.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Payload.Reader:
         """The root of a message in the standard stream framing."""
-        return Payload.Reader.read(_r.unframe(data))
+        return _r.read_framed(Payload.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Payload.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Payload.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Payload.Reader, data)
 
 class PromisedAnswer:
     """struct PromisedAnswer (0xd800b1d6cd6f1ca0)."""
@@ -2492,19 +2470,17 @@ class PromisedAnswer:
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> PromisedAnswer.Op.Reader:
             """The root PromisedAnswer.Op of a message (its segments)."""
-            return PromisedAnswer.Op.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(PromisedAnswer.Op.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> PromisedAnswer.Op.Reader:
             """The root of a message in the standard stream framing."""
-            return PromisedAnswer.Op.Reader.read(_r.unframe(data))
+            return _r.read_framed(PromisedAnswer.Op.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> PromisedAnswer.Op.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return PromisedAnswer.Op.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(PromisedAnswer.Op.Reader, data)
 
     class Init(TypedDict, total=False):
         """PromisedAnswer as plain values: what ``new_message`` and ``assign`` take."""
@@ -2613,19 +2589,17 @@ class PromisedAnswer:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> PromisedAnswer.Reader:
         """The root PromisedAnswer of a message (its segments)."""
-        return PromisedAnswer.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(PromisedAnswer.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> PromisedAnswer.Reader:
         """The root of a message in the standard stream framing."""
-        return PromisedAnswer.Reader.read(_r.unframe(data))
+        return _r.read_framed(PromisedAnswer.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> PromisedAnswer.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return PromisedAnswer.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(PromisedAnswer.Reader, data)
 
 class Provide:
     """struct Provide (0x9c6a046bfbc1ac5a)."""
@@ -2765,19 +2739,17 @@ class Provide:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Provide.Reader:
         """The root Provide of a message (its segments)."""
-        return Provide.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Provide.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Provide.Reader:
         """The root of a message in the standard stream framing."""
-        return Provide.Reader.read(_r.unframe(data))
+        return _r.read_framed(Provide.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Provide.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Provide.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Provide.Reader, data)
 
 class Release:
     """struct Release (0xad1a6c0d7dd07497)."""
@@ -2888,19 +2860,17 @@ class Release:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Release.Reader:
         """The root Release of a message (its segments)."""
-        return Release.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Release.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Release.Reader:
         """The root of a message in the standard stream framing."""
-        return Release.Reader.read(_r.unframe(data))
+        return _r.read_framed(Release.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Release.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Release.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Release.Reader, data)
 
 class Resolve:
     """struct Resolve (0xbbc29655fa89086e)."""
@@ -3073,19 +3043,17 @@ class Resolve:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Resolve.Reader:
         """The root Resolve of a message (its segments)."""
-        return Resolve.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Resolve.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Resolve.Reader:
         """The root of a message in the standard stream framing."""
-        return Resolve.Reader.read(_r.unframe(data))
+        return _r.read_framed(Resolve.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Resolve.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Resolve.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Resolve.Reader, data)
 
 class Return:
     """struct Return (0x9e19b28d3db3573a)."""
@@ -3336,19 +3304,17 @@ class Return:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Return.Reader:
         """The root Return of a message (its segments)."""
-        return Return.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Return.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Return.Reader:
         """The root of a message in the standard stream framing."""
-        return Return.Reader.read(_r.unframe(data))
+        return _r.read_framed(Return.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Return.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Return.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Return.Reader, data)
 
 class ThirdPartyCapDescriptor:
     """struct ThirdPartyCapDescriptor (0xd37007fde1f0027d)."""
@@ -3463,19 +3429,17 @@ class ThirdPartyCapDescriptor:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> ThirdPartyCapDescriptor.Reader:
         """The root ThirdPartyCapDescriptor of a message (its segments)."""
-        return ThirdPartyCapDescriptor.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(ThirdPartyCapDescriptor.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> ThirdPartyCapDescriptor.Reader:
         """The root of a message in the standard stream framing."""
-        return ThirdPartyCapDescriptor.Reader.read(_r.unframe(data))
+        return _r.read_framed(ThirdPartyCapDescriptor.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> ThirdPartyCapDescriptor.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return ThirdPartyCapDescriptor.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(ThirdPartyCapDescriptor.Reader, data)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

@@ -143,19 +143,17 @@ class Directory(_t.Interface["Directory.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Directory.OpenParams.Reader:
             """The root Directory.open$Params of a message (its segments)."""
-            return Directory.OpenParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Directory.OpenParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Directory.OpenParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Directory.OpenParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Directory.OpenParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Directory.OpenParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Directory.OpenParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Directory.OpenParams.Reader, data)
 
     class OpenResults:
         """struct Directory.open$Results (0xba8460afbafa67bd)."""
@@ -266,19 +264,17 @@ class Directory(_t.Interface["Directory.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Directory.OpenResults.Reader:
             """The root Directory.open$Results of a message (its segments)."""
-            return Directory.OpenResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Directory.OpenResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Directory.OpenResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Directory.OpenResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Directory.OpenResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Directory.OpenResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Directory.OpenResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Directory.OpenResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Directory: call its methods."""
@@ -423,19 +419,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.GetParams.Reader:
             """The root Store.get$Params of a message (its segments)."""
-            return Store.GetParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.GetParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.GetParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.GetParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.GetParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.GetParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.GetParams.Reader, data)
 
     class GetResults:
         """struct Store.get$Results (0xbd30083ac7e02037)."""
@@ -555,19 +549,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.GetResults.Reader:
             """The root Store.get$Results of a message (its segments)."""
-            return Store.GetResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.GetResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.GetResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.GetResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.GetResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.GetResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.GetResults.Reader, data)
 
     class KeysParams:
         """struct Store.keys$Params (0xa22fd3ba558f27d6)."""
@@ -646,19 +638,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.KeysParams.Reader:
             """The root Store.keys$Params of a message (its segments)."""
-            return Store.KeysParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.KeysParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.KeysParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.KeysParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.KeysParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.KeysParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.KeysParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.KeysParams.Reader, data)
 
     class KeysResults:
         """struct Store.keys$Results (0x847bd1b3dfc50463)."""
@@ -770,19 +760,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.KeysResults.Reader:
             """The root Store.keys$Results of a message (its segments)."""
-            return Store.KeysResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.KeysResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.KeysResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.KeysResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.KeysResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.KeysResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.KeysResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.KeysResults.Reader, data)
 
     class PutParams:
         """struct Store.put$Params (0xfc2cc970b7db031e)."""
@@ -903,19 +891,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.PutParams.Reader:
             """The root Store.put$Params of a message (its segments)."""
-            return Store.PutParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.PutParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.PutParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.PutParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.PutParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.PutParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.PutParams.Reader, data)
 
     class PutResults:
         """struct Store.put$Results (0xd0886cc273a391c9)."""
@@ -1017,19 +1003,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.PutResults.Reader:
             """The root Store.put$Results of a message (its segments)."""
-            return Store.PutResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.PutResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.PutResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.PutResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.PutResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.PutResults.Reader, data)
 
     class WatchParams:
         """struct Store.watch$Params (0xa776010c3373d561)."""
@@ -1140,19 +1124,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.WatchParams.Reader:
             """The root Store.watch$Params of a message (its segments)."""
-            return Store.WatchParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.WatchParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.WatchParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.WatchParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.WatchParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.WatchParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.WatchParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.WatchParams.Reader, data)
 
     class WatchResults:
         """struct Store.watch$Results (0xc2bacf4a9b95dbe5)."""
@@ -1231,19 +1213,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.WatchResults.Reader:
             """The root Store.watch$Results of a message (its segments)."""
-            return Store.WatchResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.WatchResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.WatchResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.WatchResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.WatchResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.WatchResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.WatchResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.WatchResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Store: call its methods."""
@@ -1471,19 +1451,17 @@ class Watcher(_t.Interface["Watcher.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Watcher.ChangedParams.Reader:
             """The root Watcher.changed$Params of a message (its segments)."""
-            return Watcher.ChangedParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Watcher.ChangedParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Watcher.ChangedParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Watcher.ChangedParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Watcher.ChangedParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Watcher.ChangedParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Watcher.ChangedParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Watcher.ChangedParams.Reader, data)
 
     class ChangedResults:
         """struct Watcher.changed$Results (0xf5858af62119185c)."""
@@ -1562,19 +1540,17 @@ class Watcher(_t.Interface["Watcher.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Watcher.ChangedResults.Reader:
             """The root Watcher.changed$Results of a message (its segments)."""
-            return Watcher.ChangedResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Watcher.ChangedResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Watcher.ChangedResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Watcher.ChangedResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Watcher.ChangedResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Watcher.ChangedResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Watcher.ChangedResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Watcher.ChangedResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Watcher: call its methods."""

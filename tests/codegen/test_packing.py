@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from capsvc.codec import packing
-from capsvc.errors import DecodeError
+from capsvc.errors import DecodeError, FramingError
 from capsvc.framing import encode_message
 from tests.codegen.conftest import Generated, native_module
 
@@ -227,6 +227,51 @@ def test_c_and_python_unpack_any_bytes_alike(data: bytes, max_words: int) -> Non
         assert NATIVE.unpack(data, max_words) == expected  # the plain loop too
     finally:
         NATIVE.use_shuffle(True)
+
+
+def _general_segment(data: bytes, max_words: int) -> bytes | None:
+    """What the general way reads from a packed framed message: its one segment, or None
+    (a fault, or several segments)."""
+    from capsvc.codec.reading import unframe
+
+    try:
+        segments = unframe(packing._unpack_words(data, max_words))
+    except (DecodeError, FramingError):
+        return None
+    return bytes(segments[0]) if len(segments) == 1 else None
+
+
+#: A packed segment table for a segment of 0..40 words, then anything: most such streams
+#: get past the table into the checked decoding of the segment.
+_TABLE_THEN_ANYTHING = st.tuples(st.integers(0, 40), st.binary(max_size=300)).map(
+    lambda pair: packing.pack(encode_message([bytes(pair[0] * 8)])[:8]) + pair[1]
+)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler here: there is no C unpacker")
+@settings(max_examples=500, deadline=None)
+@given(
+    data=st.one_of(st.binary(max_size=300), _TABLE_THEN_ANYTHING),
+    max_words=st.sampled_from([0, 1, 5, 64, 1 << 20]),
+)
+def test_c_unpack_segment_reads_only_what_the_general_way_reads(
+    data: bytes, max_words: int
+) -> None:
+    """``unpack_segment`` (one pass, every read and write checked) on any bytes: what it
+    returns is what the general way reads; None where that way faults (which it then
+    names). Both loops, shuffle and plain."""
+    assert NATIVE is not None
+    expected = _general_segment(data, max_words)
+    for shuffle in (True, False):
+        NATIVE.use_shuffle(shuffle)
+        try:
+            found = NATIVE.unpack_segment(data, max_words)
+        finally:
+            NATIVE.use_shuffle(True)
+        if expected is None:
+            assert found is None
+        else:
+            assert found in (None, expected)  # None: a table packed unusually, left to Python
 
 
 @pytest.fixture(params=["c", "python"] if NATIVE is not None else ["python"])

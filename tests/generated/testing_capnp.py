@@ -142,19 +142,17 @@ class Callback(_t.Interface["Callback.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Callback.NotifyParams.Reader:
             """The root Callback.notify$Params of a message (its segments)."""
-            return Callback.NotifyParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Callback.NotifyParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Callback.NotifyParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Callback.NotifyParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Callback.NotifyParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Callback.NotifyParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Callback.NotifyParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Callback.NotifyParams.Reader, data)
 
     class NotifyResults:
         """struct Callback.notify$Results (0x81ac18c2b77a7e34)."""
@@ -256,19 +254,17 @@ class Callback(_t.Interface["Callback.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Callback.NotifyResults.Reader:
             """The root Callback.notify$Results of a message (its segments)."""
-            return Callback.NotifyResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Callback.NotifyResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Callback.NotifyResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Callback.NotifyResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Callback.NotifyResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Callback.NotifyResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Callback.NotifyResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Callback.NotifyResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Callback: call its methods."""
@@ -388,19 +384,17 @@ class Counter(_t.Interface["Counter.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Counter.GetParams.Reader:
             """The root Counter.get$Params of a message (its segments)."""
-            return Counter.GetParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Counter.GetParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Counter.GetParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Counter.GetParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Counter.GetParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.GetParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Counter.GetParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Counter.GetParams.Reader, data)
 
     class GetResults:
         """struct Counter.get$Results (0x9ab7683552ae458d)."""
@@ -502,19 +496,17 @@ class Counter(_t.Interface["Counter.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Counter.GetResults.Reader:
             """The root Counter.get$Results of a message (its segments)."""
-            return Counter.GetResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Counter.GetResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Counter.GetResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Counter.GetResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Counter.GetResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.GetResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Counter.GetResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Counter.GetResults.Reader, data)
 
     class IncrementParams:
         """struct Counter.increment$Params (0xa8c575b575277d8d)."""
@@ -616,19 +608,17 @@ class Counter(_t.Interface["Counter.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Counter.IncrementParams.Reader:
             """The root Counter.increment$Params of a message (its segments)."""
-            return Counter.IncrementParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Counter.IncrementParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Counter.IncrementParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Counter.IncrementParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Counter.IncrementParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.IncrementParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Counter.IncrementParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Counter.IncrementParams.Reader, data)
 
     class IncrementResults:
         """struct Counter.increment$Results (0x85db5a634a971712)."""
@@ -730,19 +720,17 @@ class Counter(_t.Interface["Counter.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Counter.IncrementResults.Reader:
             """The root Counter.increment$Results of a message (its segments)."""
-            return Counter.IncrementResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Counter.IncrementResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Counter.IncrementResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Counter.IncrementResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Counter.IncrementResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.IncrementResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Counter.IncrementResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Counter.IncrementResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Counter: call its methods."""
@@ -1179,19 +1167,17 @@ class Holder:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Holder.Reader:
         """The root Holder of a message (its segments)."""
-        return Holder.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Holder.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Holder.Reader:
         """The root of a message in the standard stream framing."""
-        return Holder.Reader.read(_r.unframe(data))
+        return _r.read_framed(Holder.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Holder.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Holder.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Holder.Reader, data)
 
 class Tester(_t.Interface["Tester.Client"]):
     """interface Tester (0xbc77724eeece5aa5): its methods' params and results."""
@@ -1318,19 +1304,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.CallBackParams.Reader:
             """The root Tester.callBack$Params of a message (its segments)."""
-            return Tester.CallBackParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.CallBackParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.CallBackParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.CallBackParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.CallBackParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallBackParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.CallBackParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.CallBackParams.Reader, data)
 
     class CallBackResults:
         """struct Tester.callBack$Results (0xb24675892cd51330)."""
@@ -1432,19 +1416,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.CallBackResults.Reader:
             """The root Tester.callBack$Results of a message (its segments)."""
-            return Tester.CallBackResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.CallBackResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.CallBackResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.CallBackResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.CallBackResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallBackResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.CallBackResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.CallBackResults.Reader, data)
 
     class CallCounterParams:
         """struct Tester.callCounter$Params (0xd19b10f34cac012c)."""
@@ -1564,19 +1546,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.CallCounterParams.Reader:
             """The root Tester.callCounter$Params of a message (its segments)."""
-            return Tester.CallCounterParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.CallCounterParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.CallCounterParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.CallCounterParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.CallCounterParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallCounterParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.CallCounterParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.CallCounterParams.Reader, data)
 
     class CallCounterResults:
         """struct Tester.callCounter$Results (0x97d6bf729d37e846)."""
@@ -1678,19 +1658,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.CallCounterResults.Reader:
             """The root Tester.callCounter$Results of a message (its segments)."""
-            return Tester.CallCounterResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.CallCounterResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.CallCounterResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.CallCounterResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.CallCounterResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallCounterResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.CallCounterResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.CallCounterResults.Reader, data)
 
     class EchoParams:
         """struct Tester.echo$Params (0xfeb89576b4aa96d5)."""
@@ -1793,19 +1771,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.EchoParams.Reader:
             """The root Tester.echo$Params of a message (its segments)."""
-            return Tester.EchoParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.EchoParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.EchoParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.EchoParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.EchoParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.EchoParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.EchoParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.EchoParams.Reader, data)
 
     class EchoResults:
         """struct Tester.echo$Results (0xa1618b735ff79130)."""
@@ -1908,19 +1884,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.EchoResults.Reader:
             """The root Tester.echo$Results of a message (its segments)."""
-            return Tester.EchoResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.EchoResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.EchoResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.EchoResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.EchoResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.EchoResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.EchoResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.EchoResults.Reader, data)
 
     class FailParams:
         """struct Tester.fail$Params (0xcde840d305c8a7d4)."""
@@ -2033,19 +2007,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.FailParams.Reader:
             """The root Tester.fail$Params of a message (its segments)."""
-            return Tester.FailParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.FailParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.FailParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.FailParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.FailParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.FailParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.FailParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.FailParams.Reader, data)
 
     class FailResults:
         """struct Tester.fail$Results (0xad21451d070befe4)."""
@@ -2124,19 +2096,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.FailResults.Reader:
             """The root Tester.fail$Results of a message (its segments)."""
-            return Tester.FailResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.FailResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.FailResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.FailResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.FailResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.FailResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.FailResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.FailResults.Reader, data)
 
     class GetSelfParams:
         """struct Tester.getSelf$Params (0x869121cbdec18493)."""
@@ -2215,19 +2185,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.GetSelfParams.Reader:
             """The root Tester.getSelf$Params of a message (its segments)."""
-            return Tester.GetSelfParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.GetSelfParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.GetSelfParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.GetSelfParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.GetSelfParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.GetSelfParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.GetSelfParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.GetSelfParams.Reader, data)
 
     class GetSelfResults:
         """struct Tester.getSelf$Results (0xf8d6fa4604497259)."""
@@ -2338,19 +2306,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.GetSelfResults.Reader:
             """The root Tester.getSelf$Results of a message (its segments)."""
-            return Tester.GetSelfResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.GetSelfResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.GetSelfResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.GetSelfResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.GetSelfResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.GetSelfResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.GetSelfResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.GetSelfResults.Reader, data)
 
     class HoldCapsParams:
         """struct Tester.holdCaps$Params (0x905081c282e88fc4)."""
@@ -2468,19 +2434,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.HoldCapsParams.Reader:
             """The root Tester.holdCaps$Params of a message (its segments)."""
-            return Tester.HoldCapsParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.HoldCapsParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.HoldCapsParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.HoldCapsParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.HoldCapsParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.HoldCapsParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.HoldCapsParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.HoldCapsParams.Reader, data)
 
     class HoldCapsResults:
         """struct Tester.holdCaps$Results (0xcd5986ceafb6230b)."""
@@ -2598,19 +2562,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.HoldCapsResults.Reader:
             """The root Tester.holdCaps$Results of a message (its segments)."""
-            return Tester.HoldCapsResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.HoldCapsResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.HoldCapsResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.HoldCapsResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.HoldCapsResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.HoldCapsResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.HoldCapsResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.HoldCapsResults.Reader, data)
 
     class NewCounterParams:
         """struct Tester.newCounter$Params (0x9582a54ceffea06e)."""
@@ -2712,19 +2674,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.NewCounterParams.Reader:
             """The root Tester.newCounter$Params of a message (its segments)."""
-            return Tester.NewCounterParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.NewCounterParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.NewCounterParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.NewCounterParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.NewCounterParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.NewCounterParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.NewCounterParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.NewCounterParams.Reader, data)
 
     class NewCounterResults:
         """struct Tester.newCounter$Results (0x8e5e606c0c82db77)."""
@@ -2835,19 +2795,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.NewCounterResults.Reader:
             """The root Tester.newCounter$Results of a message (its segments)."""
-            return Tester.NewCounterResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.NewCounterResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.NewCounterResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.NewCounterResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.NewCounterResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.NewCounterResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.NewCounterResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.NewCounterResults.Reader, data)
 
     class ReflectParams:
         """struct Tester.reflect$Params (0xa4d00b24343acc07)."""
@@ -2958,19 +2916,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.ReflectParams.Reader:
             """The root Tester.reflect$Params of a message (its segments)."""
-            return Tester.ReflectParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.ReflectParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.ReflectParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.ReflectParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.ReflectParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.ReflectParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.ReflectParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.ReflectParams.Reader, data)
 
     class ReflectResults:
         """struct Tester.reflect$Results (0xacc791a6e349f4c1)."""
@@ -3081,19 +3037,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.ReflectResults.Reader:
             """The root Tester.reflect$Results of a message (its segments)."""
-            return Tester.ReflectResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.ReflectResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.ReflectResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.ReflectResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.ReflectResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.ReflectResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.ReflectResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.ReflectResults.Reader, data)
 
     class SlowParams:
         """struct Tester.slow$Params (0x89d5c0e939a9303e)."""
@@ -3195,19 +3149,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.SlowParams.Reader:
             """The root Tester.slow$Params of a message (its segments)."""
-            return Tester.SlowParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.SlowParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.SlowParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.SlowParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.SlowParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SlowParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.SlowParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.SlowParams.Reader, data)
 
     class SlowResults:
         """struct Tester.slow$Results (0x834d56595ae9a958)."""
@@ -3309,19 +3261,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.SlowResults.Reader:
             """The root Tester.slow$Results of a message (its segments)."""
-            return Tester.SlowResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.SlowResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.SlowResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.SlowResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.SlowResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SlowResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.SlowResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.SlowResults.Reader, data)
 
     class SumParams:
         """struct Tester.sum$Params (0xe8e9c239995dc3da)."""
@@ -3431,19 +3381,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.SumParams.Reader:
             """The root Tester.sum$Params of a message (its segments)."""
-            return Tester.SumParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.SumParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.SumParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.SumParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.SumParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SumParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.SumParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.SumParams.Reader, data)
 
     class SumResults:
         """struct Tester.sum$Results (0xf773ed2b61584dac)."""
@@ -3545,19 +3493,17 @@ class Tester(_t.Interface["Tester.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tester.SumResults.Reader:
             """The root Tester.sum$Results of a message (its segments)."""
-            return Tester.SumResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tester.SumResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tester.SumResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Tester.SumResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tester.SumResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SumResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tester.SumResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tester.SumResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Tester: call its methods."""
@@ -3875,19 +3821,17 @@ class Unknown(_t.Interface["Unknown.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Unknown.NothingParams.Reader:
             """The root Unknown.nothing$Params of a message (its segments)."""
-            return Unknown.NothingParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Unknown.NothingParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Unknown.NothingParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Unknown.NothingParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Unknown.NothingParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Unknown.NothingParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Unknown.NothingParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Unknown.NothingParams.Reader, data)
 
     class NothingResults:
         """struct Unknown.nothing$Results (0xb6685db13a2858eb)."""
@@ -3966,19 +3910,17 @@ class Unknown(_t.Interface["Unknown.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Unknown.NothingResults.Reader:
             """The root Unknown.nothing$Results of a message (its segments)."""
-            return Unknown.NothingResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Unknown.NothingResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Unknown.NothingResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Unknown.NothingResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Unknown.NothingResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Unknown.NothingResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Unknown.NothingResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Unknown.NothingResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Unknown: call its methods."""

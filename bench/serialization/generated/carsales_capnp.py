@@ -316,19 +316,17 @@ class Car:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Car.Reader:
         """The root Car of a message (its segments)."""
-        return Car.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Car.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Car.Reader:
         """The root of a message in the standard stream framing."""
-        return Car.Reader.read(_r.unframe(data))
+        return _r.read_framed(Car.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Car.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Car.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Car.Reader, data)
 
 class Color(enum.IntEnum):
     """enum Color (0xc99bce43eaa3adbd). Codes unknown to this schema (from a
@@ -489,19 +487,17 @@ class Engine:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Engine.Reader:
         """The root Engine of a message (its segments)."""
-        return Engine.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Engine.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Engine.Reader:
         """The root of a message in the standard stream framing."""
-        return Engine.Reader.read(_r.unframe(data))
+        return _r.read_framed(Engine.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Engine.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Engine.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Engine.Reader, data)
 
 class ParkingLot:
     """struct ParkingLot (0xf4c6b753280d6022)."""
@@ -606,19 +602,17 @@ class ParkingLot:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> ParkingLot.Reader:
         """The root ParkingLot of a message (its segments)."""
-        return ParkingLot.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(ParkingLot.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> ParkingLot.Reader:
         """The root of a message in the standard stream framing."""
-        return ParkingLot.Reader.read(_r.unframe(data))
+        return _r.read_framed(ParkingLot.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> ParkingLot.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return ParkingLot.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(ParkingLot.Reader, data)
 
 class TotalValue:
     """struct TotalValue (0xc1e8687b69be8e0b)."""
@@ -720,19 +714,17 @@ class TotalValue:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> TotalValue.Reader:
         """The root TotalValue of a message (its segments)."""
-        return TotalValue.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(TotalValue.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> TotalValue.Reader:
         """The root of a message in the standard stream framing."""
-        return TotalValue.Reader.read(_r.unframe(data))
+        return _r.read_framed(TotalValue.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> TotalValue.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return TotalValue.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(TotalValue.Reader, data)
 
 class Wheel:
     """struct Wheel (0xd7323be6aaee753c)."""
@@ -852,19 +844,17 @@ class Wheel:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Wheel.Reader:
         """The root Wheel of a message (its segments)."""
-        return Wheel.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Wheel.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Wheel.Reader:
         """The root of a message in the standard stream framing."""
-        return Wheel.Reader.read(_r.unframe(data))
+        return _r.read_framed(Wheel.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Wheel.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Wheel.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Wheel.Reader, data)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

@@ -154,19 +154,17 @@ class SearchResult:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> SearchResult.Reader:
         """The root SearchResult of a message (its segments)."""
-        return SearchResult.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(SearchResult.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> SearchResult.Reader:
         """The root of a message in the standard stream framing."""
-        return SearchResult.Reader.read(_r.unframe(data))
+        return _r.read_framed(SearchResult.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> SearchResult.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return SearchResult.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(SearchResult.Reader, data)
 
 class SearchResultList:
     """struct SearchResultList (0x9e10f22b24271858)."""
@@ -271,19 +269,17 @@ class SearchResultList:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> SearchResultList.Reader:
         """The root SearchResultList of a message (its segments)."""
-        return SearchResultList.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(SearchResultList.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> SearchResultList.Reader:
         """The root of a message in the standard stream framing."""
-        return SearchResultList.Reader.read(_r.unframe(data))
+        return _r.read_framed(SearchResultList.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> SearchResultList.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return SearchResultList.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(SearchResultList.Reader, data)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

@@ -134,19 +134,17 @@ class EvaluationResult:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> EvaluationResult.Reader:
         """The root EvaluationResult of a message (its segments)."""
-        return EvaluationResult.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(EvaluationResult.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> EvaluationResult.Reader:
         """The root of a message in the standard stream framing."""
-        return EvaluationResult.Reader.read(_r.unframe(data))
+        return _r.read_framed(EvaluationResult.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> EvaluationResult.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return EvaluationResult.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(EvaluationResult.Reader, data)
 
 class Expression:
     """struct Expression (0x81d32418aae320bf)."""
@@ -482,19 +480,17 @@ class Expression:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Expression.Reader:
         """The root Expression of a message (its segments)."""
-        return Expression.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Expression.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Expression.Reader:
         """The root of a message in the standard stream framing."""
-        return Expression.Reader.read(_r.unframe(data))
+        return _r.read_framed(Expression.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Expression.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Expression.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Expression.Reader, data)
 
 class Operation(enum.IntEnum):
     """enum Operation (0xacf353ef75773376). Codes unknown to this schema (from a

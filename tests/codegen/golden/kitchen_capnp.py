@@ -215,19 +215,17 @@ class Anything:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Anything.Reader:
         """The root Anything of a message (its segments)."""
-        return Anything.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Anything.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Anything.Reader:
         """The root of a message in the standard stream framing."""
-        return Anything.Reader.read(_r.unframe(data))
+        return _r.read_framed(Anything.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Anything.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Anything.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Anything.Reader, data)
 
 class Base(_t.Interface["Base.Client"]):
     """interface Base (0x96a03f741085f21b): its methods' params and results."""
@@ -313,19 +311,17 @@ class Base(_t.Interface["Base.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Base.DepthParams.Reader:
             """The root Base.depth$Params of a message (its segments)."""
-            return Base.DepthParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Base.DepthParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Base.DepthParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Base.DepthParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Base.DepthParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Base.DepthParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Base.DepthParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Base.DepthParams.Reader, data)
 
     class DepthResults:
         """struct Base.depth$Results (0xedb2f1aace87baaf)."""
@@ -427,19 +423,17 @@ class Base(_t.Interface["Base.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Base.DepthResults.Reader:
             """The root Base.depth$Results of a message (its segments)."""
-            return Base.DepthResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Base.DepthResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Base.DepthResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Base.DepthResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Base.DepthResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Base.DepthResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Base.DepthResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Base.DepthResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Base: call its methods."""
@@ -612,19 +606,17 @@ class Box:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Box.Reader:
         """The root Box of a message (its segments)."""
-        return Box.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Box.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Box.Reader:
         """The root of a message in the standard stream framing."""
-        return Box.Reader.read(_r.unframe(data))
+        return _r.read_framed(Box.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Box.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Box.Reader, data)
 
 class Boxes:
     """struct Boxes (0x9e6b4f98c502f78f)."""
@@ -867,19 +859,17 @@ class Boxes:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Boxes.Reader:
         """The root Boxes of a message (its segments)."""
-        return Boxes.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Boxes.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Boxes.Reader:
         """The root of a message in the standard stream framing."""
-        return Boxes.Reader.read(_r.unframe(data))
+        return _r.read_framed(Boxes.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Boxes.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Boxes.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Boxes.Reader, data)
 
 class Color(enum.IntEnum):
     """enum Color (0xcf8e5d676c9f70d3). Codes unknown to this schema (from a
@@ -1201,19 +1191,17 @@ class Defaults:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Defaults.Reader:
         """The root Defaults of a message (its segments)."""
-        return Defaults.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Defaults.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Defaults.Reader:
         """The root of a message in the standard stream framing."""
-        return Defaults.Reader.read(_r.unframe(data))
+        return _r.read_framed(Defaults.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Defaults.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Defaults.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Defaults.Reader, data)
 
 class Keywords:
     """struct Keywords (0xda50319eebd3ccb9)."""
@@ -1352,19 +1340,17 @@ class Keywords:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Keywords.Reader:
         """The root Keywords of a message (its segments)."""
-        return Keywords.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Keywords.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Keywords.Reader:
         """The root of a message in the standard stream framing."""
-        return Keywords.Reader.read(_r.unframe(data))
+        return _r.read_framed(Keywords.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Keywords.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Keywords.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Keywords.Reader, data)
 
 class Left(_t.Interface["Left.Client"]):
     """interface Left (0xf473790c0ad00ffa): its methods' params and results."""
@@ -1450,19 +1436,17 @@ class Left(_t.Interface["Left.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Left.LeftParams.Reader:
             """The root Left.left$Params of a message (its segments)."""
-            return Left.LeftParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Left.LeftParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Left.LeftParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Left.LeftParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Left.LeftParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Left.LeftParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Left.LeftParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Left.LeftParams.Reader, data)
 
     class LeftResults:
         """struct Left.left$Results (0xe560cb21678a29d7)."""
@@ -1565,19 +1549,17 @@ class Left(_t.Interface["Left.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Left.LeftResults.Reader:
             """The root Left.left$Results of a message (its segments)."""
-            return Left.LeftResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Left.LeftResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Left.LeftResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Left.LeftResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Left.LeftResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Left.LeftResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Left.LeftResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Left.LeftResults.Reader, data)
 
     class Client(Base.Client):
         """A capability typed as Left: call its methods."""
@@ -2018,19 +2000,17 @@ class Lists:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Lists.Reader:
         """The root Lists of a message (its segments)."""
-        return Lists.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Lists.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Lists.Reader:
         """The root of a message in the standard stream framing."""
-        return Lists.Reader.read(_r.unframe(data))
+        return _r.read_framed(Lists.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Lists.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Lists.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Lists.Reader, data)
 
 class Numbers:
     """struct Numbers (0x8727bc108e059fff)."""
@@ -2257,19 +2237,17 @@ class Numbers:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Numbers.Reader:
         """The root Numbers of a message (its segments)."""
-        return Numbers.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Numbers.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Numbers.Reader:
         """The root of a message in the standard stream framing."""
-        return Numbers.Reader.read(_r.unframe(data))
+        return _r.read_framed(Numbers.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Numbers.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Numbers.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Numbers.Reader, data)
 
 class Pair:
     """struct Pair (0xa47fe1974073d1ed)."""
@@ -2388,19 +2366,17 @@ class Pair:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Pair.Reader:
         """The root Pair of a message (its segments)."""
-        return Pair.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Pair.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Pair.Reader:
         """The root of a message in the standard stream framing."""
-        return Pair.Reader.read(_r.unframe(data))
+        return _r.read_framed(Pair.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Pair.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Pair.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Pair.Reader, data)
 
 class Right(_t.Interface["Right.Client"]):
     """interface Right (0xea63f5425f8188d3): its methods' params and results."""
@@ -2486,19 +2462,17 @@ class Right(_t.Interface["Right.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Right.RightParams.Reader:
             """The root Right.right$Params of a message (its segments)."""
-            return Right.RightParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Right.RightParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Right.RightParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Right.RightParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Right.RightParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Right.RightParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Right.RightParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Right.RightParams.Reader, data)
 
     class RightResults:
         """struct Right.right$Results (0xf8584f0bc4aad1d1)."""
@@ -2601,19 +2575,17 @@ class Right(_t.Interface["Right.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Right.RightResults.Reader:
             """The root Right.right$Results of a message (its segments)."""
-            return Right.RightResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Right.RightResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Right.RightResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Right.RightResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Right.RightResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Right.RightResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Right.RightResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Right.RightResults.Reader, data)
 
     class Client(Base.Client):
         """A capability typed as Right: call its methods."""
@@ -2791,19 +2763,17 @@ class Diamond(_t.Interface["Diamond.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Diamond.TrickyParams.Reader:
             """The root Diamond.tricky$Params of a message (its segments)."""
-            return Diamond.TrickyParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Diamond.TrickyParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Diamond.TrickyParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Diamond.TrickyParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Diamond.TrickyParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Diamond.TrickyParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Diamond.TrickyParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Diamond.TrickyParams.Reader, data)
 
     class TrickyResults:
         """struct Diamond.tricky$Results (0xaa19950e7806feaf)."""
@@ -2924,19 +2894,17 @@ class Diamond(_t.Interface["Diamond.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Diamond.TrickyResults.Reader:
             """The root Diamond.tricky$Results of a message (its segments)."""
-            return Diamond.TrickyResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Diamond.TrickyResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Diamond.TrickyResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Diamond.TrickyResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Diamond.TrickyResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Diamond.TrickyResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Diamond.TrickyResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Diamond.TrickyResults.Reader, data)
 
     class Client(Left.Client, Right.Client):
         """A capability typed as Diamond: call its methods."""
@@ -3497,19 +3465,17 @@ class Shapes:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Shapes.Reader:
         """The root Shapes of a message (its segments)."""
-        return Shapes.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Shapes.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Shapes.Reader:
         """The root of a message in the standard stream framing."""
-        return Shapes.Reader.read(_r.unframe(data))
+        return _r.read_framed(Shapes.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shapes.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Shapes.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Shapes.Reader, data)
 
 class Shop(_t.Interface["Shop.Client"]):
     """interface Shop (0xf2d5bf22d7bcc8c3): its methods' params and results."""
@@ -3628,19 +3594,17 @@ class Shop(_t.Interface["Shop.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Shop.BuyParams.Reader:
             """The root Shop.buy$Params of a message (its segments)."""
-            return Shop.BuyParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Shop.BuyParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.BuyParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Shop.BuyParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Shop.BuyParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.BuyParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Shop.BuyParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Shop.BuyParams.Reader, data)
 
     class BuyResults:
         """struct Shop.buy$Results (0xb5b0feede3958f34)."""
@@ -3767,19 +3731,17 @@ class Shop(_t.Interface["Shop.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Shop.BuyResults.Reader:
             """The root Shop.buy$Results of a message (its segments)."""
-            return Shop.BuyResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Shop.BuyResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.BuyResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Shop.BuyResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Shop.BuyResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.BuyResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Shop.BuyResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Shop.BuyResults.Reader, data)
 
     class ListParams:
         """struct Shop.list$Params (0x87f34b5c15e689d4)."""
@@ -3858,19 +3820,17 @@ class Shop(_t.Interface["Shop.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Shop.ListParams.Reader:
             """The root Shop.list$Params of a message (its segments)."""
-            return Shop.ListParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Shop.ListParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.ListParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Shop.ListParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Shop.ListParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.ListParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Shop.ListParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Shop.ListParams.Reader, data)
 
     class ListResults:
         """struct Shop.list$Results (0xcb1c936d4236d062)."""
@@ -3982,19 +3942,17 @@ class Shop(_t.Interface["Shop.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Shop.ListResults.Reader:
             """The root Shop.list$Results of a message (its segments)."""
-            return Shop.ListResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Shop.ListResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.ListResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Shop.ListResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Shop.ListResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.ListResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Shop.ListResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Shop.ListResults.Reader, data)
 
     class PeekParams:
         """struct Shop.peek$Params (0xb9891045ff38eb55)."""
@@ -4112,19 +4070,17 @@ class Shop(_t.Interface["Shop.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Shop.PeekParams.Reader:
             """The root Shop.peek$Params of a message (its segments)."""
-            return Shop.PeekParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Shop.PeekParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.PeekParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Shop.PeekParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Shop.PeekParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.PeekParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Shop.PeekParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Shop.PeekParams.Reader, data)
 
     class PeekResults:
         """struct Shop.peek$Results (0xfbf3e7a2ef3a4eef)."""
@@ -4203,19 +4159,17 @@ class Shop(_t.Interface["Shop.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Shop.PeekResults.Reader:
             """The root Shop.peek$Results of a message (its segments)."""
-            return Shop.PeekResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Shop.PeekResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Shop.PeekResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Shop.PeekResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Shop.PeekResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.PeekResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Shop.PeekResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Shop.PeekResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Shop: call its methods."""
@@ -4378,19 +4332,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.GetParams.Reader:
             """The root Store.get$Params of a message (its segments)."""
-            return Store.GetParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.GetParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.GetParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.GetParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.GetParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.GetParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.GetParams.Reader, data)
 
     class GetResults:
         """struct Store.get$Results (0xd36be23475e9cc90)."""
@@ -4521,19 +4473,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.GetResults.Reader:
             """The root Store.get$Results of a message (its segments)."""
-            return Store.GetResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.GetResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.GetResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.GetResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.GetResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.GetResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.GetResults.Reader, data)
 
     class PutParams:
         """struct Store.put$Params (0xa6180aa386969846)."""
@@ -4639,19 +4589,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.PutParams.Reader:
             """The root Store.put$Params of a message (its segments)."""
-            return Store.PutParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.PutParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.PutParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.PutParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.PutParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.PutParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.PutParams.Reader, data)
 
     class PutResults:
         """struct Store.put$Results (0xd7873a365413a4bc)."""
@@ -4730,19 +4678,17 @@ class Store(_t.Interface["Store.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store.PutResults.Reader:
             """The root Store.put$Results of a message (its segments)."""
-            return Store.PutResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store.PutResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Store.PutResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store.PutResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store.PutResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store.PutResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Store: call its methods."""
@@ -4900,19 +4846,17 @@ class Tree:
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Tree.Reader_.Reader:
             """The root Tree.Reader of a message (its segments)."""
-            return Tree.Reader_.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Tree.Reader_.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Tree.Reader_.Reader:
             """The root of a message in the standard stream framing."""
-            return Tree.Reader_.Reader.read(_r.unframe(data))
+            return _r.read_framed(Tree.Reader_.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tree.Reader_.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Tree.Reader_.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Tree.Reader_.Reader, data)
 
     class Init(TypedDict, total=False):
         """Tree as plain values: what ``new_message`` and ``assign`` take."""
@@ -5084,19 +5028,17 @@ class Tree:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Tree.Reader:
         """The root Tree of a message (its segments)."""
-        return Tree.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Tree.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Tree.Reader:
         """The root of a message in the standard stream framing."""
-        return Tree.Reader.read(_r.unframe(data))
+        return _r.read_framed(Tree.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tree.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Tree.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Tree.Reader, data)
 
 answer: int = 42
 
@@ -5244,19 +5186,17 @@ class Box_Text:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Box_Text.Reader:
         """The root Box_Text of a message (its segments)."""
-        return Box_Text.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Box_Text.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Box_Text.Reader:
         """The root of a message in the standard stream framing."""
-        return Box_Text.Reader.read(_r.unframe(data))
+        return _r.read_framed(Box_Text.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_Text.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Box_Text.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Box_Text.Reader, data)
 
 class Box_List_Int32:
     """struct Box_List_Int32: a generic bound to (List(Int32)) (0xf26089fe5b3a8bb4)."""
@@ -5402,19 +5342,17 @@ class Box_List_Int32:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Box_List_Int32.Reader:
         """The root Box_List_Int32 of a message (its segments)."""
-        return Box_List_Int32.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Box_List_Int32.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Box_List_Int32.Reader:
         """The root of a message in the standard stream framing."""
-        return Box_List_Int32.Reader.read(_r.unframe(data))
+        return _r.read_framed(Box_List_Int32.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_List_Int32.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Box_List_Int32.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Box_List_Int32.Reader, data)
 
 class Box_Tree:
     """struct Box_Tree: a generic bound to (Tree) (0xf26089fe5b3a8bb4)."""
@@ -5567,19 +5505,17 @@ class Box_Tree:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Box_Tree.Reader:
         """The root Box_Tree of a message (its segments)."""
-        return Box_Tree.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Box_Tree.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Box_Tree.Reader:
         """The root of a message in the standard stream framing."""
-        return Box_Tree.Reader.read(_r.unframe(data))
+        return _r.read_framed(Box_Tree.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_Tree.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Box_Tree.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Box_Tree.Reader, data)
 
 class Box_Shop:
     """struct Box_Shop: a generic bound to (Shop) (0xf26089fe5b3a8bb4)."""
@@ -5725,19 +5661,17 @@ class Box_Shop:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Box_Shop.Reader:
         """The root Box_Shop of a message (its segments)."""
-        return Box_Shop.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Box_Shop.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Box_Shop.Reader:
         """The root of a message in the standard stream framing."""
-        return Box_Shop.Reader.read(_r.unframe(data))
+        return _r.read_framed(Box_Shop.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_Shop.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Box_Shop.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Box_Shop.Reader, data)
 
 class Pair_Text_Box_Text:
     """struct Pair_Text_Box_Text: a generic bound to (Text, Box_Text) (0xa47fe1974073d1ed)."""
@@ -5865,19 +5799,17 @@ class Pair_Text_Box_Text:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Pair_Text_Box_Text.Reader:
         """The root Pair_Text_Box_Text of a message (its segments)."""
-        return Pair_Text_Box_Text.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Pair_Text_Box_Text.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Pair_Text_Box_Text.Reader:
         """The root of a message in the standard stream framing."""
-        return Pair_Text_Box_Text.Reader.read(_r.unframe(data))
+        return _r.read_framed(Pair_Text_Box_Text.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Pair_Text_Box_Text.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Pair_Text_Box_Text.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Pair_Text_Box_Text.Reader, data)
 
 class Store_Text(_t.Interface["Store_Text.Client"]):
     """interface Store_Text: a generic bound to (Text) (0xe9b2d9a153c56bd4): its methods' params and results."""
@@ -5987,19 +5919,17 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store_Text.PutParams.Reader:
             """The root Store_Text.put$Params of a message (its segments)."""
-            return Store_Text.PutParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store_Text.PutParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.PutParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Store_Text.PutParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store_Text.PutParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.PutParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store_Text.PutParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store_Text.PutParams.Reader, data)
 
     class PutResults:
         """struct Store_Text.put$Results: a generic bound to (Text) (0xd7873a365413a4bc)."""
@@ -6078,19 +6008,17 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store_Text.PutResults.Reader:
             """The root Store_Text.put$Results of a message (its segments)."""
-            return Store_Text.PutResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store_Text.PutResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.PutResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Store_Text.PutResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store_Text.PutResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.PutResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store_Text.PutResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store_Text.PutResults.Reader, data)
 
     class GetParams:
         """struct Store_Text.get$Params: a generic bound to (Text) (0xd2b215c21fe35105)."""
@@ -6169,19 +6097,17 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store_Text.GetParams.Reader:
             """The root Store_Text.get$Params of a message (its segments)."""
-            return Store_Text.GetParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store_Text.GetParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.GetParams.Reader:
             """The root of a message in the standard stream framing."""
-            return Store_Text.GetParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store_Text.GetParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.GetParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store_Text.GetParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store_Text.GetParams.Reader, data)
 
     class GetResults:
         """struct Store_Text.get$Results: a generic bound to (Text) (0xd36be23475e9cc90)."""
@@ -6309,19 +6235,17 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> Store_Text.GetResults.Reader:
             """The root Store_Text.get$Results of a message (its segments)."""
-            return Store_Text.GetResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(Store_Text.GetResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.GetResults.Reader:
             """The root of a message in the standard stream framing."""
-            return Store_Text.GetResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(Store_Text.GetResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.GetResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return Store_Text.GetResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(Store_Text.GetResults.Reader, data)
 
     class Client(_t.Client):
         """A capability typed as Store_Text: call its methods."""
@@ -6461,19 +6385,17 @@ class TextStore(_t.Interface["TextStore.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> TextStore.SizeParams.Reader:
             """The root TextStore.size$Params of a message (its segments)."""
-            return TextStore.SizeParams.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(TextStore.SizeParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> TextStore.SizeParams.Reader:
             """The root of a message in the standard stream framing."""
-            return TextStore.SizeParams.Reader.read(_r.unframe(data))
+            return _r.read_framed(TextStore.SizeParams.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> TextStore.SizeParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return TextStore.SizeParams.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(TextStore.SizeParams.Reader, data)
 
     class SizeResults:
         """struct TextStore.size$Results (0x8d8deed2c4474a6d)."""
@@ -6575,19 +6497,17 @@ class TextStore(_t.Interface["TextStore.Client"]):
             nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
         ) -> TextStore.SizeResults.Reader:
             """The root TextStore.size$Results of a message (its segments)."""
-            return TextStore.SizeResults.Reader.read(
-                segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-            )
+            return _r.read_segments(TextStore.SizeResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
         def from_bytes(data: bytes | bytearray | memoryview) -> TextStore.SizeResults.Reader:
             """The root of a message in the standard stream framing."""
-            return TextStore.SizeResults.Reader.read(_r.unframe(data))
+            return _r.read_framed(TextStore.SizeResults.Reader, data)
 
         @staticmethod
         def from_bytes_packed(data: bytes | bytearray | memoryview) -> TextStore.SizeResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return TextStore.SizeResults.Reader.read(_r.unframe_packed(data))
+            return _r.read_packed(TextStore.SizeResults.Reader, data)
 
     class Client(Store_Text.Client):
         """A capability typed as TextStore: call its methods."""

@@ -177,19 +177,17 @@ class Thing:
         nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
     ) -> Thing.Reader:
         """The root Thing of a message (its segments)."""
-        return Thing.Reader.read(
-            segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-        )
+        return _r.read_segments(Thing.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
     def from_bytes(data: bytes | bytearray | memoryview) -> Thing.Reader:
         """The root of a message in the standard stream framing."""
-        return Thing.Reader.read(_r.unframe(data))
+        return _r.read_framed(Thing.Reader, data)
 
     @staticmethod
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Thing.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return Thing.Reader.read(_r.unframe_packed(data))
+        return _r.read_packed(Thing.Reader, data)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
