@@ -76,8 +76,10 @@ class MessageBuilder:
 
     __slots__ = ("buf", "caps")
 
-    def __init__(self) -> None:
-        self.buf = bytearray(8)  # the root pointer
+    def __init__(self, buf: bytearray | None = None) -> None:
+        #: The segment: a root pointer to begin with, or a whole message made elsewhere
+        #: (the C encoder's).
+        self.buf = bytearray(8) if buf is None else buf
         #: The capabilities the message's capability pointers index, as engine hooks in
         #: cap-table order (an RPC payload's cap table is written from it).
         self.caps: list[Any] = []

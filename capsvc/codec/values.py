@@ -196,14 +196,16 @@ def _new_root(
 ) -> MessageBuilder:
     """A message whose root struct is ``plan``'s, from ``given``: values in the plan's order
     (a list, with ``unknown`` keywords to place), or a mapping of fields, or a row."""
-    if rows._native is not None and not unknown and type(given) in (list, tuple, dict):
+    native = rows._native
+    if native is not None and not unknown and type(given) in (list, tuple, dict):
         # The compiled build's C encoder (capsvc/codec/_native.c): the common case, laid
         # out as below byte for byte; None for anything it leaves to this module.
-        buf = rows._native.encode_root(rows.native_program(plan), given, MISSING)
+        program = plan.native
+        if program is None:
+            program = rows.native_program(plan)
+        buf = native.encode_root(program, given, MISSING)
         if buf is not None:
-            made = MessageBuilder()
-            made.buf = buf
-            return made
+            return MessageBuilder(buf)
     builder = MessageBuilder()
     enc = _Encoder(builder, 1, plan, op)
     if type(given) is list:
