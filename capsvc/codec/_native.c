@@ -60,6 +60,11 @@ typedef struct {
     PyObject *name;
     Py_ssize_t row_at; /* where its value (a spliced group's first) is in a row */
     int spliced;       /* a group whose fields take its place in the row */
+    /* In a program's ``flat`` list: the discriminant of the union the field is in (its
+     * struct's or group's), and the program it belongs to (borrowed: its parent holds
+     * it), whose plan reads it through Python. */
+    Py_ssize_t disc_at;
+    PyObject *owner;
 } Field;
 
 typedef struct {
@@ -71,13 +76,18 @@ typedef struct {
     Py_ssize_t data_words;
     Py_ssize_t pointers;
     Py_ssize_t disc_at;
-    int has_via; /* a field that may call back (VIA, or an enum) */
     int ready;
     /* The fields whose pointer targets the encoder appends, in the order the Python
      * encoder appends them (capsvc.codec.values): by pointer offset for an in-order plan,
      * else schema order (groups among them). */
     Py_ssize_t *pointer_order;
     Py_ssize_t pointer_count;
+    /* What the row reader walks: the fields with each spliced group's own (flat) fields
+     * in its place (their ``row_at`` made the struct's), so a row is read in one loop,
+     * not a call per group. Borrowed references. */
+    Field *flat;
+    Py_ssize_t flat_count;
+    int flat_has_via; /* a field that may call back (VIA, or an enum) */
     /* The size of the last message encoded from this root, and a little more: where the
      * next one's buffer starts, rather than growing by doubling (a 160 KB message grew
      * through ten reallocations). */
@@ -379,23 +389,28 @@ read_into(Ctx *c, Program *p, PyObject *row, Py_ssize_t base, PyObject *dseg,
         bail(c);
         return -1;
     }
-    if (p->has_via && data_len < (p->data_words << 3)) {
+    if (p->flat_has_via && data_len < (p->data_words << 3)) {
         bail(c); /* the generated reader needs the schema's section: Python pads it */
         return -1;
     }
     const uint8_t *section = (const uint8_t *)PyBytes_AS_STRING(dseg) + data;
+    Py_ssize_t disc_at = -1; /* the discriminant last read, and its value */
     long disc = -1;
-    if (p->disc_at >= 0)
-        disc = p->disc_at + 2 <= data_len ? (long)load16(section + p->disc_at) : 0;
-    for (Py_ssize_t index = 0; index < p->count; index++) {
-        Field *f = &p->fields[index];
+    for (Py_ssize_t index = 0; index < p->flat_count; index++) {
+        Field *f = &p->flat[index];
         Py_ssize_t at = base + f->row_at;
         PyObject *value;
-        if (f->disc >= 0 && f->disc != disc) {
-            value = Py_None; /* a union member not set */
-            Py_INCREF(value);
-            PyTuple_SET_ITEM(row, at, value);
-            continue;
+        if (f->disc >= 0) {
+            if (f->disc_at != disc_at) {
+                disc_at = f->disc_at;
+                disc = disc_at + 2 <= data_len ? (long)load16(section + disc_at) : 0;
+            }
+            if (f->disc != disc) {
+                value = Py_None; /* a union member not set */
+                Py_INCREF(value);
+                PyTuple_SET_ITEM(row, at, value);
+                continue;
+            }
         }
         Py_ssize_t slot = ptr + f->offset;
         Py_ssize_t w = slot < pend ? slot : -1;
@@ -435,7 +450,7 @@ read_into(Ctx *c, Program *p, PyObject *row, Py_ssize_t base, PyObject *dseg,
                 Py_INCREF(value);
             }
             else {
-                value = call_via(c, p, f, dseg, data, ptr, pend, depth);
+                value = call_via(c, (Program *)f->owner, f, dseg, data, ptr, pend, depth);
             }
             break;
         }
@@ -451,13 +466,7 @@ read_into(Ctx *c, Program *p, PyObject *row, Py_ssize_t base, PyObject *dseg,
         case K_LIST:
             value = read_list_field(c, (Program *)f->sub, w, depth);
             break;
-        case K_GROUP:
-            if (f->spliced) { /* its fields take its place */
-                if (read_into(c, (Program *)f->sub, row, at, dseg, data, data_len, ptr, pend,
-                              depth) < 0)
-                    return -1;
-                continue;
-            }
+        case K_GROUP: /* a union member (a spliced group's fields are in ``flat``) */
             value = read_row(c, (Program *)f->sub, dseg, data, data_len, ptr, pend, depth);
             break;
         case K_VOID:
@@ -465,7 +474,7 @@ read_into(Ctx *c, Program *p, PyObject *row, Py_ssize_t base, PyObject *dseg,
             Py_INCREF(value);
             break;
         default:
-            value = call_via(c, p, f, dseg, data, ptr, pend, depth);
+            value = call_via(c, (Program *)f->owner, f, dseg, data, ptr, pend, depth);
             break;
         }
         if (value == NULL)
@@ -1706,6 +1715,9 @@ clear_fields(Program *p)
     PyMem_Free(p->pointer_order);
     p->pointer_order = NULL;
     p->pointer_count = 0;
+    PyMem_Free(p->flat);
+    p->flat = NULL;
+    p->flat_count = 0;
 }
 
 static int
@@ -1754,7 +1766,6 @@ Program_set(Program *self, PyObject *args)
         PyMem_Free(pointer_order);
         return PyErr_NoMemory();
     }
-    int has_via = 0;
     /* The fields tile the row, in order: every item of a row read is set (a tuple with
      * an item left NULL would crash whoever reads it). */
     Py_ssize_t next_at = 0;
@@ -1805,12 +1816,38 @@ Program_set(Program *self, PyObject *args)
         f->name = Py_NewRef(name);
         f->row_at = row_at;
         f->spliced = spliced;
-        if (kind == K_VIA || kind == K_ENUM)
-            has_via = 1;
     }
     if (next_at != row_width) {
         PyErr_SetString(PyExc_ValueError, "a program's fields do not fill its row");
         goto fail;
+    }
+    Py_ssize_t flat_count = 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        flat_count += made[i].spliced ? ((Program *)made[i].sub)->flat_count : 1;
+    Field *flat = PyMem_Calloc(flat_count ? flat_count : 1, sizeof(Field));
+    if (flat == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    int flat_has_via = 0;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Field *f = &made[i];
+        if (!f->spliced) {
+            flat[n] = *f;
+            flat[n].disc_at = disc_at;
+            flat[n].owner = (PyObject *)self;
+            flat_has_via |= f->kind == K_VIA || f->kind == K_ENUM;
+            n++;
+            continue;
+        }
+        Program *group = (Program *)f->sub; /* (ready: checked above) */
+        for (Py_ssize_t j = 0; j < group->flat_count; j++) {
+            flat[n] = group->flat[j];
+            flat[n].row_at += f->row_at;
+            n++;
+        }
+        flat_has_via |= group->flat_has_via;
     }
     self->fields = made;
     self->count = count;
@@ -1818,9 +1855,11 @@ Program_set(Program *self, PyObject *args)
     self->data_words = data_words;
     self->pointers = pointers;
     self->disc_at = disc_at;
-    self->has_via = has_via;
     self->pointer_order = pointer_order;
     self->pointer_count = order_count;
+    self->flat = flat;
+    self->flat_count = flat_count;
+    self->flat_has_via = flat_has_via;
     self->ready = 1;
     Py_RETURN_NONE;
 fail:

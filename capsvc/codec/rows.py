@@ -86,6 +86,8 @@ _WORD: Final = 1 << 64
 _MASK64: Final = (1 << 64) - 1
 #: The kind of a field C reads through ``_via_reader`` (capsvc/codec/_native.c).
 _VIA: Final = 100
+#: Kinds of fields that hold no pointer (and are no group holding one).
+_NO_POINTER: Final = (VOID, BOOL, INT, FLOAT, ENUM)
 
 #: The C reader (capsvc/codec/_native.c), in the compiled build only.
 _native: Any = None
@@ -262,9 +264,10 @@ def _make_program(plan: StructPlan) -> object:
             )
         )
     # The order the Python encoder appends pointer targets in (capsvc.codec.values): by
-    # offset for a plan written in one pass, else schema order (groups among them).
+    # offset for a plan written in one pass, else schema order (groups among them; the
+    # fields that hold no pointer left out, as they append nothing).
     appended = plan.pointer_fields if plan.in_order else plan.order
-    order = tuple(field.index for field in appended)
+    order = tuple(field.index for field in appended if field.kind not in _NO_POINTER)
     program.set(plan.data_words, plan.pointers, plan.disc_at, width, tuple(fields), order)
     return program
 
