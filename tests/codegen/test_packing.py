@@ -8,6 +8,7 @@ all-ones words followed by words with one zero byte or none (raw runs, past thei
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -227,6 +228,27 @@ def test_c_and_python_unpack_any_bytes_alike(data: bytes, max_words: int) -> Non
         assert NATIVE.unpack(data, max_words) == expected  # the plain loop too
     finally:
         NATIVE.use_shuffle(True)
+
+
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler here: there is no C packer")
+@pytest.mark.parametrize("words", [100, 104_857, 104_858, 140_000], ids=str)
+def test_c_packs_large_messages_as_python_does(words: int) -> None:
+    """Messages either side of the C packer's scratch buffer limit (1 MiB of worst-case
+    output, about 104,857 words: smaller ones are packed in it, then copied out; larger in
+    place): the same bytes as Python's packer, the framed form too, and they unpack."""
+    assert NATIVE is not None
+    rng = random.Random(words)
+    kinds = (0, 0xFF, 0x0F, 0xF0, 0x81)
+    data = b"".join(
+        _word(rng.choice(kinds) if rng.random() < 0.7 else rng.randrange(256), n).to_bytes(
+            8, "little"
+        )
+        for n in range(words)
+    )
+    assert NATIVE.pack(data) == packing._pack_words(data)
+    framed = NATIVE.pack_framed(data)
+    assert framed == packing._pack_words(encode_message([data]))
+    assert NATIVE.unpack_segment(framed, packing.DEFAULT_MAX_WORDS) == data
 
 
 def _general_segment(data: bytes, max_words: int) -> bytes | None:
