@@ -1493,6 +1493,21 @@ emit(Sink *k, const uint8_t *src, size_t n)
     k->out += n;
 }
 
+/* The word an ordinary tag (neither 0 nor 0xff) and its stored bytes at ``at`` encode.
+ * Branch-free, every byte's load independent of the others: byte ``b`` is stored byte
+ * ``stored_before[tag][b]``. Where the tag says zero the load still happens, at most at
+ * the end of the stored bytes (a bytes object's own trailing NUL past the end, for the
+ * last word of a packed stream), and the byte is masked to zero. */
+static inline uint64_t
+ordinary_word(const uint8_t *at, unsigned tag)
+{
+    const uint8_t *before = stored_before[tag];
+    uint64_t value = 0;
+    for (int byte = 0; byte < 8; byte++)
+        value |= (uint64_t)(at[before[byte]] & (0u - (tag >> byte & 1))) << (byte * 8);
+    return value;
+}
+
 /* Decode the packed stream ``in`` (already checked by ``unpacked_words``) into the sink:
  * through ``emit`` while the sink still skips bytes, then straight into ``out``. */
 static void
@@ -1512,10 +1527,8 @@ unpack_into(const uint8_t *in, Py_ssize_t end, Sink *k)
             pos += 9 + (Py_ssize_t)raw;
         }
         else {
-            const uint8_t *at = in + pos;
-            const uint8_t *before = stored_before[tag];
-            for (int byte = 0; byte < 8; byte++)
-                word[byte] = (uint8_t)(at[before[byte]] & (0u - (tag >> byte & 1)));
+            uint64_t value = ordinary_word(in + pos, tag);
+            memcpy(word, &value, 8);
             pos += bits_set[tag];
             emit(k, word, 8);
         }
@@ -1543,15 +1556,7 @@ unpack_into(const uint8_t *in, Py_ssize_t end, Sink *k)
             pos += 9 + (Py_ssize_t)raw;
         }
         else {
-            /* Branch-free, every byte's load independent of the others: byte ``b`` is
-             * stored byte ``stored_before[tag][b]`` of the word's encoding. Where the tag
-             * says zero the load still happens (at most the bytes object's own trailing
-             * NUL past the end), and the byte is masked to zero. */
-            const uint8_t *at = in + pos;
-            const uint8_t *before = stored_before[tag];
-            uint64_t value = 0;
-            for (int byte = 0; byte < 8; byte++)
-                value |= (uint64_t)(at[before[byte]] & (0u - (tag >> byte & 1))) << (byte * 8);
+            uint64_t value = ordinary_word(in + pos, tag);
             memcpy(out, &value, 8);
             out += 8;
             pos += bits_set[tag];
@@ -1649,13 +1654,7 @@ unpack_exact(const uint8_t *in, Py_ssize_t pos, Py_ssize_t end, uint8_t *out, si
         else {
             if (end - pos < bits_set[tag] || out_end - out < 8)
                 return -1;
-            /* (The loads of bytes the tag leaves out reach at most ``in[end]``: the bytes
-             * object's own trailing NUL; they are masked to zero.) */
-            const uint8_t *at = in + pos;
-            const uint8_t *before = stored_before[tag];
-            uint64_t value = 0;
-            for (int byte = 0; byte < 8; byte++)
-                value |= (uint64_t)(at[before[byte]] & (0u - (tag >> byte & 1))) << (byte * 8);
+            uint64_t value = ordinary_word(in + pos, tag);
             memcpy(out, &value, 8);
             out += 8;
             pos += bits_set[tag];
@@ -1691,10 +1690,7 @@ py_unpack_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     unsigned tag = in[0];
     if (tag == 0 || (tag & 0x0F) != 0 || 1 + bits_set[tag] > end)
         return two_pass_segment(in, end, limit);
-    uint64_t table = 0;
-    for (int byte = 4; byte < 8; byte++)
-        table |= (uint64_t)(in[1 + stored_before[tag][byte]] & (0u - (tag >> byte & 1)))
-                 << (byte * 8);
+    uint64_t table = ordinary_word(in + 1, tag);
     long long words = (long long)(table >> 32);
     if (words + 1 > limit) /* the table's word counts, as ``unpack``'s limit counts it */
         Py_RETURN_NONE;
