@@ -13,7 +13,10 @@ Theory of operation:
   must reach exactly that promise of the peer's, even after it settles somewhere else: this is
   the rule that defuses the Tribble 4-way race (rpc-protocol.md §8; C++ freezes its export and
   answer tables the same way). So a pinned hook always sends along the wire, never follows
-  the promise's own resolution, and keeps the promise's import or question alive.
+  the promise's own resolution, and keeps the promise's import or question alive. What it
+  sends counts as sent through the promise: calls that reach the promise's nearer target
+  afterwards wait behind it (``RemotePromise.sent_by_pin``; C++ marks a promise frozen
+  into a table as called, ``receivedCall``, for the same reason).
 
 The two promise kinds share ``RemotePromise``: once settled they forward to the new target.
 When calls already went the long way round, an embargo (a local promise in the target's
@@ -146,6 +149,27 @@ class RemotePromise(RemoteHook):
             self._target = embargo
             self.session.embargoes.start(self, embargo, target)
 
+    def sent_by_pin(self) -> None:
+        """A call to this promise's address just left by a pinned path (an export or
+        answer frozen to it, PinnedHook): the long way round, even if the promise has
+        settled nearer. Calls that reach the target through the promise from now on
+        (the export's own promise, once an embargo before this call lifts, say) must not
+        overtake it (§9, E-order): before the promise settles, the call counts as one
+        sent through it, so that ``settle`` embargoes; after, when the target is not the
+        peer's (a local one, reached without the peer: the address leads back to us, so
+        a Disembargo is allowed), a new embargo behind this call holds them."""
+        target = self._target
+        if target is None:
+            self.calls_sent += 1
+            return
+        if isinstance(target, RemoteHook) and target.session is self.session:
+            return  # calls through the promise take the same wire to the peer
+        if isinstance(target.shortest(), BrokenHook):
+            return  # order does not matter for calls that fail
+        stand_in = PromiseHook()
+        self._target = stand_in
+        self.session.embargoes.start(self, stand_in, target)  # (the target's ownership too)
+
     def _dispose(self) -> None:
         if self._target is not None:
             self._target.release()
@@ -213,6 +237,7 @@ class PinnedHook(RemoteHook):
 
     def call(self, call: OutgoingCall) -> None:
         self.session.send_call(call, self)
+        self.inner.sent_by_pin()
 
     def write_target(self, target: Any) -> None:
         self.inner.write_target(target)

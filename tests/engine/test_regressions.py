@@ -195,6 +195,28 @@ def test_calls_through_an_export_repointed_at_an_embargoed_promise_keep_their_or
     )
 
 
+def test_a_call_sent_by_a_pinned_export_is_not_overtaken_by_its_promise() -> None:
+    """Found by the random sequences (2026-12-05): call 1 goes out pipelined on our
+    question q1, whose answer is our promise export A (reflected), so q1's pipeline is
+    embargoed. A then resolves to q2's pipelined answer: A's export is pinned to it (the
+    Tribble rule), and q2 settles locally with no call made through it. Call 1 comes back
+    to A's export and goes out again by the pin, the long way round; when q1's embargo
+    lifts, call 2 goes A -> q2 -> the counter directly. It must wait behind call 1: the
+    pinned send embargoes q2's promise afresh (remote.RemotePromise.sent_by_pin)."""
+    from tests.engine.test_random_sequences import run_world
+
+    run_world(
+        [
+            ("reflect_promise", 0, 0),
+            ("reflect_promise", 0, 0),
+            ("resolve_caller_promise", 2, 5),
+            ("increment", 1, 5),
+            ("resolve_caller_promise", 0, 0),
+            ("increment", 1, 0),
+        ]
+    )
+
+
 def test_a_resolve_for_a_broken_capability_follows_the_call_that_exports_it() -> None:
     """rpc-protocol.md §5: a broken capability is sent as a promise resolved at once; the
     Resolve must follow the message that introduces the promise (found by this review: it
