@@ -797,8 +797,29 @@ integer_bits(PyObject *value, Field *f, uint64_t *out)
 }
 
 static int encode_struct_at(Out *o, Program *p, PyObject *row, Py_ssize_t at);
+static int fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base,
+                     Py_ssize_t data);
 static int fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base,
                          Py_ssize_t ptr);
+
+/* One of the encoder's two phases over a struct's values (``fill_data``: ``at`` is the data
+ * section's byte; ``fill_pointers``: the pointer section's word). */
+typedef int (*Phase)(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base,
+                     Py_ssize_t at);
+
+/* ``phase`` over the group field ``f`` given as ``value`` (a row of the group's own, or a
+ * dict of its fields). */
+static int
+fill_group(Out *o, Field *f, PyObject *value, Phase phase, Py_ssize_t at)
+{
+    int group_is_row;
+    PyObject *group = as_values(o, (Program *)f->sub, value, &group_is_row);
+    if (group == NULL)
+        return -1;
+    int rc = phase(o, (Program *)f->sub, group, group_is_row, 0, at);
+    Py_DECREF(group);
+    return rc;
+}
 
 /* Phase one: the data section of a struct of ``p`` at byte ``data`` (zeroed): numbers,
  * bools, enums, discriminants, and the same for its groups. ``values``: a row (its
@@ -879,17 +900,10 @@ fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base, Py_
             if (value != Py_True && (is_row || value != Py_None))
                 return out_bail(o);
             break;
-        case K_GROUP: {
-            int group_is_row;
-            PyObject *group = as_values(o, (Program *)f->sub, value, &group_is_row);
-            if (group == NULL)
-                return -1;
-            int rc = fill_data(o, (Program *)f->sub, group, group_is_row, 0, data);
-            Py_DECREF(group);
-            if (rc < 0)
+        case K_GROUP:
+            if (fill_group(o, f, value, fill_data, data) < 0)
                 return -1;
             break;
-        }
         default: /* pointers: phase two */
             break;
         }
@@ -1040,17 +1054,10 @@ fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base,
             if (encode_composite(o, (Program *)f->sub, value, at) < 0)
                 return -1;
             break;
-        case K_GROUP: {
-            int group_is_row;
-            PyObject *group = as_values(o, (Program *)f->sub, value, &group_is_row);
-            if (group == NULL)
-                return -1;
-            int rc = fill_pointers(o, (Program *)f->sub, group, group_is_row, 0, ptr);
-            Py_DECREF(group);
-            if (rc < 0)
+        case K_GROUP:
+            if (fill_group(o, f, value, fill_pointers, ptr) < 0)
                 return -1;
             break;
-        }
         default:
             break;
         }
@@ -1347,6 +1354,37 @@ pack_scratch(Py_ssize_t size)
     return scratch_buf;
 }
 
+/* The packed encoding of ``table`` (one word, or NULL for none) and then ``words`` words
+ * from ``in``, as a new bytes. Up to PACK_SCRATCH_MAX bytes of worst-case output it is
+ * packed into the scratch buffer and copied out at its size: a worst-case bytes, a
+ * quarter larger than the message and cut down after, lands above glibc's mmap threshold
+ * once messages are a few hundred KiB, and every page of it faults again on every call (a
+ * 200 KiB catrank request packed in 105 us that way; in ~27 us with the copy). */
+static PyObject *
+packed_bytes(const uint64_t *table, const uint8_t *in, Py_ssize_t words)
+{
+    /* At most 10 bytes a word (an 0xff word and its count), and 2 for a zero run; one
+     * spare byte: an ordinary word's last byte is stored before it is known to count. */
+    Py_ssize_t worst = (words + (table != NULL)) * 10 + 3;
+    PyObject *result = NULL;
+    uint8_t *out;
+    if (worst <= PACK_SCRATCH_MAX)
+        out = pack_scratch(worst);
+    else if ((result = PyBytes_FromStringAndSize(NULL, worst)) != NULL)
+        out = (uint8_t *)PyBytes_AS_STRING(result);
+    else
+        out = NULL;
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t written = table != NULL ? pack_words((const uint8_t *)table, 1, out) : 0;
+    written += pack_words(in, words, out + written);
+    if (result == NULL)
+        return PyBytes_FromStringAndSize((const char *)out, written);
+    if (_PyBytes_Resize(&result, written) < 0)
+        return NULL;
+    return result;
+}
+
 static PyObject *
 py_pack(PyObject *self, PyObject *data)
 {
@@ -1359,25 +1397,7 @@ py_pack(PyObject *self, PyObject *data)
         PyErr_SetString(PyExc_ValueError, "packing needs whole words");
         return NULL;
     }
-    Py_ssize_t words = size >> 3;
-    /* At most 10 bytes a word (an 0xff word and its count), and 2 for a zero run; one
-     * spare byte: an ordinary word's last byte is stored before it is known to count. */
-    Py_ssize_t worst = words * 10 + 3;
-    if (worst <= PACK_SCRATCH_MAX) { /* (py_pack_framed says why) */
-        uint8_t *out = pack_scratch(worst);
-        if (out == NULL)
-            return NULL;
-        Py_ssize_t written = pack_words((const uint8_t *)PyBytes_AS_STRING(data), words, out);
-        return PyBytes_FromStringAndSize((const char *)out, written);
-    }
-    PyObject *result = PyBytes_FromStringAndSize(NULL, worst);
-    if (result == NULL)
-        return NULL;
-    Py_ssize_t written = pack_words((const uint8_t *)PyBytes_AS_STRING(data), words,
-                                    (uint8_t *)PyBytes_AS_STRING(result));
-    if (_PyBytes_Resize(&result, written) < 0)
-        return NULL;
-    return result;
+    return packed_bytes(NULL, (const uint8_t *)PyBytes_AS_STRING(data), size >> 3);
 }
 
 /* ``pack_framed(segment)``: the packed encoding of a one-segment message in the stream
@@ -1392,34 +1412,12 @@ py_pack_framed(PyObject *self, PyObject *segment)
         return NULL;
     Py_ssize_t words = view.len >> 3;
     PyObject *result = NULL;
-    if ((view.len & 7) || words > 0xFFFFFFFFll) {
+    if ((view.len & 7) || words > 0xFFFFFFFFll)
         PyErr_SetString(PyExc_ValueError, "a segment is a whole number of words (< 2**32)");
-        goto done;
+    else {
+        uint64_t table = (uint64_t)words << 32;
+        result = packed_bytes(&table, (const uint8_t *)view.buf, words);
     }
-    uint64_t table = (uint64_t)words << 32;
-    Py_ssize_t worst = (words + 1) * 10 + 3;
-    if (worst <= PACK_SCRATCH_MAX) {
-        /* Packed into the scratch buffer, then copied out at its exact size: the
-         * worst-case allocation, a quarter larger than the message and cut down after,
-         * lands above glibc's mmap threshold once messages are a few hundred KiB and
-         * every page of it faults again on every call (a 200 KiB catrank request packed
-         * in 105 us that way; in ~25 us with the copy). */
-        uint8_t *out = pack_scratch(worst);
-        if (out == NULL)
-            goto done;
-        Py_ssize_t written = pack_words((const uint8_t *)&table, 1, out);
-        written += pack_words((const uint8_t *)view.buf, words, out + written);
-        result = PyBytes_FromStringAndSize((const char *)out, written);
-        goto done;
-    }
-    result = PyBytes_FromStringAndSize(NULL, worst);
-    if (result == NULL)
-        goto done;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
-    Py_ssize_t written = pack_words((const uint8_t *)&table, 1, out);
-    written += pack_words((const uint8_t *)view.buf, words, out + written);
-    _PyBytes_Resize(&result, written);
-done:
     PyBuffer_Release(&view);
     return result;
 }
@@ -1460,39 +1458,6 @@ unpacked_words(const uint8_t *in, Py_ssize_t end, long long limit)
 
 
 
-/* Where decoded bytes go: the first ``skip`` of them to ``head``, the rest to ``out``
- * (which ends at ``end``). */
-typedef struct {
-    uint8_t *out;
-    uint8_t *head;
-    size_t skip;
-    const uint8_t *end;
-} Sink;
-
-/* ``n`` bytes from ``src`` (zeros for NULL) into the sink. */
-static inline void
-emit(Sink *k, const uint8_t *src, size_t n)
-{
-    if (k->skip) {
-        size_t take = n < k->skip ? n : k->skip;
-        if (src) {
-            memcpy(k->head, src, take);
-            src += take;
-        }
-        else {
-            memset(k->head, 0, take);
-        }
-        k->head += take;
-        k->skip -= take;
-        n -= take;
-    }
-    if (src)
-        memcpy(k->out, src, n);
-    else
-        memset(k->out, 0, n);
-    k->out += n;
-}
-
 /* The word an ordinary tag (neither 0 nor 0xff) and its stored bytes at ``at`` encode.
  * Branch-free, every byte's load independent of the others: byte ``b`` is stored byte
  * ``stored_before[tag][b]``. Where the tag says zero the load still happens, at most at
@@ -1506,113 +1471,6 @@ ordinary_word(const uint8_t *at, unsigned tag)
     for (int byte = 0; byte < 8; byte++)
         value |= (uint64_t)(at[before[byte]] & (0u - (tag >> byte & 1))) << (byte * 8);
     return value;
-}
-
-/* Decode the packed stream ``in`` (already checked by ``unpacked_words``) into the sink:
- * through ``emit`` while the sink still skips bytes, then straight into ``out``. */
-static void
-unpack_into(const uint8_t *in, Py_ssize_t end, Sink *k)
-{
-    Py_ssize_t pos = 0;
-    uint8_t word[8];
-    while (pos < end && k->skip) {
-        unsigned tag = in[pos++];
-        if (tag == 0) {
-            emit(k, NULL, ((size_t)in[pos++] + 1) << 3);
-        }
-        else if (tag == 0xFF) {
-            size_t raw = (size_t)in[pos + 8] << 3;
-            emit(k, in + pos, 8);
-            emit(k, in + pos + 9, raw);
-            pos += 9 + (Py_ssize_t)raw;
-        }
-        else {
-            uint64_t value = ordinary_word(in + pos, tag);
-            memcpy(word, &value, 8);
-            pos += bits_set[tag];
-            emit(k, word, 8);
-        }
-    }
-    uint8_t *out = k->out;
-    while (pos < end) {
-#ifdef HAVE_SHUFFLE
-        if (shuffle_ok) {
-            pos = unpack_ordinary(in, pos, end, &out, k->end);
-            if (pos >= end)
-                break;
-        }
-#endif
-        unsigned tag = in[pos++];
-        if (tag == 0) {
-            size_t zeros = ((size_t)in[pos++] + 1) << 3;
-            memset(out, 0, zeros);
-            out += zeros;
-        }
-        else if (tag == 0xFF) {
-            size_t raw = (size_t)in[pos + 8] << 3;
-            memcpy(out, in + pos, 8);
-            memcpy(out + 8, in + pos + 9, raw);
-            out += 8 + raw;
-            pos += 9 + (Py_ssize_t)raw;
-        }
-        else {
-            uint64_t value = ordinary_word(in + pos, tag);
-            memcpy(out, &value, 8);
-            out += 8;
-            pos += bits_set[tag];
-        }
-    }
-    k->out = out;
-}
-
-static PyObject *
-py_unpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "unpack(data: bytes, max_words: int)");
-        return NULL;
-    }
-    long long limit = PyLong_AsLongLong(args[1]);
-    if (limit == -1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return NULL;
-        PyErr_Clear();
-        limit = LLONG_MAX; /* a limit too large for a machine word never binds */
-    }
-    const uint8_t *in = (const uint8_t *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t end = PyBytes_GET_SIZE(args[0]);
-    long long words = unpacked_words(in, end, limit);
-    if (words < 0)
-        Py_RETURN_NONE; /* Python names the fault */
-    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(words << 3));
-    if (result == NULL)
-        return NULL;
-    uint8_t *start = (uint8_t *)PyBytes_AS_STRING(result);
-    Sink sink = {start, NULL, 0, start + (words << 3)};
-    unpack_into(in, end, &sink);
-    return result;
-}
-
-/* ``unpack_segment`` by counting first, then decoding (any table). */
-static PyObject *
-two_pass_segment(const uint8_t *in, Py_ssize_t end, long long limit)
-{
-    long long words = unpacked_words(in, end, limit);
-    if (words < 1)
-        Py_RETURN_NONE;
-    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((words - 1) << 3));
-    if (result == NULL)
-        return NULL;
-    uint8_t table[8];
-    uint8_t *start = (uint8_t *)PyBytes_AS_STRING(result);
-    Sink sink = {start, table, 8, start + ((words - 1) << 3)};
-    unpack_into(in, end, &sink);
-    uint64_t head = load64(table);
-    if ((head & 0xFFFFFFFFu) != 0 || (long long)(head >> 32) != words - 1) {
-        Py_DECREF(result);
-        Py_RETURN_NONE;
-    }
-    return result;
 }
 
 /* Decode ``in[pos:end]`` into exactly ``out[0:size]``, checking every read and write: 0
@@ -1663,6 +1521,57 @@ unpack_exact(const uint8_t *in, Py_ssize_t pos, Py_ssize_t end, uint8_t *out, si
     return out == out_end ? 0 : -1;
 }
 
+/* The arguments of ``unpack`` and ``unpack_segment``: ``(data: bytes, max_words: int)``;
+ * -1 with the exception set. A limit too large for a machine word never binds. */
+static int
+unpack_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, const uint8_t **in,
+            Py_ssize_t *end, long long *limit)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    *limit = PyLong_AsLongLong(args[1]);
+    if (*limit == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        *limit = LLONG_MAX;
+    }
+    *in = (const uint8_t *)PyBytes_AS_STRING(args[0]);
+    *end = PyBytes_GET_SIZE(args[0]);
+    return 0;
+}
+
+/* ``in[pos:end]`` decoded into a new bytes of exactly ``words`` words, or None where the
+ * stream does not fill it exactly (Python then names the fault). */
+static PyObject *
+unpacked_bytes(const uint8_t *in, Py_ssize_t pos, Py_ssize_t end, long long words)
+{
+    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(words << 3));
+    if (result == NULL)
+        return NULL;
+    if (unpack_exact(in, pos, end, (uint8_t *)PyBytes_AS_STRING(result), (size_t)words << 3) < 0) {
+        Py_DECREF(result);
+        Py_RETURN_NONE;
+    }
+    return result;
+}
+
+static PyObject *
+py_unpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const uint8_t *in;
+    Py_ssize_t end;
+    long long limit;
+    if (unpack_args(args, nargs, "unpack(data: bytes, max_words: int)", &in, &end, &limit) < 0)
+        return NULL;
+    long long words = unpacked_words(in, end, limit);
+    if (words < 0)
+        Py_RETURN_NONE; /* Python names the fault */
+    return unpacked_bytes(in, 0, end, words);
+}
+
 /* ``unpack_segment(data, max_words)``: the one segment of a packed message in the stream
  * framing, ``unframe(unpack(data))[0]`` without the unpacked copy; None for anything
  * else (several segments, a table that disagrees with the size, a fault), which Python
@@ -1671,38 +1580,31 @@ unpack_exact(const uint8_t *in, Py_ssize_t pos, Py_ssize_t end, uint8_t *out, si
  * One pass: the segment table is the first word, packed on its own (its first four
  * bytes, the segment count less one, are zero: neither a zero nor a raw tag) and it says
  * how long the segment is, so the output is made that size first and decoded into with
- * every read and write checked. A table packed any other way (a zero-length segment
- * starts a zero run) goes through ``unpack`` instead. */
+ * every read and write checked. (An empty segment's table is a zero word: a zero run of
+ * one.) */
 static PyObject *
 py_unpack_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "unpack_segment(data: bytes, max_words: int)");
+    const uint8_t *in;
+    Py_ssize_t end;
+    long long limit;
+    if (unpack_args(args, nargs, "unpack_segment(data: bytes, max_words: int)", &in, &end,
+                    &limit) < 0)
         return NULL;
-    }
-    long long limit = PyLong_AsLongLong(args[1]);
-    if (limit == -1 && PyErr_Occurred())
-        return NULL;
-    const uint8_t *in = (const uint8_t *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t end = PyBytes_GET_SIZE(args[0]);
     if (end < 1)
         Py_RETURN_NONE;
     unsigned tag = in[0];
-    if (tag == 0 || (tag & 0x0F) != 0 || 1 + bits_set[tag] > end)
-        return two_pass_segment(in, end, limit);
-    uint64_t table = ordinary_word(in + 1, tag);
-    long long words = (long long)(table >> 32);
-    if (words + 1 > limit) /* the table's word counts, as ``unpack``'s limit counts it */
-        Py_RETURN_NONE;
-    PyObject *result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(words << 3));
-    if (result == NULL)
-        return NULL;
-    if (unpack_exact(in, 1 + bits_set[tag], end, (uint8_t *)PyBytes_AS_STRING(result),
-                     (size_t)words << 3) < 0) {
-        Py_DECREF(result);
+    if (tag == 0) { /* a zero table word: an empty segment, and nothing may follow it */
+        if (end == 2 && in[1] == 0 && limit >= 1)
+            return PyBytes_FromStringAndSize(NULL, 0);
         Py_RETURN_NONE;
     }
-    return result;
+    if ((tag & 0x0F) != 0 || 1 + bits_set[tag] > end)
+        Py_RETURN_NONE; /* several segments, or truncated: the general way's */
+    long long words = (long long)(ordinary_word(in + 1, tag) >> 32);
+    if (words + 1 > limit) /* the table's word counts, as ``unpack``'s limit counts it */
+        Py_RETURN_NONE;
+    return unpacked_bytes(in, 1 + bits_set[tag], end, words);
 }
 
 /* ---------------------------------------------------------------- framing
@@ -1738,19 +1640,26 @@ py_one_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* ---------------------------------------------------------------- the Program type */
+/* Drop the references ``count`` fields hold, and free them. */
+static void
+free_fields(Field *fields, Py_ssize_t count)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_CLEAR(fields[i].sub);
+        Py_CLEAR(fields[i].members);
+        Py_CLEAR(fields[i].field);
+        Py_CLEAR(fields[i].key);
+        Py_CLEAR(fields[i].name);
+    }
+    PyMem_Free(fields);
+}
+
 static void
 clear_fields(Program *p)
 {
     if (p->fields == NULL)
         return;
-    for (Py_ssize_t i = 0; i < p->count; i++) {
-        Py_CLEAR(p->fields[i].sub);
-        Py_CLEAR(p->fields[i].members);
-        Py_CLEAR(p->fields[i].field);
-        Py_CLEAR(p->fields[i].key);
-        Py_CLEAR(p->fields[i].name);
-    }
-    PyMem_Free(p->fields);
+    free_fields(p->fields, p->count);
     p->fields = NULL;
     p->count = 0;
     PyMem_Free(p->pointer_order);
@@ -1905,14 +1814,7 @@ Program_set(Program *self, PyObject *args)
     Py_RETURN_NONE;
 fail:
     PyMem_Free(pointer_order);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        Py_CLEAR(made[i].sub);
-        Py_CLEAR(made[i].members);
-        Py_CLEAR(made[i].field);
-        Py_CLEAR(made[i].key);
-        Py_CLEAR(made[i].name);
-    }
-    PyMem_Free(made);
+    free_fields(made, count);
     return NULL;
 }
 
