@@ -256,7 +256,7 @@ class MsgpackCarsales:
 
 def tuple_car_value(car: Sequence[Any]) -> int:
     """The value of a car given as its 18 fields in schema order (§2 "adds to value"):
-    msgpack's tuple (§8), or the capsvc format's generated ``Car.Row``."""
+    msgpack's tuple (§8), or a generated ``Car.Row``."""
     (
         _make,
         _model,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from typing import ClassVar, Final, Protocol
 
-__all__ = ["FieldPlan", "ListPlan", "StructPlan", "spliced"]
+__all__ = ["FieldPlan", "ListPlan", "StructPlan", "copied", "spliced"]
 
 # Field and element kinds.
 VOID: Final = 0
@@ -179,6 +179,7 @@ class StructPlan:
         "name",
         "native",
         "order",
+        "origin",
         "pointer_fields",
         "pointers",
         "reader",
@@ -213,6 +214,9 @@ class StructPlan:
         self.row_size = -1
         self.row_spliced = False  # (whether a group's fields are spliced in)
         self.name = name
+        #: The schema's plan of this struct: itself, except for a selection of some of its
+        #: fields (capsvc.codec.rows.select), which reads rows at the same offsets.
+        self.origin: StructPlan = self
         self.data_words = data_words
         self.pointers = pointers
         self.disc_at = disc_at
@@ -300,6 +304,32 @@ class StructPlan:
     def unknown(self, key: object, where: str) -> TypeError:
         known = ", ".join(self.keys) or "none"
         return TypeError(f"{where}: {self.name} has no field {key!r} (its fields: {known})")
+
+
+def copied(
+    field: FieldPlan, target: StructPlan | None = None, list_plan: ListPlan | None = None
+) -> FieldPlan:
+    """A copy of ``field`` for another plan of the same struct (a selection's: ``add``
+    numbers and labels the fields it is given), holding ``target`` or ``list_plan`` where
+    given: a selection of the struct, group or list elements the field holds."""
+    copy = FieldPlan(
+        field.name,
+        field.kind,
+        field.offset,
+        field.schema_type,
+        key=field.key,
+        width=field.width,
+        signed=field.signed,
+        xor=field.xor,
+        disc=field.disc,
+        target=target if target is not None else field.target,
+        list_plan=list_plan if list_plan is not None else field.list,
+        enum_names=tuple(field.enum_names),  # (a dict in code order)
+        enum_members=field.enum_members,
+        row_via_reader=field.row_via_reader,
+    )
+    copy.default = field.default
+    return copy
 
 
 def spliced(field: FieldPlan) -> bool:

@@ -40,6 +40,7 @@ C.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
 
 from librt.strings import read_f32_le, read_f64_le, read_i16_le, read_i32_le, read_i64_le
@@ -63,6 +64,8 @@ from capsvc.codec.plans import (
     FieldPlan,
     ListPlan,
     StructPlan,
+    copied,
+    of_struct,
     spliced,
 )
 from capsvc.codec.reading import (
@@ -80,7 +83,7 @@ from capsvc.codec.reading import (
 )
 from capsvc.errors import DecodeError
 
-__all__ = ["list_rows", "struct_row"]
+__all__ = ["Selection", "list_rows", "select", "struct_row"]
 
 _WORD: Final = 1 << 64
 _MASK64: Final = (1 << 64) - 1
@@ -141,7 +144,7 @@ def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
     """The rows of a list of ``plan``'s structs (a generated list reader, or the list of
     a struct being built: read from one snapshot of its message, not one per element)."""
     if isinstance(elements, StructListBuilder):
-        if getattr(elements._cls, "_PLAN", None) is not plan:
+        if getattr(elements._cls, "_PLAN", None) is not plan.origin:
             raise TypeError(
                 f"{plan.name}.rows() takes a list of {plan.name},"
                 f" not of {elements._cls.__qualname__}"
@@ -181,6 +184,115 @@ def list_rows(elements: object, plan: StructPlan) -> list[tuple[Any, ...]]:
         plan,
         elements._depth,
     )
+
+
+# ---------------------------------------------------------------------- selections
+class Selection:
+    """Some of a struct's fields, read as rows: generated ``T.select(...)``. A selection's
+    row holds the fields chosen, in schema order, as ``T.row`` holds them; a struct, list
+    or group field given a selection of its own holds rows of that. Made once and kept
+    (a module constant): reading is as fast as a whole row, and skips what it leaves out,
+    so a row of a few fields of a wide struct costs a few fields' reads, as Cap'n Proto's
+    readers cost only what they read."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: StructPlan) -> None:
+        #: A plan of the struct holding only the fields selected (``origin``: the whole).
+        self.plan = plan
+
+    def row(self, reader: object) -> tuple[Any, ...]:
+        """The selected fields of ``reader`` (a reader or builder of the struct)."""
+        return struct_row(reader, self.plan)
+
+    def rows(self, readers: object) -> list[tuple[Any, ...]]:
+        """The selected fields of every element of a list of the struct."""
+        return list_rows(readers, self.plan)
+
+    @property
+    def labels(self) -> list[str]:
+        """What each value of a row is, as ``StructPlan.row_labels`` says."""
+        return self.plan.row_labels()
+
+    def __repr__(self) -> str:
+        return f"<{self.plan.name} selection: {_describe(self.plan)}>"
+
+
+def select(plan: StructPlan, names: tuple[object, ...], nested: Mapping[str, object]) -> Selection:
+    """Generated ``T.select(*names, **nested)``: the fields ``names`` of ``plan``'s struct
+    whole, and of each field named in ``nested`` (a struct, a list of structs or a group)
+    the fields of its selection (a ``Selection`` of that type, or a sequence of names)."""
+    where = f"{plan.name}.select()"
+    chosen: dict[int, FieldPlan] = {}
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"{where} takes field names, not {type(name).__name__}")
+        field = _field(plan, name, where)
+        chosen.setdefault(field.index, copied(field))
+    for key, spec in nested.items():
+        field = _field(plan, key, where)
+        if field.index in chosen:
+            raise TypeError(f"{where}: {field.label} is selected twice")
+        chosen[field.index] = _narrowed(field, spec, where)
+    if not chosen:
+        raise TypeError(f"{where} selects nothing: name at least one of {', '.join(plan.keys)}")
+    selection = StructPlan(plan.name, plan.data_words, plan.pointers, plan.disc_at, plan.is_group)
+    selection.origin = plan.origin
+    selection.reader = plan.reader
+    selection.add(*(chosen[index] for index in sorted(chosen)))
+    return Selection(selection)
+
+
+def _field(plan: StructPlan, name: str, where: str) -> FieldPlan:
+    field = plan.fields.get(name)
+    if field is None:
+        raise plan.unknown(name, where)
+    return field
+
+
+def _narrowed(field: FieldPlan, spec: object, where: str) -> FieldPlan:
+    """``field`` holding a selection (``spec``) of the struct it holds."""
+    element = field.list
+    if field.kind in (STRUCT, GROUP):
+        target = field.target
+    elif field.kind == LIST and element is not None and element.kind == STRUCT:
+        target = element.target
+    else:
+        raise TypeError(
+            f"{where}: {field.label} is {field.schema_type}: only a struct, a list of"
+            " structs or a group has fields to select (name it to select it whole)"
+        )
+    assert target is not None
+    if isinstance(spec, Selection):
+        if spec.plan.origin is not target.origin:
+            raise TypeError(
+                f"{where}: {field.label} holds {target.name}, not {spec.plan.name}"
+                f" (select from {target.name})"
+            )
+        narrowed = spec.plan
+    elif isinstance(spec, (tuple, list)):
+        narrowed = select(target, tuple(spec), {}).plan
+    else:
+        raise TypeError(
+            f"{where}: {field.label} takes a {target.name} selection or a sequence of its"
+            f" field names, not {type(spec).__name__}"
+        )
+    if field.kind == LIST:
+        return copied(field, list_plan=of_struct(narrowed))
+    return copied(field, target=narrowed)
+
+
+def _describe(plan: StructPlan) -> str:
+    """A selection's fields, a narrowed one's own in brackets: ``a, b(c, d)``."""
+    parts: list[str] = []
+    for field in plan.order:
+        element = field.list
+        target = element.target if element is not None else field.target
+        if target is not None and target is not target.origin:
+            parts.append(f"{field.key}({_describe(target)})")
+        else:
+            parts.append(field.key)
+    return ", ".join(parts)
 
 
 def _list_of_rows(

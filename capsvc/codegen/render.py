@@ -696,6 +696,13 @@ def _row_functions(out: _Out, node: Struct, path: str) -> None:
     )
     out.add(f'    """Every element of a list of {node.scope} (read, or being built) as a row."""')
     out.add(f"    return _w.list_rows(readers, {plan})")
+    out.add("")
+    out.add("@staticmethod")
+    out.add("def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:")
+    out.add(f'    """Some fields of {node.scope}, read as rows (its ``row`` and ``rows``): those')
+    out.add("    named whole, and of a struct, list or group field given as a keyword the")
+    out.add('    fields of its own selection (or sequence of names), in schema order."""')
+    out.add(f"    return _w.select({plan}, names, nested)")
 
 
 def _init_field_type(field: Field, names: _Names) -> str:

@@ -137,6 +137,13 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             return _w.list_rows(readers, _P_BenchEcho_PingCapParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of BenchEcho.pingCap$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_BenchEcho_PingCapParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -266,6 +273,13 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
         def rows(readers: _r.ListReader[BenchEcho.PingCapResults.Reader] | _b.StructListBuilder[BenchEcho.PingCapResults.Builder]) -> list[BenchEcho.PingCapResults.Row]:
             """Every element of a list of BenchEcho.pingCap$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_BenchEcho_PingCapResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of BenchEcho.pingCap$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_BenchEcho_PingCapResults, names, nested)
 
         @staticmethod
         def read(

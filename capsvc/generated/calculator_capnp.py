@@ -270,6 +270,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _w.list_rows(readers, _P_Calculator_Expression)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Calculator.Expression, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Calculator_Expression, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -398,6 +405,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _w.list_rows(readers, _P_Calculator_Function_CallParams)
 
             @staticmethod
+            def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+                """Some fields of Calculator.Function.call$Params, read as rows (its ``row`` and ``rows``): those
+                named whole, and of a struct, list or group field given as a keyword the
+                fields of its own selection (or sequence of names), in schema order."""
+                return _w.select(_P_Calculator_Function_CallParams, names, nested)
+
+            @staticmethod
             def read(
                 segments: _r.Segments,
                 *,
@@ -508,6 +522,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             def rows(readers: _r.ListReader[Calculator.Function.CallResults.Reader] | _b.StructListBuilder[Calculator.Function.CallResults.Builder]) -> list[Calculator.Function.CallResults.Row]:
                 """Every element of a list of Calculator.Function.call$Results (read, or being built) as a row."""
                 return _w.list_rows(readers, _P_Calculator_Function_CallResults)
+
+            @staticmethod
+            def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+                """Some fields of Calculator.Function.call$Results, read as rows (its ``row`` and ``rows``): those
+                named whole, and of a struct, list or group field given as a keyword the
+                fields of its own selection (or sequence of names), in schema order."""
+                return _w.select(_P_Calculator_Function_CallResults, names, nested)
 
             @staticmethod
             def read(
@@ -659,6 +680,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _w.list_rows(readers, _P_Calculator_Value_ReadParams)
 
             @staticmethod
+            def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+                """Some fields of Calculator.Value.read$Params, read as rows (its ``row`` and ``rows``): those
+                named whole, and of a struct, list or group field given as a keyword the
+                fields of its own selection (or sequence of names), in schema order."""
+                return _w.select(_P_Calculator_Value_ReadParams, names, nested)
+
+            @staticmethod
             def read(
                 segments: _r.Segments,
                 *,
@@ -769,6 +797,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             def rows(readers: _r.ListReader[Calculator.Value.ReadResults.Reader] | _b.StructListBuilder[Calculator.Value.ReadResults.Builder]) -> list[Calculator.Value.ReadResults.Row]:
                 """Every element of a list of Calculator.Value.read$Results (read, or being built) as a row."""
                 return _w.list_rows(readers, _P_Calculator_Value_ReadResults)
+
+            @staticmethod
+            def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+                """Some fields of Calculator.Value.read$Results, read as rows (its ``row`` and ``rows``): those
+                named whole, and of a struct, list or group field given as a keyword the
+                fields of its own selection (or sequence of names), in schema order."""
+                return _w.select(_P_Calculator_Value_ReadResults, names, nested)
 
             @staticmethod
             def read(
@@ -940,6 +975,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _w.list_rows(readers, _P_Calculator_DefFunctionParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Calculator.defFunction$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Calculator_DefFunctionParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1059,6 +1101,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
         def rows(readers: _r.ListReader[Calculator.DefFunctionResults.Reader] | _b.StructListBuilder[Calculator.DefFunctionResults.Builder]) -> list[Calculator.DefFunctionResults.Row]:
             """Every element of a list of Calculator.defFunction$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_DefFunctionResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Calculator.defFunction$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Calculator_DefFunctionResults, names, nested)
 
         @staticmethod
         def read(
@@ -1189,6 +1238,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _w.list_rows(readers, _P_Calculator_EvaluateParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Calculator.evaluate$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Calculator_EvaluateParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1308,6 +1364,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
         def rows(readers: _r.ListReader[Calculator.EvaluateResults.Reader] | _b.StructListBuilder[Calculator.EvaluateResults.Builder]) -> list[Calculator.EvaluateResults.Row]:
             """Every element of a list of Calculator.evaluate$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_EvaluateResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Calculator.evaluate$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Calculator_EvaluateResults, names, nested)
 
         @staticmethod
         def read(
@@ -1430,6 +1493,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _w.list_rows(readers, _P_Calculator_GetOperatorParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Calculator.getOperator$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Calculator_GetOperatorParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1549,6 +1619,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
         def rows(readers: _r.ListReader[Calculator.GetOperatorResults.Reader] | _b.StructListBuilder[Calculator.GetOperatorResults.Builder]) -> list[Calculator.GetOperatorResults.Row]:
             """Every element of a list of Calculator.getOperator$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_GetOperatorResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Calculator.getOperator$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Calculator_GetOperatorResults, names, nested)
 
         @staticmethod
         def read(

@@ -136,6 +136,13 @@ class Echo(_t.Interface["Echo.Client"]):
             return _w.list_rows(readers, _P_Echo_PingParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Echo.ping$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Echo_PingParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -247,6 +254,13 @@ class Echo(_t.Interface["Echo.Client"]):
         def rows(readers: _r.ListReader[Echo.PingResults.Reader] | _b.StructListBuilder[Echo.PingResults.Builder]) -> list[Echo.PingResults.Row]:
             """Every element of a list of Echo.ping$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Echo_PingResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Echo.ping$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Echo_PingResults, names, nested)
 
         @staticmethod
         def read(
@@ -370,6 +384,13 @@ class Echo(_t.Interface["Echo.Client"]):
             return _w.list_rows(readers, _P_Echo_PingDataParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Echo.pingData$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Echo_PingDataParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -489,6 +510,13 @@ class Echo(_t.Interface["Echo.Client"]):
         def rows(readers: _r.ListReader[Echo.PingDataResults.Reader] | _b.StructListBuilder[Echo.PingDataResults.Builder]) -> list[Echo.PingDataResults.Row]:
             """Every element of a list of Echo.pingData$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Echo_PingDataResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Echo.pingData$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Echo_PingDataResults, names, nested)
 
         @staticmethod
         def read(

@@ -136,6 +136,13 @@ class Health(_t.Interface["Health.Client"]):
             return _w.list_rows(readers, _P_Health_CheckParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Health.check$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Health_CheckParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -254,6 +261,13 @@ class Health(_t.Interface["Health.Client"]):
         def rows(readers: _r.ListReader[Health.CheckResults.Reader] | _b.StructListBuilder[Health.CheckResults.Builder]) -> list[Health.CheckResults.Row]:
             """Every element of a list of Health.check$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Health_CheckResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Health.check$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Health_CheckResults, names, nested)
 
         @staticmethod
         def read(

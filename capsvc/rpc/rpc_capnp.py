@@ -149,6 +149,13 @@ class Accept:
         return _w.list_rows(readers, _P_Accept)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Accept, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Accept, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -272,6 +279,13 @@ class Bootstrap:
     def rows(readers: _r.ListReader[Bootstrap.Reader] | _b.StructListBuilder[Bootstrap.Builder]) -> list[Bootstrap.Row]:
         """Every element of a list of Bootstrap (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Bootstrap)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Bootstrap, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Bootstrap, names, nested)
 
     @staticmethod
     def read(
@@ -604,6 +618,13 @@ class Call:
         return _w.list_rows(readers, _P_Call)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Call, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Call, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -833,6 +854,13 @@ class CapDescriptor:
     def rows(readers: _r.ListReader[CapDescriptor.Reader] | _b.StructListBuilder[CapDescriptor.Builder]) -> list[CapDescriptor.Row]:
         """Every element of a list of CapDescriptor (read, or being built) as a row."""
         return _w.list_rows(readers, _P_CapDescriptor)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of CapDescriptor, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_CapDescriptor, names, nested)
 
     @staticmethod
     def read(
@@ -1083,6 +1111,13 @@ class Disembargo:
         return _w.list_rows(readers, _P_Disembargo)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Disembargo, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Disembargo, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -1259,6 +1294,13 @@ class Exception:
         return _w.list_rows(readers, _P_Exception)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Exception, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Exception, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -1387,6 +1429,13 @@ class Finish:
     def rows(readers: _r.ListReader[Finish.Reader] | _b.StructListBuilder[Finish.Builder]) -> list[Finish.Row]:
         """Every element of a list of Finish (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Finish)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Finish, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Finish, names, nested)
 
     @staticmethod
     def read(
@@ -1537,6 +1586,13 @@ class Join:
     def rows(readers: _r.ListReader[Join.Reader] | _b.StructListBuilder[Join.Builder]) -> list[Join.Row]:
         """Every element of a list of Join (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Join)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Join, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Join, names, nested)
 
     @staticmethod
     def read(
@@ -2031,6 +2087,13 @@ class Message:
         return _w.list_rows(readers, _P_Message)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Message, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Message, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -2186,6 +2249,13 @@ class MessageTarget:
         return _w.list_rows(readers, _P_MessageTarget)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of MessageTarget, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_MessageTarget, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -2312,6 +2382,13 @@ class Payload:
     def rows(readers: _r.ListReader[Payload.Reader] | _b.StructListBuilder[Payload.Builder]) -> list[Payload.Row]:
         """Every element of a list of Payload (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Payload)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Payload, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Payload, names, nested)
 
     @staticmethod
     def read(
@@ -2463,6 +2540,13 @@ class PromisedAnswer:
             return _w.list_rows(readers, _P_PromisedAnswer_Op)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of PromisedAnswer.Op, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_PromisedAnswer_Op, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2580,6 +2664,13 @@ class PromisedAnswer:
     def rows(readers: _r.ListReader[PromisedAnswer.Reader] | _b.StructListBuilder[PromisedAnswer.Builder]) -> list[PromisedAnswer.Row]:
         """Every element of a list of PromisedAnswer (read, or being built) as a row."""
         return _w.list_rows(readers, _P_PromisedAnswer)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of PromisedAnswer, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_PromisedAnswer, names, nested)
 
     @staticmethod
     def read(
@@ -2732,6 +2823,13 @@ class Provide:
         return _w.list_rows(readers, _P_Provide)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Provide, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Provide, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -2851,6 +2949,13 @@ class Release:
     def rows(readers: _r.ListReader[Release.Reader] | _b.StructListBuilder[Release.Builder]) -> list[Release.Row]:
         """Every element of a list of Release (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Release)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Release, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Release, names, nested)
 
     @staticmethod
     def read(
@@ -3034,6 +3139,13 @@ class Resolve:
     def rows(readers: _r.ListReader[Resolve.Reader] | _b.StructListBuilder[Resolve.Builder]) -> list[Resolve.Row]:
         """Every element of a list of Resolve (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Resolve)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Resolve, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Resolve, names, nested)
 
     @staticmethod
     def read(
@@ -3297,6 +3409,13 @@ class Return:
         return _w.list_rows(readers, _P_Return)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Return, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Return, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -3420,6 +3539,13 @@ class ThirdPartyCapDescriptor:
     def rows(readers: _r.ListReader[ThirdPartyCapDescriptor.Reader] | _b.StructListBuilder[ThirdPartyCapDescriptor.Builder]) -> list[ThirdPartyCapDescriptor.Row]:
         """Every element of a list of ThirdPartyCapDescriptor (read, or being built) as a row."""
         return _w.list_rows(readers, _P_ThirdPartyCapDescriptor)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of ThirdPartyCapDescriptor, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_ThirdPartyCapDescriptor, names, nested)
 
     @staticmethod
     def read(

@@ -136,6 +136,13 @@ class Directory(_t.Interface["Directory.Client"]):
             return _w.list_rows(readers, _P_Directory_OpenParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Directory.open$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Directory_OpenParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -255,6 +262,13 @@ class Directory(_t.Interface["Directory.Client"]):
         def rows(readers: _r.ListReader[Directory.OpenResults.Reader] | _b.StructListBuilder[Directory.OpenResults.Builder]) -> list[Directory.OpenResults.Row]:
             """Every element of a list of Directory.open$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Directory_OpenResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Directory.open$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Directory_OpenResults, names, nested)
 
         @staticmethod
         def read(
@@ -412,6 +426,13 @@ class Store(_t.Interface["Store.Client"]):
             return _w.list_rows(readers, _P_Store_GetParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.get$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_GetParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -542,6 +563,13 @@ class Store(_t.Interface["Store.Client"]):
             return _w.list_rows(readers, _P_Store_GetResults)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.get$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_GetResults, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -629,6 +657,13 @@ class Store(_t.Interface["Store.Client"]):
         def rows(readers: _r.ListReader[Store.KeysParams.Reader] | _b.StructListBuilder[Store.KeysParams.Builder]) -> list[Store.KeysParams.Row]:
             """Every element of a list of Store.keys$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_KeysParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.keys$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_KeysParams, names, nested)
 
         @staticmethod
         def read(
@@ -751,6 +786,13 @@ class Store(_t.Interface["Store.Client"]):
         def rows(readers: _r.ListReader[Store.KeysResults.Reader] | _b.StructListBuilder[Store.KeysResults.Builder]) -> list[Store.KeysResults.Row]:
             """Every element of a list of Store.keys$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_KeysResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.keys$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_KeysResults, names, nested)
 
         @staticmethod
         def read(
@@ -884,6 +926,13 @@ class Store(_t.Interface["Store.Client"]):
             return _w.list_rows(readers, _P_Store_PutParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.put$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_PutParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -994,6 +1043,13 @@ class Store(_t.Interface["Store.Client"]):
         def rows(readers: _r.ListReader[Store.PutResults.Reader] | _b.StructListBuilder[Store.PutResults.Builder]) -> list[Store.PutResults.Row]:
             """Every element of a list of Store.put$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_PutResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.put$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_PutResults, names, nested)
 
         @staticmethod
         def read(
@@ -1117,6 +1173,13 @@ class Store(_t.Interface["Store.Client"]):
             return _w.list_rows(readers, _P_Store_WatchParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.watch$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_WatchParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1204,6 +1267,13 @@ class Store(_t.Interface["Store.Client"]):
         def rows(readers: _r.ListReader[Store.WatchResults.Reader] | _b.StructListBuilder[Store.WatchResults.Builder]) -> list[Store.WatchResults.Row]:
             """Every element of a list of Store.watch$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_WatchResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.watch$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_WatchResults, names, nested)
 
         @staticmethod
         def read(
@@ -1444,6 +1514,13 @@ class Watcher(_t.Interface["Watcher.Client"]):
             return _w.list_rows(readers, _P_Watcher_ChangedParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Watcher.changed$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Watcher_ChangedParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1531,6 +1608,13 @@ class Watcher(_t.Interface["Watcher.Client"]):
         def rows(readers: _r.ListReader[Watcher.ChangedResults.Reader] | _b.StructListBuilder[Watcher.ChangedResults.Builder]) -> list[Watcher.ChangedResults.Row]:
             """Every element of a list of Watcher.changed$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Watcher_ChangedResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Watcher.changed$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Watcher_ChangedResults, names, nested)
 
         @staticmethod
         def read(

@@ -135,6 +135,13 @@ class Callback(_t.Interface["Callback.Client"]):
             return _w.list_rows(readers, _P_Callback_NotifyParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Callback.notify$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Callback_NotifyParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -245,6 +252,13 @@ class Callback(_t.Interface["Callback.Client"]):
         def rows(readers: _r.ListReader[Callback.NotifyResults.Reader] | _b.StructListBuilder[Callback.NotifyResults.Builder]) -> list[Callback.NotifyResults.Row]:
             """Every element of a list of Callback.notify$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Callback_NotifyResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Callback.notify$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Callback_NotifyResults, names, nested)
 
         @staticmethod
         def read(
@@ -377,6 +391,13 @@ class Counter(_t.Interface["Counter.Client"]):
             return _w.list_rows(readers, _P_Counter_GetParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Counter.get$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Counter_GetParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -487,6 +508,13 @@ class Counter(_t.Interface["Counter.Client"]):
         def rows(readers: _r.ListReader[Counter.GetResults.Reader] | _b.StructListBuilder[Counter.GetResults.Builder]) -> list[Counter.GetResults.Row]:
             """Every element of a list of Counter.get$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Counter_GetResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Counter.get$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Counter_GetResults, names, nested)
 
         @staticmethod
         def read(
@@ -601,6 +629,13 @@ class Counter(_t.Interface["Counter.Client"]):
             return _w.list_rows(readers, _P_Counter_IncrementParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Counter.increment$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Counter_IncrementParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -711,6 +746,13 @@ class Counter(_t.Interface["Counter.Client"]):
         def rows(readers: _r.ListReader[Counter.IncrementResults.Reader] | _b.StructListBuilder[Counter.IncrementResults.Builder]) -> list[Counter.IncrementResults.Row]:
             """Every element of a list of Counter.increment$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Counter_IncrementResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Counter.increment$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Counter_IncrementResults, names, nested)
 
         @staticmethod
         def read(
@@ -1160,6 +1202,13 @@ class Holder:
         return _w.list_rows(readers, _P_Holder)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Holder, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Holder, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -1297,6 +1346,13 @@ class Tester(_t.Interface["Tester.Client"]):
             return _w.list_rows(readers, _P_Tester_CallBackParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.callBack$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_CallBackParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1407,6 +1463,13 @@ class Tester(_t.Interface["Tester.Client"]):
         def rows(readers: _r.ListReader[Tester.CallBackResults.Reader] | _b.StructListBuilder[Tester.CallBackResults.Builder]) -> list[Tester.CallBackResults.Row]:
             """Every element of a list of Tester.callBack$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_CallBackResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.callBack$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_CallBackResults, names, nested)
 
         @staticmethod
         def read(
@@ -1539,6 +1602,13 @@ class Tester(_t.Interface["Tester.Client"]):
             return _w.list_rows(readers, _P_Tester_CallCounterParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.callCounter$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_CallCounterParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1649,6 +1719,13 @@ class Tester(_t.Interface["Tester.Client"]):
         def rows(readers: _r.ListReader[Tester.CallCounterResults.Reader] | _b.StructListBuilder[Tester.CallCounterResults.Builder]) -> list[Tester.CallCounterResults.Row]:
             """Every element of a list of Tester.callCounter$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_CallCounterResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.callCounter$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_CallCounterResults, names, nested)
 
         @staticmethod
         def read(
@@ -1764,6 +1841,13 @@ class Tester(_t.Interface["Tester.Client"]):
             return _w.list_rows(readers, _P_Tester_EchoParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.echo$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_EchoParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -1875,6 +1959,13 @@ class Tester(_t.Interface["Tester.Client"]):
         def rows(readers: _r.ListReader[Tester.EchoResults.Reader] | _b.StructListBuilder[Tester.EchoResults.Builder]) -> list[Tester.EchoResults.Row]:
             """Every element of a list of Tester.echo$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_EchoResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.echo$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_EchoResults, names, nested)
 
         @staticmethod
         def read(
@@ -2000,6 +2091,13 @@ class Tester(_t.Interface["Tester.Client"]):
             return _w.list_rows(readers, _P_Tester_FailParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.fail$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_FailParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2089,6 +2187,13 @@ class Tester(_t.Interface["Tester.Client"]):
             return _w.list_rows(readers, _P_Tester_FailResults)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.fail$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_FailResults, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2176,6 +2281,13 @@ class Tester(_t.Interface["Tester.Client"]):
         def rows(readers: _r.ListReader[Tester.GetSelfParams.Reader] | _b.StructListBuilder[Tester.GetSelfParams.Builder]) -> list[Tester.GetSelfParams.Row]:
             """Every element of a list of Tester.getSelf$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_GetSelfParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.getSelf$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_GetSelfParams, names, nested)
 
         @staticmethod
         def read(
@@ -2297,6 +2409,13 @@ class Tester(_t.Interface["Tester.Client"]):
         def rows(readers: _r.ListReader[Tester.GetSelfResults.Reader] | _b.StructListBuilder[Tester.GetSelfResults.Builder]) -> list[Tester.GetSelfResults.Row]:
             """Every element of a list of Tester.getSelf$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_GetSelfResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.getSelf$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_GetSelfResults, names, nested)
 
         @staticmethod
         def read(
@@ -2427,6 +2546,13 @@ class Tester(_t.Interface["Tester.Client"]):
             return _w.list_rows(readers, _P_Tester_HoldCapsParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.holdCaps$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_HoldCapsParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2555,6 +2681,13 @@ class Tester(_t.Interface["Tester.Client"]):
             return _w.list_rows(readers, _P_Tester_HoldCapsResults)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.holdCaps$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_HoldCapsResults, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2665,6 +2798,13 @@ class Tester(_t.Interface["Tester.Client"]):
         def rows(readers: _r.ListReader[Tester.NewCounterParams.Reader] | _b.StructListBuilder[Tester.NewCounterParams.Builder]) -> list[Tester.NewCounterParams.Row]:
             """Every element of a list of Tester.newCounter$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_NewCounterParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.newCounter$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_NewCounterParams, names, nested)
 
         @staticmethod
         def read(
@@ -2788,6 +2928,13 @@ class Tester(_t.Interface["Tester.Client"]):
             return _w.list_rows(readers, _P_Tester_NewCounterResults)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.newCounter$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_NewCounterResults, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2907,6 +3054,13 @@ class Tester(_t.Interface["Tester.Client"]):
         def rows(readers: _r.ListReader[Tester.ReflectParams.Reader] | _b.StructListBuilder[Tester.ReflectParams.Builder]) -> list[Tester.ReflectParams.Row]:
             """Every element of a list of Tester.reflect$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_ReflectParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.reflect$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_ReflectParams, names, nested)
 
         @staticmethod
         def read(
@@ -3030,6 +3184,13 @@ class Tester(_t.Interface["Tester.Client"]):
             return _w.list_rows(readers, _P_Tester_ReflectResults)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.reflect$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_ReflectResults, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -3142,6 +3303,13 @@ class Tester(_t.Interface["Tester.Client"]):
             return _w.list_rows(readers, _P_Tester_SlowParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.slow$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_SlowParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -3252,6 +3420,13 @@ class Tester(_t.Interface["Tester.Client"]):
         def rows(readers: _r.ListReader[Tester.SlowResults.Reader] | _b.StructListBuilder[Tester.SlowResults.Builder]) -> list[Tester.SlowResults.Row]:
             """Every element of a list of Tester.slow$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_SlowResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.slow$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_SlowResults, names, nested)
 
         @staticmethod
         def read(
@@ -3374,6 +3549,13 @@ class Tester(_t.Interface["Tester.Client"]):
             return _w.list_rows(readers, _P_Tester_SumParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.sum$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_SumParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -3484,6 +3666,13 @@ class Tester(_t.Interface["Tester.Client"]):
         def rows(readers: _r.ListReader[Tester.SumResults.Reader] | _b.StructListBuilder[Tester.SumResults.Builder]) -> list[Tester.SumResults.Row]:
             """Every element of a list of Tester.sum$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_SumResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tester.sum$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tester_SumResults, names, nested)
 
         @staticmethod
         def read(
@@ -3814,6 +4003,13 @@ class Unknown(_t.Interface["Unknown.Client"]):
             return _w.list_rows(readers, _P_Unknown_NothingParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Unknown.nothing$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Unknown_NothingParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -3901,6 +4097,13 @@ class Unknown(_t.Interface["Unknown.Client"]):
         def rows(readers: _r.ListReader[Unknown.NothingResults.Reader] | _b.StructListBuilder[Unknown.NothingResults.Builder]) -> list[Unknown.NothingResults.Row]:
             """Every element of a list of Unknown.nothing$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Unknown_NothingResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Unknown.nothing$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Unknown_NothingResults, names, nested)
 
         @staticmethod
         def read(

@@ -309,6 +309,13 @@ class Car:
         return _w.list_rows(readers, _P_Car)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Car, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Car, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -480,6 +487,13 @@ class Engine:
         return _w.list_rows(readers, _P_Engine)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Engine, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Engine, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -595,6 +609,13 @@ class ParkingLot:
         return _w.list_rows(readers, _P_ParkingLot)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of ParkingLot, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_ParkingLot, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -705,6 +726,13 @@ class TotalValue:
     def rows(readers: _r.ListReader[TotalValue.Reader] | _b.StructListBuilder[TotalValue.Builder]) -> list[TotalValue.Row]:
         """Every element of a list of TotalValue (read, or being built) as a row."""
         return _w.list_rows(readers, _P_TotalValue)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of TotalValue, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_TotalValue, names, nested)
 
     @staticmethod
     def read(
@@ -835,6 +863,13 @@ class Wheel:
     def rows(readers: _r.ListReader[Wheel.Reader] | _b.StructListBuilder[Wheel.Builder]) -> list[Wheel.Row]:
         """Every element of a list of Wheel (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Wheel)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Wheel, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Wheel, names, nested)
 
     @staticmethod
     def read(

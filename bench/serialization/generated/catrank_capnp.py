@@ -147,6 +147,13 @@ class SearchResult:
         return _w.list_rows(readers, _P_SearchResult)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of SearchResult, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_SearchResult, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -260,6 +267,13 @@ class SearchResultList:
     def rows(readers: _r.ListReader[SearchResultList.Reader] | _b.StructListBuilder[SearchResultList.Builder]) -> list[SearchResultList.Row]:
         """Every element of a list of SearchResultList (read, or being built) as a row."""
         return _w.list_rows(readers, _P_SearchResultList)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of SearchResultList, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_SearchResultList, names, nested)
 
     @staticmethod
     def read(

@@ -127,6 +127,13 @@ class EvaluationResult:
         return _w.list_rows(readers, _P_EvaluationResult)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of EvaluationResult, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_EvaluationResult, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -471,6 +478,13 @@ class Expression:
     def rows(readers: _r.ListReader[Expression.Reader] | _b.StructListBuilder[Expression.Builder]) -> list[Expression.Row]:
         """Every element of a list of Expression (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Expression)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Expression, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Expression, names, nested)
 
     @staticmethod
     def read(

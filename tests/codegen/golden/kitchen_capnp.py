@@ -208,6 +208,13 @@ class Anything:
         return _w.list_rows(readers, _P_Anything)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Anything, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Anything, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -302,6 +309,13 @@ class Base(_t.Interface["Base.Client"]):
         def rows(readers: _r.ListReader[Base.DepthParams.Reader] | _b.StructListBuilder[Base.DepthParams.Builder]) -> list[Base.DepthParams.Row]:
             """Every element of a list of Base.depth$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Base_DepthParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Base.depth$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Base_DepthParams, names, nested)
 
         @staticmethod
         def read(
@@ -414,6 +428,13 @@ class Base(_t.Interface["Base.Client"]):
         def rows(readers: _r.ListReader[Base.DepthResults.Reader] | _b.StructListBuilder[Base.DepthResults.Builder]) -> list[Base.DepthResults.Row]:
             """Every element of a list of Base.depth$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Base_DepthResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Base.depth$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Base_DepthResults, names, nested)
 
         @staticmethod
         def read(
@@ -597,6 +618,13 @@ class Box:
     def rows(readers: _r.ListReader[Box.Reader] | _b.StructListBuilder[Box.Builder]) -> list[Box.Row]:
         """Every element of a list of Box (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Box)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Box, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Box, names, nested)
 
     @staticmethod
     def read(
@@ -850,6 +878,13 @@ class Boxes:
     def rows(readers: _r.ListReader[Boxes.Reader] | _b.StructListBuilder[Boxes.Builder]) -> list[Boxes.Row]:
         """Every element of a list of Boxes (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Boxes)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Boxes, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Boxes, names, nested)
 
     @staticmethod
     def read(
@@ -1184,6 +1219,13 @@ class Defaults:
         return _w.list_rows(readers, _P_Defaults)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Defaults, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Defaults, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -1333,6 +1375,13 @@ class Keywords:
         return _w.list_rows(readers, _P_Keywords)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Keywords, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Keywords, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -1427,6 +1476,13 @@ class Left(_t.Interface["Left.Client"]):
         def rows(readers: _r.ListReader[Left.LeftParams.Reader] | _b.StructListBuilder[Left.LeftParams.Builder]) -> list[Left.LeftParams.Row]:
             """Every element of a list of Left.left$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Left_LeftParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Left.left$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Left_LeftParams, names, nested)
 
         @staticmethod
         def read(
@@ -1540,6 +1596,13 @@ class Left(_t.Interface["Left.Client"]):
         def rows(readers: _r.ListReader[Left.LeftResults.Reader] | _b.StructListBuilder[Left.LeftResults.Builder]) -> list[Left.LeftResults.Row]:
             """Every element of a list of Left.left$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Left_LeftResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Left.left$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Left_LeftResults, names, nested)
 
         @staticmethod
         def read(
@@ -1993,6 +2056,13 @@ class Lists:
         return _w.list_rows(readers, _P_Lists)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Lists, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Lists, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -2230,6 +2300,13 @@ class Numbers:
         return _w.list_rows(readers, _P_Numbers)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Numbers, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Numbers, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -2359,6 +2436,13 @@ class Pair:
         return _w.list_rows(readers, _P_Pair)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Pair, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Pair, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -2453,6 +2537,13 @@ class Right(_t.Interface["Right.Client"]):
         def rows(readers: _r.ListReader[Right.RightParams.Reader] | _b.StructListBuilder[Right.RightParams.Builder]) -> list[Right.RightParams.Row]:
             """Every element of a list of Right.right$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Right_RightParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Right.right$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Right_RightParams, names, nested)
 
         @staticmethod
         def read(
@@ -2566,6 +2657,13 @@ class Right(_t.Interface["Right.Client"]):
         def rows(readers: _r.ListReader[Right.RightResults.Reader] | _b.StructListBuilder[Right.RightResults.Builder]) -> list[Right.RightResults.Row]:
             """Every element of a list of Right.right$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Right_RightResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Right.right$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Right_RightResults, names, nested)
 
         @staticmethod
         def read(
@@ -2756,6 +2854,13 @@ class Diamond(_t.Interface["Diamond.Client"]):
             return _w.list_rows(readers, _P_Diamond_TrickyParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Diamond.tricky$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Diamond_TrickyParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -2885,6 +2990,13 @@ class Diamond(_t.Interface["Diamond.Client"]):
         def rows(readers: _r.ListReader[Diamond.TrickyResults.Reader] | _b.StructListBuilder[Diamond.TrickyResults.Builder]) -> list[Diamond.TrickyResults.Row]:
             """Every element of a list of Diamond.tricky$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Diamond_TrickyResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Diamond.tricky$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Diamond_TrickyResults, names, nested)
 
         @staticmethod
         def read(
@@ -3458,6 +3570,13 @@ class Shapes:
         return _w.list_rows(readers, _P_Shapes)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Shapes, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Shapes, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -3585,6 +3704,13 @@ class Shop(_t.Interface["Shop.Client"]):
         def rows(readers: _r.ListReader[Shop.BuyParams.Reader] | _b.StructListBuilder[Shop.BuyParams.Builder]) -> list[Shop.BuyParams.Row]:
             """Every element of a list of Shop.buy$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_BuyParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Shop.buy$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Shop_BuyParams, names, nested)
 
         @staticmethod
         def read(
@@ -3724,6 +3850,13 @@ class Shop(_t.Interface["Shop.Client"]):
             return _w.list_rows(readers, _P_Shop_BuyResults)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Shop.buy$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Shop_BuyResults, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -3811,6 +3944,13 @@ class Shop(_t.Interface["Shop.Client"]):
         def rows(readers: _r.ListReader[Shop.ListParams.Reader] | _b.StructListBuilder[Shop.ListParams.Builder]) -> list[Shop.ListParams.Row]:
             """Every element of a list of Shop.list$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_ListParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Shop.list$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Shop_ListParams, names, nested)
 
         @staticmethod
         def read(
@@ -3933,6 +4073,13 @@ class Shop(_t.Interface["Shop.Client"]):
         def rows(readers: _r.ListReader[Shop.ListResults.Reader] | _b.StructListBuilder[Shop.ListResults.Builder]) -> list[Shop.ListResults.Row]:
             """Every element of a list of Shop.list$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_ListResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Shop.list$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Shop_ListResults, names, nested)
 
         @staticmethod
         def read(
@@ -4063,6 +4210,13 @@ class Shop(_t.Interface["Shop.Client"]):
             return _w.list_rows(readers, _P_Shop_PeekParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Shop.peek$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Shop_PeekParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -4150,6 +4304,13 @@ class Shop(_t.Interface["Shop.Client"]):
         def rows(readers: _r.ListReader[Shop.PeekResults.Reader] | _b.StructListBuilder[Shop.PeekResults.Builder]) -> list[Shop.PeekResults.Row]:
             """Every element of a list of Shop.peek$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_PeekResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Shop.peek$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Shop_PeekResults, names, nested)
 
         @staticmethod
         def read(
@@ -4325,6 +4486,13 @@ class Store(_t.Interface["Store.Client"]):
             return _w.list_rows(readers, _P_Store_GetParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.get$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_GetParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -4466,6 +4634,13 @@ class Store(_t.Interface["Store.Client"]):
             return _w.list_rows(readers, _P_Store_GetResults)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.get$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_GetResults, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -4582,6 +4757,13 @@ class Store(_t.Interface["Store.Client"]):
             return _w.list_rows(readers, _P_Store_PutParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.put$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_PutParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -4669,6 +4851,13 @@ class Store(_t.Interface["Store.Client"]):
         def rows(readers: _r.ListReader[Store.PutResults.Reader] | _b.StructListBuilder[Store.PutResults.Builder]) -> list[Store.PutResults.Row]:
             """Every element of a list of Store.put$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_PutResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.put$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_PutResults, names, nested)
 
         @staticmethod
         def read(
@@ -4837,6 +5026,13 @@ class Tree:
         def rows(readers: _r.ListReader[Tree.Reader_.Reader] | _b.StructListBuilder[Tree.Reader_.Builder]) -> list[Tree.Reader_.Row]:
             """Every element of a list of Tree.Reader (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tree_Reader_)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Tree.Reader, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Tree_Reader_, names, nested)
 
         @staticmethod
         def read(
@@ -5021,6 +5217,13 @@ class Tree:
         return _w.list_rows(readers, _P_Tree)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Tree, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Tree, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -5179,6 +5382,13 @@ class Box_Text:
         return _w.list_rows(readers, _P_Box_Text)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Box_Text, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Box_Text, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -5333,6 +5543,13 @@ class Box_List_Int32:
     def rows(readers: _r.ListReader[Box_List_Int32.Reader] | _b.StructListBuilder[Box_List_Int32.Builder]) -> list[Box_List_Int32.Row]:
         """Every element of a list of Box_List_Int32 (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Box_List_Int32)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Box_List_Int32, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Box_List_Int32, names, nested)
 
     @staticmethod
     def read(
@@ -5498,6 +5715,13 @@ class Box_Tree:
         return _w.list_rows(readers, _P_Box_Tree)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Box_Tree, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Box_Tree, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -5654,6 +5878,13 @@ class Box_Shop:
         return _w.list_rows(readers, _P_Box_Shop)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Box_Shop, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Box_Shop, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -5792,6 +6023,13 @@ class Pair_Text_Box_Text:
         return _w.list_rows(readers, _P_Pair_Text_Box_Text)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Pair_Text_Box_Text, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Pair_Text_Box_Text, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
@@ -5912,6 +6150,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _w.list_rows(readers, _P_Store_Text_PutParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store_Text.put$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_Text_PutParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -6001,6 +6246,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _w.list_rows(readers, _P_Store_Text_PutResults)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store_Text.put$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_Text_PutResults, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -6088,6 +6340,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         def rows(readers: _r.ListReader[Store_Text.GetParams.Reader] | _b.StructListBuilder[Store_Text.GetParams.Builder]) -> list[Store_Text.GetParams.Row]:
             """Every element of a list of Store_Text.get$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_Text_GetParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store_Text.get$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_Text_GetParams, names, nested)
 
         @staticmethod
         def read(
@@ -6226,6 +6485,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         def rows(readers: _r.ListReader[Store_Text.GetResults.Reader] | _b.StructListBuilder[Store_Text.GetResults.Builder]) -> list[Store_Text.GetResults.Row]:
             """Every element of a list of Store_Text.get$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_Text_GetResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store_Text.get$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_Text_GetResults, names, nested)
 
         @staticmethod
         def read(
@@ -6378,6 +6644,13 @@ class TextStore(_t.Interface["TextStore.Client"]):
             return _w.list_rows(readers, _P_TextStore_SizeParams)
 
         @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of TextStore.size$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_TextStore_SizeParams, names, nested)
+
+        @staticmethod
         def read(
             segments: _r.Segments,
             *,
@@ -6488,6 +6761,13 @@ class TextStore(_t.Interface["TextStore.Client"]):
         def rows(readers: _r.ListReader[TextStore.SizeResults.Reader] | _b.StructListBuilder[TextStore.SizeResults.Builder]) -> list[TextStore.SizeResults.Row]:
             """Every element of a list of TextStore.size$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_TextStore_SizeResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of TextStore.size$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_TextStore_SizeResults, names, nested)
 
         @staticmethod
         def read(

@@ -170,6 +170,13 @@ class Thing:
         return _w.list_rows(readers, _P_Thing)
 
     @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Thing, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Thing, names, nested)
+
+    @staticmethod
     def read(
         segments: _r.Segments,
         *,
