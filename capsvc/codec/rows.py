@@ -221,7 +221,8 @@ class Selection:
 def select(plan: StructPlan, names: tuple[object, ...], nested: Mapping[str, object]) -> Selection:
     """Generated ``T.select(*names, **nested)``: the fields ``names`` of ``plan``'s struct
     whole, and of each field named in ``nested`` (a struct, a list of structs or a group)
-    the fields of its selection (a ``Selection`` of that type, or a sequence of names)."""
+    the fields of its selection (a ``Selection`` of that type, a name, or a sequence of
+    names)."""
     where = f"{plan.name}.select()"
     chosen: dict[int, FieldPlan] = {}
     for name in names:
@@ -270,12 +271,14 @@ def _narrowed(field: FieldPlan, spec: object, where: str) -> FieldPlan:
                 f" (select from {target.name})"
             )
         narrowed = spec.plan
+    elif isinstance(spec, str):  # one name (a str is a Sequence[str] to the type checker)
+        narrowed = select(target, (spec,), {}).plan
     elif isinstance(spec, (tuple, list)):
         narrowed = select(target, tuple(spec), {}).plan
     else:
         raise TypeError(
-            f"{where}: {field.label} takes a {target.name} selection or a sequence of its"
-            f" field names, not {type(spec).__name__}"
+            f"{where}: {field.label} takes a {target.name} selection, or one or a sequence"
+            f" of its field names, not {type(spec).__name__}"
         )
     if field.kind == LIST:
         return copied(field, list_plan=of_struct(narrowed))
