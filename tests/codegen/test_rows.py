@@ -475,13 +475,22 @@ def test_c_and_python_agree_on_hostile_messages(
     name, frozen = _mutated(seeds, data, least=0)
     kind = getattr(generated.kitchen, name)
     limit = data.draw(st.sampled_from([1 << 12, 64, 16]))
-    outcomes = []
-    for native in (NATIVE, None):
+    outcomes = outcomes_of_both_readers(kind, frozen, limit, kind.row)
+    assert outcomes[0] == outcomes[1]
+
+
+def outcomes_of_both_readers(
+    kind: Any, segments: list[bytes], limit: int, read: Any
+) -> list[tuple[Any, int | None]]:
+    """``read(root reader)`` (a row, comparable) or its DecodeError, and the traversal
+    budget left after it, on each reader of rows this build has (C first, where built)."""
+    outcomes: list[tuple[Any, int | None]] = []
+    for native in (NATIVE, None) if NATIVE is not None else (None,):
         rows_module._native = native
         try:
-            reader = kind.Reader.read(frozen, traversal_limit_words=limit)
+            reader = kind.Reader.read(segments, traversal_limit_words=limit)
             try:
-                outcome: Any = comparable(kind.row(reader))
+                outcome: Any = comparable(read(reader))
             except DecodeError as error:
                 outcome = f"DecodeError: {error}"
             outcomes.append((outcome, reader._msg.budget))
@@ -489,7 +498,7 @@ def test_c_and_python_agree_on_hostile_messages(
             outcomes.append((f"DecodeError: {error}", None))
         finally:
             rows_module._native = NATIVE  # the fixture puts back what the build had
-    assert outcomes[0] == outcomes[1]
+    return outcomes
 
 
 #: Values of the wrong type or range for some field, put in place of a row's value.

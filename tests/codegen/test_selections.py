@@ -30,9 +30,9 @@ from tests.codegen.test_roundtrip import (
     spread,
 )
 from tests.codegen.test_rows import (
-    NATIVE,
     _mutated,
     comparable,
+    outcomes_of_both_readers,
     plan_of,
     reference_row,
     row_fields,
@@ -208,20 +208,7 @@ def test_hostile_messages_read_as_the_reader_reads_them(
     names, nested = _draw_selection(data, plan_of(kind))
     selection = kind.select(*names, **nested)
     limit = data.draw(st.sampled_from([1 << 12, 64, 16]))
-    outcomes = []
-    for native in (NATIVE, None) if NATIVE is not None else (None,):
-        rows_module._native = native
-        try:
-            reader = kind.Reader.read(frozen, traversal_limit_words=limit)
-            try:
-                outcome: Any = comparable(selection.row(reader))
-            except DecodeError as error:
-                outcome = f"DecodeError: {error}"
-            outcomes.append((outcome, reader._msg.budget))
-        except DecodeError as error:  # the root itself
-            outcomes.append((f"DecodeError: {error}", None))
-        finally:
-            rows_module._native = NATIVE
+    outcomes = outcomes_of_both_readers(kind, frozen, limit, selection.row)
     assert all(outcome == outcomes[0] for outcome in outcomes)
     outcome, _ = outcomes[0]
     try:
