@@ -88,6 +88,11 @@ typedef struct {
     Field *flat;
     Py_ssize_t flat_count;
     int flat_has_via; /* a field that may call back (VIA, or an enum) */
+    /* What the encoder walks for a row: the indices in ``flat`` of the fields that may
+     * hold a pointer, in ``pointer_order``'s order with each spliced group's own in its
+     * place (so a row is encoded in two loops, not two calls per group). */
+    Py_ssize_t *flat_pointers;
+    Py_ssize_t flat_pointer_count;
     /* The size of the last message encoded from this root, and a little more: where the
      * next one's buffer starts, rather than growing by doubling (a 160 KB message grew
      * through ten reallocations). */
@@ -821,92 +826,121 @@ fill_group(Out *o, Field *f, PyObject *value, Phase phase, Py_ssize_t at)
     return rc;
 }
 
+/* One field's value (given: not missing, not None in a row) in the data section at byte
+ * ``data``: numbers, bools, enums, Void, a group that is a union member (its discriminant
+ * is the caller's); pointers wait for phase two. ``is_row``: ``value`` came from a row. */
+static int
+data_field(Out *o, Field *f, PyObject *value, int is_row, Py_ssize_t data)
+{
+    if (f->kind == K_VIA) {
+        if (value == Py_None && is_pointer_kind(f->orig_kind))
+            return 0; /* a null pointer, as Python writes it */
+        return out_bail(o);
+    }
+    switch (f->kind) {
+    case K_INT: {
+        uint64_t bits;
+        if (integer_bits(value, f, &bits) < 0)
+            return out_bail(o);
+        store_bits(o, data + f->offset, bits ^ f->xor_bits, f->width);
+        break;
+    }
+    case K_BOOL: {
+        if (value != Py_True && value != Py_False)
+            return out_bail(o);
+        if ((value == Py_True) ^ (int)f->xor_bits)
+            o->buf[data + (f->offset >> 3)] |= (uint8_t)(1u << (f->offset & 7));
+        break;
+    }
+    case K_FLOAT: {
+        double number;
+        if (PyFloat_CheckExact(value))
+            number = PyFloat_AS_DOUBLE(value);
+        else
+            return out_bail(o); /* ints and float subclasses: Python converts them */
+        if (f->width == 4) {
+            if (number - number == 0.0 && (number > 3.4028234663852886e38
+                                           || number < -3.4028234663852886e38))
+                return out_bail(o);
+            float single = (float)number;
+            memcpy(o->buf + data + f->offset, &single, 4);
+        }
+        else {
+            memcpy(o->buf + data + f->offset, &number, 8);
+        }
+        break;
+    }
+    case K_ENUM: {
+        if (!PyLong_Check(value) || PyBool_Check(value))
+            return out_bail(o);
+        long code = PyLong_AsLong(value);
+        if (code == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return out_bail(o);
+        }
+        if (code < 0 || code > 0xFFFF)
+            return out_bail(o);
+        store_bits(o, data + f->offset, ((uint64_t)code ^ f->xor_bits) & 0xFFFF, 2);
+        break;
+    }
+    case K_VOID:
+        if (value != Py_True && (is_row || value != Py_None))
+            return out_bail(o);
+        break;
+    case K_GROUP:
+        return fill_group(o, f, value, fill_data, data);
+    default: /* pointers: phase two */
+        break;
+    }
+    return 0;
+}
+
 /* Phase one: the data section of a struct of ``p`` at byte ``data`` (zeroed): numbers,
  * bools, enums, discriminants, and the same for its groups. ``values``: a row (its
- * values from item ``base`` on) or a list in schema order. */
+ * values from item ``base`` on), walked along ``p->flat``, or a list in schema order. */
 static int
 fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base, Py_ssize_t data)
 {
     if (!p->ready || (is_row && base + p->width > PyTuple_GET_SIZE(values)))
         return out_bail(o);
+    if (is_row) {
+        /* The discriminants written so far (one union member each: a second is Python's
+         * to name). A struct's unions are its own and its groups'; more than this many
+         * set at once is left to Python too. */
+        Py_ssize_t unions[8];
+        int union_count = 0;
+        for (Py_ssize_t index = 0; index < p->flat_count; index++) {
+            Field *f = &p->flat[index];
+            PyObject *value = PyTuple_GET_ITEM(values, base + f->row_at);
+            if (value == o->missing || value == Py_None)
+                continue;
+            if (f->disc >= 0 && f->kind != K_VIA) {
+                for (int u = 0; u < union_count; u++)
+                    if (unions[u] == f->disc_at)
+                        return out_bail(o);
+                if (union_count == (int)(sizeof unions / sizeof unions[0]))
+                    return out_bail(o);
+                unions[union_count++] = f->disc_at;
+                store_bits(o, data + f->disc_at, (uint64_t)f->disc, 2);
+            }
+            if (data_field(o, f, value, 1, data) < 0)
+                return -1;
+        }
+        return 0;
+    }
     int members = 0;
     for (Py_ssize_t index = 0; index < p->count; index++) {
         Field *f = &p->fields[index];
-        if (is_row && f->spliced) { /* a group's fields, in its place in the row */
-            if (fill_data(o, (Program *)f->sub, values, 1, base + f->row_at, data) < 0)
-                return -1;
-            continue;
-        }
-        PyObject *value = given(o, values, is_row, base, f, index);
+        PyObject *value = given(o, values, 0, base, f, index);
         if (value == NULL)
             continue;
-        if (f->kind == K_VIA) {
-            if (value == Py_None && is_pointer_kind(f->orig_kind))
-                continue; /* a null pointer, as Python writes it */
-            return out_bail(o);
-        }
-        if (f->disc >= 0) {
+        if (f->disc >= 0 && f->kind != K_VIA) {
             if (members++)
                 return out_bail(o); /* two union members: Python names them */
             store_bits(o, data + p->disc_at, (uint64_t)f->disc, 2);
         }
-        switch (f->kind) {
-        case K_INT: {
-            uint64_t bits;
-            if (integer_bits(value, f, &bits) < 0)
-                return out_bail(o);
-            store_bits(o, data + f->offset, bits ^ f->xor_bits, f->width);
-            break;
-        }
-        case K_BOOL: {
-            if (value != Py_True && value != Py_False)
-                return out_bail(o);
-            if ((value == Py_True) ^ (int)f->xor_bits)
-                o->buf[data + (f->offset >> 3)] |= (uint8_t)(1u << (f->offset & 7));
-            break;
-        }
-        case K_FLOAT: {
-            double number;
-            if (PyFloat_CheckExact(value))
-                number = PyFloat_AS_DOUBLE(value);
-            else
-                return out_bail(o); /* ints and float subclasses: Python converts them */
-            if (f->width == 4) {
-                if (number - number == 0.0 && (number > 3.4028234663852886e38
-                                               || number < -3.4028234663852886e38))
-                    return out_bail(o);
-                float single = (float)number;
-                memcpy(o->buf + data + f->offset, &single, 4);
-            }
-            else {
-                memcpy(o->buf + data + f->offset, &number, 8);
-            }
-            break;
-        }
-        case K_ENUM: {
-            if (!PyLong_Check(value) || PyBool_Check(value))
-                return out_bail(o);
-            long code = PyLong_AsLong(value);
-            if (code == -1 && PyErr_Occurred()) {
-                PyErr_Clear();
-                return out_bail(o);
-            }
-            if (code < 0 || code > 0xFFFF)
-                return out_bail(o);
-            store_bits(o, data + f->offset, ((uint64_t)code ^ f->xor_bits) & 0xFFFF, 2);
-            break;
-        }
-        case K_VOID:
-            if (value != Py_True && (is_row || value != Py_None))
-                return out_bail(o);
-            break;
-        case K_GROUP:
-            if (fill_group(o, f, value, fill_data, data) < 0)
-                return -1;
-            break;
-        default: /* pointers: phase two */
-            break;
-        }
+        if (data_field(o, f, value, 0, data) < 0)
+            return -1;
     }
     return 0;
 }
@@ -1000,67 +1034,69 @@ encode_elements(Out *o, Program *element, PyObject *items, Py_ssize_t at)
 
 /* Phase two: what the pointers of a struct of ``p`` (at word ``ptr``) lead to, appended
  * in the Python encoder's order. */
+/* One field's value (given, not None) at pointer word ``at`` (``ptr``: its struct's
+ * pointer section, for a group that is a union member). */
+static int
+pointer_field(Out *o, Field *f, PyObject *value, Py_ssize_t at, Py_ssize_t ptr)
+{
+    switch (f->kind) {
+    case K_TEXT: {
+        if (!PyUnicode_Check(value))
+            return out_bail(o);
+        Py_ssize_t size;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(value, &size);
+        if (utf8 == NULL) {
+            PyErr_Clear(); /* surrogates: Python's encoder names the fault */
+            return out_bail(o);
+        }
+        return encode_bytes(o, at, utf8, size, 1);
+    }
+    case K_DATA:
+        if (PyBytes_CheckExact(value))
+            return encode_bytes(o, at, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), 0);
+        if (PyByteArray_CheckExact(value))
+            return encode_bytes(o, at, PyByteArray_AS_STRING(value),
+                                PyByteArray_GET_SIZE(value), 0);
+        return out_bail(o);
+    case K_STRUCT:
+        return encode_struct_at(o, (Program *)f->sub, value, at);
+    case K_LIST:
+        if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value))
+            return out_bail(o);
+        return encode_composite(o, (Program *)f->sub, value, at);
+    case K_GROUP:
+        return fill_group(o, f, value, fill_pointers, ptr);
+    default:
+        return 0;
+    }
+}
+
+/* Phase two: the pointer targets of a struct of ``p`` whose pointer section starts at
+ * word ``ptr``, appended in the Python encoder's order (``pointer_order``; for a row,
+ * ``flat_pointers``: the same with each spliced group's in its place). */
 static int
 fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base,
               Py_ssize_t ptr)
 {
+    if (is_row) {
+        for (Py_ssize_t n = 0; n < p->flat_pointer_count; n++) {
+            Field *f = &p->flat[p->flat_pointers[n]];
+            PyObject *value = PyTuple_GET_ITEM(values, base + f->row_at);
+            if (value == o->missing || value == Py_None)
+                continue;
+            if (pointer_field(o, f, value, ptr + f->offset, ptr) < 0)
+                return -1;
+        }
+        return 0;
+    }
     for (Py_ssize_t n = 0; n < p->pointer_count; n++) {
         Py_ssize_t index = p->pointer_order[n];
         Field *f = &p->fields[index];
-        if (is_row && f->spliced) {
-            if (fill_pointers(o, (Program *)f->sub, values, 1, base + f->row_at, ptr) < 0)
-                return -1;
-            continue;
-        }
-        PyObject *value = given(o, values, is_row, base, f, index);
+        PyObject *value = given(o, values, 0, base, f, index);
         if (value == NULL || value == Py_None)
             continue;
-        Py_ssize_t at = ptr + f->offset;
-        switch (f->kind) {
-        case K_TEXT: {
-            if (!PyUnicode_Check(value))
-                return out_bail(o);
-            Py_ssize_t size;
-            const char *utf8 = PyUnicode_AsUTF8AndSize(value, &size);
-            if (utf8 == NULL) {
-                PyErr_Clear(); /* surrogates: Python's encoder names the fault */
-                return out_bail(o);
-            }
-            if (encode_bytes(o, at, utf8, size, 1) < 0)
-                return -1;
-            break;
-        }
-        case K_DATA:
-            if (PyBytes_CheckExact(value)) {
-                if (encode_bytes(o, at, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), 0) < 0)
-                    return -1;
-            }
-            else if (PyByteArray_CheckExact(value)) {
-                if (encode_bytes(o, at, PyByteArray_AS_STRING(value),
-                                 PyByteArray_GET_SIZE(value), 0) < 0)
-                    return -1;
-            }
-            else {
-                return out_bail(o);
-            }
-            break;
-        case K_STRUCT:
-            if (encode_struct_at(o, (Program *)f->sub, value, at) < 0)
-                return -1;
-            break;
-        case K_LIST:
-            if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value))
-                return out_bail(o);
-            if (encode_composite(o, (Program *)f->sub, value, at) < 0)
-                return -1;
-            break;
-        case K_GROUP:
-            if (fill_group(o, f, value, fill_pointers, ptr) < 0)
-                return -1;
-            break;
-        default:
-            break;
-        }
+        if (pointer_field(o, f, value, ptr + f->offset, ptr) < 0)
+            return -1;
     }
     return 0;
 }
@@ -1668,6 +1704,9 @@ clear_fields(Program *p)
     PyMem_Free(p->flat);
     p->flat = NULL;
     p->flat_count = 0;
+    PyMem_Free(p->flat_pointers);
+    p->flat_pointers = NULL;
+    p->flat_pointer_count = 0;
 }
 
 static int
@@ -1807,9 +1846,36 @@ Program_set(Program *self, PyObject *args)
     self->disc_at = disc_at;
     self->pointer_order = pointer_order;
     self->pointer_count = order_count;
+    /* The encoder's pointer order along ``flat``: ``pointer_order`` itself where nothing
+     * is spliced (``flat`` is ``fields`` then), else the schema order it is then, each
+     * spliced group's fields that may hold a pointer in its place. */
+    Py_ssize_t *flat_pointers = PyMem_Calloc(flat_count ? flat_count : 1, sizeof(Py_ssize_t));
+    if (flat_pointers == NULL) {
+        PyMem_Free(flat);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Py_ssize_t flat_pointer_count = 0;
+    int any_spliced = 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        any_spliced |= made[i].spliced;
+    if (!any_spliced) {
+        for (Py_ssize_t i = 0; i < order_count; i++)
+            flat_pointers[flat_pointer_count++] = pointer_order[i];
+    }
+    else {
+        for (Py_ssize_t i = 0; i < flat_count; i++) {
+            int kind = flat[i].orig_kind;
+            if (kind != K_VOID && kind != K_BOOL && kind != K_INT && kind != K_FLOAT
+                && kind != K_ENUM)
+                flat_pointers[flat_pointer_count++] = i;
+        }
+    }
     self->flat = flat;
     self->flat_count = flat_count;
     self->flat_has_via = flat_has_via;
+    self->flat_pointers = flat_pointers;
+    self->flat_pointer_count = flat_pointer_count;
     self->ready = 1;
     Py_RETURN_NONE;
 fail:

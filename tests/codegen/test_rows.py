@@ -264,6 +264,27 @@ def test_a_group_takes_its_place_in_the_row(generated: Generated) -> None:
         k.Shapes.from_row(row[:6])  # type: ignore[arg-type]
 
 
+def test_a_row_sets_one_member_of_each_union(generated: Generated) -> None:
+    """A struct's own union and a spliced group's are each written (in C too, where it
+    was built: one pass over the row for both); two members of one union are refused,
+    naming them and the union."""
+    k = generated.kitchen
+    row = ("n", 1.5, None, None, None, k.Color.blue, None, "dots", None)
+    built = k.Shapes.from_row(row)
+    assert k.Shapes.row(built) == row
+    reader = built.as_reader()
+    assert (reader.which(), reader.style.fill.which()) == ("circle", "pattern")
+    if NATIVE is not None:
+        program = rows_module.native_program(plan_of(k.Shapes))
+        assert NATIVE.encode_root(program, row, MISSING) is not None  # not left to Python
+    both = ("n", 1.5, (2.0, "x"), None, None, k.Color.blue, None, "dots", None)
+    with pytest.raises(TypeError, match=r"^Shapes: one union member at a time, not both circle"):
+        k.Shapes.from_row(both)
+    fill = ("n", None, None, None, None, k.Color.blue, True, "dots", None)
+    with pytest.raises(TypeError, match=r"^Shapes\.style\.fill: one union member .* solid and"):
+        k.Shapes.from_row(fill)
+
+
 def test_a_struct_that_holds_itself(generated: Generated) -> None:
     """A tree as deep as the nesting limit allows reads; one level more is refused."""
     k = generated.kitchen
