@@ -828,8 +828,10 @@ fill_group(Out *o, Field *f, PyObject *value, Phase phase, Py_ssize_t at)
 
 /* One field's value (given: not missing, not None in a row) in the data section at byte
  * ``data``: numbers, bools, enums, Void, a group that is a union member (its discriminant
- * is the caller's); pointers wait for phase two. ``is_row``: ``value`` came from a row. */
-static int
+ * is the caller's); pointers wait for phase two. ``is_row``: ``value`` came from a row.
+ * Inlined in both loops of ``fill_data``: a call per field costs carsales' 1,800 fields a
+ * request ~10 %. */
+static inline __attribute__((always_inline)) int
 data_field(Out *o, Field *f, PyObject *value, int is_row, Py_ssize_t data)
 {
     if (f->kind == K_VIA) {
@@ -1036,7 +1038,7 @@ encode_elements(Out *o, Program *element, PyObject *items, Py_ssize_t at)
  * in the Python encoder's order. */
 /* One field's value (given, not None) at pointer word ``at`` (``ptr``: its struct's
  * pointer section, for a group that is a union member). */
-static int
+static inline __attribute__((always_inline)) int
 pointer_field(Out *o, Field *f, PyObject *value, Py_ssize_t at, Py_ssize_t ptr)
 {
     switch (f->kind) {
