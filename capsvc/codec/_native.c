@@ -705,17 +705,12 @@ out_bail(Out *o)
     return -1;
 }
 
-/* The value of field ``index`` (``f``) in ``values`` if given, else NULL: a row's item
- * ``base + f->row_at`` (``base``: where a spliced group's fields start), or the list's
- * item ``index`` (the values in schema order). */
-static inline PyObject *
-given(Out *o, PyObject *values, int is_row, Py_ssize_t base, Field *f, Py_ssize_t index)
+/* Whether a field of plan kind ``kind`` may hold a pointer (rows._NO_POINTER's others). */
+static inline int
+may_hold_pointer(int kind)
 {
-    PyObject *item = is_row ? PyTuple_GET_ITEM(values, base + f->row_at)
-                            : PyList_GET_ITEM(values, index);
-    if (item == o->missing || (is_row && item == Py_None))
-        return NULL;
-    return item;
+    return kind != K_VOID && kind != K_BOOL && kind != K_INT && kind != K_FLOAT
+           && kind != K_ENUM;
 }
 
 /* A struct's values as the encoder walks them (a new reference): a row as it is, or a
@@ -915,7 +910,7 @@ fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base, Py_
             Field *f = &p->flat[index];
             PyObject *value = PyTuple_GET_ITEM(values, base + f->row_at);
             if (value == o->missing || value == Py_None)
-                continue;
+                continue; /* left at its default */
             if (f->disc >= 0 && f->kind != K_VIA) {
                 for (int u = 0; u < union_count; u++)
                     if (unions[u] == f->disc_at)
@@ -933,8 +928,8 @@ fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base, Py_
     int members = 0;
     for (Py_ssize_t index = 0; index < p->count; index++) {
         Field *f = &p->fields[index];
-        PyObject *value = given(o, values, 0, base, f, index);
-        if (value == NULL)
+        PyObject *value = PyList_GET_ITEM(values, index); /* (schema order) */
+        if (value == o->missing)
             continue;
         if (f->disc >= 0 && f->kind != K_VIA) {
             if (members++)
@@ -1034,8 +1029,6 @@ encode_elements(Out *o, Program *element, PyObject *items, Py_ssize_t at)
     return rc;
 }
 
-/* Phase two: what the pointers of a struct of ``p`` (at word ``ptr``) lead to, appended
- * in the Python encoder's order. */
 /* One field's value (given, not None) at pointer word ``at`` (``ptr``: its struct's
  * pointer section, for a group that is a union member). */
 static inline __attribute__((always_inline)) int
@@ -1085,7 +1078,7 @@ fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base,
             Field *f = &p->flat[p->flat_pointers[n]];
             PyObject *value = PyTuple_GET_ITEM(values, base + f->row_at);
             if (value == o->missing || value == Py_None)
-                continue;
+                continue; /* left at its default */
             if (pointer_field(o, f, value, ptr + f->offset, ptr) < 0)
                 return -1;
         }
@@ -1094,8 +1087,8 @@ fill_pointers(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base,
     for (Py_ssize_t n = 0; n < p->pointer_count; n++) {
         Py_ssize_t index = p->pointer_order[n];
         Field *f = &p->fields[index];
-        PyObject *value = given(o, values, 0, base, f, index);
-        if (value == NULL || value == Py_None)
+        PyObject *value = PyList_GET_ITEM(values, index);
+        if (value == o->missing || value == Py_None)
             continue;
         if (pointer_field(o, f, value, ptr + f->offset, ptr) < 0)
             return -1;
@@ -1840,14 +1833,6 @@ Program_set(Program *self, PyObject *args)
         }
         flat_has_via |= group->flat_has_via;
     }
-    self->fields = made;
-    self->count = count;
-    self->width = row_width;
-    self->data_words = data_words;
-    self->pointers = pointers;
-    self->disc_at = disc_at;
-    self->pointer_order = pointer_order;
-    self->pointer_count = order_count;
     /* The encoder's pointer order along ``flat``: ``pointer_order`` itself where nothing
      * is spliced (``flat`` is ``fields`` then), else the schema order it is then, each
      * spliced group's fields that may hold a pointer in its place. */
@@ -1867,12 +1852,18 @@ Program_set(Program *self, PyObject *args)
     }
     else {
         for (Py_ssize_t i = 0; i < flat_count; i++) {
-            int kind = flat[i].orig_kind;
-            if (kind != K_VOID && kind != K_BOOL && kind != K_INT && kind != K_FLOAT
-                && kind != K_ENUM)
+            if (may_hold_pointer(flat[i].orig_kind))
                 flat_pointers[flat_pointer_count++] = i;
         }
     }
+    self->fields = made;
+    self->count = count;
+    self->width = row_width;
+    self->data_words = data_words;
+    self->pointers = pointers;
+    self->disc_at = disc_at;
+    self->pointer_order = pointer_order;
+    self->pointer_count = order_count;
     self->flat = flat;
     self->flat_count = flat_count;
     self->flat_has_via = flat_has_via;
