@@ -2,7 +2,13 @@
 
 Theory of operation:
 - ``load_schema`` checks a schema in a subprocess before loading it here, because pycapnp
-  aborts the whole interpreter on any schema error (pycapnp-notes.md §1.1).
+  aborts the whole interpreter on any schema error (pycapnp-notes.md §1.1). pycapnp keeps
+  one loader per process, which already holds capsvc's rpc.capnp and the standard files it
+  imports (``/capnp/c++.capnp``) from pycapnp's directory. A second copy of one of those at
+  another path (``-I /usr/include`` with Debian's libcapnp-dev, or a copy beside the
+  schema) is a duplicate ID, and so an abort: pycapnp's directory is searched first, and
+  the check loads rpc.capnp first as this process did, so what it cannot resolve that way
+  is a ``SchemaError`` that says so.
 - ``interface_info`` gives, per interface, the method table servers dispatch on and clients
   build requests from (superclass methods included).
 - ``struct_info`` gives, per struct, the fields through which a capability can be reached
@@ -35,15 +41,16 @@ def load_schema(
 
     Args:
         path: the schema file.
-        imports: directories searched for ``import "/..."`` (pycapnp's own directory is
-            always added, so ``/capnp/c++.capnp`` and friends resolve).
+        imports: directories searched for ``import "/..."``, after pycapnp's own
+            directory: ``/capnp/c++.capnp`` and friends are always pycapnp's, the copies
+            capsvc's rpc.capnp has loaded already.
         check: set False to skip the subprocess check for schemas you trust.
 
     Raises:
         SchemaError: the file is missing or invalid (with the compiler's message).
     """
     full = os.path.abspath(os.fspath(path))
-    search = tuple(imports) + (os.path.dirname(os.path.dirname(capnp.__file__)),)
+    search = (_PYCAPNP_INCLUDE, *imports)
     key = (full, search)
     if key in _LOADED:
         return _LOADED[key]
@@ -56,10 +63,21 @@ def load_schema(
     return module
 
 
+_PYCAPNP_INCLUDE = os.path.dirname(os.path.dirname(capnp.__file__))
+
+# The check process first loads what this one has (capsvc.rpc.wire loads rpc.capnp so),
+# then the schema.
+_CHECK = (
+    "import sys, capnp; capnp.load(sys.argv[1], imports=[sys.argv[2]]);"
+    " capnp.load(sys.argv[3], imports=sys.argv[4:])"
+)
+
+
 def _check_in_subprocess(path: str, imports: tuple[str, ...]) -> None:
-    code = "import sys, capnp; capnp.load(sys.argv[1], imports=sys.argv[2:])"
+    from capsvc.rpc.wire import RPC_SCHEMA
+
     done = subprocess.run(
-        [sys.executable, "-c", code, path, *imports],
+        [sys.executable, "-c", _CHECK, RPC_SCHEMA, _PYCAPNP_INCLUDE, path, *imports],
         capture_output=True,
         text=True,
         timeout=60,
@@ -68,7 +86,22 @@ def _check_in_subprocess(path: str, imports: tuple[str, ...]) -> None:
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         detail = next((line for line in lines if "failed:" in line or "error" in line.lower()), "")
-        raise SchemaError(f"invalid schema {path}: {detail or lines[-1] if lines else 'crashed'}")
+        detail = detail or (lines[-1] if lines else "crashed")
+        raise SchemaError(f"invalid schema {path}: {_explained(detail.strip())}")
+
+
+def _explained(detail: str) -> str:
+    """The compiler's complaint, without kj's ``what():`` prefix; a duplicate ID (a
+    second copy of a file already loaded) says which file and what to do."""
+    detail = detail.removeprefix("what():").strip()
+    if "Duplicate ID" not in detail:
+        return detail
+    copy = detail.split(":", 1)[0]
+    return (
+        f"{copy} has the ID of a file already loaded from pycapnp's directory"
+        f' ({_PYCAPNP_INCLUDE}/capnp): import that one as "/capnp/{os.path.basename(copy)}"'
+        f" rather than a copy of it ({detail})"
+    )
 
 
 # ---------------------------------------------------------------------- interfaces

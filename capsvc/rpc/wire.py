@@ -26,7 +26,10 @@ from librt.strings import read_i16_le, read_i32_le, read_i64_le
 from capsvc.errors import ExceptionType, RemoteProtocolError, RpcError
 
 _PKG = os.path.dirname(capnp.__file__)
-rpc: Any = capnp.load(os.path.join(_PKG, "rpc.capnp"), imports=[os.path.dirname(_PKG)])
+#: pycapnp's copy of rpc.capnp, loaded into pycapnp's one loader when capsvc is imported
+#: (capsvc.schema checks user schemas against what that load brings in).
+RPC_SCHEMA: Final = os.path.join(_PKG, "rpc.capnp")
+rpc: Any = capnp.load(RPC_SCHEMA, imports=[os.path.dirname(_PKG)])
 
 Message: Any = rpc.Message
 
