@@ -161,15 +161,10 @@ class Specializer:
         new_id = _synthetic_id(self._file_id, key)
         self._made[key] = new_id
         root = relevant[0][0]
-        root_scope = self._where[root][1]
-        root_env = {root: env[root]}
-        if root != target:
-            # The specialized root holds this node: make it exist as a class.
-            container = self._where[self._specialized(root, root_env)][1]
+        if root == target:
+            scope = self._name(self._where[root][1], relevant)
         else:
-            container = self._name(root_scope, relevant)
-        rest = self._where[target][1][len(root_scope) :]
-        scope = container + rest
+            scope = self._nested_scope(target, env)
         self._where[new_id] = (self._file_id, scope)
         local_env = dict(env)
         specialized = self._resolved(model, local_env, new_id, scope)
@@ -178,6 +173,22 @@ class Specializer:
         bindings = ", ".join(spelled)
         self.extra.append(replace(specialized, specializes=model.schema_id, bindings=bindings))
         return new_id
+
+    def _nested_scope(self, target: int, env: Env) -> str:
+        """Where the specialization of ``target``, nested in a generic, lives: inside
+        its parent's specialization (made here if need be, so the class exists), named
+        after the bindings of ``target``'s own parameters when it has any. Two bindings
+        of one nested generic (test.capnp's ``Inner2(Text)`` and ``Inner2(List(UInt32))``
+        in one ``TestGenerics(...)``) so get two classes."""
+        file_id, path = self._where[target]
+        parent_path, _, last = path.rpartition(".")
+        parent = self._scopes[file_id, parent_path]
+        parent_env = {s: env[s] for s in self._generic_scopes(parent) if s in env}
+        container = self._where[self._specialized(parent, parent_env)][1]
+        own = env.get(target)  # the bindings of its own parameters, if it has any
+        if own is not None:
+            last = "_".join([last, *(_name_part(b, self._where) for b in own)])
+        return f"{container}.{last}"
 
     def _name(self, scope: str, relevant: tuple[tuple[int, tuple[Type | None, ...]], ...]) -> str:
         parts = [scope.replace(".", "_")]

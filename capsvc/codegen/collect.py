@@ -17,6 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
+from capsvc.codegen.model import PROVIDED_MODULES
 from capsvc.errors import SchemaError
 
 
@@ -50,32 +51,46 @@ def _schema_error(stderr: str) -> str:
 
 
 # ---------------------------------------------------------------------- the child
-def _walk(schema: Any, out: dict[int, bytes], files: dict[str, int]) -> None:
+def _walk(schema: Any, out: dict[int, bytes], files: dict[str, int], nested: set[int]) -> None:
+    """Every node reachable from ``schema``: its nested nodes, and the types its fields and
+    methods use. A node reached first through a field type comes as a schema that cannot
+    list its nested nodes; those are walked when the node is reached again through its
+    file's parsed tree (``nested`` holds the nodes whose nested nodes were walked), so a
+    nested enum or const that no field uses is still generated."""
     node = schema.node
-    if node.id in out:
+    if node.id not in out:
+        out[node.id] = node.as_builder().to_bytes()
+        _walk_uses(schema, node, out, files, nested)
+    if node.id in nested or not hasattr(schema, "get_nested"):
         return
-    out[node.id] = node.as_builder().to_bytes()
+    nested.add(node.id)
+    for child in node.nestedNodes:
+        _walk(schema.get_nested(child.name), out, files, nested)
+
+
+def _walk_uses(
+    schema: Any, node: Any, out: dict[int, bytes], files: dict[str, int], nested: set[int]
+) -> None:
     which = node.which()
     if which == "file":
         files[node.displayName] = node.id
     if which == "struct":
         struct = schema.as_struct() if hasattr(schema, "as_struct") else schema
         for field in node.struct.fields:
-            _walk_field_type(struct.fields[field.name], out, files)
+            _walk_field_type(struct.fields[field.name], out, files, nested)
     elif which == "interface":
         interface = schema.as_interface() if hasattr(schema, "as_interface") else schema
         for name in interface.method_names:
             method = interface.methods[name]
-            _walk(method.param_type, out, files)
-            _walk(method.result_type, out, files)
+            _walk(method.param_type, out, files, nested)
+            _walk(method.result_type, out, files, nested)
         for parent in interface.superclasses:
-            _walk(parent, out, files)
-    for nested in node.nestedNodes:
-        if hasattr(schema, "get_nested"):
-            _walk(schema.get_nested(nested.name), out, files)
+            _walk(parent, out, files, nested)
 
 
-def _walk_field_type(field: Any, out: dict[int, bytes], files: dict[str, int]) -> None:
+def _walk_field_type(
+    field: Any, out: dict[int, bytes], files: dict[str, int], nested: set[int]
+) -> None:
     try:
         target = field.schema
     except Exception:  # a primitive type has no schema of its own
@@ -86,38 +101,61 @@ def _walk_field_type(field: Any, out: dict[int, bytes], files: dict[str, int]) -
         except Exception:  # a list of a primitive type
             return
     if target is not None and hasattr(target, "node"):
-        _walk(target, out, files)
+        _walk(target, out, files, nested)
 
 
 def _child() -> None:
     import capnp
 
     request = json.loads(sys.stdin.read())
-    import_dirs = [os.path.abspath(d) for d in request["imports"]]
+    # Absolute imports search the user's directories, then pycapnp's, which has the
+    # standard files (``/capnp/stream.capnp``, which a ``-> stream`` method imports
+    # implicitly), as ``capnp compile`` finds its own.
+    pycapnp_dir = os.path.dirname(os.path.dirname(capnp.__file__))
+    import_dirs = [os.path.abspath(d) for d in request["imports"]] + [pycapnp_dir]
     parser = capnp.SchemaParser()
     nodes: dict[int, bytes] = {}
+    nested: set[int] = set()
     requested: list[tuple[int, str]] = []
-    todo = [os.path.abspath(path) for path in request["paths"]]
+    # (file, the directory its name is relative to): for a requested file, the deepest
+    # import directory holding it (else its own directory); for an imported file, the
+    # one its import was found under.
+    asked = [os.path.abspath(path) for path in request["paths"]]
+    todo = [(path, _base(path, import_dirs)) for path in asked]
     loaded: set[str] = set()
     while todo:
-        path = todo.pop(0)
+        path, base = todo.pop(0)
         if path in loaded:
             continue
         loaded.add(path)
-        here = os.path.dirname(path)
-        module = parser.load(path, imports=[here, *import_dirs])
+        # The compiler keys a file by the deepest listed directory holding it, and a file
+        # keyed two ways is a duplicate ID: an imported file must be keyed under the
+        # directory its import was found in (pycapnp's, for stream.capnp), never under
+        # its own directory.
+        module = parser.load(path, imports=[*import_dirs, base])
         files: dict[str, int] = {}
-        _walk(module.schema, nodes, files)
-        requested.append((module.schema.node.id, os.path.basename(path)))
+        _walk(module.schema, nodes, files, nested)
+        file_id = module.schema.node.id
+        if file_id not in PROVIDED_MODULES or path in asked:  # capsvc has its module
+            requested.append((file_id, os.path.basename(path)))
         # Types from other files: generate those files too (their node's file name is
         # the import path as the schema wrote it, relative to the importing file).
         for name in _foreign_files(nodes, {os.path.basename(p) for p in loaded}):
-            for base in (here, *import_dirs):
-                candidate = os.path.normpath(os.path.join(base, name.lstrip("/")))
+            for where in (*import_dirs, base):
+                candidate = os.path.normpath(os.path.join(where, name.lstrip("/")))
                 if os.path.exists(candidate):
-                    todo.append(candidate)
+                    todo.append((candidate, where))
                     break
     print(json.dumps({"nodes": [n.hex() for n in nodes.values()], "requested": requested}))
+
+
+def _base(path: str, import_dirs: list[str]) -> str:
+    """Where the compiler keys ``path`` (the deepest import directory holding it, else its
+    own directory). A requested file under an import directory is keyed as an absolute
+    import of it would be, so that a relative import of a file (``"c++.capnp"``) and an
+    absolute one (``"/capnp/c++.capnp"``) are one file, as they are to ``capnp compile``."""
+    holding = [d for d in import_dirs if path.startswith(d.rstrip(os.sep) + os.sep)]
+    return max(holding, key=len) if holding else os.path.dirname(path)
 
 
 def _foreign_files(nodes: dict[int, bytes], known: set[str]) -> set[str]:

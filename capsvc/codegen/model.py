@@ -169,6 +169,13 @@ class File:
         return module_name(self.filename)
 
 
+#: Standard schema files whose modules capsvc ships (file ID -> the package holding the
+#: module). A schema importing one (every ``-> stream`` method imports /capnp/stream.capnp)
+#: imports capsvc's module, and ``capsvc gen`` writes no copy of it beside the schema's,
+#: as C++ code links libcapnp's stream.capnp.h rather than generating its own.
+PROVIDED_MODULES: dict[int, str] = {0x86C366A91393F3F8: "capsvc.generated"}  # stream.capnp
+
+
 def module_name(filename: str) -> str:
     """The Python module a schema file becomes: ``carsales.capnp`` -> ``carsales_capnp``."""
     base = filename.replace("\\", "/").rsplit("/", 1)[-1]

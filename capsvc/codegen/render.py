@@ -28,6 +28,7 @@ from contextlib import contextmanager
 
 from capsvc.codegen.model import (
     NUMBERS,
+    PROVIDED_MODULES,
     SCHEMA_NAMES,
     Const,
     Enum,
@@ -40,6 +41,7 @@ from capsvc.codegen.model import (
     Struct,
     Type,
 )
+from capsvc.codegen.shadowing import qualify
 
 #: Names the generator itself defines in a type's namespace or on readers and builders.
 RESERVED = frozenset(
@@ -160,7 +162,7 @@ def render(file: File, schema: Schema, *, relative_imports: bool = False) -> str
     _lists(out, file, names)
     _plans(out, file, names)
     _module_tail(out, file, names)
-    return "\n".join(out.lines).rstrip("\n") + "\n"
+    return qualify("\n".join(out.lines).rstrip("\n") + "\n")
 
 
 def _bases_first(siblings: list[Node], file: File) -> list[Node]:
@@ -252,8 +254,15 @@ def _header(out: _Out, file: File, relative: bool) -> None:
             out.add(f"get_{width}, set_{width},")
         out.add("f32_bits, f32_from_bits, f64_bits, f64_from_bits,")
     out.add(")")
-    for module in sorted(set(file.imports.values())):
-        out.add(f"from . import {module}" if relative else f"import {module}")
+    lines = set()
+    for file_id, module in file.imports.items():
+        package = PROVIDED_MODULES.get(file_id)
+        if package is not None:
+            lines.add((module, f"from {package} import {module}"))
+        else:
+            lines.add((module, f"from . import {module}" if relative else f"import {module}"))
+    for _, line in sorted(lines):
+        out.add(line)
     out.add("")
 
 
@@ -315,14 +324,19 @@ def _enum(out: _Out, node: Enum, names: _Names) -> None:
             out.add("return member")
 
 
+#: Constants whose value names a generated class, so set in the module's tail.
+_DEFERRED_CONSTS = ("struct", "list", "anyPointer", "enum")
+
+
 def _const(out: _Out, node: Const, names: _Names) -> None:
     path = names.local[node.id]
     name = path.rpartition(".")[2]
     kind = node.type
     value_type = _value_type(kind, names)
     annotation = f"ClassVar[{value_type}]" if "." in path else value_type
-    if kind.kind in ("struct", "list", "anyPointer"):
-        # Set at the end of the module, once the classes it reads with exist.
+    if kind.kind in _DEFERRED_CONSTS:
+        # Set at the end of the module, once the classes it reads with exist (an enum
+        # may be declared after a constant of its type: test.capnp's TestConstants).
         out.add(f"{name}: {annotation}")
         return
     out.add(f"{name}: {annotation} = {_literal(node.value, kind, names)}")
@@ -1664,7 +1678,9 @@ def _module_tail(out: _Out, file: File, names: _Names) -> None:
     _interface_tables(tail, file, names)
     _server_tables(tail, file, names)
     for node in file.nodes:
-        if isinstance(node, Const) and node.type.kind in ("struct", "list", "anyPointer"):
+        if isinstance(node, Const) and node.type.kind == "enum":
+            tail.add(f"{names.local[node.id]} = {_literal(node.value, node.type, names)}")
+        elif isinstance(node, Const) and node.type.kind in _DEFERRED_CONSTS:
             if node.value is None:
                 continue
             segments = ", ".join(f"bytes.fromhex({s.hex()!r})" for s in node.value)  # type: ignore[attr-defined]

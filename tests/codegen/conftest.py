@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import capnp
 import pytest
 
+import capsvc
 from capsvc.codegen import schema_of_paths, sources, write
 from capsvc.codegen.model import Schema
 
@@ -39,7 +39,8 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Generated:
         other = importlib.import_module("kitchen_other_capnp")
     finally:
         sys.path.remove(directory)
-    reference = capnp.load(os.path.join(SCHEMAS, "kitchen.capnp"), imports=[SCHEMAS])
+    # load_schema: pycapnp's directory is searched too (Sink's `-> stream`).
+    reference = capsvc.load_schema(os.path.join(SCHEMAS, "kitchen.capnp"), imports=[SCHEMAS])
     return Generated(schema, directory, kitchen, other, reference)
 
 

@@ -146,3 +146,26 @@ def test_any_pointer_kinds_are_explicit(generated: Generated) -> None:
     with generated.reference.Anything.from_bytes(built.to_bytes()) as ref:
         assert ref.anyStruct.as_struct(generated.reference.Numbers).i32 == -7
         assert ref.pointer.as_struct(generated.reference.Numbers).u8 == 9
+
+
+def test_a_nested_generic_bound_two_ways_is_two_classes(generated: Generated) -> None:
+    """``Shelf(Tree).Slot(Text)`` and ``Shelf(Tree).Slot(List(Int32))`` in one struct: each
+    its own class inside ``Shelf_Tree`` (one name for both once overwrote the first, so
+    the Text slot read as a list), and a binding through an alias (``TextSlot``) too."""
+    k = generated.kitchen
+    shelves = k.Shelves.new_message()
+    shelves.texts.extra = "words"
+    shelves.texts.init_item().value = 7
+    shelves.numbers.set_extra([4, 5])
+    read = k.Shelves.from_bytes(shelves.to_bytes())
+    assert type(read.texts) is k.Shelf_Tree.Slot_Text.Reader
+    assert type(read.numbers) is k.Shelf_Tree.Slot_List_Int32.Reader
+    assert read.texts.extra == "words"
+    assert read.texts.item.value == 7
+    assert list(read.numbers.extra) == [4, 5]
+    assert read.aliased.extra == "by alias"  # the field's default, through the alias
+    with generated.reference.Shelves.from_bytes(shelves.to_bytes()) as ref:
+        assert ref.texts.extra == "words"
+        assert ref.texts.item.value == 7
+        assert list(ref.numbers.extra) == [4, 5]
+        assert ref.aliased.extra == "by alias"

@@ -1,5 +1,6 @@
-"""``extends`` (the diamond) and a generic bound by ``extends(Store(Text))``, over TCP on
-127.0.0.1 through generated stubs: typed client and typed server, typed client against the
+"""``extends`` (the diamond), a generic bound by ``extends(Store(Text))`` and a streaming
+method (``Sink.write @0 (chunk :Data) -> stream``), over TCP on 127.0.0.1 through generated
+stubs: typed client and typed server, typed client against the
 C++ reference (pycapnp), and the C++ reference's client against typed servers. The
 semantics both sides implement are in tests/peers/pycapnp_kitchen_peer.py's docstring.
 """
@@ -59,6 +60,27 @@ def servers(k: ModuleType) -> tuple[type, type]:
     return Diamond, TextStore
 
 
+def sink_server(k: ModuleType) -> type:
+    """A typed server of the streaming ``Sink``: its ``write`` has StreamResult results."""
+
+    class Sink(k.Sink.Server):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            self.bytes = 0
+            self.writes = 0
+
+        def write(self, params: Any, results: Any) -> None:
+            if params.chunk[:1] != bytes([self.writes % 256]):
+                raise ValueError(f"chunk {params.chunk[:1]!r} arrived as write {self.writes}")
+            self.writes += 1
+            self.bytes += len(params.chunk)
+
+        def total(self, params: Any, results: Any) -> None:
+            results.bytes = self.bytes
+            results.writes = self.writes
+
+    return Sink
+
+
 @asynccontextmanager
 async def local_server(server: object) -> AsyncIterator[str]:
     async with trio.open_nursery() as nursery:
@@ -97,6 +119,25 @@ async def exercise_store(k: ModuleType, address: str) -> None:
             store.put(value=5)
 
 
+async def exercise_sink(k: ModuleType, address: str) -> None:
+    """Fifty ``-> stream`` writes sent back to back, then ``total``: on the wire they are
+    ordinary calls, in order, whose results are capsvc's generated StreamResult."""
+    from capsvc.generated import stream_capnp
+
+    async with capsvc.connect(address) as conn:
+        sink = conn.bootstrap(k.Sink)
+        writes = [sink.write(chunk=bytes([i]) * (i + 1)) for i in range(50)]
+        for write in writes:
+            assert type(await write) is stream_capnp.StreamResult.Reader
+        got = await sink.total()
+        assert (got.bytes, got.writes) == (1275, 50)
+        with pytest.raises(TypeError, match=r"^Sink\.write\(\) has no parameter data;"):
+            sink.write(data=b"x")
+
+
+EXERCISES = {"diamond": exercise_diamond, "textstore": exercise_store, "sink": exercise_sink}
+
+
 @pytest.fixture
 def cpp_peer(request: pytest.FixtureRequest) -> Iterator[PeerProcess]:
     script = peer_script("pycapnp_kitchen_peer")
@@ -111,20 +152,24 @@ async def test_typed_client_and_typed_servers(generated: Generated) -> None:
         await exercise_diamond(generated.kitchen, address)
     async with local_server(store()) as address:
         await exercise_store(generated.kitchen, address)
+    async with local_server(sink_server(generated.kitchen)()) as address:
+        await exercise_sink(generated.kitchen, address)
 
 
-@pytest.mark.parametrize("cpp_peer", ["diamond", "textstore"], indirect=True)
+@pytest.mark.parametrize("cpp_peer", ["diamond", "textstore", "sink"], indirect=True)
 async def test_typed_client_and_cpp_servers(generated: Generated, cpp_peer: PeerProcess) -> None:
     argv = list(cpp_peer.proc.args)  # type: ignore[arg-type]
-    exercise = exercise_diamond if "diamond" in argv else exercise_store
+    exercise = EXERCISES[argv[-1]]
     with peer_deadline():
         await exercise(generated.kitchen, cpp_peer.address)
 
 
-@pytest.mark.parametrize("kind", ["diamond", "textstore"])
+@pytest.mark.parametrize("kind", ["diamond", "textstore", "sink"])
 async def test_cpp_client_and_typed_servers(generated: Generated, kind: str) -> None:
     diamond, store = servers(generated.kitchen)
-    server = diamond() if kind == "diamond" else store()
+    server = {"diamond": diamond, "textstore": store, "sink": sink_server(generated.kitchen)}[
+        kind
+    ]()
     async with local_server(server) as address:
         hostport = address.removeprefix("tcp:")
         with peer_deadline(60):
@@ -141,5 +186,11 @@ async def test_cpp_client_and_typed_servers(generated: Generated, kind: str) -> 
     assert done.returncode == 0, output
     lines = done.stdout.decode().splitlines()
     checks = [line.split()[1] for line in lines if line.startswith("ok ")]
-    expected = ["depth", "left", "right", "base", "tricky", "self"]
-    assert checks == (expected if kind == "diamond" else ["get", "box", "size", "generic"])
+    assert (
+        checks
+        == {
+            "diamond": ["depth", "left", "right", "base", "tricky", "self"],
+            "textstore": ["get", "box", "size", "generic"],
+            "sink": ["total"],
+        }[kind]
+    )

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Reference-side peer (pycapnp, libcapnp's C++ RPC) for kitchen.capnp's interface
 hierarchies: ``Diamond`` (extends Left and Right, which both extend Base) and
-``TextStore`` (extends the generic ``Store(Text)``).
+``TextStore`` (extends the generic ``Store(Text)``), and for ``Sink``'s streaming method.
 
 Usage:
-    python tests/peers/pycapnp_kitchen_peer.py serve 127.0.0.1:0 --bootstrap diamond|textstore
-    python tests/peers/pycapnp_kitchen_peer.py call HOST:PORT --bootstrap diamond|textstore
+    python tests/peers/pycapnp_kitchen_peer.py serve 127.0.0.1:0 --bootstrap KIND
+    python tests/peers/pycapnp_kitchen_peer.py call HOST:PORT --bootstrap KIND
+
+KIND is diamond, textstore or sink.
 
 ``serve`` gives each connection a new bootstrap object of that kind, prints ``LISTENING
 <port>`` once bound, and stops on SIGTERM. ``call`` bootstraps the peer, calls every
@@ -15,7 +17,9 @@ method of the hierarchy through C++ (also through the base and generic types) an
 The semantics both sides implement: ``depth`` -> 3; ``left``/``right`` -> side "left"/
 "right"; ``tricky`` -> return "self|request|params|unknown|from" and the object itself;
 ``put(value)`` stores it; ``get`` -> the last value, and a ``Box(Text)`` holding it
-labelled "box"; ``size`` -> how many puts there were.
+labelled "box"; ``size`` -> how many puts there were; ``write(chunk)`` (``-> stream``)
+counts the chunk, whose first byte must be its index (writes arrive in order);
+``total`` -> the bytes and writes counted.
 """
 
 import argparse
@@ -29,7 +33,9 @@ import capnp
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SCHEMAS = os.path.join(ROOT, "tests", "schemas")
-kitchen = capnp.load(os.path.join(SCHEMAS, "kitchen.capnp"), imports=[SCHEMAS])
+# pycapnp's own directory too: Sink's `-> stream` imports /capnp/stream.capnp.
+PYCAPNP = os.path.dirname(os.path.dirname(capnp.__file__))
+kitchen = capnp.load(os.path.join(SCHEMAS, "kitchen.capnp"), imports=[SCHEMAS, PYCAPNP])
 
 
 class DiamondServer(kitchen.Diamond.Server):
@@ -66,6 +72,28 @@ class TextStoreServer(kitchen.TextStore.Server):
         context.results.count = len(self.values)
 
 
+class SinkServer(kitchen.Sink.Server):
+    """Counts what is written; a chunk out of order (its first byte is its index) fails."""
+
+    def __init__(self):
+        self.bytes = 0
+        self.writes = 0
+
+    async def write_context(self, context):
+        chunk = context.params.chunk
+        if chunk[:1] != bytes([self.writes % 256]):
+            raise ValueError(f"chunk {chunk[:1]!r} arrived as write {self.writes}")
+        self.writes += 1
+        self.bytes += len(chunk)
+
+    async def total_context(self, context):
+        context.results.bytes = self.bytes
+        context.results.writes = self.writes
+
+
+SERVERS = {"diamond": DiamondServer, "textstore": TextStoreServer, "sink": SinkServer}
+
+
 async def serve(host, port, kind):
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -73,7 +101,7 @@ async def serve(host, port, kind):
         loop.add_signal_handler(sig, stop.set)
 
     async def on_connection(stream):
-        bootstrap = DiamondServer() if kind == "diamond" else TextStoreServer()
+        bootstrap = SERVERS[kind]()
         try:
             await capnp.TwoPartyServer(stream, bootstrap=bootstrap).on_disconnect()
         except Exception as exc:  # one broken connection must not stop the server
@@ -110,6 +138,12 @@ async def call(host, port, kind):
         response = await request.send()
         check("tricky", getattr(response, "return"), "s|1|True|-2|7")
         check("self", (await response.self.left()).side, "left")
+    elif kind == "sink":
+        sink = client.bootstrap().cast_as(kitchen.Sink)
+        for i in range(50):  # `-> stream` calls, each awaited as pycapnp's flow control allows
+            await sink.write(bytes([i]) * (i + 1))
+        got = await sink.total()
+        check("total", (got.bytes, got.writes), (1275, 50))
     else:
         store = client.bootstrap().cast_as(kitchen.TextStore)
         await store.put("first")
@@ -126,7 +160,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["serve", "call"])
     parser.add_argument("address", nargs="?", default="127.0.0.1:0")
-    parser.add_argument("--bootstrap", choices=["diamond", "textstore"], required=True)
+    parser.add_argument("--bootstrap", choices=sorted(SERVERS), required=True)
     args = parser.parse_args()
     host, _, port = args.address.rpartition(":")
     run = serve if args.mode == "serve" else call

@@ -153,6 +153,60 @@ struct Boxes {
   bare @5 :Box;
 }
 
+# A generic nested in a generic, bound two ways inside one binding of its parent: two
+# classes (Shelf_Tree.Slot_Text, Shelf_Tree.Slot_List_Int32), not one overwriting the other.
+struct Shelf(T) {
+  struct Slot(U) {
+    item @0 :T;
+    extra @1 :U;
+  }
+  using TextSlot = Slot(Text);
+}
+
+struct Shelves {
+  texts @0 :Shelf(Tree).Slot(Text);
+  numbers @1 :Shelf(Tree).Slot(List(Int32));
+  aliased @2 :Shelf(Tree).TextSlot = (extra = "by alias");
+}
+
+# Nested nodes of a struct that a field reaches before its declaration: generated even
+# though no field uses them (capsvc gen once missed them; the compiler plugin did not).
+struct Parcel {
+  contents @0 :Crate;
+}
+
+struct Crate {
+  enum Seal {
+    open @0;
+    shut @1;
+  }
+  const capacity :UInt8 = 12;
+  weight @0 :UInt16;
+}
+
+# Fields and a method named after Python's builtin types: the generated classes keep the
+# names, and where such a member would shadow the type in its class's annotations they
+# say `_builtins.str` (mypy --strict over this module checks it).
+struct Builtins {
+  str @0 :Text;
+  bytes @1 :Data;
+  bool @2 :Bool;
+  int @3 :Int32;
+  list @4 :List(Text);
+  type @5 :Float64;
+}
+
+interface Converter {
+  str @0 (int :Int64) -> (str :Text);
+}
+
+# A streaming method: on the wire an ordinary call whose results are stream.capnp's
+# StreamResult (imported implicitly from /capnp/stream.capnp: pycapnp's copy).
+interface Sink {
+  write @0 (chunk :Data) -> stream;
+  total @1 () -> (bytes :UInt64, writes :UInt32);
+}
+
 interface Store(T) {
   put @0 (value :T) -> ();
   get @1 () -> (value :T, box :Box(T));
@@ -182,6 +236,19 @@ interface Right extends(Base) {
   right @0 () -> (side :Text);
 }
 
+# Constants of an enum declared after them (in a struct and at the top): set once the
+# module's classes exist.
+struct Settings {
+  const fallback :Mood = cross;
+  mood @0 :Mood = calm;
+}
+
+enum Mood {
+  calm @0;
+  cross @1;
+}
+
+const bestMood :Mood = calm;
 const answer :Int32 = 42;
 const greeting :Text = "hi there";
 const origin :Numbers = (i16 = -5, color = red);

@@ -7,6 +7,8 @@ Do not edit: change the schema and run ``capsvc gen`` again.
 # fmt: off
 from __future__ import annotations
 
+import builtins as _builtins
+
 import enum
 import struct
 from collections.abc import Awaitable, Sequence
@@ -34,6 +36,7 @@ from capsvc.codec.fields import (
     f32_bits, f32_from_bits, f64_bits, f64_from_bits,
 )
 import kitchen_other_capnp
+from capsvc.generated import stream_capnp
 
 
 class Anything:
@@ -906,6 +909,190 @@ class Boxes:
         """The root of a packed message (the packed encoding of the framing)."""
         return _r.read_packed(Boxes.Reader, data)
 
+class Builtins:
+    """struct Builtins (0xd3074f24e76b6651)."""
+
+    _ID: ClassVar[int] = 0xd3074f24e76b6651
+
+    class Init(TypedDict, total=False):
+        """Builtins as plain values: what ``new_message`` and ``assign`` take."""
+
+        str: _builtins.str | None
+
+        bytes: _builtins.bytes | bytearray | memoryview | None
+
+        bool: _builtins.bool
+
+        int: _builtins.int
+
+        list: Sequence[_builtins.str | None] | _r.ListReader[Any] | None
+
+        type: float
+
+    Row: TypeAlias = "tuple[str, bytes, bool, int, list[str], float]"
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[_builtins.int] = 2
+        _POINTERS: ClassVar[_builtins.int] = 3
+
+        str = _d.Text(0, '')
+
+        @property
+        def bytes(self) -> _builtins.bytes:
+            w = self._ptr + 1
+            return _r.read_data(self._msg, self._si, w if w < self._pend else -1, b'')
+
+        bool = _d.Bool(0, 0, False)
+
+        int = _d.Int("i32", 4)
+
+        list: _d.List[_r.ListReader[_builtins.str]] = _d.List(2)
+
+        type = _d.Float(64, 8)
+
+        def to_dict(self) -> dict[_builtins.str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(0):
+                out['str'] = self.str
+            if self._has(1):
+                out['bytes'] = self.bytes
+            out['bool'] = self.bool
+            out['int'] = self.int
+            if self._has(2):
+                out['list'] = list(self.list)
+            out['type'] = self.type
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[_builtins.int] = 2
+        _POINTERS: ClassVar[_builtins.int] = 3
+
+        str = _d.text_property(0, '', "Builtins.str")
+
+        @property
+        def bytes(self) -> _builtins.bytes:
+            return _b.get_data(self._b, self._ptr + 1, b'')
+        @bytes.setter
+        def bytes(self, value: _builtins.bytes | bytearray | memoryview) -> None:
+            _b.set_data(self._b, self._ptr + 1, value, "Builtins.bytes")
+
+        bool = _d.bool_property(0, 0, False, "Builtins.bool")
+
+        int = _d.int_property("i32", 4, 0, "Builtins.int", "Int32")
+
+        def init_list(self, count: _builtins.int) -> _b.TextListBuilder:
+            """A new list of ``count`` elements in list."""
+            return _b.init_text_list(self._b, self._ptr + 2, count, "Builtins.list")
+
+        def set_list(self, values: list[_builtins.str] | tuple[_builtins.str, ...]) -> None:
+            """list from a sequence of values."""
+            items = list(values)
+            target = _b.init_text_list(self._b, self._ptr + 2, len(items), "Builtins.list")
+            for index, item in enumerate(items):
+                target[index] = item
+
+        type = _d.float_property(64, 8, 0x0, "Builtins.type", "Float64")
+
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            str: _builtins.str | None = _e.MISSING,
+            bytes: _builtins.bytes | bytearray | memoryview | None = _e.MISSING,
+            bool: _builtins.bool = _e.MISSING,
+            int: _builtins.int = _e.MISSING,
+            list: Sequence[_builtins.str | None] | _r.ListReader[Any] | None = _e.MISSING,
+            type: float = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Builtins, [str, bytes, bool, int, list, type], _unknown)
+
+        def init(self, name: _builtins.str, *args: _builtins.int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Builtins.Reader:
+            """A reader of this struct as built so far."""
+            return Builtins.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Builtins (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Builtins results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message(
+        *,
+        str: str | None = _e.MISSING,
+        bytes: bytes | bytearray | memoryview | None = _e.MISSING,
+        bool: bool = _e.MISSING,
+        int: int = _e.MISSING,
+        list: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
+        type: float = _e.MISSING,
+        **_unknown: Never,
+    ) -> Builtins.Builder:
+        """A new message whose root is a Builtins: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Builtins.Builder, _P_Builtins, [str, bytes, bool, int, list, type], _unknown)
+
+    @staticmethod
+    def row(reader: Builtins.Reader | Builtins.Builder) -> Builtins.Row:
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
+        return _w.struct_row(reader, _P_Builtins)
+
+    @staticmethod
+    def from_row(row: Builtins.Row) -> Builtins.Builder:
+        """A new message whose root is a Builtins holding ``row``."""
+        return _e.new_message_row(Builtins.Builder, _P_Builtins, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Builtins.Reader] | _b.StructListBuilder[Builtins.Builder]) -> list[Builtins.Row]:
+        """Every element of a list of Builtins (read, or being built) as a row."""
+        return _w.list_rows(readers, _P_Builtins)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Builtins, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Builtins, names, nested)
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Builtins.Reader:
+        """The root Builtins of a message (its segments)."""
+        return _r.read_segments(Builtins.Reader, segments, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Builtins.Reader:
+        """The root of a message in the standard stream framing."""
+        return _r.read_framed(Builtins.Reader, data)
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Builtins.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return _r.read_packed(Builtins.Reader, data)
+
 class Color(enum.IntEnum):
     """enum Color (0xcf8e5d676c9f70d3). Codes unknown to this schema (from a
     newer writer) read as pseudo-members named by their number."""
@@ -922,6 +1109,423 @@ class Color(enum.IntEnum):
         member._name_ = str(value)
         member._value_ = value
         return member
+
+class Converter(_t.Interface["Converter.Client"]):
+    """interface Converter (0xcb82a663a4847109): its methods' params and results."""
+
+    _ID: ClassVar[int] = 0xcb82a663a4847109
+    #: Method name -> (ordinal, params struct, results struct).
+    METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]
+
+    class StrParams:
+        """struct Converter.str$Params (0xd51a4eca2a03191c)."""
+
+        _ID: ClassVar[int] = 0xd51a4eca2a03191c
+
+        class Init(TypedDict, total=False):
+            """Converter.str$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            int: _builtins.int
+
+        Row: TypeAlias = "tuple[int]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[_builtins.int] = 1
+            _POINTERS: ClassVar[_builtins.int] = 0
+
+            int = _d.Int("i64", 0)
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                out['int'] = self.int
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[_builtins.int] = 1
+            _POINTERS: ClassVar[_builtins.int] = 0
+
+            int = _d.int_property("i64", 0, 0, "Converter.str$Params.int", "Int64")
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                int: _builtins.int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Converter_StrParams, [int], _unknown)
+
+            def init(self, name: str, *args: _builtins.int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Converter.StrParams.Reader:
+                """A reader of this struct as built so far."""
+                return Converter.StrParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Converter.str$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Converter.str$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            int: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Converter.StrParams.Builder:
+            """A new message whose root is a Converter.str$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Converter.StrParams.Builder, _P_Converter_StrParams, [int], _unknown)
+
+        @staticmethod
+        def row(reader: Converter.StrParams.Reader | Converter.StrParams.Builder) -> Converter.StrParams.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Converter_StrParams)
+
+        @staticmethod
+        def from_row(row: Converter.StrParams.Row) -> Converter.StrParams.Builder:
+            """A new message whose root is a Converter.str$Params holding ``row``."""
+            return _e.new_message_row(Converter.StrParams.Builder, _P_Converter_StrParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Converter.StrParams.Reader] | _b.StructListBuilder[Converter.StrParams.Builder]) -> list[Converter.StrParams.Row]:
+            """Every element of a list of Converter.str$Params (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Converter_StrParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Converter.str$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Converter_StrParams, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Converter.StrParams.Reader:
+            """The root Converter.str$Params of a message (its segments)."""
+            return _r.read_segments(Converter.StrParams.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Converter.StrParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Converter.StrParams.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Converter.StrParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Converter.StrParams.Reader, data)
+
+    class StrResults:
+        """struct Converter.str$Results (0x995547025a9b5e10)."""
+
+        _ID: ClassVar[int] = 0x995547025a9b5e10
+
+        class Init(TypedDict, total=False):
+            """Converter.str$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            str: _builtins.str | None
+
+        Row: TypeAlias = "tuple[str]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            str = _d.Text(0, '')
+
+            def to_dict(self) -> dict[_builtins.str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['str'] = self.str
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            str = _d.text_property(0, '', "Converter.str$Results.str")
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                str: _builtins.str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Converter_StrResults, [str], _unknown)
+
+            def init(self, name: _builtins.str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Converter.StrResults.Reader:
+                """A reader of this struct as built so far."""
+                return Converter.StrResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Converter.str$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Converter.str$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            str: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Converter.StrResults.Builder:
+            """A new message whose root is a Converter.str$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Converter.StrResults.Builder, _P_Converter_StrResults, [str], _unknown)
+
+        @staticmethod
+        def row(reader: Converter.StrResults.Reader | Converter.StrResults.Builder) -> Converter.StrResults.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Converter_StrResults)
+
+        @staticmethod
+        def from_row(row: Converter.StrResults.Row) -> Converter.StrResults.Builder:
+            """A new message whose root is a Converter.str$Results holding ``row``."""
+            return _e.new_message_row(Converter.StrResults.Builder, _P_Converter_StrResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Converter.StrResults.Reader] | _b.StructListBuilder[Converter.StrResults.Builder]) -> list[Converter.StrResults.Row]:
+            """Every element of a list of Converter.str$Results (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Converter_StrResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Converter.str$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Converter_StrResults, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Converter.StrResults.Reader:
+            """The root Converter.str$Results of a message (its segments)."""
+            return _r.read_segments(Converter.StrResults.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Converter.StrResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Converter.StrResults.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Converter.StrResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Converter.StrResults.Reader, data)
+
+    class Client(_t.Client):
+        """A capability typed as Converter: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0xcb82a663a4847109
+        _INTERFACE_NAME: ClassVar[_builtins.str] = "Converter"
+
+        def str(self, /, *, int: int = 0, **_unknown: Never) -> Converter.StrResults.Promise:
+            """Call Converter.str; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``str_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Converter.str", _unknown, ("int",))
+            _request = _t.Request(self, Converter._ID, 0, Converter.StrParams.Builder, Converter.StrResults.Promise)
+            _params = _request.params
+            _params.int = int
+            return _request.send()
+
+        def str_request(self) -> _t.Request[Converter.StrParams.Builder, Converter.StrResults.Promise]:
+            """A Converter.str call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Converter._ID, 0, Converter.StrParams.Builder, Converter.StrResults.Promise)
+
+    class Server(_t.Server):
+        """Base of objects implementing Converter: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        _INTERFACE_NAME: ClassVar[_builtins.str] = "Converter"
+
+        @_t.unimplemented
+        def str(self, params: Converter.StrParams.Reader, results: Converter.StrResults.Builder) -> Awaitable[None] | None:
+            """Converter.str: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+class Crate:
+    """struct Crate (0xd39b18736fc80484)."""
+
+    _ID: ClassVar[int] = 0xd39b18736fc80484
+
+    class Seal(enum.IntEnum):
+        """enum Crate.Seal (0x88583ba1b4e31f59). Codes unknown to this schema (from a
+        newer writer) read as pseudo-members named by their number."""
+
+        open = 0
+        shut = 1
+
+        @classmethod
+        def _missing_(cls, value: object) -> Crate.Seal | None:
+            if not isinstance(value, int) or not 0 <= value < 65536:
+                return None
+            member = int.__new__(cls, value)
+            member._name_ = str(value)
+            member._value_ = value
+            return member
+
+    capacity: ClassVar[int] = 12
+
+    class Init(TypedDict, total=False):
+        """Crate as plain values: what ``new_message`` and ``assign`` take."""
+
+        weight: int
+
+    Row: TypeAlias = "tuple[int]"
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 1
+        _POINTERS: ClassVar[int] = 0
+
+        weight = _d.Int("u16", 0)
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            out['weight'] = self.weight
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 1
+        _POINTERS: ClassVar[int] = 0
+
+        weight = _d.int_property("u16", 0, 0, "Crate.weight", "UInt16")
+
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            weight: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Crate, [weight], _unknown)
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Crate.Reader:
+            """A reader of this struct as built so far."""
+            return Crate.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Crate (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Crate results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message(
+        *,
+        weight: int = _e.MISSING,
+        **_unknown: Never,
+    ) -> Crate.Builder:
+        """A new message whose root is a Crate: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Crate.Builder, _P_Crate, [weight], _unknown)
+
+    @staticmethod
+    def row(reader: Crate.Reader | Crate.Builder) -> Crate.Row:
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
+        return _w.struct_row(reader, _P_Crate)
+
+    @staticmethod
+    def from_row(row: Crate.Row) -> Crate.Builder:
+        """A new message whose root is a Crate holding ``row``."""
+        return _e.new_message_row(Crate.Builder, _P_Crate, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Crate.Reader] | _b.StructListBuilder[Crate.Builder]) -> list[Crate.Row]:
+        """Every element of a list of Crate (read, or being built) as a row."""
+        return _w.list_rows(readers, _P_Crate)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Crate, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Crate, names, nested)
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Crate.Reader:
+        """The root Crate of a message (its segments)."""
+        return _r.read_segments(Crate.Reader, segments, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Crate.Reader:
+        """The root of a message in the standard stream framing."""
+        return _r.read_framed(Crate.Reader, data)
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Crate.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return _r.read_packed(Crate.Reader, data)
 
 class Defaults:
     """struct Defaults (0xa5a498ef8c7964a4)."""
@@ -2082,6 +2686,22 @@ class Lists:
         """The root of a packed message (the packed encoding of the framing)."""
         return _r.read_packed(Lists.Reader, data)
 
+class Mood(enum.IntEnum):
+    """enum Mood (0xace7e9d52805f0b5). Codes unknown to this schema (from a
+    newer writer) read as pseudo-members named by their number."""
+
+    calm = 0
+    cross = 1
+
+    @classmethod
+    def _missing_(cls, value: object) -> Mood | None:
+        if not isinstance(value, int) or not 0 <= value < 65536:
+            return None
+        member = int.__new__(cls, value)
+        member._name_ = str(value)
+        member._value_ = value
+        return member
+
 class Numbers:
     """struct Numbers (0x8727bc108e059fff)."""
 
@@ -2461,6 +3081,141 @@ class Pair:
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Pair.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
         return _r.read_packed(Pair.Reader, data)
+
+class Parcel:
+    """struct Parcel (0xb41ed0dc566d19cf)."""
+
+    _ID: ClassVar[int] = 0xb41ed0dc566d19cf
+
+    class Init(TypedDict, total=False):
+        """Parcel as plain values: what ``new_message`` and ``assign`` take."""
+
+        contents: Crate.Init | Crate.Row | Crate.Reader | Crate.Builder | None
+
+    Row: TypeAlias = "tuple[Crate.Row | None]"
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 1
+
+        contents: _d.Struct[Crate.Reader] = _d.Struct(0)
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(0):
+                out['contents'] = self.contents.to_dict()
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 1
+
+        @property
+        def contents(self) -> Crate.Builder:
+            """The contents struct (allocated on first use)."""
+            return _b.struct_field(self, 0, Crate.Builder)
+        @contents.setter
+        def contents(self, value: Crate.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 0, value)
+
+        def init_contents(self) -> Crate.Builder:
+            """A new, empty contents struct."""
+            return _b.init_struct(self, self._ptr + 0, Crate.Builder)
+
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            contents: Crate.Init | Crate.Row | Crate.Reader | Crate.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Parcel, [contents], _unknown)
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Parcel.Reader:
+            """A reader of this struct as built so far."""
+            return Parcel.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Parcel (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def contents(self) -> Crate.Pipeline:
+            return self._struct(0, Crate.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Parcel results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message(
+        *,
+        contents: Crate.Init | Crate.Row | Crate.Reader | Crate.Builder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Parcel.Builder:
+        """A new message whose root is a Parcel: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Parcel.Builder, _P_Parcel, [contents], _unknown)
+
+    @staticmethod
+    def row(reader: Parcel.Reader | Parcel.Builder) -> Parcel.Row:
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
+        return _w.struct_row(reader, _P_Parcel)
+
+    @staticmethod
+    def from_row(row: Parcel.Row) -> Parcel.Builder:
+        """A new message whose root is a Parcel holding ``row``."""
+        return _e.new_message_row(Parcel.Builder, _P_Parcel, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Parcel.Reader] | _b.StructListBuilder[Parcel.Builder]) -> list[Parcel.Row]:
+        """Every element of a list of Parcel (read, or being built) as a row."""
+        return _w.list_rows(readers, _P_Parcel)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Parcel, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Parcel, names, nested)
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Parcel.Reader:
+        """The root Parcel of a message (its segments)."""
+        return _r.read_segments(Parcel.Reader, segments, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Parcel.Reader:
+        """The root of a message in the standard stream framing."""
+        return _r.read_framed(Parcel.Reader, data)
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Parcel.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return _r.read_packed(Parcel.Reader, data)
 
 class Right(_t.Interface["Right.Client"]):
     """interface Right (0xea63f5425f8188d3): its methods' params and results."""
@@ -3057,6 +3812,135 @@ class Diamond(_t.Interface["Diamond.Client"]):
             """Diamond.tricky: read ``params``, fill ``results``."""
             raise NotImplementedError  # not called: the base answers unimplemented
 
+class Settings:
+    """struct Settings (0xd09e3ce34991bf90)."""
+
+    _ID: ClassVar[int] = 0xd09e3ce34991bf90
+
+    fallback: ClassVar[Mood]
+
+    class Init(TypedDict, total=False):
+        """Settings as plain values: what ``new_message`` and ``assign`` take."""
+
+        mood: int | str
+
+    Row: TypeAlias = "tuple[Mood]"
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 1
+        _POINTERS: ClassVar[int] = 0
+
+        mood: _d.Enum[Mood] = _d.Enum(0)
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            out['mood'] = self.mood.name
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 1
+        _POINTERS: ClassVar[int] = 0
+
+        @property
+        def mood(self) -> Mood:
+            return Mood(get_u16(self._b.buf, self._data)[0])
+        @mood.setter
+        def mood(self, value: int) -> None:
+            try:
+                set_u16(self._b.buf, self._data + 0, value)
+            except (struct.error, TypeError):
+                raise _b.bad_value(value, "Settings.mood", "Mood", "H") from None
+
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            mood: int | str = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Settings, [mood], _unknown)
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Settings.Reader:
+            """A reader of this struct as built so far."""
+            return Settings.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Settings (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Settings results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message(
+        *,
+        mood: int | str = _e.MISSING,
+        **_unknown: Never,
+    ) -> Settings.Builder:
+        """A new message whose root is a Settings: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Settings.Builder, _P_Settings, [mood], _unknown)
+
+    @staticmethod
+    def row(reader: Settings.Reader | Settings.Builder) -> Settings.Row:
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
+        return _w.struct_row(reader, _P_Settings)
+
+    @staticmethod
+    def from_row(row: Settings.Row) -> Settings.Builder:
+        """A new message whose root is a Settings holding ``row``."""
+        return _e.new_message_row(Settings.Builder, _P_Settings, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Settings.Reader] | _b.StructListBuilder[Settings.Builder]) -> list[Settings.Row]:
+        """Every element of a list of Settings (read, or being built) as a row."""
+        return _w.list_rows(readers, _P_Settings)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Settings, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Settings, names, nested)
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Settings.Reader:
+        """The root Settings of a message (its segments)."""
+        return _r.read_segments(Settings.Reader, segments, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Settings.Reader:
+        """The root of a message in the standard stream framing."""
+        return _r.read_framed(Settings.Reader, data)
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Settings.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return _r.read_packed(Settings.Reader, data)
+
 class Shapes:
     """struct Shapes (0x9f02ca7d05a0b039)."""
 
@@ -3595,6 +4479,423 @@ class Shapes:
     def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shapes.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
         return _r.read_packed(Shapes.Reader, data)
+
+class Shelf:
+    """struct Shelf (0xd3f02015eafa750f)."""
+
+    _ID: ClassVar[int] = 0xd3f02015eafa750f
+
+    class Slot:
+        """struct Shelf.Slot (0xf9997ae00faddc4f)."""
+
+        _ID: ClassVar[int] = 0xf9997ae00faddc4f
+
+        class Init(TypedDict, total=False):
+            """Shelf.Slot as plain values: what ``new_message`` and ``assign`` take."""
+
+            item: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+            extra: str | bytes | _r.StructReader | _b.StructBuilder | None
+
+        Row: TypeAlias = "tuple[_r.AnyPointer, _r.AnyPointer]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            @property
+            def item(self) -> _r.AnyPointer:
+                w = self._ptr + 0
+                return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+            @property
+            def extra(self) -> _r.AnyPointer:
+                w = self._ptr + 1
+                return _r.AnyPointer(self._msg, self._si, w if w < self._pend else -1, self._depth)
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            def init_item_as(self, cls: type[_b.B]) -> _b.B:
+                """Put a new struct of builder class ``cls`` in the AnyPointer item."""
+                return _b.init_struct(self, self._ptr + 0, cls)
+
+            def init_extra_as(self, cls: type[_b.B]) -> _b.B:
+                """Put a new struct of builder class ``cls`` in the AnyPointer extra."""
+                return _b.init_struct(self, self._ptr + 1, cls)
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                item: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+                extra: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Shelf_Slot, [item, extra], _unknown)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Shelf.Slot.Reader:
+                """A reader of this struct as built so far."""
+                return Shelf.Slot.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Shelf.Slot (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Shelf.Slot results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            item: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            extra: str | bytes | _r.StructReader | _b.StructBuilder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Shelf.Slot.Builder:
+            """A new message whose root is a Shelf.Slot: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Shelf.Slot.Builder, _P_Shelf_Slot, [item, extra], _unknown)
+
+        @staticmethod
+        def row(reader: Shelf.Slot.Reader | Shelf.Slot.Builder) -> Shelf.Slot.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Shelf_Slot)
+
+        @staticmethod
+        def from_row(row: Shelf.Slot.Row) -> Shelf.Slot.Builder:
+            """A new message whose root is a Shelf.Slot holding ``row``."""
+            return _e.new_message_row(Shelf.Slot.Builder, _P_Shelf_Slot, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Shelf.Slot.Reader] | _b.StructListBuilder[Shelf.Slot.Builder]) -> list[Shelf.Slot.Row]:
+            """Every element of a list of Shelf.Slot (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Shelf_Slot)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Shelf.Slot, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Shelf_Slot, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shelf.Slot.Reader:
+            """The root Shelf.Slot of a message (its segments)."""
+            return _r.read_segments(Shelf.Slot.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Shelf.Slot.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Shelf.Slot.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelf.Slot.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Shelf.Slot.Reader, data)
+
+    class Init(TypedDict, total=False):
+        """Shelf as plain values: what ``new_message`` and ``assign`` take."""
+
+    Row: TypeAlias = "tuple[()]"
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 0
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 0
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Shelf.Reader:
+            """A reader of this struct as built so far."""
+            return Shelf.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Shelf (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Shelf results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message() -> Shelf.Builder:
+        """A new message whose root is a Shelf: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Shelf.Builder, _P_Shelf, [], {})
+
+    @staticmethod
+    def row(reader: Shelf.Reader | Shelf.Builder) -> Shelf.Row:
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
+        return _w.struct_row(reader, _P_Shelf)
+
+    @staticmethod
+    def from_row(row: Shelf.Row) -> Shelf.Builder:
+        """A new message whose root is a Shelf holding ``row``."""
+        return _e.new_message_row(Shelf.Builder, _P_Shelf, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Shelf.Reader] | _b.StructListBuilder[Shelf.Builder]) -> list[Shelf.Row]:
+        """Every element of a list of Shelf (read, or being built) as a row."""
+        return _w.list_rows(readers, _P_Shelf)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Shelf, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Shelf, names, nested)
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Shelf.Reader:
+        """The root Shelf of a message (its segments)."""
+        return _r.read_segments(Shelf.Reader, segments, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Shelf.Reader:
+        """The root of a message in the standard stream framing."""
+        return _r.read_framed(Shelf.Reader, data)
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelf.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return _r.read_packed(Shelf.Reader, data)
+
+class Shelves:
+    """struct Shelves (0xc248111320a01136)."""
+
+    _ID: ClassVar[int] = 0xc248111320a01136
+
+    class Init(TypedDict, total=False):
+        """Shelves as plain values: what ``new_message`` and ``assign`` take."""
+
+        texts: Shelf_Tree.Slot_Text.Init | Shelf_Tree.Slot_Text.Row | Shelf_Tree.Slot_Text.Reader | Shelf_Tree.Slot_Text.Builder | None
+
+        numbers: Shelf_Tree.Slot_List_Int32.Init | Shelf_Tree.Slot_List_Int32.Row | Shelf_Tree.Slot_List_Int32.Reader | Shelf_Tree.Slot_List_Int32.Builder | None
+
+        aliased: Shelf_Tree.Slot_Text.Init | Shelf_Tree.Slot_Text.Row | Shelf_Tree.Slot_Text.Reader | Shelf_Tree.Slot_Text.Builder | None
+
+    Row: TypeAlias = "tuple[Shelf_Tree.Slot_Text.Row | None, Shelf_Tree.Slot_List_Int32.Row | None, Shelf_Tree.Slot_Text.Row]"
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        texts: _d.Struct[Shelf_Tree.Slot_Text.Reader] = _d.Struct(0)
+
+        numbers: _d.Struct[Shelf_Tree.Slot_List_Int32.Reader] = _d.Struct(1)
+
+        aliased: _d.Struct[Shelf_Tree.Slot_Text.Reader] = _d.Struct(2)
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(0):
+                out['texts'] = self.texts.to_dict()
+            if self._has(1):
+                out['numbers'] = self.numbers.to_dict()
+            if self._has(2):
+                out['aliased'] = self.aliased.to_dict()
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        @property
+        def texts(self) -> Shelf_Tree.Slot_Text.Builder:
+            """The texts struct (allocated on first use)."""
+            return _b.struct_field(self, 0, Shelf_Tree.Slot_Text.Builder)
+        @texts.setter
+        def texts(self, value: Shelf_Tree.Slot_Text.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 0, value)
+
+        def init_texts(self) -> Shelf_Tree.Slot_Text.Builder:
+            """A new, empty texts struct."""
+            return _b.init_struct(self, self._ptr + 0, Shelf_Tree.Slot_Text.Builder)
+
+        @property
+        def numbers(self) -> Shelf_Tree.Slot_List_Int32.Builder:
+            """The numbers struct (allocated on first use)."""
+            return _b.struct_field(self, 1, Shelf_Tree.Slot_List_Int32.Builder)
+        @numbers.setter
+        def numbers(self, value: Shelf_Tree.Slot_List_Int32.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 1, value)
+
+        def init_numbers(self) -> Shelf_Tree.Slot_List_Int32.Builder:
+            """A new, empty numbers struct."""
+            return _b.init_struct(self, self._ptr + 1, Shelf_Tree.Slot_List_Int32.Builder)
+
+        @property
+        def aliased(self) -> Shelf_Tree.Slot_Text.Builder:
+            """The aliased struct (allocated on first use)."""
+            return _b.struct_field(self, 2, Shelf_Tree.Slot_Text.Builder, _D_Shelves_aliased)
+        @aliased.setter
+        def aliased(self, value: Shelf_Tree.Slot_Text.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 2, value)
+
+        def init_aliased(self) -> Shelf_Tree.Slot_Text.Builder:
+            """A new, empty aliased struct."""
+            return _b.init_struct(self, self._ptr + 2, Shelf_Tree.Slot_Text.Builder)
+
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            texts: Shelf_Tree.Slot_Text.Init | Shelf_Tree.Slot_Text.Row | Shelf_Tree.Slot_Text.Reader | Shelf_Tree.Slot_Text.Builder | None = _e.MISSING,
+            numbers: Shelf_Tree.Slot_List_Int32.Init | Shelf_Tree.Slot_List_Int32.Row | Shelf_Tree.Slot_List_Int32.Reader | Shelf_Tree.Slot_List_Int32.Builder | None = _e.MISSING,
+            aliased: Shelf_Tree.Slot_Text.Init | Shelf_Tree.Slot_Text.Row | Shelf_Tree.Slot_Text.Reader | Shelf_Tree.Slot_Text.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Shelves, [texts, numbers, aliased], _unknown)
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Shelves.Reader:
+            """A reader of this struct as built so far."""
+            return Shelves.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Shelves (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def texts(self) -> Shelf_Tree.Slot_Text.Pipeline:
+            return self._struct(0, Shelf_Tree.Slot_Text.Pipeline)
+
+        @property
+        def numbers(self) -> Shelf_Tree.Slot_List_Int32.Pipeline:
+            return self._struct(1, Shelf_Tree.Slot_List_Int32.Pipeline)
+
+        @property
+        def aliased(self) -> Shelf_Tree.Slot_Text.Pipeline:
+            return self._struct(2, Shelf_Tree.Slot_Text.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Shelves results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message(
+        *,
+        texts: Shelf_Tree.Slot_Text.Init | Shelf_Tree.Slot_Text.Row | Shelf_Tree.Slot_Text.Reader | Shelf_Tree.Slot_Text.Builder | None = _e.MISSING,
+        numbers: Shelf_Tree.Slot_List_Int32.Init | Shelf_Tree.Slot_List_Int32.Row | Shelf_Tree.Slot_List_Int32.Reader | Shelf_Tree.Slot_List_Int32.Builder | None = _e.MISSING,
+        aliased: Shelf_Tree.Slot_Text.Init | Shelf_Tree.Slot_Text.Row | Shelf_Tree.Slot_Text.Reader | Shelf_Tree.Slot_Text.Builder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Shelves.Builder:
+        """A new message whose root is a Shelves: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Shelves.Builder, _P_Shelves, [texts, numbers, aliased], _unknown)
+
+    @staticmethod
+    def row(reader: Shelves.Reader | Shelves.Builder) -> Shelves.Row:
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
+        return _w.struct_row(reader, _P_Shelves)
+
+    @staticmethod
+    def from_row(row: Shelves.Row) -> Shelves.Builder:
+        """A new message whose root is a Shelves holding ``row``."""
+        return _e.new_message_row(Shelves.Builder, _P_Shelves, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Shelves.Reader] | _b.StructListBuilder[Shelves.Builder]) -> list[Shelves.Row]:
+        """Every element of a list of Shelves (read, or being built) as a row."""
+        return _w.list_rows(readers, _P_Shelves)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Shelves, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Shelves, names, nested)
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Shelves.Reader:
+        """The root Shelves of a message (its segments)."""
+        return _r.read_segments(Shelves.Reader, segments, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Shelves.Reader:
+        """The root of a message in the standard stream framing."""
+        return _r.read_framed(Shelves.Reader, data)
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelves.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return _r.read_packed(Shelves.Reader, data)
 
 class Shop(_t.Interface["Shop.Client"]):
     """interface Shop (0xf2d5bf22d7bcc8c3): its methods' params and results."""
@@ -4407,6 +5708,419 @@ class Shop(_t.Interface["Shop.Client"]):
         @_t.unimplemented
         def peek(self, params: Shop.PeekParams.Reader, results: Shop.PeekResults.Builder) -> Awaitable[None] | None:
             """Shop.peek: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+class Sink(_t.Interface["Sink.Client"]):
+    """interface Sink (0xf7fe861a81c8675a): its methods' params and results."""
+
+    _ID: ClassVar[int] = 0xf7fe861a81c8675a
+    #: Method name -> (ordinal, params struct, results struct).
+    METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]
+
+    class TotalParams:
+        """struct Sink.total$Params (0xe21994bdb64fef44)."""
+
+        _ID: ClassVar[int] = 0xe21994bdb64fef44
+
+        class Init(TypedDict, total=False):
+            """Sink.total$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+        Row: TypeAlias = "tuple[()]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 0
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Sink.TotalParams.Reader:
+                """A reader of this struct as built so far."""
+                return Sink.TotalParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Sink.total$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Sink.total$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message() -> Sink.TotalParams.Builder:
+            """A new message whose root is a Sink.total$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Sink.TotalParams.Builder, _P_Sink_TotalParams, [], {})
+
+        @staticmethod
+        def row(reader: Sink.TotalParams.Reader | Sink.TotalParams.Builder) -> Sink.TotalParams.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Sink_TotalParams)
+
+        @staticmethod
+        def from_row(row: Sink.TotalParams.Row) -> Sink.TotalParams.Builder:
+            """A new message whose root is a Sink.total$Params holding ``row``."""
+            return _e.new_message_row(Sink.TotalParams.Builder, _P_Sink_TotalParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Sink.TotalParams.Reader] | _b.StructListBuilder[Sink.TotalParams.Builder]) -> list[Sink.TotalParams.Row]:
+            """Every element of a list of Sink.total$Params (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Sink_TotalParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Sink.total$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Sink_TotalParams, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Sink.TotalParams.Reader:
+            """The root Sink.total$Params of a message (its segments)."""
+            return _r.read_segments(Sink.TotalParams.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Sink.TotalParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Sink.TotalParams.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Sink.TotalParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Sink.TotalParams.Reader, data)
+
+    class TotalResults:
+        """struct Sink.total$Results (0xae978cf066dcffc6)."""
+
+        _ID: ClassVar[int] = 0xae978cf066dcffc6
+
+        class Init(TypedDict, total=False):
+            """Sink.total$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            bytes: int
+
+            writes: int
+
+        Row: TypeAlias = "tuple[int, int]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 2
+            _POINTERS: ClassVar[int] = 0
+
+            bytes = _d.Int("u64", 0)
+
+            writes = _d.Int("u32", 8)
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                out['bytes'] = self.bytes
+                out['writes'] = self.writes
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 2
+            _POINTERS: ClassVar[int] = 0
+
+            bytes = _d.int_property("u64", 0, 0, "Sink.total$Results.bytes", "UInt64")
+
+            writes = _d.int_property("u32", 8, 0, "Sink.total$Results.writes", "UInt32")
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                bytes: int = _e.MISSING,
+                writes: int = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Sink_TotalResults, [bytes, writes], _unknown)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Sink.TotalResults.Reader:
+                """A reader of this struct as built so far."""
+                return Sink.TotalResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Sink.total$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Sink.total$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            bytes: int = _e.MISSING,
+            writes: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> Sink.TotalResults.Builder:
+            """A new message whose root is a Sink.total$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Sink.TotalResults.Builder, _P_Sink_TotalResults, [bytes, writes], _unknown)
+
+        @staticmethod
+        def row(reader: Sink.TotalResults.Reader | Sink.TotalResults.Builder) -> Sink.TotalResults.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Sink_TotalResults)
+
+        @staticmethod
+        def from_row(row: Sink.TotalResults.Row) -> Sink.TotalResults.Builder:
+            """A new message whose root is a Sink.total$Results holding ``row``."""
+            return _e.new_message_row(Sink.TotalResults.Builder, _P_Sink_TotalResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Sink.TotalResults.Reader] | _b.StructListBuilder[Sink.TotalResults.Builder]) -> list[Sink.TotalResults.Row]:
+            """Every element of a list of Sink.total$Results (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Sink_TotalResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Sink.total$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Sink_TotalResults, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Sink.TotalResults.Reader:
+            """The root Sink.total$Results of a message (its segments)."""
+            return _r.read_segments(Sink.TotalResults.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Sink.TotalResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Sink.TotalResults.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Sink.TotalResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Sink.TotalResults.Reader, data)
+
+    class WriteParams:
+        """struct Sink.write$Params (0x9862afb0c9fed47b)."""
+
+        _ID: ClassVar[int] = 0x9862afb0c9fed47b
+
+        class Init(TypedDict, total=False):
+            """Sink.write$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            chunk: bytes | bytearray | memoryview | None
+
+        Row: TypeAlias = "tuple[bytes]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def chunk(self) -> bytes:
+                w = self._ptr + 0
+                return _r.read_data(self._msg, self._si, w if w < self._pend else -1, b'')
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['chunk'] = self.chunk
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def chunk(self) -> bytes:
+                return _b.get_data(self._b, self._ptr + 0, b'')
+            @chunk.setter
+            def chunk(self, value: bytes | bytearray | memoryview) -> None:
+                _b.set_data(self._b, self._ptr + 0, value, "Sink.write$Params.chunk")
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                chunk: bytes | bytearray | memoryview | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Sink_WriteParams, [chunk], _unknown)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Sink.WriteParams.Reader:
+                """A reader of this struct as built so far."""
+                return Sink.WriteParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Sink.write$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Sink.write$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            chunk: bytes | bytearray | memoryview | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Sink.WriteParams.Builder:
+            """A new message whose root is a Sink.write$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Sink.WriteParams.Builder, _P_Sink_WriteParams, [chunk], _unknown)
+
+        @staticmethod
+        def row(reader: Sink.WriteParams.Reader | Sink.WriteParams.Builder) -> Sink.WriteParams.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Sink_WriteParams)
+
+        @staticmethod
+        def from_row(row: Sink.WriteParams.Row) -> Sink.WriteParams.Builder:
+            """A new message whose root is a Sink.write$Params holding ``row``."""
+            return _e.new_message_row(Sink.WriteParams.Builder, _P_Sink_WriteParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Sink.WriteParams.Reader] | _b.StructListBuilder[Sink.WriteParams.Builder]) -> list[Sink.WriteParams.Row]:
+            """Every element of a list of Sink.write$Params (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Sink_WriteParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Sink.write$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Sink_WriteParams, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Sink.WriteParams.Reader:
+            """The root Sink.write$Params of a message (its segments)."""
+            return _r.read_segments(Sink.WriteParams.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Sink.WriteParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Sink.WriteParams.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Sink.WriteParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Sink.WriteParams.Reader, data)
+
+    class Client(_t.Client):
+        """A capability typed as Sink: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0xf7fe861a81c8675a
+        _INTERFACE_NAME: ClassVar[str] = "Sink"
+
+        def write(self, /, *, chunk: bytes = b'', **_unknown: Never) -> stream_capnp.StreamResult.Promise:
+            """Call Sink.write; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``write_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Sink.write", _unknown, ("chunk",))
+            _request = _t.Request(self, Sink._ID, 0, Sink.WriteParams.Builder, stream_capnp.StreamResult.Promise)
+            _params = _request.params
+            if chunk != b'':
+                _params.chunk = chunk
+            return _request.send()
+
+        def write_request(self) -> _t.Request[Sink.WriteParams.Builder, stream_capnp.StreamResult.Promise]:
+            """A Sink.write call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Sink._ID, 0, Sink.WriteParams.Builder, stream_capnp.StreamResult.Promise)
+
+        def total(self, /, **_unknown: Never) -> Sink.TotalResults.Promise:
+            """Call Sink.total; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``total_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Sink.total", _unknown, ())
+            _request = _t.Request(self, Sink._ID, 1, Sink.TotalParams.Builder, Sink.TotalResults.Promise)
+            return _request.send()
+
+        def total_request(self) -> _t.Request[Sink.TotalParams.Builder, Sink.TotalResults.Promise]:
+            """A Sink.total call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Sink._ID, 1, Sink.TotalParams.Builder, Sink.TotalResults.Promise)
+
+    class Server(_t.Server):
+        """Base of objects implementing Sink: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        _INTERFACE_NAME: ClassVar[str] = "Sink"
+
+        @_t.unimplemented
+        def write(self, params: Sink.WriteParams.Reader, results: stream_capnp.StreamResult.Builder) -> Awaitable[None] | None:
+            """Sink.write: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+        @_t.unimplemented
+        def total(self, params: Sink.TotalParams.Reader, results: Sink.TotalResults.Builder) -> Awaitable[None] | None:
+            """Sink.total: read ``params``, fill ``results``."""
             raise NotImplementedError  # not called: the base answers unimplemented
 
 class Store(_t.Interface["Store.Client"]):
@@ -5245,6 +6959,8 @@ class Tree:
 
 answer: int = 42
 
+bestMood: Mood
+
 greeting: str = 'hi there'
 
 origin: Numbers.Reader
@@ -6049,6 +7765,400 @@ class Pair_Text_Box_Text:
         """The root of a packed message (the packed encoding of the framing)."""
         return _r.read_packed(Pair_Text_Box_Text.Reader, data)
 
+class Shelf_Tree:
+    """struct Shelf_Tree: a generic bound to (Tree) (0xd3f02015eafa750f)."""
+
+    _ID: ClassVar[int] = 0xd3f02015eafa750f
+
+    class Slot_Text:
+        """struct Shelf_Tree.Slot_Text: a generic bound to (Tree, Text) (0xf9997ae00faddc4f)."""
+
+        _ID: ClassVar[int] = 0xf9997ae00faddc4f
+
+        class Init(TypedDict, total=False):
+            """Shelf_Tree.Slot_Text as plain values: what ``new_message`` and ``assign`` take."""
+
+            item: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None
+
+            extra: str | None
+
+        Row: TypeAlias = "tuple[Tree.Row | None, str]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            item: _d.Struct[Tree.Reader] = _d.Struct(0)
+
+            extra = _d.Text(1, '')
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['item'] = self.item.to_dict()
+                if self._has(1):
+                    out['extra'] = self.extra
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            @property
+            def item(self) -> Tree.Builder:
+                """The item struct (allocated on first use)."""
+                return _b.struct_field(self, 0, Tree.Builder)
+            @item.setter
+            def item(self, value: Tree.Reader) -> None:
+                """A deep copy of ``value`` (capabilities included)."""
+                _b.copy_struct(self, 0, value)
+
+            def init_item(self) -> Tree.Builder:
+                """A new, empty item struct."""
+                return _b.init_struct(self, self._ptr + 0, Tree.Builder)
+
+            extra = _d.text_property(1, '', "Shelf_Tree.Slot_Text.extra")
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                item: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None = _e.MISSING,
+                extra: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Shelf_Tree_Slot_Text, [item, extra], _unknown)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Shelf_Tree.Slot_Text.Reader:
+                """A reader of this struct as built so far."""
+                return Shelf_Tree.Slot_Text.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Shelf_Tree.Slot_Text (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+            @property
+            def item(self) -> Tree.Pipeline:
+                return self._struct(0, Tree.Pipeline)
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Shelf_Tree.Slot_Text results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            item: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None = _e.MISSING,
+            extra: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Shelf_Tree.Slot_Text.Builder:
+            """A new message whose root is a Shelf_Tree.Slot_Text: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Shelf_Tree.Slot_Text.Builder, _P_Shelf_Tree_Slot_Text, [item, extra], _unknown)
+
+        @staticmethod
+        def row(reader: Shelf_Tree.Slot_Text.Reader | Shelf_Tree.Slot_Text.Builder) -> Shelf_Tree.Slot_Text.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Shelf_Tree_Slot_Text)
+
+        @staticmethod
+        def from_row(row: Shelf_Tree.Slot_Text.Row) -> Shelf_Tree.Slot_Text.Builder:
+            """A new message whose root is a Shelf_Tree.Slot_Text holding ``row``."""
+            return _e.new_message_row(Shelf_Tree.Slot_Text.Builder, _P_Shelf_Tree_Slot_Text, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Shelf_Tree.Slot_Text.Reader] | _b.StructListBuilder[Shelf_Tree.Slot_Text.Builder]) -> list[Shelf_Tree.Slot_Text.Row]:
+            """Every element of a list of Shelf_Tree.Slot_Text (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Shelf_Tree_Slot_Text)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Shelf_Tree.Slot_Text, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Shelf_Tree_Slot_Text, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shelf_Tree.Slot_Text.Reader:
+            """The root Shelf_Tree.Slot_Text of a message (its segments)."""
+            return _r.read_segments(Shelf_Tree.Slot_Text.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Shelf_Tree.Slot_Text.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Shelf_Tree.Slot_Text.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelf_Tree.Slot_Text.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Shelf_Tree.Slot_Text.Reader, data)
+
+    class Slot_List_Int32:
+        """struct Shelf_Tree.Slot_List_Int32: a generic bound to (Tree, List(Int32)) (0xf9997ae00faddc4f)."""
+
+        _ID: ClassVar[int] = 0xf9997ae00faddc4f
+
+        class Init(TypedDict, total=False):
+            """Shelf_Tree.Slot_List_Int32 as plain values: what ``new_message`` and ``assign`` take."""
+
+            item: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None
+
+            extra: Sequence[int] | _r.ListReader[Any] | None
+
+        Row: TypeAlias = "tuple[Tree.Row | None, list[int]]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            item: _d.Struct[Tree.Reader] = _d.Struct(0)
+
+            extra: _d.List[_r.ListReader[int]] = _d.List(1)
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['item'] = self.item.to_dict()
+                if self._has(1):
+                    out['extra'] = list(self.extra)
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            @property
+            def item(self) -> Tree.Builder:
+                """The item struct (allocated on first use)."""
+                return _b.struct_field(self, 0, Tree.Builder)
+            @item.setter
+            def item(self, value: Tree.Reader) -> None:
+                """A deep copy of ``value`` (capabilities included)."""
+                _b.copy_struct(self, 0, value)
+
+            def init_item(self) -> Tree.Builder:
+                """A new, empty item struct."""
+                return _b.init_struct(self, self._ptr + 0, Tree.Builder)
+
+            def init_extra(self, count: int) -> _b.PrimitiveListBuilder[int]:
+                """A new list of ``count`` elements in extra."""
+                return _b.init_primitive_list(self._b, self._ptr + 1, count, "Shelf_Tree.Slot_List_Int32.extra", "i", 4, "Int32")
+
+            def set_extra(self, values: list[int] | tuple[int, ...]) -> None:
+                """extra from a sequence of values."""
+                items = list(values)
+                target = _b.init_primitive_list(self._b, self._ptr + 1, len(items), "Shelf_Tree.Slot_List_Int32.extra", "i", 4, "Int32")
+                target.set_all(items)
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                item: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None = _e.MISSING,
+                extra: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Shelf_Tree_Slot_List_Int32, [item, extra], _unknown)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Shelf_Tree.Slot_List_Int32.Reader:
+                """A reader of this struct as built so far."""
+                return Shelf_Tree.Slot_List_Int32.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Shelf_Tree.Slot_List_Int32 (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+            @property
+            def item(self) -> Tree.Pipeline:
+                return self._struct(0, Tree.Pipeline)
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Shelf_Tree.Slot_List_Int32 results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            item: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None = _e.MISSING,
+            extra: Sequence[int] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Shelf_Tree.Slot_List_Int32.Builder:
+            """A new message whose root is a Shelf_Tree.Slot_List_Int32: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Shelf_Tree.Slot_List_Int32.Builder, _P_Shelf_Tree_Slot_List_Int32, [item, extra], _unknown)
+
+        @staticmethod
+        def row(reader: Shelf_Tree.Slot_List_Int32.Reader | Shelf_Tree.Slot_List_Int32.Builder) -> Shelf_Tree.Slot_List_Int32.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Shelf_Tree_Slot_List_Int32)
+
+        @staticmethod
+        def from_row(row: Shelf_Tree.Slot_List_Int32.Row) -> Shelf_Tree.Slot_List_Int32.Builder:
+            """A new message whose root is a Shelf_Tree.Slot_List_Int32 holding ``row``."""
+            return _e.new_message_row(Shelf_Tree.Slot_List_Int32.Builder, _P_Shelf_Tree_Slot_List_Int32, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Shelf_Tree.Slot_List_Int32.Reader] | _b.StructListBuilder[Shelf_Tree.Slot_List_Int32.Builder]) -> list[Shelf_Tree.Slot_List_Int32.Row]:
+            """Every element of a list of Shelf_Tree.Slot_List_Int32 (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Shelf_Tree_Slot_List_Int32)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Shelf_Tree.Slot_List_Int32, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Shelf_Tree_Slot_List_Int32, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shelf_Tree.Slot_List_Int32.Reader:
+            """The root Shelf_Tree.Slot_List_Int32 of a message (its segments)."""
+            return _r.read_segments(Shelf_Tree.Slot_List_Int32.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Shelf_Tree.Slot_List_Int32.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Shelf_Tree.Slot_List_Int32.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelf_Tree.Slot_List_Int32.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Shelf_Tree.Slot_List_Int32.Reader, data)
+
+    class Init(TypedDict, total=False):
+        """Shelf_Tree as plain values: what ``new_message`` and ``assign`` take."""
+
+    Row: TypeAlias = "tuple[()]"
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 0
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 0
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Shelf_Tree.Reader:
+            """A reader of this struct as built so far."""
+            return Shelf_Tree.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Shelf_Tree (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Shelf_Tree results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message() -> Shelf_Tree.Builder:
+        """A new message whose root is a Shelf_Tree: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Shelf_Tree.Builder, _P_Shelf_Tree, [], {})
+
+    @staticmethod
+    def row(reader: Shelf_Tree.Reader | Shelf_Tree.Builder) -> Shelf_Tree.Row:
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
+        return _w.struct_row(reader, _P_Shelf_Tree)
+
+    @staticmethod
+    def from_row(row: Shelf_Tree.Row) -> Shelf_Tree.Builder:
+        """A new message whose root is a Shelf_Tree holding ``row``."""
+        return _e.new_message_row(Shelf_Tree.Builder, _P_Shelf_Tree, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Shelf_Tree.Reader] | _b.StructListBuilder[Shelf_Tree.Builder]) -> list[Shelf_Tree.Row]:
+        """Every element of a list of Shelf_Tree (read, or being built) as a row."""
+        return _w.list_rows(readers, _P_Shelf_Tree)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Shelf_Tree, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Shelf_Tree, names, nested)
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Shelf_Tree.Reader:
+        """The root Shelf_Tree of a message (its segments)."""
+        return _r.read_segments(Shelf_Tree.Reader, segments, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Shelf_Tree.Reader:
+        """The root of a message in the standard stream framing."""
+        return _r.read_framed(Shelf_Tree.Reader, data)
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelf_Tree.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return _r.read_packed(Shelf_Tree.Reader, data)
+
 class Store_Text(_t.Interface["Store_Text.Client"]):
     """interface Store_Text: a generic bound to (Text) (0xe9b2d9a153c56bd4): its methods' params and results."""
 
@@ -6824,7 +8934,10 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Color = tuple(Color)
+_E_Mood = tuple(Mood)
+_E_Crate_Seal = tuple(Crate.Seal)
 _L_Anything_shops = _r.client_list(Shop.Client)
+_L_Builtins_list = _r.simple_list(_r.TextList)
 _D_Defaults_numbers = [bytes.fromhex('000000000000020004000000060000000000000000000000010000002a00000000000000000000000000000000000000000000000000000000000000010000000000000000000000')]
 _L_Defaults_list = _r.primitive_list("h")
 _D_Defaults_list = [bytes.fromhex('0000000000000200050000001b00000000000000000000000100feff03000000')]
@@ -6849,8 +8962,10 @@ _L_Lists_nested = _r.list_list(_r.primitive_list("i"))
 _L_Lists_nestedTexts = _r.list_list(_r.simple_list(_r.TextList))
 _L_Lists_deep = _r.list_list(_r.list_list(_r.primitive_list("B")))
 _L_Shapes_points = _r.primitive_list("i")
+_D_Shelves_aliased = [bytes.fromhex('0000000000000200040000000000020000000000000000000000000000000000010000004a000000627920616c6961730000000000000000')]
 _L_Shop_ListResults_items = _r.simple_list(_r.TextList)
 _L_Box_List_Int32_value = _r.primitive_list("i")
+_L_Shelf_Tree_Slot_List_Int32_extra = _r.primitive_list("i")
 Anything.Reader.shops.bind(_L_Anything_shops)
 Box.Reader.next.bind(Box.Reader)
 Boxes.Reader.texts.bind(Box_Text.Reader)
@@ -6859,6 +8974,7 @@ Boxes.Reader.trees.bind(Box_Tree.Reader)
 Boxes.Reader.shops.bind(Box_Shop.Reader)
 Boxes.Reader.pair.bind(Pair_Text_Box_Text.Reader)
 Boxes.Reader.bare.bind(Box.Reader)
+Builtins.Reader.list.bind(_L_Builtins_list)
 Defaults.Reader.color.bind(Color, _E_Color)
 Defaults.Reader.numbers.bind(Numbers.Reader, _D_Defaults_numbers)
 Lists.Reader.voids.bind(_L_Lists_voids)
@@ -6881,11 +8997,16 @@ Lists.Reader.nested.bind(_L_Lists_nested)
 Lists.Reader.nestedTexts.bind(_L_Lists_nestedTexts)
 Lists.Reader.deep.bind(_L_Lists_deep)
 Numbers.Reader.color.bind(Color, _E_Color)
+Parcel.Reader.contents.bind(Crate.Reader)
+Settings.Reader.mood.bind(Mood, _E_Mood)
 Shapes.Reader.square.bind(Shapes.Square.Reader)
 Shapes.Builder.square.bind(Shapes.Square.Builder)
 Shapes.Reader.points.bind(_L_Shapes_points)
 Shapes.Reader.style.bind(Shapes.Style.Reader)
 Shapes.Builder.style.bind(Shapes.Style.Builder)
+Shelves.Reader.texts.bind(Shelf_Tree.Slot_Text.Reader)
+Shelves.Reader.numbers.bind(Shelf_Tree.Slot_List_Int32.Reader)
+Shelves.Reader.aliased.bind(Shelf_Tree.Slot_Text.Reader, _D_Shelves_aliased)
 Tree.Reader.children.bind(Tree.Reader)
 Tree.Reader.left.bind(Tree.Reader)
 Tree.Reader.other.bind(kitchen_other_capnp.Thing.Reader)
@@ -6907,6 +9028,9 @@ Box_Tree.Reader.value.bind(Tree.Reader)
 Box_Tree.Reader.next.bind(Box_Tree.Reader)
 Box_Shop.Reader.next.bind(Box_Shop.Reader)
 Pair_Text_Box_Text.Reader.value.bind(Box_Text.Reader)
+Shelf_Tree.Slot_Text.Reader.item.bind(Tree.Reader)
+Shelf_Tree.Slot_List_Int32.Reader.item.bind(Tree.Reader)
+Shelf_Tree.Slot_List_Int32.Reader.extra.bind(_L_Shelf_Tree_Slot_List_Int32_extra)
 Store_Text.GetResults.Reader.box.bind(Box_Text.Reader)
 
 
@@ -6917,6 +9041,10 @@ _P_Box = Box.Builder._PLAN = _v.StructPlan("Box", 0, 3)
 _P_Box.reader = Box.Reader
 _P_Boxes = Boxes.Builder._PLAN = _v.StructPlan("Boxes", 0, 6)
 _P_Boxes.reader = Boxes.Reader
+_P_Builtins = Builtins.Builder._PLAN = _v.StructPlan("Builtins", 2, 3)
+_P_Builtins.reader = Builtins.Reader
+_P_Crate = Crate.Builder._PLAN = _v.StructPlan("Crate", 1, 0)
+_P_Crate.reader = Crate.Reader
 _P_Defaults = Defaults.Builder._PLAN = _v.StructPlan("Defaults", 6, 5)
 _P_Defaults.reader = Defaults.Reader
 _P_Keywords = Keywords.Builder._PLAN = _v.StructPlan("Keywords", 1, 1)
@@ -6927,14 +9055,26 @@ _P_Numbers = Numbers.Builder._PLAN = _v.StructPlan("Numbers", 6, 0)
 _P_Numbers.reader = Numbers.Reader
 _P_Pair = Pair.Builder._PLAN = _v.StructPlan("Pair", 0, 2)
 _P_Pair.reader = Pair.Reader
+_P_Parcel = Parcel.Builder._PLAN = _v.StructPlan("Parcel", 0, 1)
+_P_Parcel.reader = Parcel.Reader
+_P_Settings = Settings.Builder._PLAN = _v.StructPlan("Settings", 1, 0)
+_P_Settings.reader = Settings.Reader
 _P_Shapes = Shapes.Builder._PLAN = _v.StructPlan("Shapes", 3, 3, 8)
 _P_Shapes.reader = Shapes.Reader
+_P_Shelf = Shelf.Builder._PLAN = _v.StructPlan("Shelf", 0, 0)
+_P_Shelf.reader = Shelf.Reader
+_P_Shelves = Shelves.Builder._PLAN = _v.StructPlan("Shelves", 0, 3)
+_P_Shelves.reader = Shelves.Reader
 _P_Tree = Tree.Builder._PLAN = _v.StructPlan("Tree", 1, 4)
 _P_Tree.reader = Tree.Reader
 _P_Base_DepthParams = Base.DepthParams.Builder._PLAN = _v.StructPlan("Base.depth$Params", 0, 0)
 _P_Base_DepthParams.reader = Base.DepthParams.Reader
 _P_Base_DepthResults = Base.DepthResults.Builder._PLAN = _v.StructPlan("Base.depth$Results", 1, 0)
 _P_Base_DepthResults.reader = Base.DepthResults.Reader
+_P_Converter_StrParams = Converter.StrParams.Builder._PLAN = _v.StructPlan("Converter.str$Params", 1, 0)
+_P_Converter_StrParams.reader = Converter.StrParams.Reader
+_P_Converter_StrResults = Converter.StrResults.Builder._PLAN = _v.StructPlan("Converter.str$Results", 0, 1)
+_P_Converter_StrResults.reader = Converter.StrResults.Reader
 _P_Diamond_TrickyParams = Diamond.TrickyParams.Builder._PLAN = _v.StructPlan("Diamond.tricky$Params", 1, 1)
 _P_Diamond_TrickyParams.reader = Diamond.TrickyParams.Reader
 _P_Diamond_TrickyResults = Diamond.TrickyResults.Builder._PLAN = _v.StructPlan("Diamond.tricky$Results", 0, 2)
@@ -6951,6 +9091,8 @@ _P_Shapes_Square = Shapes.Square.Builder._PLAN = _v.StructPlan("Shapes.square", 
 _P_Shapes_Square.reader = Shapes.Square.Reader
 _P_Shapes_Style = Shapes.Style.Builder._PLAN = _v.StructPlan("Shapes.style", 3, 3, -1, True)
 _P_Shapes_Style.reader = Shapes.Style.Reader
+_P_Shelf_Slot = Shelf.Slot.Builder._PLAN = _v.StructPlan("Shelf.Slot", 0, 2)
+_P_Shelf_Slot.reader = Shelf.Slot.Reader
 _P_Shop_BuyParams = Shop.BuyParams.Builder._PLAN = _v.StructPlan("Shop.buy$Params", 1, 1)
 _P_Shop_BuyParams.reader = Shop.BuyParams.Reader
 _P_Shop_BuyResults = Shop.BuyResults.Builder._PLAN = _v.StructPlan("Shop.buy$Results", 1, 1)
@@ -6963,6 +9105,12 @@ _P_Shop_PeekParams = Shop.PeekParams.Builder._PLAN = _v.StructPlan("Shop.peek$Pa
 _P_Shop_PeekParams.reader = Shop.PeekParams.Reader
 _P_Shop_PeekResults = Shop.PeekResults.Builder._PLAN = _v.StructPlan("Shop.peek$Results", 0, 0)
 _P_Shop_PeekResults.reader = Shop.PeekResults.Reader
+_P_Sink_TotalParams = Sink.TotalParams.Builder._PLAN = _v.StructPlan("Sink.total$Params", 0, 0)
+_P_Sink_TotalParams.reader = Sink.TotalParams.Reader
+_P_Sink_TotalResults = Sink.TotalResults.Builder._PLAN = _v.StructPlan("Sink.total$Results", 2, 0)
+_P_Sink_TotalResults.reader = Sink.TotalResults.Reader
+_P_Sink_WriteParams = Sink.WriteParams.Builder._PLAN = _v.StructPlan("Sink.write$Params", 0, 1)
+_P_Sink_WriteParams.reader = Sink.WriteParams.Reader
 _P_Store_GetParams = Store.GetParams.Builder._PLAN = _v.StructPlan("Store.get$Params", 0, 0)
 _P_Store_GetParams.reader = Store.GetParams.Reader
 _P_Store_GetResults = Store.GetResults.Builder._PLAN = _v.StructPlan("Store.get$Results", 0, 2)
@@ -6991,6 +9139,12 @@ _P_Box_Shop = Box_Shop.Builder._PLAN = _v.StructPlan("Box_Shop", 0, 3)
 _P_Box_Shop.reader = Box_Shop.Reader
 _P_Pair_Text_Box_Text = Pair_Text_Box_Text.Builder._PLAN = _v.StructPlan("Pair_Text_Box_Text", 0, 2)
 _P_Pair_Text_Box_Text.reader = Pair_Text_Box_Text.Reader
+_P_Shelf_Tree = Shelf_Tree.Builder._PLAN = _v.StructPlan("Shelf_Tree", 0, 0)
+_P_Shelf_Tree.reader = Shelf_Tree.Reader
+_P_Shelf_Tree_Slot_Text = Shelf_Tree.Slot_Text.Builder._PLAN = _v.StructPlan("Shelf_Tree.Slot_Text", 0, 2)
+_P_Shelf_Tree_Slot_Text.reader = Shelf_Tree.Slot_Text.Reader
+_P_Shelf_Tree_Slot_List_Int32 = Shelf_Tree.Slot_List_Int32.Builder._PLAN = _v.StructPlan("Shelf_Tree.Slot_List_Int32", 0, 2)
+_P_Shelf_Tree_Slot_List_Int32.reader = Shelf_Tree.Slot_List_Int32.Reader
 _P_Store_Text_PutParams = Store_Text.PutParams.Builder._PLAN = _v.StructPlan("Store_Text.put$Params", 0, 1)
 _P_Store_Text_PutParams.reader = Store_Text.PutParams.Reader
 _P_Store_Text_PutResults = Store_Text.PutResults.Builder._PLAN = _v.StructPlan("Store_Text.put$Results", 0, 0)
@@ -7019,6 +9173,17 @@ _P_Boxes.add(
     _v.struct("shops", 3, _P_Box_Shop),
     _v.struct("pair", 4, _P_Pair_Text_Box_Text),
     _v.struct("bare", 5, _P_Box),
+)
+_P_Builtins.add(
+    _v.text("str", 0),
+    _v.data("bytes", 1),
+    _v.boolean("bool", 0, False),
+    _v.integer("int", "Int32", 4, 4, True),
+    _v.list_("list", 2, _v.of_text()),
+    _v.floating("type", "Float64", 8, 8),
+)
+_P_Crate.add(
+    _v.integer("weight", "UInt16", 0, 2, False),
 )
 _P_Defaults.add(
     _v.boolean("b", 0, True),
@@ -7087,6 +9252,12 @@ _P_Pair.add(
     _v.any_pointer("key", 0),
     _v.any_pointer("value", 1),
 )
+_P_Parcel.add(
+    _v.struct("contents", 0, _P_Crate),
+)
+_P_Settings.add(
+    _v.enumeration("mood", "Mood", 0, ('calm', 'cross'), members=_E_Mood),
+)
 _P_Shapes.add(
     _v.text("name", 0),
     _v.floating("circle", "Float64", 0, 8, disc=0),
@@ -7094,6 +9265,11 @@ _P_Shapes.add(
     _v.void("nothing", disc=2),
     _v.list_("points", 1, _v.of_integer("Int32", 4, True), disc=3),
     _v.group("style", _P_Shapes_Style),
+)
+_P_Shelves.add(
+    _v.struct("texts", 0, _P_Shelf_Tree_Slot_Text),
+    _v.struct("numbers", 1, _P_Shelf_Tree_Slot_List_Int32),
+    _v.struct("aliased", 2, _P_Shelf_Tree_Slot_Text, default=_r.default_struct(Shelf_Tree.Slot_Text.Reader, _D_Shelves_aliased).to_dict()),
 )
 _P_Tree.add(
     _v.integer("value", "Int32", 0, 4, True),
@@ -7104,6 +9280,12 @@ _P_Tree.add(
 )
 _P_Base_DepthResults.add(
     _v.integer("depth", "UInt32", 0, 4, False),
+)
+_P_Converter_StrParams.add(
+    _v.integer("int", "Int64", 0, 8, True),
+)
+_P_Converter_StrResults.add(
+    _v.text("str", 0),
 )
 _P_Diamond_TrickyParams.add(
     _v.text("self", 0, key="self_"),
@@ -7130,6 +9312,10 @@ _P_Shapes_Style.add(
     _v.enumeration("color", "Color", 10, ('red', 'green', 'blue'), members=_E_Color),
     _v.group("fill", _P_Shapes_Style_Fill),
 )
+_P_Shelf_Slot.add(
+    _v.any_pointer("item", 0),
+    _v.any_pointer("extra", 1),
+)
 _P_Shop_BuyParams.add(
     _v.text("item", 0),
     _v.integer("count", "UInt32", 0, 4, False),
@@ -7143,6 +9329,13 @@ _P_Shop_ListResults.add(
 )
 _P_Shop_PeekParams.add(
     _v.struct("tree", 0, _P_Tree),
+)
+_P_Sink_TotalResults.add(
+    _v.integer("bytes", "UInt64", 0, 8, False),
+    _v.integer("writes", "UInt32", 8, 4, False),
+)
+_P_Sink_WriteParams.add(
+    _v.data("chunk", 0),
 )
 _P_Store_GetResults.add(
     _v.any_pointer("value", 0),
@@ -7190,6 +9383,14 @@ _P_Pair_Text_Box_Text.add(
     _v.text("key", 0),
     _v.struct("value", 1, _P_Box_Text),
 )
+_P_Shelf_Tree_Slot_Text.add(
+    _v.struct("item", 0, _P_Tree),
+    _v.text("extra", 1),
+)
+_P_Shelf_Tree_Slot_List_Int32.add(
+    _v.struct("item", 0, _P_Tree),
+    _v.list_("extra", 1, _v.of_integer("Int32", 4, True)),
+)
 _P_Store_Text_PutParams.add(
     _v.text("value", 0),
 )
@@ -7200,20 +9401,26 @@ _P_Store_Text_GetResults.add(
 
 
 Base.METHODS = {"depth": (0, Base.DepthParams, Base.DepthResults)}
+Converter.METHODS = {"str": (0, Converter.StrParams, Converter.StrResults)}
 Diamond.METHODS = {"tricky": (0, Diamond.TrickyParams, Diamond.TrickyResults)}
 Left.METHODS = {"left": (0, Left.LeftParams, Left.LeftResults)}
 Right.METHODS = {"right": (0, Right.RightParams, Right.RightResults)}
 Shop.METHODS = {"buy": (0, Shop.BuyParams, Shop.BuyResults), "list": (1, Shop.ListParams, Shop.ListResults), "peek": (2, Shop.PeekParams, Shop.PeekResults)}
+Sink.METHODS = {"write": (0, Sink.WriteParams, stream_capnp.StreamResult), "total": (1, Sink.TotalParams, Sink.TotalResults)}
 Store.METHODS = {"put": (0, Store.PutParams, Store.PutResults), "get": (1, Store.GetParams, Store.GetResults)}
 TextStore.METHODS = {"size": (0, TextStore.SizeParams, TextStore.SizeResults)}
 Store_Text.METHODS = {"put": (0, Store_Text.PutParams, Store_Text.PutResults), "get": (1, Store_Text.GetParams, Store_Text.GetResults)}
 Base.Server._METHODS = {(Base._ID, 0): ("depth", Base.DepthParams, Base.DepthResults)}
+Converter.Server._METHODS = {(Converter._ID, 0): ("str", Converter.StrParams, Converter.StrResults)}
 Left.Server._METHODS = {**Base.Server._METHODS, (Left._ID, 0): ("left", Left.LeftParams, Left.LeftResults)}
 Right.Server._METHODS = {**Base.Server._METHODS, (Right._ID, 0): ("right", Right.RightParams, Right.RightResults)}
 Diamond.Server._METHODS = {**Left.Server._METHODS, **Right.Server._METHODS, (Diamond._ID, 0): ("tricky", Diamond.TrickyParams, Diamond.TrickyResults)}
 Shop.Server._METHODS = {(Shop._ID, 0): ("buy", Shop.BuyParams, Shop.BuyResults), (Shop._ID, 1): ("list", Shop.ListParams, Shop.ListResults), (Shop._ID, 2): ("peek", Shop.PeekParams, Shop.PeekResults)}
+Sink.Server._METHODS = {(Sink._ID, 0): ("write", Sink.WriteParams, stream_capnp.StreamResult), (Sink._ID, 1): ("total", Sink.TotalParams, Sink.TotalResults)}
 Store.Server._METHODS = {(Store._ID, 0): ("put", Store.PutParams, Store.PutResults), (Store._ID, 1): ("get", Store.GetParams, Store.GetResults)}
 Store_Text.Server._METHODS = {(Store_Text._ID, 0): ("put", Store_Text.PutParams, Store_Text.PutResults), (Store_Text._ID, 1): ("get", Store_Text.GetParams, Store_Text.GetResults)}
 TextStore.Server._METHODS = {**Store_Text.Server._METHODS, (TextStore._ID, 0): ("size", TextStore.SizeParams, TextStore.SizeResults)}
+bestMood = Mood(0)
 origin = _r.default_struct(Numbers.Reader, [bytes.fromhex('0000000000000200040000000600000000000000000000000000fbff0000000000000000000000000000000000000000000000000000000000000000000000000000000000000000')])
 primes = _r.default_list(_r.primitive_list("H"), [bytes.fromhex('0000000000000200050000002300000000000000000000000200030005000700')])
+Settings.fallback = Mood(1)
