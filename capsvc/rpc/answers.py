@@ -236,6 +236,8 @@ class AnswerTable:
         segments = payload.write(_no_caps if no_caps else self._describer(answer, frozen))
         if copied:
             payload.release()  # after the place was reserved: its drops follow the Return
+        limit = self.session.limits.max_message_words
+        wire.check_sendable(segments, limit, "the Return")
         return segments, no_caps
 
     def _describer(

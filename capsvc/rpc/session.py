@@ -292,6 +292,7 @@ class RpcSession:
         exports = question.param_exports
         segments = params.write(lambda desc, _index, hook: describe(desc, hook, exports))
         params.release()
+        wire.check_sendable(segments, self.limits.max_message_words, "the Call")
         return segments
 
     # ================================================================== receive

@@ -87,6 +87,26 @@ def read_message(
     )
 
 
+def check_sendable(segments: Sequence[bytes | bytearray], limit: int, what: str) -> None:
+    """Refuse to send a message over ``limit`` words (our ``Limits.max_message_words``).
+
+    A peer with the same limit (C++'s default traversal limit is the same 8 Mi words)
+    would abort the whole connection on receiving it ("incoming RPC message exceeds size
+    limit"). C++'s TwoPartyVatNetwork checks outgoing messages against its own limit for
+    that reason and fails just the call instead; so does capsvc (the caller of this turns
+    the ValueError into a Failed call or a Failed Return).
+    """
+    words = 0
+    for segment in segments:
+        words += len(segment)
+    words >>= 3
+    if words > limit:
+        raise ValueError(
+            f"{what} would be {words} words ({words * 8} bytes), over the limit of {limit}"
+            " words (Limits.max_message_words) that a peer with the same limits refuses"
+        )
+
+
 def write_exception(builder: Any, error: BaseException) -> None:
     """Fill an rpc.capnp Exception builder from a Python exception."""
     if isinstance(error, RpcError):

@@ -7,7 +7,7 @@ Usage:
     python tests/peers/pycapnp_kitchen_peer.py serve 127.0.0.1:0 --bootstrap KIND
     python tests/peers/pycapnp_kitchen_peer.py call HOST:PORT --bootstrap KIND
 
-KIND is diamond, textstore or sink.
+KIND is diamond, textstore, sink or converter.
 
 ``serve`` gives each connection a new bootstrap object of that kind, prints ``LISTENING
 <port>`` once bound, and stops on SIGTERM. ``call`` bootstraps the peer, calls every
@@ -19,7 +19,9 @@ The semantics both sides implement: ``depth`` -> 3; ``left``/``right`` -> side "
 ``put(value)`` stores it; ``get`` -> the last value, and a ``Box(Text)`` holding it
 labelled "box"; ``size`` -> how many puts there were; ``write(chunk)`` (``-> stream``)
 counts the chunk, whose first byte must be its index (writes arrive in order);
-``total`` -> the bytes and writes counted.
+``total`` -> the bytes and writes counted; ``Converter.str(int)`` -> that many "x"s (the
+``call`` side expects our server, whose size limit is lower, to fail the 100 000 one
+alone).
 """
 
 import argparse
@@ -91,7 +93,17 @@ class SinkServer(kitchen.Sink.Server):
         context.results.writes = self.writes
 
 
-SERVERS = {"diamond": DiamondServer, "textstore": TextStoreServer, "sink": SinkServer}
+class ConverterServer(kitchen.Converter.Server):
+    async def str_context(self, context):
+        context.results.str = "x" * context.params.int
+
+
+SERVERS = {
+    "diamond": DiamondServer,
+    "textstore": TextStoreServer,
+    "sink": SinkServer,
+    "converter": ConverterServer,
+}
 
 
 async def serve(host, port, kind):
@@ -138,6 +150,16 @@ async def call(host, port, kind):
         response = await request.send()
         check("tricky", getattr(response, "return"), "s|1|True|-2|7")
         check("self", (await response.self.left()).side, "left")
+    elif kind == "converter":  # the server answers results over its size limit in error
+        converter = client.bootstrap().cast_as(kitchen.Converter)
+        check("small", (await converter.str(5)).str, "xxxxx")
+        try:
+            await converter.str(100_000)
+        except capnp.KjException as error:
+            check("too large", "Limits.max_message_words" in str(error), True)
+        else:
+            check("too large", "results", "an exception")
+        check("after", (await converter.str(3)).str, "xxx")
     elif kind == "sink":
         sink = client.bootstrap().cast_as(kitchen.Sink)
         for i in range(50):  # `-> stream` calls, each awaited as pycapnp's flow control allows
