@@ -530,7 +530,9 @@ def _over(
     enc: _Encoder, plan: StructPlan, base: list[object], values: list[object]
 ) -> list[object]:
     """``values`` over ``base`` (a field's default): what is given wins; a union member
-    given replaces the default's; groups merge field by field."""
+    given replaces the default's; a group or a struct given as a dict merges into the
+    default's, field by field (pycapnp's ``new_message(**fields)`` sets the keys of a dict
+    into the struct the default already put there: test.capnp's TestDefaults)."""
     member_given = any(values[f.index] is not MISSING for f in plan.order if f.disc >= 0)
     merged = list(values)
     for field in plan.order:
@@ -540,7 +542,9 @@ def _over(
         given = merged[field.index]
         if given is MISSING:
             merged[field.index] = below
-        elif field.kind == GROUP and type(below) is dict and type(given) is dict:
+        elif (field.kind == GROUP or field.kind == STRUCT) and (
+            type(below) is dict and type(given) is dict
+        ):
             assert field.target is not None
             group = field.target
             inner = _over(enc, group, _values_of(enc, group, below), _values_of(enc, group, given))

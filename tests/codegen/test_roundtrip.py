@@ -29,6 +29,10 @@ STRUCTS = [
     ("Shop.buy$Params", 0),
     ("Shop.buy$Results", 0),
     ("Boxes", 0),
+    ("Shelves", 0),
+    ("Layered", 0),
+    ("Parcel", 0),
+    ("Builtins", 0),
     ("Thing", 1),
 ]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

@@ -184,6 +184,19 @@ struct Crate {
   weight @0 :UInt16;
 }
 
+# A struct default that holds a struct: a dict given for the inner one merges into what
+# the default put there, as pycapnp's new_message(**fields) does (test.capnp's
+# TestDefaults once built differently here).
+struct Layered {
+  outer @0 :Wrapper = (label = "outer", numbers = (i32 = 42, u8 = 7), tags = ["a"]);
+}
+
+struct Wrapper {
+  label @0 :Text;
+  numbers @1 :Numbers;
+  tags @2 :List(Text);
+}
+
 # Fields and a method named after Python's builtin types: the generated classes keep the
 # names, and where such a member would shadow the type in its class's annotations they
 # say `_builtins.str` (mypy --strict over this module checks it).

@@ -2005,6 +2005,141 @@ class Keywords:
         """The root of a packed message (the packed encoding of the framing)."""
         return _r.read_packed(Keywords.Reader, data)
 
+class Layered:
+    """struct Layered (0x9e4121db29f423d7)."""
+
+    _ID: ClassVar[int] = 0x9e4121db29f423d7
+
+    class Init(TypedDict, total=False):
+        """Layered as plain values: what ``new_message`` and ``assign`` take."""
+
+        outer: Wrapper.Init | Wrapper.Row | Wrapper.Reader | Wrapper.Builder | None
+
+    Row: TypeAlias = "tuple[Wrapper.Row]"
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 1
+
+        outer: _d.Struct[Wrapper.Reader] = _d.Struct(0)
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(0):
+                out['outer'] = self.outer.to_dict()
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 1
+
+        @property
+        def outer(self) -> Wrapper.Builder:
+            """The outer struct (allocated on first use)."""
+            return _b.struct_field(self, 0, Wrapper.Builder, _D_Layered_outer)
+        @outer.setter
+        def outer(self, value: Wrapper.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 0, value)
+
+        def init_outer(self) -> Wrapper.Builder:
+            """A new, empty outer struct."""
+            return _b.init_struct(self, self._ptr + 0, Wrapper.Builder)
+
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            outer: Wrapper.Init | Wrapper.Row | Wrapper.Reader | Wrapper.Builder | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Layered, [outer], _unknown)
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Layered.Reader:
+            """A reader of this struct as built so far."""
+            return Layered.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Layered (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def outer(self) -> Wrapper.Pipeline:
+            return self._struct(0, Wrapper.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Layered results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message(
+        *,
+        outer: Wrapper.Init | Wrapper.Row | Wrapper.Reader | Wrapper.Builder | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Layered.Builder:
+        """A new message whose root is a Layered: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Layered.Builder, _P_Layered, [outer], _unknown)
+
+    @staticmethod
+    def row(reader: Layered.Reader | Layered.Builder) -> Layered.Row:
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
+        return _w.struct_row(reader, _P_Layered)
+
+    @staticmethod
+    def from_row(row: Layered.Row) -> Layered.Builder:
+        """A new message whose root is a Layered holding ``row``."""
+        return _e.new_message_row(Layered.Builder, _P_Layered, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Layered.Reader] | _b.StructListBuilder[Layered.Builder]) -> list[Layered.Row]:
+        """Every element of a list of Layered (read, or being built) as a row."""
+        return _w.list_rows(readers, _P_Layered)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Layered, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Layered, names, nested)
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Layered.Reader:
+        """The root Layered of a message (its segments)."""
+        return _r.read_segments(Layered.Reader, segments, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Layered.Reader:
+        """The root of a message in the standard stream framing."""
+        return _r.read_framed(Layered.Reader, data)
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Layered.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return _r.read_packed(Layered.Reader, data)
+
 class Left(_t.Interface["Left.Client"]):
     """interface Left (0xf473790c0ad00ffa): its methods' params and results."""
 
@@ -6957,6 +7092,170 @@ class Tree:
         """The root of a packed message (the packed encoding of the framing)."""
         return _r.read_packed(Tree.Reader, data)
 
+class Wrapper:
+    """struct Wrapper (0xd3afbe57cb0910f9)."""
+
+    _ID: ClassVar[int] = 0xd3afbe57cb0910f9
+
+    class Init(TypedDict, total=False):
+        """Wrapper as plain values: what ``new_message`` and ``assign`` take."""
+
+        label: str | None
+
+        numbers: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None
+
+        tags: Sequence[str | None] | _r.ListReader[Any] | None
+
+    Row: TypeAlias = "tuple[str, Numbers.Row | None, list[str]]"
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        label = _d.Text(0, '')
+
+        numbers: _d.Struct[Numbers.Reader] = _d.Struct(1)
+
+        tags: _d.List[_r.ListReader[str]] = _d.List(2)
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(0):
+                out['label'] = self.label
+            if self._has(1):
+                out['numbers'] = self.numbers.to_dict()
+            if self._has(2):
+                out['tags'] = list(self.tags)
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        label = _d.text_property(0, '', "Wrapper.label")
+
+        @property
+        def numbers(self) -> Numbers.Builder:
+            """The numbers struct (allocated on first use)."""
+            return _b.struct_field(self, 1, Numbers.Builder)
+        @numbers.setter
+        def numbers(self, value: Numbers.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 1, value)
+
+        def init_numbers(self) -> Numbers.Builder:
+            """A new, empty numbers struct."""
+            return _b.init_struct(self, self._ptr + 1, Numbers.Builder)
+
+        def init_tags(self, count: int) -> _b.TextListBuilder:
+            """A new list of ``count`` elements in tags."""
+            return _b.init_text_list(self._b, self._ptr + 2, count, "Wrapper.tags")
+
+        def set_tags(self, values: list[str] | tuple[str, ...]) -> None:
+            """tags from a sequence of values."""
+            items = list(values)
+            target = _b.init_text_list(self._b, self._ptr + 2, len(items), "Wrapper.tags")
+            for index, item in enumerate(items):
+                target[index] = item
+
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            label: str | None = _e.MISSING,
+            numbers: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+            tags: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Wrapper, [label, numbers, tags], _unknown)
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Wrapper.Reader:
+            """A reader of this struct as built so far."""
+            return Wrapper.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Wrapper (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def numbers(self) -> Numbers.Pipeline:
+            return self._struct(1, Numbers.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Wrapper results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message(
+        *,
+        label: str | None = _e.MISSING,
+        numbers: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+        tags: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Wrapper.Builder:
+        """A new message whose root is a Wrapper: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Wrapper.Builder, _P_Wrapper, [label, numbers, tags], _unknown)
+
+    @staticmethod
+    def row(reader: Wrapper.Reader | Wrapper.Builder) -> Wrapper.Row:
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
+        return _w.struct_row(reader, _P_Wrapper)
+
+    @staticmethod
+    def from_row(row: Wrapper.Row) -> Wrapper.Builder:
+        """A new message whose root is a Wrapper holding ``row``."""
+        return _e.new_message_row(Wrapper.Builder, _P_Wrapper, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Wrapper.Reader] | _b.StructListBuilder[Wrapper.Builder]) -> list[Wrapper.Row]:
+        """Every element of a list of Wrapper (read, or being built) as a row."""
+        return _w.list_rows(readers, _P_Wrapper)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Wrapper, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Wrapper, names, nested)
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Wrapper.Reader:
+        """The root Wrapper of a message (its segments)."""
+        return _r.read_segments(Wrapper.Reader, segments, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Wrapper.Reader:
+        """The root of a message in the standard stream framing."""
+        return _r.read_framed(Wrapper.Reader, data)
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Wrapper.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return _r.read_packed(Wrapper.Reader, data)
+
 answer: int = 42
 
 bestMood: Mood
@@ -8943,6 +9242,7 @@ _L_Defaults_list = _r.primitive_list("h")
 _D_Defaults_list = [bytes.fromhex('0000000000000200050000001b00000000000000000000000100feff03000000')]
 _L_Defaults_texts = _r.simple_list(_r.TextList)
 _D_Defaults_texts = [bytes.fromhex('0000000000000200050000001600000000000000000000000500000012000000050000001a00000061000000000000006263000000000000')]
+_D_Layered_outer = [bytes.fromhex('000000000000020004000000000003000000000000000000090000003200000008000000060000001d0000000e0000006f75746572000000000000002a0000000000000000000000070000000000000000000000000000000000000000000000000000000000000001000000120000006100000000000000')]
 _L_Lists_voids = _r.simple_list(_r.VoidList)
 _L_Lists_bools = _r.simple_list(_r.BoolList)
 _L_Lists_i8s = _r.primitive_list("b")
@@ -8963,6 +9263,7 @@ _L_Lists_nestedTexts = _r.list_list(_r.simple_list(_r.TextList))
 _L_Lists_deep = _r.list_list(_r.list_list(_r.primitive_list("B")))
 _L_Shapes_points = _r.primitive_list("i")
 _D_Shelves_aliased = [bytes.fromhex('0000000000000200040000000000020000000000000000000000000000000000010000004a000000627920616c6961730000000000000000')]
+_L_Wrapper_tags = _r.simple_list(_r.TextList)
 _L_Shop_ListResults_items = _r.simple_list(_r.TextList)
 _L_Box_List_Int32_value = _r.primitive_list("i")
 _L_Shelf_Tree_Slot_List_Int32_extra = _r.primitive_list("i")
@@ -8977,6 +9278,7 @@ Boxes.Reader.bare.bind(Box.Reader)
 Builtins.Reader.list.bind(_L_Builtins_list)
 Defaults.Reader.color.bind(Color, _E_Color)
 Defaults.Reader.numbers.bind(Numbers.Reader, _D_Defaults_numbers)
+Layered.Reader.outer.bind(Wrapper.Reader, _D_Layered_outer)
 Lists.Reader.voids.bind(_L_Lists_voids)
 Lists.Reader.bools.bind(_L_Lists_bools)
 Lists.Reader.i8s.bind(_L_Lists_i8s)
@@ -9010,6 +9312,8 @@ Shelves.Reader.aliased.bind(Shelf_Tree.Slot_Text.Reader, _D_Shelves_aliased)
 Tree.Reader.children.bind(Tree.Reader)
 Tree.Reader.left.bind(Tree.Reader)
 Tree.Reader.other.bind(kitchen_other_capnp.Thing.Reader)
+Wrapper.Reader.numbers.bind(Numbers.Reader)
+Wrapper.Reader.tags.bind(_L_Wrapper_tags)
 Shapes.Style.Reader.color.bind(Color, _E_Color)
 Shapes.Style.Reader.fill.bind(Shapes.Style.Fill.Reader)
 Shapes.Style.Builder.fill.bind(Shapes.Style.Fill.Builder)
@@ -9049,6 +9353,8 @@ _P_Defaults = Defaults.Builder._PLAN = _v.StructPlan("Defaults", 6, 5)
 _P_Defaults.reader = Defaults.Reader
 _P_Keywords = Keywords.Builder._PLAN = _v.StructPlan("Keywords", 1, 1)
 _P_Keywords.reader = Keywords.Reader
+_P_Layered = Layered.Builder._PLAN = _v.StructPlan("Layered", 0, 1)
+_P_Layered.reader = Layered.Reader
 _P_Lists = Lists.Builder._PLAN = _v.StructPlan("Lists", 0, 19)
 _P_Lists.reader = Lists.Reader
 _P_Numbers = Numbers.Builder._PLAN = _v.StructPlan("Numbers", 6, 0)
@@ -9067,6 +9373,8 @@ _P_Shelves = Shelves.Builder._PLAN = _v.StructPlan("Shelves", 0, 3)
 _P_Shelves.reader = Shelves.Reader
 _P_Tree = Tree.Builder._PLAN = _v.StructPlan("Tree", 1, 4)
 _P_Tree.reader = Tree.Reader
+_P_Wrapper = Wrapper.Builder._PLAN = _v.StructPlan("Wrapper", 0, 3)
+_P_Wrapper.reader = Wrapper.Reader
 _P_Base_DepthParams = Base.DepthParams.Builder._PLAN = _v.StructPlan("Base.depth$Params", 0, 0)
 _P_Base_DepthParams.reader = Base.DepthParams.Reader
 _P_Base_DepthResults = Base.DepthResults.Builder._PLAN = _v.StructPlan("Base.depth$Results", 1, 0)
@@ -9211,6 +9519,9 @@ _P_Keywords.add(
     _v.integer("which", "UInt8", 5, 1, False, key="which_"),
     _v.integer("async", "Int16", 6, 2, True, key="async_"),
 )
+_P_Layered.add(
+    _v.struct("outer", 0, _P_Wrapper, default=_r.default_struct(Wrapper.Reader, _D_Layered_outer).to_dict()),
+)
 _P_Lists.add(
     _v.list_("voids", 0, _v.of_void()),
     _v.list_("bools", 1, _v.of_bool()),
@@ -9277,6 +9588,11 @@ _P_Tree.add(
     _v.struct("left", 1, _P_Tree),
     _v.struct("other", 2, _v.plan_of(kitchen_other_capnp.Thing.Builder)),
     _v.any_pointer("anything", 3),
+)
+_P_Wrapper.add(
+    _v.text("label", 0),
+    _v.struct("numbers", 1, _P_Numbers),
+    _v.list_("tags", 2, _v.of_text()),
 )
 _P_Base_DepthResults.add(
     _v.integer("depth", "UInt32", 0, 4, False),
