@@ -312,6 +312,41 @@ def set_client(builder: MessageBuilder, at: int, value: object, field: str) -> N
     set_capability(builder, at, len(builder.caps) - 1)
 
 
+def set_any(parent: StructBuilder, at: int, value: object, field: str, structs_only: bool) -> None:
+    """An AnyPointer (``structs_only``: an AnyStruct) field of ``parent``, pointer word
+    ``at``: None is null; a struct reader or builder is deep-copied in (capabilities in it
+    join this message's cap table); an AnyPointer also takes a ``str`` (Text), ``bytes``
+    (Data) or a capability (a client or a server object), as pycapnp's ``set_as`` does,
+    and an AnyPointer read elsewhere (whatever it holds is copied, capabilities too)."""
+    from capsvc.codec.reading import AnyPointer, StructReader
+
+    builder = parent._b
+    if value is None:
+        set_null(builder, at)
+    elif isinstance(value, StructReader) or isinstance(value, StructBuilder):
+        _values.copy_value(builder, at, value)
+    elif isinstance(value, AnyPointer) and not structs_only:
+        if value._w < 0:  # an absent slot (an older writer's struct): null
+            set_null(builder, at)
+        else:
+            copy_pointer(value._msg, value._si, value._w, builder, at, value._depth)
+    elif structs_only:
+        raise bad_type(value, field, "a struct reader or builder (AnyStruct), or None")
+    elif isinstance(value, str):
+        set_text(builder, at, value, field)
+    elif isinstance(value, bytes | bytearray | memoryview):
+        set_data(builder, at, value, field)
+    elif getattr(value, "_capsvc_hook", None) is not None:
+        set_client(builder, at, value, field)
+    else:
+        raise bad_type(
+            value,
+            field,
+            "str (Text), bytes (Data), a struct reader or builder, an AnyPointer, a"
+            " capability (a client or a server object), or None (AnyPointer)",
+        )
+
+
 def set_null(builder: MessageBuilder, at: int) -> None:
     _set_u64(builder.buf, at << 3, 0)
 

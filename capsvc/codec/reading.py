@@ -302,8 +302,10 @@ class StructReader:
 
     @classmethod
     def _of_builder(cls: type[R], builder: Any) -> R:
-        """A reader of a struct being built (its message as it is now)."""
-        msg = MessageReader([bytes(builder._b.buf)])
+        """A reader of a struct being built (its message as it is now, capabilities
+        included: its cap table is the builder's, so a capability read or copied from it
+        is the one put in)."""
+        msg = MessageReader([bytes(builder._b.buf)], caps=builder._b.caps)
         start = builder._data >> 3
         return new_reader(cls, msg, 0, start, cls._DATA_WORDS, cls._POINTERS, DEFAULT_NESTING_LIMIT)
 
@@ -931,6 +933,11 @@ class AnyPointer:
     def capability_index(self) -> int | None:
         """The cap-table index if this pointer is a capability, None if it is null."""
         return read_capability(self._msg, self._si, self._w)
+
+    def as_interface(self, cls: ClientFactory[C]) -> C:
+        """The capability this pointer holds, as a client of class ``cls`` (a generated
+        ``Iface.Client``, or capsvc.typed.Client); a null pointer gives a null client."""
+        return read_client(self._msg, self._si, self._w, cls)
 
     def __repr__(self) -> str:
         return "<AnyPointer null>" if self.is_null else "<AnyPointer>"

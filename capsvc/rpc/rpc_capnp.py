@@ -19,6 +19,8 @@ from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
 from capsvc.codec import values as _e
+if TYPE_CHECKING:
+    from capsvc import typed as _t
 from capsvc.codec.fields import (
     get_i8, set_i8,
     get_i16, set_i16,
@@ -78,6 +80,10 @@ class Accept:
         _POINTERS: ClassVar[int] = 1
 
         questionId = _d.int_property("u32", 0, 0, "Accept.questionId", "UInt32")
+
+        def set_provision(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer provision: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            _b.set_any(self, self._ptr + 0, value, "Accept.provision", False)
 
         def init_provision_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer provision."""
@@ -214,6 +220,10 @@ class Bootstrap:
         _POINTERS: ClassVar[int] = 1
 
         questionId = _d.int_property("u32", 0, 0, "Bootstrap.questionId", "UInt32")
+
+        def set_deprecatedObjectId(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer deprecatedObjectId: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            _b.set_any(self, self._ptr + 0, value, "Bootstrap.deprecatedObjectId", False)
 
         def init_deprecatedObjectId_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer deprecatedObjectId."""
@@ -383,6 +393,11 @@ class Call:
             def yourself(self, value: None) -> None:
                 """Select the Void member yourself (assign None)."""
                 set_u16(self._b.buf, self._data + 6, 1)
+
+            def set_thirdParty(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+                """Set the AnyPointer thirdParty: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+                set_u16(self._b.buf, self._data + 6, 2)
+                _b.set_any(self, self._ptr + 2, value, "Call.sendResultsTo.thirdParty", False)
 
             def init_thirdParty_as(self, cls: type[_b.B]) -> _b.B:
                 """Put a new struct of builder class ``cls`` in the AnyPointer thirdParty."""
@@ -1516,6 +1531,10 @@ class Join:
             """A new, empty target struct."""
             return _b.init_struct(self, self._ptr + 0, MessageTarget.Builder)
 
+        def set_keyPart(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer keyPart: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            _b.set_any(self, self._ptr + 1, value, "Join.keyPart", False)
+
         def init_keyPart_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer keyPart."""
             return _b.init_struct(self, self._ptr + 1, cls)
@@ -1889,10 +1908,20 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 13)
             return _b.init_struct(self, self._ptr + 0, Disembargo.Builder)
 
+        def set_obsoleteSave(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer obsoleteSave: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            set_u16(self._b.buf, self._data + 0, 7)
+            _b.set_any(self, self._ptr + 0, value, "Message.obsoleteSave", False)
+
         def init_obsoleteSave_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer obsoleteSave."""
             set_u16(self._b.buf, self._data + 0, 7)
             return _b.init_struct(self, self._ptr + 0, cls)
+
+        def set_obsoleteDelete(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer obsoleteDelete: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            set_u16(self._b.buf, self._data + 0, 9)
+            _b.set_any(self, self._ptr + 0, value, "Message.obsoleteDelete", False)
 
         def init_obsoleteDelete_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer obsoleteDelete."""
@@ -2313,6 +2342,10 @@ class Payload:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 2
+
+        def set_content(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer content: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            _b.set_any(self, self._ptr + 0, value, "Payload.content", False)
 
         def init_content_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer content."""
@@ -2750,6 +2783,10 @@ class Provide:
         def init_target(self) -> MessageTarget.Builder:
             """A new, empty target struct."""
             return _b.init_struct(self, self._ptr + 0, MessageTarget.Builder)
+
+        def set_recipient(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer recipient: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            _b.set_any(self, self._ptr + 1, value, "Provide.recipient", False)
 
         def init_recipient_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer recipient."""
@@ -3314,6 +3351,11 @@ class Return:
 
         takeFromOtherQuestion = _d.int_property("u32", 8, 0, "Return.takeFromOtherQuestion", "UInt32", 6, 4)
 
+        def set_acceptFromThirdParty(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer acceptFromThirdParty: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            set_u16(self._b.buf, self._data + 6, 5)
+            _b.set_any(self, self._ptr + 0, value, "Return.acceptFromThirdParty", False)
+
         def init_acceptFromThirdParty_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer acceptFromThirdParty."""
             set_u16(self._b.buf, self._data + 6, 5)
@@ -3472,6 +3514,10 @@ class ThirdPartyCapDescriptor:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+
+        def set_id(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer id: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            _b.set_any(self, self._ptr + 0, value, "ThirdPartyCapDescriptor.id", False)
 
         def init_id_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer id."""

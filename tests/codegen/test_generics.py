@@ -148,6 +148,38 @@ def test_any_pointer_kinds_are_explicit(generated: Generated) -> None:
         assert ref.pointer.as_struct(generated.reference.Numbers).u8 == 9
 
 
+def test_any_pointers_are_set_from_values(generated: Generated) -> None:
+    """``set_<field>`` of an AnyPointer takes Text, Data, a struct (reader or builder,
+    copied), another AnyPointer (copied) or None; an AnyStruct only a struct or None; a
+    wrong value names the field and what it takes. pycapnp reads what they wrote."""
+    k = generated.kitchen
+    numbers = k.Numbers.new_message(i32=-7, u8=9)
+    built = k.Anything.new_message()
+    built.set_pointer("some text")
+    built.set_anyStruct(numbers)  # a builder: copied
+    read = k.Anything.from_bytes(built.to_bytes())
+    assert read.pointer.as_text() == "some text"
+    assert read.anyStruct.as_struct(k.Numbers.Reader).i32 == -7
+    again = k.Anything.new_message()
+    again.set_pointer(read.anyStruct)  # an AnyPointer read elsewhere: copied
+    again.set_anyStruct(numbers.as_reader())
+    copied = k.Anything.from_bytes(again.to_bytes())
+    assert copied.pointer.as_struct(k.Numbers.Reader).u8 == 9
+    assert copied.anyStruct.as_struct(k.Numbers.Reader).i32 == -7
+    data = k.Anything.new_message()
+    data.set_pointer(b"\x00\xff")
+    assert k.Anything.from_bytes(data.to_bytes()).pointer.as_data() == b"\x00\xff"
+    data.set_pointer(None)
+    assert k.Anything.from_bytes(data.to_bytes()).pointer.is_null
+    with generated.reference.Anything.from_bytes(built.to_bytes()) as ref:
+        assert ref.pointer.as_text() == "some text"
+        assert ref.anyStruct.as_struct(generated.reference.Numbers).i32 == -7
+    with pytest.raises(TypeError, match=r"^Anything\.anyStruct: expected a struct reader or"):
+        built.set_anyStruct("text")
+    with pytest.raises(TypeError, match=r"^Anything\.pointer: expected str \(Text\), bytes"):
+        built.set_pointer(3.5)
+
+
 def test_a_nested_generic_bound_two_ways_is_two_classes(generated: Generated) -> None:
     """``Shelf(Tree).Slot(Text)`` and ``Shelf(Tree).Slot(List(Int32))`` in one struct: each
     its own class inside ``Shelf_Tree`` (one name for both once overwrote the first, so

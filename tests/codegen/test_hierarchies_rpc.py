@@ -119,6 +119,47 @@ async def exercise_store(k: ModuleType, address: str) -> None:
             store.put(value=5)
 
 
+def any_store(k: ModuleType) -> object:
+    """A typed server of the bare generic ``Store`` (its T unbound: AnyPointer), keeping
+    what it is given in a message of its own and giving it back, capabilities included."""
+
+    class AnyStore(k.Store.Server):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            self.kept = k.Box.new_message()
+
+        def put(self, params: Any, results: Any) -> None:
+            self.kept.set_value(params.value)  # copied out of the call's params
+
+        def get(self, params: Any, results: Any) -> None:
+            kept = self.kept.as_reader().value
+            results.set_value(kept)
+            results.box.set_value(kept)
+
+    return AnyStore()
+
+
+async def test_capabilities_travel_in_any_pointers(generated: Generated) -> None:
+    """Text and a capability put in an AnyPointer param, kept by the server in its own
+    message, returned in an AnyPointer result and in a Box: ``as_interface`` gives a typed
+    client of the capability, which still calls the caller's own object."""
+    k = generated.kitchen
+    diamond, _ = servers(k)
+    async with local_server(any_store(k)) as address, capsvc.connect(address) as conn:
+        store = conn.bootstrap(k.Store)
+        put = store.put_request()
+        put.params.set_value("kept text")
+        await put.send()
+        assert (await store.get()).value.as_text() == "kept text"
+        put = store.put_request()
+        put.params.set_value(diamond())  # our own object, as a capability
+        await put.send()
+        got = await store.get()
+        returned = got.value.as_interface(k.Diamond.Client)
+        assert (await returned.left()).side == "left"
+        assert (await got.box.value.as_interface(k.Left.Client).left()).side == "left"
+        assert got.value.as_interface(k.Shop.Client) is not None  # a client of any type
+
+
 async def exercise_sink(k: ModuleType, address: str) -> None:
     """Fifty ``-> stream`` writes sent back to back, then ``total``: on the wire they are
     ordinary calls, in order, whose results are capsvc's generated StreamResult."""

@@ -104,9 +104,17 @@ class Anything:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 6
 
+        def set_pointer(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer pointer: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            _b.set_any(self, self._ptr + 0, value, "Anything.pointer", False)
+
         def init_pointer_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer pointer."""
             return _b.init_struct(self, self._ptr + 0, cls)
+
+        def set_anyStruct(self, value: _r.StructReader | _b.StructBuilder | None) -> None:
+            """Set the AnyStruct anyStruct: a copy of a struct, or None (null)."""
+            _b.set_any(self, self._ptr + 1, value, "Anything.anyStruct", True)
 
         def init_anyStruct_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer anyStruct."""
@@ -535,6 +543,10 @@ class Box:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+
+        def set_value(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer value: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            _b.set_any(self, self._ptr + 0, value, "Box.value", False)
 
         def init_value_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer value."""
@@ -3121,9 +3133,17 @@ class Pair:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 2
 
+        def set_key(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer key: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            _b.set_any(self, self._ptr + 0, value, "Pair.key", False)
+
         def init_key_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer key."""
             return _b.init_struct(self, self._ptr + 0, cls)
+
+        def set_value(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer value: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            _b.set_any(self, self._ptr + 1, value, "Pair.value", False)
 
         def init_value_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer value."""
@@ -4660,9 +4680,17 @@ class Shelf:
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
+            def set_item(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+                """Set the AnyPointer item: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+                _b.set_any(self, self._ptr + 0, value, "Shelf.Slot.item", False)
+
             def init_item_as(self, cls: type[_b.B]) -> _b.B:
                 """Put a new struct of builder class ``cls`` in the AnyPointer item."""
                 return _b.init_struct(self, self._ptr + 0, cls)
+
+            def set_extra(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+                """Set the AnyPointer extra: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+                _b.set_any(self, self._ptr + 1, value, "Shelf.Slot.extra", False)
 
             def init_extra_as(self, cls: type[_b.B]) -> _b.B:
                 """Put a new struct of builder class ``cls`` in the AnyPointer extra."""
@@ -6400,6 +6428,10 @@ class Store(_t.Interface["Store.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
 
+            def set_value(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+                """Set the AnyPointer value: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+                _b.set_any(self, self._ptr + 0, value, "Store.get$Results.value", False)
+
             def init_value_as(self, cls: type[_b.B]) -> _b.B:
                 """Put a new struct of builder class ``cls`` in the AnyPointer value."""
                 return _b.init_struct(self, self._ptr + 0, cls)
@@ -6541,6 +6573,10 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+
+            def set_value(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+                """Set the AnyPointer value: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+                _b.set_any(self, self._ptr + 0, value, "Store.put$Params.value", False)
 
             def init_value_as(self, cls: type[_b.B]) -> _b.B:
                 """Put a new struct of builder class ``cls`` in the AnyPointer value."""
@@ -6985,6 +7021,10 @@ class Tree:
         def init_other(self) -> kitchen_other_capnp.Thing.Builder:
             """A new, empty other struct."""
             return _b.init_struct(self, self._ptr + 2, kitchen_other_capnp.Thing.Builder)
+
+        def set_anything(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
+            """Set the AnyPointer anything: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
+            _b.set_any(self, self._ptr + 3, value, "Tree.anything", False)
 
         def init_anything_as(self, cls: type[_b.B]) -> _b.B:
             """Put a new struct of builder class ``cls`` in the AnyPointer anything."""
