@@ -179,6 +179,24 @@ async def exercise_sink(k: ModuleType, address: str) -> None:
 EXERCISES = {"diamond": exercise_diamond, "textstore": exercise_store, "sink": exercise_sink}
 
 
+async def cpp_client_checks(address: str, kind: str) -> list[str]:
+    """Run the C++ reference's client (tests/peers/pycapnp_kitchen_peer.py ``call``)
+    against ``address``; it must exit 0. Returns the names of the checks it passed."""
+    with peer_deadline(60):
+        done = await trio.run_process(
+            [PYTHON, peer_script("pycapnp_kitchen_peer"), "call", address.removeprefix("tcp:")]
+            + ["--bootstrap", kind],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=peer_env(),
+            cwd=os.getcwd(),
+        )
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    lines = done.stdout.decode().splitlines()
+    return [line.split()[1] for line in lines if line.startswith("ok ")]
+
+
 @pytest.fixture
 def cpp_peer(request: pytest.FixtureRequest) -> Iterator[PeerProcess]:
     script = peer_script("pycapnp_kitchen_peer")
@@ -212,21 +230,7 @@ async def test_cpp_client_and_typed_servers(generated: Generated, kind: str) -> 
         kind
     ]()
     async with local_server(server) as address:
-        hostport = address.removeprefix("tcp:")
-        with peer_deadline(60):
-            script = peer_script("pycapnp_kitchen_peer")
-            done = await trio.run_process(
-                [PYTHON, script, "call", hostport, "--bootstrap", kind],
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-                env=peer_env(),
-                cwd=os.getcwd(),
-            )
-    output = done.stdout.decode() + done.stderr.decode()
-    assert done.returncode == 0, output
-    lines = done.stdout.decode().splitlines()
-    checks = [line.split()[1] for line in lines if line.startswith("ok ")]
+        checks = await cpp_client_checks(address, kind)
     assert (
         checks
         == {

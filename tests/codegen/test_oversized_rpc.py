@@ -9,7 +9,6 @@ params over it fail the call before it leaves, and the connection serves the nex
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import ModuleType
@@ -20,9 +19,8 @@ import trio
 
 import capsvc
 from tests.codegen.conftest import Generated
-from tests.codegen.test_hierarchies_rpc import sink_server
-from tests.support.checks import assert_tables, peer_deadline
-from tests.support.peers import PYTHON, peer_env, peer_script
+from tests.codegen.test_hierarchies_rpc import cpp_client_checks, sink_server
+from tests.support.checks import assert_tables
 
 SMALL = capsvc.Limits(max_message_words=4096)  # 32 KiB
 
@@ -80,20 +78,5 @@ async def test_params_too_large_to_send_fail_before_leaving(generated: Generated
 
 async def test_the_cpp_client_gets_an_exception_not_a_disconnect(generated: Generated) -> None:
     async with serving(converter(generated.kitchen), SMALL) as address:
-        with peer_deadline(60):
-            done = await trio.run_process(
-                [PYTHON, peer_script("pycapnp_kitchen_peer"), "call", address.removeprefix("tcp:")]
-                + ["--bootstrap", "converter"],
-                capture_stdout=True,
-                capture_stderr=True,
-                check=False,
-                env=peer_env(),
-                cwd=os.getcwd(),
-            )
-    output = done.stdout.decode() + done.stderr.decode()
-    assert done.returncode == 0, output
-    assert [line for line in done.stdout.decode().splitlines() if line.startswith("ok ")] == [
-        "ok small",
-        "ok too large",
-        "ok after",
-    ]
+        checks = await cpp_client_checks(address, "converter")
+    assert checks == ["small", "oversized", "after"]

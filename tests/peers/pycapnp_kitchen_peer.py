@@ -156,9 +156,9 @@ async def call(host, port, kind):
         try:
             await converter.str(100_000)
         except capnp.KjException as error:
-            check("too large", "Limits.max_message_words" in str(error), True)
+            check("oversized", "Limits.max_message_words" in str(error), True)
         else:
-            check("too large", "results", "an exception")
+            check("oversized", "results", "an exception")
         check("after", (await converter.str(3)).str, "xxx")
     elif kind == "sink":
         sink = client.bootstrap().cast_as(kitchen.Sink)
