@@ -85,11 +85,12 @@ class Specializer:
     def _method(self, method: Method, env: Env) -> Method:
         params = self.type(method.params_type, env) if method.params_type else None
         results = self.type(method.results_type, env) if method.results_type else None
-        return Method(
-            method.name,
-            method.ordinal,
-            params.target if params else method.params,
-            results.target if results else method.results,
+        return replace(
+            method,
+            params=params.target if params else method.params,
+            results=results.target if results else method.results,
+            params_type=None,
+            results_type=None,
         )
 
     # ------------------------------------------------------------------ types

@@ -42,11 +42,11 @@ def collect(paths: list[str], import_dirs: list[str]) -> tuple[list[bytes], list
 
 
 def _schema_error(stderr: str) -> str:
-    """pycapnp's reason, without its C++ stack addresses."""
+    """pycapnp's reason, without kj's ``what():`` prefix and its C++ stack addresses."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     for line in lines:
         if "failed:" in line or "error:" in line:
-            return line.split("stack:")[0].strip()
+            return line.split("stack:")[0].strip().removeprefix("what():").strip()
     return lines[-1] if lines else "the schema parser crashed"
 
 

@@ -9,6 +9,7 @@ file (``Car``, ``Car.Engine``, ``Tester.echo$Params``), ``file_id`` the file it 
 
 from __future__ import annotations
 
+import keyword
 from dataclasses import dataclass, field
 
 #: Type kinds with fixed width: (struct format letter, bits, list element size code).
@@ -123,6 +124,11 @@ class Method:
     #: The params and results types with their brands (generic interfaces).
     params_type: Type | None = None
     results_type: Type | None = None
+    #: The Python names of the method and of its ``*_request()`` form on clients and
+    #: servers (``method_names``: renamed where a keyword, a client's own name or a
+    #: method of an interface it extends would clash).
+    python: str = ""
+    request: str = ""
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,44 @@ class File:
 #: imports capsvc's module, and ``capsvc gen`` writes no copy of it beside the schema's,
 #: as C++ code links libcapnp's stream.capnp.h rather than generating its own.
 PROVIDED_MODULES: dict[int, str] = {0x86C366A91393F3F8: "capsvc.generated"}  # stream.capnp
+
+
+#: Names typed clients define themselves (a method named so gets a trailing underscore).
+CLIENT_NAMES = frozenset({"close", "cast_as"})
+
+
+def method_python_name(name: str) -> str:
+    """A method's Python name before inheritance is considered: clients and servers
+    define few names of their own (the rest start with ``_``, which schema names cannot),
+    so only keywords and those few are renamed (``read`` stays, ``close`` is ``close_``)."""
+    return name + "_" if name in CLIENT_NAMES or keyword.iskeyword(name) else name
+
+
+def method_names(
+    schema_names: list[str], taken: set[str]
+) -> tuple[list[tuple[str, str]], set[str]]:
+    """(Python name, request name) for each method of an interface whose superclasses'
+    clients and servers already define ``taken``, and every name the interface's classes
+    then define. A method named like one it inherits (capnp allows it: each interface
+    has its own methods; capnproto-rust's TestExtends has ``foo`` and ``bar`` again) takes
+    trailing underscores until it is free, and its request form follows it
+    (``foo_``, ``foo__request``): a Python subclass would otherwise override the
+    superclass's method, and a server would answer the superclass's calls with it."""
+    used = taken | {method_python_name(name) for name in schema_names}
+    out = []
+    defined = set(taken)
+    for name in schema_names:
+        python = method_python_name(name)
+        request = f"{name}_request"
+        if python in taken or request in taken:
+            python += "_"
+            while python in used or f"{python}_request" in used:
+                python += "_"
+            request = f"{python}_request"
+        used.add(python)
+        defined.update((python, request))
+        out.append((python, request))
+    return out, defined
 
 
 def module_name(filename: str) -> str:

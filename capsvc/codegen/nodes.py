@@ -13,7 +13,7 @@ is an AnyPointer) so that generated code can read it with the same reader as any
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import capnp
@@ -30,6 +30,7 @@ from capsvc.codegen.model import (
     Schema,
     Struct,
     Type,
+    method_names,
 )
 
 _PKG = os.path.dirname(capnp.__file__)
@@ -55,9 +56,12 @@ def build_schema(nodes: Iterable[Any], requested: Iterable[tuple[int, str]]) -> 
         names.setdefault(file_id, by_id[file_id].displayName)
     models_by_id: dict[int, Struct | Enum | Interface | Const | None] = {}
 
+    names_of_methods = _method_namer(by_id)
+
     def model_of(node_id: int) -> Struct | Enum | Interface | Const | None:
         if node_id not in models_by_id and node_id in by_id and node_id in where:
-            models_by_id[node_id] = _node(by_id[node_id], where[node_id][1])
+            node = by_id[node_id]
+            models_by_id[node_id] = _node(node, where[node_id][1], names_of_methods)
         return models_by_id.get(node_id)
 
     files = []
@@ -87,7 +91,35 @@ def _module_of(filename: str) -> str:
     return module_name(filename) if filename else "_unknown"
 
 
-def _node(node: Any, scope: str) -> Struct | Enum | Interface | Const | None:
+MethodNamer = Callable[[int], tuple[list[tuple[str, str]], set[str]]]
+
+
+def _method_namer(by_id: dict[int, Any]) -> MethodNamer:
+    """Each interface's methods' Python names (model.method_names), given what its
+    superclasses define, transitively: from the raw nodes, so that an interface extending
+    one of an imported file is named alike by ``capsvc gen`` and the compiler plugin."""
+    memo: dict[int, tuple[list[tuple[str, str]], set[str]]] = {}
+
+    def names(
+        interface_id: int, seen: frozenset[int] = frozenset()
+    ) -> tuple[list[tuple[str, str]], set[str]]:
+        if interface_id in memo:
+            return memo[interface_id]
+        node = by_id.get(interface_id)
+        if node is None or node.which() != "interface" or interface_id in seen:
+            return [], set()  # unknown, or a cycle (which the compiler refuses anyway)
+        taken: set[str] = set()
+        for parent in node.interface.superclasses:
+            taken |= names(parent.id, seen | {interface_id})[1]
+        memo[interface_id] = method_names([m.name for m in node.interface.methods], taken)
+        return memo[interface_id]
+
+    return names
+
+
+def _node(
+    node: Any, scope: str, method_namer: MethodNamer
+) -> Struct | Enum | Interface | Const | None:
     which = node.which()
     if which == "struct":
         body = node.struct
@@ -106,6 +138,7 @@ def _node(node: Any, scope: str) -> Struct | Enum | Interface | Const | None:
         return Enum(node.id, scope, tuple(e.name for e in node.enum.enumerants))
     if which == "interface":
         body = node.interface
+        python_names = method_namer(node.id)[0]
         return Interface(
             node.id,
             scope,
@@ -117,6 +150,8 @@ def _node(node: Any, scope: str) -> Struct | Enum | Interface | Const | None:
                     m.resultStructType,
                     Type("struct", target=m.paramStructType, brand=_brand(m.paramBrand)),
                     Type("struct", target=m.resultStructType, brand=_brand(m.resultBrand)),
+                    python=python_names[ordinal][0],
+                    request=python_names[ordinal][1],
                 )
                 for ordinal, m in enumerate(body.methods)
             ),

@@ -381,17 +381,6 @@ def _interface(out: _Out, node: Interface, children: dict[str, list[Node]], name
         _server(out, node, names)
 
 
-#: Names typed clients define themselves (a method named so gets a trailing underscore).
-_CLIENT_NAMES = frozenset({"close", "cast_as"})
-
-
-def _method_name(name: str) -> str:
-    """A method's Python name: clients and servers define few names of their own (the
-    rest start with ``_``, which schema names cannot), so only keywords and those few
-    are renamed (``read`` stays ``read``, ``close`` becomes ``close_``)."""
-    return name + "_" if name in _CLIENT_NAMES or keyword.iskeyword(name) else name
-
-
 def _client(out: _Out, node: Interface, names: _Names) -> None:
     path = names.local[node.id]
     bases = ", ".join(f"{names.of(s)}.Client" for s in node.superclasses) or "_t.Client"
@@ -407,7 +396,7 @@ def _client(out: _Out, node: Interface, names: _Names) -> None:
 
 
 def _client_method(out: _Out, node: Interface, method: Method, path: str, names: _Names) -> None:
-    name = _method_name(method.name)
+    name = method.python
     params = names.of(method.params)
     results = names.of(method.results)
     struct = names.schema_node(method.params)
@@ -426,7 +415,7 @@ def _client_method(out: _Out, node: Interface, method: Method, path: str, names:
             f'"""Call {node.scope}.{method.name}; returns the pipelinable promise of its results.'
         )
         out.add("")
-        out.add(f"Params keywords cannot express: ``{method.name}_request()``.")
+        out.add(f"Params keywords cannot express: ``{method.request}()``.")
         out.add('"""')
         known = ", ".join(f'"{python_name(f.name)}"' for f, _, _ in fields)
         comma = "," if len(fields) == 1 else ""
@@ -445,7 +434,7 @@ def _client_method(out: _Out, node: Interface, method: Method, path: str, names:
                 out.add(line)
         out.add("return _request.send()")
     out.add("")
-    out.add(f"def {method.name}_request(self) -> _t.Request[{params}.Builder, {results}.Promise]:")
+    out.add(f"def {method.request}(self) -> _t.Request[{params}.Builder, {results}.Promise]:")
     out.add(f'    """A {node.scope}.{method.name} call to fill (``.params``) and ``send()``."""')
     out.add(
         f"    return _t.Request(self, {path}._ID, {method.ordinal}, {params}.Builder,"
@@ -470,7 +459,7 @@ def _keyword_fields(struct: Struct, names: _Names) -> list[tuple[Field, str, str
             fields.append((field, "bool", repr(bool(default))))
         elif k in NUMBERS:
             number = "float" if k.startswith("float") else "int"
-            fields.append((field, number, repr(_number(default or 0, k))))
+            fields.append((field, number, _number_literal(default or 0, k)))
         elif k == "enum":
             fields.append((field, "int", repr(int(default or 0))))  # type: ignore[call-overload]
         elif k == "text":
@@ -561,7 +550,7 @@ def _server(out: _Out, node: Interface, names: _Names) -> None:
             out.add("")
             out.add("@_t.unimplemented")
             out.add(
-                f"def {_method_name(method.name)}(self, params: {params}.Reader,"
+                f"def {method.python}(self, params: {params}.Reader,"
                 f" results: {results}.Builder)"
                 " -> Awaitable[None] | None:"
             )
@@ -574,7 +563,7 @@ def _server_tables(out: _Out, file: File, names: _Names) -> None:
         path = names.local[node.id]
         entries = [f"**{names.of(s)}.Server._METHODS" for s in node.superclasses]
         entries += [
-            f'({path}._ID, {m.ordinal}): ("{_method_name(m.name)}", {names.of(m.params)},'
+            f'({path}._ID, {m.ordinal}): ("{m.python}", {names.of(m.params)},'
             f" {names.of(m.results)})"
             for m in node.methods
         ]
@@ -1004,11 +993,18 @@ def _float_bits(value: object, bits: int) -> int:
 
 def _number(value: object, kind: str) -> object:
     if kind in ("float32", "float64"):
-        number = float(value)  # type: ignore[arg-type]
-        if math.isnan(number) or math.isinf(number):
-            return number
-        return number
+        return float(value)  # type: ignore[arg-type]
     return int(value)  # type: ignore[call-overload]
+
+
+def _number_literal(value: object, kind: str) -> str:
+    """Python source for a number: ``repr``, except that infinities and NaN (a schema's
+    ``inf``, ``-inf``, ``nan``) have no literal and are spelt as ``float("inf")``."""
+    number = _number(value, kind)
+    if isinstance(number, float) and (math.isinf(number) or math.isnan(number)):
+        text = "nan" if math.isnan(number) else "inf"
+        return f'-float("{text}")' if number < 0 else f'float("{text}")'
+    return repr(number)
 
 
 def _reader_type(kind: Type, names: _Names, *, row: bool = False) -> str:
@@ -1051,7 +1047,7 @@ def _literal(value: object, kind: Type, names: _Names) -> str:
     if k == "bool":
         return repr(bool(value))
     if k in NUMBERS:
-        return repr(_number(value or 0, k))
+        return _number_literal(value or 0, k)
     if k == "void":
         return "None"
     return repr(value)

@@ -4,6 +4,7 @@ a user gets for a wrong value."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -69,6 +70,7 @@ def test_a_bad_schema_is_a_clear_error_not_a_crash(tmp_path: Path) -> None:
     assert "cannot parse" in done.stderr
     assert "NoSuchType" in done.stderr
     assert "stack:" not in done.stderr
+    assert "what()" not in done.stderr  # kj's prefix: not ours to show
 
 
 def test_capnp_compile_with_the_plugin_gives_the_same_modules(tmp_path: Path) -> None:
@@ -256,6 +258,19 @@ def test_defaults_and_constants(generated: Generated) -> None:
     assert kitchen.origin.i16 == -5
     assert list(kitchen.primes) == [2, 3, 5, 7]
     assert kitchen.pi == 3.14159
+
+
+def test_infinities_and_nan_have_python_spellings(generated: Generated) -> None:
+    """``inf``, ``-inf`` and ``nan`` (constants, and a method parameter's default) are
+    ``float("inf")`` and so on in the source: they have no Python literal."""
+    kitchen = generated.kitchen
+    assert kitchen.infinity == math.inf
+    assert kitchen.lowest == -math.inf
+    assert math.isnan(kitchen.notANumber)
+    assert generated.reference.infinity == math.inf
+    source = (GOLDEN / "kitchen_capnp.py").read_text()
+    assert 'infinity: float = float("inf")' in source
+    assert 'volume: float = float("inf"),' in source
 
 
 def test_enum_constants_declared_before_their_enum(generated: Generated) -> None:

@@ -60,6 +60,32 @@ def servers(k: ModuleType) -> tuple[type, type]:
     return Diamond, TextStore
 
 
+def loud_server(k: ModuleType) -> object:
+    """Loud extends Left and has a ``left`` of its own: ``left`` answers Left's, ``left_``
+    Loud's."""
+
+    class Loud(k.Loud.Server):  # type: ignore[misc, name-defined]
+        def left(self, params: Any, results: Any) -> None:
+            results.side = "left"
+
+        def left_(self, params: Any, results: Any) -> None:
+            results.side = f"loud {params.volume}"
+
+    return Loud()
+
+
+async def exercise_loud(k: ModuleType, address: str) -> None:
+    async with capsvc.connect(address) as conn:
+        loud = conn.bootstrap(k.Loud)
+        assert (await loud.left_()).side == "loud inf"  # the schema's default, inf
+        assert (await loud.left_(volume=2.5)).side == "loud 2.5"
+        assert (await loud.left()).side == "left"  # Left's method, inherited
+        assert (await loud.cast_as(k.Left).left()).side == "left"
+        request = loud.left__request()
+        request.params.volume = -1.0
+        assert (await request.send()).side == "loud -1.0"
+
+
 def sink_server(k: ModuleType) -> type:
     """A typed server of the streaming ``Sink``: its ``write`` has StreamResult results."""
 
@@ -176,7 +202,12 @@ async def exercise_sink(k: ModuleType, address: str) -> None:
             sink.write(data=b"x")
 
 
-EXERCISES = {"diamond": exercise_diamond, "textstore": exercise_store, "sink": exercise_sink}
+EXERCISES = {
+    "diamond": exercise_diamond,
+    "textstore": exercise_store,
+    "sink": exercise_sink,
+    "loud": exercise_loud,
+}
 
 
 async def cpp_client_checks(address: str, kind: str) -> list[str]:
@@ -213,9 +244,11 @@ async def test_typed_client_and_typed_servers(generated: Generated) -> None:
         await exercise_store(generated.kitchen, address)
     async with local_server(sink_server(generated.kitchen)()) as address:
         await exercise_sink(generated.kitchen, address)
+    async with local_server(loud_server(generated.kitchen)) as address:
+        await exercise_loud(generated.kitchen, address)
 
 
-@pytest.mark.parametrize("cpp_peer", ["diamond", "textstore", "sink"], indirect=True)
+@pytest.mark.parametrize("cpp_peer", ["diamond", "textstore", "sink", "loud"], indirect=True)
 async def test_typed_client_and_cpp_servers(generated: Generated, cpp_peer: PeerProcess) -> None:
     argv = list(cpp_peer.proc.args)  # type: ignore[arg-type]
     exercise = EXERCISES[argv[-1]]
@@ -223,12 +256,12 @@ async def test_typed_client_and_cpp_servers(generated: Generated, cpp_peer: Peer
         await exercise(generated.kitchen, cpp_peer.address)
 
 
-@pytest.mark.parametrize("kind", ["diamond", "textstore", "sink"])
+@pytest.mark.parametrize("kind", ["diamond", "textstore", "sink", "loud"])
 async def test_cpp_client_and_typed_servers(generated: Generated, kind: str) -> None:
     diamond, store = servers(generated.kitchen)
-    server = {"diamond": diamond, "textstore": store, "sink": sink_server(generated.kitchen)}[
-        kind
-    ]()
+    k = generated.kitchen
+    makers = {"diamond": diamond, "textstore": store, "sink": sink_server(k)}
+    server = loud_server(k) if kind == "loud" else makers[kind]()
     async with local_server(server) as address:
         checks = await cpp_client_checks(address, kind)
     assert (
@@ -237,5 +270,6 @@ async def test_cpp_client_and_typed_servers(generated: Generated, kind: str) -> 
             "diamond": ["depth", "left", "right", "base", "tricky", "self"],
             "textstore": ["get", "box", "size", "generic"],
             "sink": ["total"],
+            "loud": ["loud", "volume", "inherited"],
         }[kind]
     )

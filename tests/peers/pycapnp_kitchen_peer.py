@@ -7,7 +7,7 @@ Usage:
     python tests/peers/pycapnp_kitchen_peer.py serve 127.0.0.1:0 --bootstrap KIND
     python tests/peers/pycapnp_kitchen_peer.py call HOST:PORT --bootstrap KIND
 
-KIND is diamond, textstore, sink or converter.
+KIND is diamond, textstore, sink, converter or loud.
 
 ``serve`` gives each connection a new bootstrap object of that kind, prints ``LISTENING
 <port>`` once bound, and stops on SIGTERM. ``call`` bootstraps the peer, calls every
@@ -21,7 +21,8 @@ labelled "box"; ``size`` -> how many puts there were; ``write(chunk)`` (``-> str
 counts the chunk, whose first byte must be its index (writes arrive in order);
 ``total`` -> the bytes and writes counted; ``Converter.str(int)`` -> that many "x"s (the
 ``call`` side expects our server, whose size limit is lower, to fail the 100 000 one
-alone).
+alone); ``Loud.left(volume)`` -> "loud <volume>" (default inf), its inherited
+``Left.left`` -> "left".
 """
 
 import argparse
@@ -93,6 +94,16 @@ class SinkServer(kitchen.Sink.Server):
         context.results.writes = self.writes
 
 
+class LoudServer(kitchen.Loud.Server):
+    """Left's left and Loud's own left: one name in the schema, two methods."""
+
+    async def left_context(self, context):
+        if context.params.schema.node.id == kitchen.Loud.schema.methods["left"].param_type.node.id:
+            context.results.side = f"loud {context.params.volume}"
+        else:
+            context.results.side = "left"
+
+
 class ConverterServer(kitchen.Converter.Server):
     async def str_context(self, context):
         context.results.str = "x" * context.params.int
@@ -103,6 +114,7 @@ SERVERS = {
     "textstore": TextStoreServer,
     "sink": SinkServer,
     "converter": ConverterServer,
+    "loud": LoudServer,
 }
 
 
@@ -150,6 +162,11 @@ async def call(host, port, kind):
         response = await request.send()
         check("tricky", getattr(response, "return"), "s|1|True|-2|7")
         check("self", (await response.self.left()).side, "left")
+    elif kind == "loud":
+        loud = client.bootstrap().cast_as(kitchen.Loud)
+        check("loud", (await loud.left()).side, "loud inf")
+        check("volume", (await loud.left(volume=2.5)).side, "loud 2.5")
+        check("inherited", (await loud.cast_as(kitchen.Left).left()).side, "left")
     elif kind == "converter":  # the server answers results over its size limit in error
         converter = client.bootstrap().cast_as(kitchen.Converter)
         check("small", (await converter.str(5)).str, "xxxxx")

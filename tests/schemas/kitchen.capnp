@@ -249,6 +249,13 @@ interface Right extends(Base) {
   right @0 () -> (side :Text);
 }
 
+# A method named like one of the interface it extends (each interface has its own
+# methods): in Python the newcomer takes a trailing underscore (Loud.left_,
+# left__request), so a server answers each call with its own method.
+interface Loud extends(Left) {
+  left @0 (volume :Float64 = inf) -> (side :Text);
+}
+
 # Constants of an enum declared after them (in a struct and at the top): set once the
 # module's classes exist.
 struct Settings {
@@ -263,6 +270,9 @@ enum Mood {
 
 const bestMood :Mood = calm;
 const answer :Int32 = 42;
+const infinity :Float64 = inf;
+const lowest :Float64 = -inf;
+const notANumber :Float32 = nan;
 const greeting :Text = "hi there";
 const origin :Numbers = (i16 = -5, color = red);
 const primes :List(UInt16) = [2, 3, 5, 7];

@@ -2833,6 +2833,286 @@ class Lists:
         """The root of a packed message (the packed encoding of the framing)."""
         return _r.read_packed(Lists.Reader, data)
 
+class Loud(_t.Interface["Loud.Client"]):
+    """interface Loud (0xb0faafd60c50a451): its methods' params and results."""
+
+    _ID: ClassVar[int] = 0xb0faafd60c50a451
+    #: Method name -> (ordinal, params struct, results struct).
+    METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]
+
+    class LeftParams:
+        """struct Loud.left$Params (0xd9a4f5a89f251895)."""
+
+        _ID: ClassVar[int] = 0xd9a4f5a89f251895
+
+        class Init(TypedDict, total=False):
+            """Loud.left$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            volume: float
+
+        Row: TypeAlias = "tuple[float]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 1
+            _POINTERS: ClassVar[int] = 0
+
+            volume = _d.Float(64, 0, 0x7ff0000000000000)
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                out['volume'] = self.volume
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 1
+            _POINTERS: ClassVar[int] = 0
+
+            volume = _d.float_property(64, 0, 0x7ff0000000000000, "Loud.left$Params.volume", "Float64")
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                volume: float = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Loud_LeftParams, [volume], _unknown)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Loud.LeftParams.Reader:
+                """A reader of this struct as built so far."""
+                return Loud.LeftParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Loud.left$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Loud.left$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            volume: float = _e.MISSING,
+            **_unknown: Never,
+        ) -> Loud.LeftParams.Builder:
+            """A new message whose root is a Loud.left$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Loud.LeftParams.Builder, _P_Loud_LeftParams, [volume], _unknown)
+
+        @staticmethod
+        def row(reader: Loud.LeftParams.Reader | Loud.LeftParams.Builder) -> Loud.LeftParams.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Loud_LeftParams)
+
+        @staticmethod
+        def from_row(row: Loud.LeftParams.Row) -> Loud.LeftParams.Builder:
+            """A new message whose root is a Loud.left$Params holding ``row``."""
+            return _e.new_message_row(Loud.LeftParams.Builder, _P_Loud_LeftParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Loud.LeftParams.Reader] | _b.StructListBuilder[Loud.LeftParams.Builder]) -> list[Loud.LeftParams.Row]:
+            """Every element of a list of Loud.left$Params (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Loud_LeftParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Loud.left$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Loud_LeftParams, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Loud.LeftParams.Reader:
+            """The root Loud.left$Params of a message (its segments)."""
+            return _r.read_segments(Loud.LeftParams.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Loud.LeftParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Loud.LeftParams.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Loud.LeftParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Loud.LeftParams.Reader, data)
+
+    class LeftResults:
+        """struct Loud.left$Results (0xc12d13397ef1ef12)."""
+
+        _ID: ClassVar[int] = 0xc12d13397ef1ef12
+
+        class Init(TypedDict, total=False):
+            """Loud.left$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            side: str | None
+
+        Row: TypeAlias = "tuple[str]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            side = _d.Text(0, '')
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['side'] = self.side
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            side = _d.text_property(0, '', "Loud.left$Results.side")
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                side: str | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Loud_LeftResults, [side], _unknown)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Loud.LeftResults.Reader:
+                """A reader of this struct as built so far."""
+                return Loud.LeftResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Loud.left$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Loud.left$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            side: str | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Loud.LeftResults.Builder:
+            """A new message whose root is a Loud.left$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Loud.LeftResults.Builder, _P_Loud_LeftResults, [side], _unknown)
+
+        @staticmethod
+        def row(reader: Loud.LeftResults.Reader | Loud.LeftResults.Builder) -> Loud.LeftResults.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Loud_LeftResults)
+
+        @staticmethod
+        def from_row(row: Loud.LeftResults.Row) -> Loud.LeftResults.Builder:
+            """A new message whose root is a Loud.left$Results holding ``row``."""
+            return _e.new_message_row(Loud.LeftResults.Builder, _P_Loud_LeftResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Loud.LeftResults.Reader] | _b.StructListBuilder[Loud.LeftResults.Builder]) -> list[Loud.LeftResults.Row]:
+            """Every element of a list of Loud.left$Results (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Loud_LeftResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Loud.left$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Loud_LeftResults, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Loud.LeftResults.Reader:
+            """The root Loud.left$Results of a message (its segments)."""
+            return _r.read_segments(Loud.LeftResults.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Loud.LeftResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Loud.LeftResults.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Loud.LeftResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Loud.LeftResults.Reader, data)
+
+    class Client(Left.Client):
+        """A capability typed as Loud: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0xb0faafd60c50a451
+        _INTERFACE_NAME: ClassVar[str] = "Loud"
+
+        def left_(self, /, *, volume: float = float("inf"), **_unknown: Never) -> Loud.LeftResults.Promise:
+            """Call Loud.left; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``left__request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Loud.left", _unknown, ("volume",))
+            _request = _t.Request(self, Loud._ID, 0, Loud.LeftParams.Builder, Loud.LeftResults.Promise)
+            _params = _request.params
+            _params.volume = volume
+            return _request.send()
+
+        def left__request(self) -> _t.Request[Loud.LeftParams.Builder, Loud.LeftResults.Promise]:
+            """A Loud.left call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Loud._ID, 0, Loud.LeftParams.Builder, Loud.LeftResults.Promise)
+
+    class Server(Left.Server):
+        """Base of objects implementing Loud: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        _INTERFACE_NAME: ClassVar[str] = "Loud"
+
+        @_t.unimplemented
+        def left_(self, params: Loud.LeftParams.Reader, results: Loud.LeftResults.Builder) -> Awaitable[None] | None:
+            """Loud.left: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
 class Mood(enum.IntEnum):
     """enum Mood (0xace7e9d52805f0b5). Codes unknown to this schema (from a
     newer writer) read as pseudo-members named by their number."""
@@ -7302,6 +7582,12 @@ bestMood: Mood
 
 greeting: str = 'hi there'
 
+infinity: float = float("inf")
+
+lowest: float = -float("inf")
+
+notANumber: float = float("nan")
+
 origin: Numbers.Reader
 
 pi: float = 3.14159
@@ -9431,6 +9717,10 @@ _P_Left_LeftParams = Left.LeftParams.Builder._PLAN = _v.StructPlan("Left.left$Pa
 _P_Left_LeftParams.reader = Left.LeftParams.Reader
 _P_Left_LeftResults = Left.LeftResults.Builder._PLAN = _v.StructPlan("Left.left$Results", 0, 1)
 _P_Left_LeftResults.reader = Left.LeftResults.Reader
+_P_Loud_LeftParams = Loud.LeftParams.Builder._PLAN = _v.StructPlan("Loud.left$Params", 1, 0)
+_P_Loud_LeftParams.reader = Loud.LeftParams.Reader
+_P_Loud_LeftResults = Loud.LeftResults.Builder._PLAN = _v.StructPlan("Loud.left$Results", 0, 1)
+_P_Loud_LeftResults.reader = Loud.LeftResults.Reader
 _P_Right_RightParams = Right.RightParams.Builder._PLAN = _v.StructPlan("Right.right$Params", 0, 0)
 _P_Right_RightParams.reader = Right.RightParams.Reader
 _P_Right_RightResults = Right.RightResults.Builder._PLAN = _v.StructPlan("Right.right$Results", 0, 1)
@@ -9657,6 +9947,12 @@ _P_Diamond_TrickyResults.add(
 _P_Left_LeftResults.add(
     _v.text("side", 0),
 )
+_P_Loud_LeftParams.add(
+    _v.floating("volume", "Float64", 0, 8, xor=0x7ff0000000000000),
+)
+_P_Loud_LeftResults.add(
+    _v.text("side", 0),
+)
 _P_Right_RightResults.add(
     _v.text("side", 0),
 )
@@ -9760,6 +10056,7 @@ Base.METHODS = {"depth": (0, Base.DepthParams, Base.DepthResults)}
 Converter.METHODS = {"str": (0, Converter.StrParams, Converter.StrResults)}
 Diamond.METHODS = {"tricky": (0, Diamond.TrickyParams, Diamond.TrickyResults)}
 Left.METHODS = {"left": (0, Left.LeftParams, Left.LeftResults)}
+Loud.METHODS = {"left": (0, Loud.LeftParams, Loud.LeftResults)}
 Right.METHODS = {"right": (0, Right.RightParams, Right.RightResults)}
 Shop.METHODS = {"buy": (0, Shop.BuyParams, Shop.BuyResults), "list": (1, Shop.ListParams, Shop.ListResults), "peek": (2, Shop.PeekParams, Shop.PeekResults)}
 Sink.METHODS = {"write": (0, Sink.WriteParams, stream_capnp.StreamResult), "total": (1, Sink.TotalParams, Sink.TotalResults)}
@@ -9771,6 +10068,7 @@ Converter.Server._METHODS = {(Converter._ID, 0): ("str", Converter.StrParams, Co
 Left.Server._METHODS = {**Base.Server._METHODS, (Left._ID, 0): ("left", Left.LeftParams, Left.LeftResults)}
 Right.Server._METHODS = {**Base.Server._METHODS, (Right._ID, 0): ("right", Right.RightParams, Right.RightResults)}
 Diamond.Server._METHODS = {**Left.Server._METHODS, **Right.Server._METHODS, (Diamond._ID, 0): ("tricky", Diamond.TrickyParams, Diamond.TrickyResults)}
+Loud.Server._METHODS = {**Left.Server._METHODS, (Loud._ID, 0): ("left_", Loud.LeftParams, Loud.LeftResults)}
 Shop.Server._METHODS = {(Shop._ID, 0): ("buy", Shop.BuyParams, Shop.BuyResults), (Shop._ID, 1): ("list", Shop.ListParams, Shop.ListResults), (Shop._ID, 2): ("peek", Shop.PeekParams, Shop.PeekResults)}
 Sink.Server._METHODS = {(Sink._ID, 0): ("write", Sink.WriteParams, stream_capnp.StreamResult), (Sink._ID, 1): ("total", Sink.TotalParams, Sink.TotalResults)}
 Store.Server._METHODS = {(Store._ID, 0): ("put", Store.PutParams, Store.PutResults), (Store._ID, 1): ("get", Store.GetParams, Store.GetResults)}
