@@ -40,6 +40,7 @@ C.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -649,7 +650,35 @@ def _via_reader(
     reader._ptr = ptr
     reader._pend = pend
     reader._depth = depth
-    return _row_value(getattr(reader, field.key), field.kind, field.target, field.list)
+    value = getattr(reader, field.key)
+    source = getattr(value, "_msg", None)
+    if source is None or source is msg or not isinstance(source, MessageReader):
+        return _row_value(value, field.kind, field.target, field.list)
+    # The field's schema default, read from its own message. Rows are eager, and a
+    # default may hold a null pointer whose default is that default again (test.capnp's
+    # TestUseGenerics.defaultUser): met again inside its own expansion, a default reads
+    # as a null pointer without one does (None, or an empty list), so a row ends.
+    key = id(source.segments[0]) if source.segments else 0
+    active = _expanding_defaults()
+    if key in active:
+        return None if field.kind == STRUCT else []
+    active.add(key)
+    try:
+        return _row_value(value, field.kind, field.target, field.list)
+    finally:
+        active.discard(key)
+
+
+_THREAD = threading.local()
+
+
+def _expanding_defaults() -> set[int]:
+    """The defaults (their first segment's id) this thread's rows are expanding now."""
+    active: set[int] | None = getattr(_THREAD, "defaults", None)
+    if active is None:
+        active = set()
+        _THREAD.defaults = active
+    return active
 
 
 def _row_value(

@@ -587,3 +587,23 @@ def test_c_and_python_encoders_write_the_same_bytes(
     # examples that give none of them are C's).
     if scope not in {"Lists", "Tree"}:
         assert encoded_in_c
+
+
+def test_a_default_that_holds_itself_ends_in_a_row(generated: Generated) -> None:
+    """Recurring.again defaults to a Recurring whose own ``again`` is null: a reader,
+    lazy, finds that default again at every level; a row, eager, reads a default met
+    again inside its own expansion as a null pointer without one (None, or an empty
+    list). Capnproto's TestUseGenerics.defaultUser once recursed until RecursionError."""
+    k = generated.kitchen
+    empty = k.Recurring.new_message().to_segments()
+    reader = k.Recurring.Reader.read([bytes(s) for s in empty])
+    assert reader.again.again.again.label == "again"  # the reader: no end
+    expected = (
+        "",
+        ("again", None, [("first", None, [])]),
+        [("first", ("again", None, []), [])],
+    )
+    outcomes = outcomes_of_both_readers(
+        k.Recurring, [bytes(s) for s in empty], 1 << 20, k.Recurring.row
+    )
+    assert [outcome for outcome, _ in outcomes] == [comparable(expected)] * len(outcomes)

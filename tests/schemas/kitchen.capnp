@@ -197,6 +197,14 @@ struct Wrapper {
   tags @2 :List(Text);
 }
 
+# A default that holds its own field, null: to a (lazy) reader that field's default is
+# the same value again, without end; an (eager) row stops where a default meets itself.
+struct Recurring {
+  label @0 :Text;
+  again @1 :Recurring = (label = "again");
+  many @2 :List(Recurring) = [(label = "first")];
+}
+
 # Fields and a method named after Python's builtin types: the generated classes keep the
 # names, and where such a member would shadow the type in its class's annotations they
 # say `_builtins.str` (mypy --strict over this module checks it).

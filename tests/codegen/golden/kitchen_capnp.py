@@ -3652,6 +3652,166 @@ class Parcel:
         """The root of a packed message (the packed encoding of the framing)."""
         return _r.read_packed(Parcel.Reader, data)
 
+class Recurring:
+    """struct Recurring (0xf082a26b4d34c7c8)."""
+
+    _ID: ClassVar[int] = 0xf082a26b4d34c7c8
+
+    class Init(TypedDict, total=False):
+        """Recurring as plain values: what ``new_message`` and ``assign`` take."""
+
+        label: str | None
+
+        again: Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder | None
+
+        many: Sequence[Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder] | _r.ListReader[Any] | None
+
+    Row: TypeAlias = "tuple[str, Recurring.Row, list[Recurring.Row]]"
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        label = _d.Text(0, '')
+
+        again: _d.Struct[Recurring.Reader] = _d.Struct(1)
+
+        @property
+        def many(self) -> _r.ListReader[Recurring.Reader]:
+            w = self._ptr + 2
+            return _r.list_or_default(_L_Recurring_many, self._msg, self._si, w if w < self._pend else -1, self._depth, _D_Recurring_many)
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            if self._has(0):
+                out['label'] = self.label
+            if self._has(1):
+                out['again'] = self.again.to_dict()
+            if self._has(2):
+                out['many'] = [item.to_dict() for item in self.many]
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 0
+        _POINTERS: ClassVar[int] = 3
+
+        label = _d.text_property(0, '', "Recurring.label")
+
+        @property
+        def again(self) -> Recurring.Builder:
+            """The again struct (allocated on first use)."""
+            return _b.struct_field(self, 1, Recurring.Builder, _D_Recurring_again)
+        @again.setter
+        def again(self, value: Recurring.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            _b.copy_struct(self, 1, value)
+
+        def init_again(self) -> Recurring.Builder:
+            """A new, empty again struct."""
+            return _b.init_struct(self, self._ptr + 1, Recurring.Builder)
+
+        def init_many(self, count: int) -> _b.StructListBuilder[Recurring.Builder]:
+            """A new list of ``count`` elements in many."""
+            return _b.init_struct_list(self._b, self._ptr + 2, count, "Recurring.many", Recurring.Builder)
+
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            label: str | None = _e.MISSING,
+            again: Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder | None = _e.MISSING,
+            many: Sequence[Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Recurring, [label, again, many], _unknown)
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Recurring.Reader:
+            """A reader of this struct as built so far."""
+            return Recurring.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Recurring (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def again(self) -> Recurring.Pipeline:
+            return self._struct(1, Recurring.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Recurring results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message(
+        *,
+        label: str | None = _e.MISSING,
+        again: Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder | None = _e.MISSING,
+        many: Sequence[Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder] | _r.ListReader[Any] | None = _e.MISSING,
+        **_unknown: Never,
+    ) -> Recurring.Builder:
+        """A new message whose root is a Recurring: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Recurring.Builder, _P_Recurring, [label, again, many], _unknown)
+
+    @staticmethod
+    def row(reader: Recurring.Reader | Recurring.Builder) -> Recurring.Row:
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
+        return _w.struct_row(reader, _P_Recurring)
+
+    @staticmethod
+    def from_row(row: Recurring.Row) -> Recurring.Builder:
+        """A new message whose root is a Recurring holding ``row``."""
+        return _e.new_message_row(Recurring.Builder, _P_Recurring, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Recurring.Reader] | _b.StructListBuilder[Recurring.Builder]) -> list[Recurring.Row]:
+        """Every element of a list of Recurring (read, or being built) as a row."""
+        return _w.list_rows(readers, _P_Recurring)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Recurring, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Recurring, names, nested)
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Recurring.Reader:
+        """The root Recurring of a message (its segments)."""
+        return _r.read_segments(Recurring.Reader, segments, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Recurring.Reader:
+        """The root of a message in the standard stream framing."""
+        return _r.read_framed(Recurring.Reader, data)
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Recurring.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return _r.read_packed(Recurring.Reader, data)
+
 class Right(_t.Interface["Right.Client"]):
     """interface Right (0xea63f5425f8188d3): its methods' params and results."""
 
@@ -9587,6 +9747,9 @@ _L_Lists_colors = _r.primitive_list("H", Color)
 _L_Lists_nested = _r.list_list(_r.primitive_list("i"))
 _L_Lists_nestedTexts = _r.list_list(_r.simple_list(_r.TextList))
 _L_Lists_deep = _r.list_list(_r.list_list(_r.primitive_list("B")))
+_D_Recurring_again = [bytes.fromhex('000000000000020004000000000003000000000000000000090000003200000000000000000000000000000000000000616761696e000000')]
+_L_Recurring_many = _r.struct_list(Recurring.Reader)
+_D_Recurring_many = [bytes.fromhex('0000000000000200050000001f000000000000000000000004000000000003000900000032000000000000000000000000000000000000006669727374000000')]
 _L_Shapes_points = _r.primitive_list("i")
 _D_Shelves_aliased = [bytes.fromhex('0000000000000200040000000000020000000000000000000000000000000000010000004a000000627920616c6961730000000000000000')]
 _L_Wrapper_tags = _r.simple_list(_r.TextList)
@@ -9626,6 +9789,7 @@ Lists.Reader.nestedTexts.bind(_L_Lists_nestedTexts)
 Lists.Reader.deep.bind(_L_Lists_deep)
 Numbers.Reader.color.bind(Color, _E_Color)
 Parcel.Reader.contents.bind(Crate.Reader)
+Recurring.Reader.again.bind(Recurring.Reader, _D_Recurring_again)
 Settings.Reader.mood.bind(Mood, _E_Mood)
 Shapes.Reader.square.bind(Shapes.Square.Reader)
 Shapes.Builder.square.bind(Shapes.Square.Builder)
@@ -9689,6 +9853,8 @@ _P_Pair = Pair.Builder._PLAN = _v.StructPlan("Pair", 0, 2)
 _P_Pair.reader = Pair.Reader
 _P_Parcel = Parcel.Builder._PLAN = _v.StructPlan("Parcel", 0, 1)
 _P_Parcel.reader = Parcel.Reader
+_P_Recurring = Recurring.Builder._PLAN = _v.StructPlan("Recurring", 0, 3)
+_P_Recurring.reader = Recurring.Reader
 _P_Settings = Settings.Builder._PLAN = _v.StructPlan("Settings", 1, 0)
 _P_Settings.reader = Settings.Reader
 _P_Shapes = Shapes.Builder._PLAN = _v.StructPlan("Shapes", 3, 3, 8)
@@ -9895,6 +10061,11 @@ _P_Pair.add(
 )
 _P_Parcel.add(
     _v.struct("contents", 0, _P_Crate),
+)
+_P_Recurring.add(
+    _v.text("label", 0),
+    _v.struct("again", 1, _P_Recurring, default=_r.default_struct(Recurring.Reader, _D_Recurring_again).to_dict()),
+    _v.list_("many", 2, _v.of_struct(_P_Recurring), defaulted=True),
 )
 _P_Settings.add(
     _v.enumeration("mood", "Mood", 0, ('calm', 'cross'), members=_E_Mood),
