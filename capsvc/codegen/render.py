@@ -1057,14 +1057,14 @@ def _to_dict(out: _Out, node: Struct, names: _Names) -> None:
     out.add("def to_dict(self) -> dict[str, Any]:")
     with out.indent():
         out.add('"""Every field set, as pycapnp\'s ``to_dict`` gives them (null pointers left out,')
-        out.add('only the union member that is set, enums by name; no capabilities)."""')
+        out.add('only the union member that is set, even null; enums by name; no capabilities)."""')
         out.add("out: dict[str, Any] = {}")
         ordered = sorted(node.fields, key=lambda f: f.code_order)
         for field in ordered:
             if field.discriminant is None:
                 for line in _dict_entry(field):
                     out.add(line)
-        union = [(f, _dict_entry(f)) for f in ordered if f.discriminant is not None]
+        union = [(f, _dict_entry(f, member=True)) for f in ordered if f.discriminant is not None]
         union = [(f, lines) for f, lines in union if lines]
         if union:
             out.add("which = self.which()")
@@ -1076,7 +1076,10 @@ def _to_dict(out: _Out, node: Struct, names: _Names) -> None:
         out.add("return out")
 
 
-def _dict_entry(field: Field) -> list[str]:
+def _dict_entry(field: Field, *, member: bool = False) -> list[str]:
+    """``to_dict``'s lines for ``field``. A pointer field is left out when null, except the
+    union member that is set (``member``): pycapnp gives it even then, as its reader
+    gives it (an empty Text, list or struct, or the default)."""
     attribute = f"self.{python_name(field.name)}"
     key = repr(field.name)
     if field.group is not None:
@@ -1086,7 +1089,7 @@ def _dict_entry(field: Field) -> list[str]:
     if kind.kind in ("interface", "anyPointer") or _has_capability_lists(kind):
         return []
     value = _dict_value(kind, attribute)
-    if kind.is_pointer:
+    if kind.is_pointer and not member:
         return [f"if self._has({field.offset}):", f"    out[{key}] = {value}"]
     return [f"out[{key}] = {value}"]
 

@@ -64,7 +64,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['msg'] = self.msg
@@ -191,7 +191,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['reply'] = self.reply

@@ -75,7 +75,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, enums by name; no capabilities)."""
+                    only the union member that is set, even null; enums by name; no capabilities)."""
                     out: dict[str, Any] = {}
                     if self._has(1):
                         out['params'] = [item.to_dict() for item in self.params]
@@ -162,7 +162,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "literal":
@@ -324,7 +324,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, enums by name; no capabilities)."""
+                    only the union member that is set, even null; enums by name; no capabilities)."""
                     out: dict[str, Any] = {}
                     if self._has(0):
                         out['params'] = list(self.params)
@@ -452,7 +452,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, enums by name; no capabilities)."""
+                    only the union member that is set, even null; enums by name; no capabilities)."""
                     out: dict[str, Any] = {}
                     out['value'] = self.value
                     return out
@@ -627,7 +627,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, enums by name; no capabilities)."""
+                    only the union member that is set, even null; enums by name; no capabilities)."""
                     out: dict[str, Any] = {}
                     return out
 
@@ -727,7 +727,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, enums by name; no capabilities)."""
+                    only the union member that is set, even null; enums by name; no capabilities)."""
                     out: dict[str, Any] = {}
                     out['value'] = self.value
                     return out
@@ -882,7 +882,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['paramCount'] = self.paramCount
                 if self._has(0):
@@ -1025,7 +1025,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -1150,7 +1150,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['expression'] = self.expression.to_dict()
@@ -1288,7 +1288,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -1413,7 +1413,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['op'] = self.op.name
                 return out
@@ -1543,7 +1543,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 

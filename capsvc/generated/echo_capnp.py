@@ -63,7 +63,7 @@ class Echo(_t.Interface["Echo.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['msg'] = self.msg
@@ -183,7 +183,7 @@ class Echo(_t.Interface["Echo.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['reply'] = self.reply
@@ -306,7 +306,7 @@ class Echo(_t.Interface["Echo.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['data'] = self.data
@@ -434,7 +434,7 @@ class Echo(_t.Interface["Echo.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['data'] = self.data

@@ -51,7 +51,7 @@ class StreamResult:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             return out
 

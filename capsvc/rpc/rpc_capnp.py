@@ -68,7 +68,7 @@ class Accept:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             out['embargo'] = self.embargo
@@ -209,7 +209,7 @@ class Bootstrap:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             return out
@@ -364,7 +364,7 @@ class Call:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "caller":
@@ -485,7 +485,7 @@ class Call:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             if self._has(0):
@@ -712,7 +712,7 @@ class CapDescriptor:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['attachedFd'] = self.attachedFd
             which = self.which()
@@ -725,11 +725,9 @@ class CapDescriptor:
             if which == "receiverHosted":
                 out['receiverHosted'] = self.receiverHosted
             if which == "receiverAnswer":
-                if self._has(0):
-                    out['receiverAnswer'] = self.receiverAnswer.to_dict()
+                out['receiverAnswer'] = self.receiverAnswer.to_dict()
             if which == "thirdPartyHosted":
-                if self._has(0):
-                    out['thirdPartyHosted'] = self.thirdPartyHosted.to_dict()
+                out['thirdPartyHosted'] = self.thirdPartyHosted.to_dict()
             return out
 
     class Builder(_b.StructBuilder):
@@ -943,7 +941,7 @@ class Disembargo:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "senderLoopback":
@@ -1029,7 +1027,7 @@ class Disembargo:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['target'] = self.target.to_dict()
@@ -1207,7 +1205,7 @@ class Exception:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['reason'] = self.reason
@@ -1364,7 +1362,7 @@ class Finish:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             out['releaseResultCaps'] = self.releaseResultCaps
@@ -1504,7 +1502,7 @@ class Join:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             if self._has(0):
@@ -1718,45 +1716,33 @@ class Message:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             which = self.which()
             if which == "unimplemented":
-                if self._has(0):
-                    out['unimplemented'] = self.unimplemented.to_dict()
+                out['unimplemented'] = self.unimplemented.to_dict()
             if which == "abort":
-                if self._has(0):
-                    out['abort'] = self.abort.to_dict()
+                out['abort'] = self.abort.to_dict()
             if which == "bootstrap":
-                if self._has(0):
-                    out['bootstrap'] = self.bootstrap.to_dict()
+                out['bootstrap'] = self.bootstrap.to_dict()
             if which == "call":
-                if self._has(0):
-                    out['call'] = self.call.to_dict()
+                out['call'] = self.call.to_dict()
             if which == "return":
-                if self._has(0):
-                    out['return'] = self.return_.to_dict()
+                out['return'] = self.return_.to_dict()
             if which == "finish":
-                if self._has(0):
-                    out['finish'] = self.finish.to_dict()
+                out['finish'] = self.finish.to_dict()
             if which == "resolve":
-                if self._has(0):
-                    out['resolve'] = self.resolve.to_dict()
+                out['resolve'] = self.resolve.to_dict()
             if which == "release":
-                if self._has(0):
-                    out['release'] = self.release.to_dict()
+                out['release'] = self.release.to_dict()
             if which == "disembargo":
-                if self._has(0):
-                    out['disembargo'] = self.disembargo.to_dict()
+                out['disembargo'] = self.disembargo.to_dict()
             if which == "provide":
-                if self._has(0):
-                    out['provide'] = self.provide.to_dict()
+                out['provide'] = self.provide.to_dict()
             if which == "accept":
-                if self._has(0):
-                    out['accept'] = self.accept.to_dict()
+                out['accept'] = self.accept.to_dict()
             if which == "join":
-                if self._has(0):
-                    out['join'] = self.join.to_dict()
+                out['join'] = self.join.to_dict()
             return out
 
     class Builder(_b.StructBuilder):
@@ -2173,14 +2159,13 @@ class MessageTarget:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             which = self.which()
             if which == "importedCap":
                 out['importedCap'] = self.importedCap
             if which == "promisedAnswer":
-                if self._has(0):
-                    out['promisedAnswer'] = self.promisedAnswer.to_dict()
+                out['promisedAnswer'] = self.promisedAnswer.to_dict()
             return out
 
     class Builder(_b.StructBuilder):
@@ -2332,7 +2317,7 @@ class Payload:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(1):
                 out['capTable'] = [item.to_dict() for item in self.capTable]
@@ -2481,7 +2466,7 @@ class PromisedAnswer:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "noop":
@@ -2619,7 +2604,7 @@ class PromisedAnswer:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             if self._has(0):
@@ -2757,7 +2742,7 @@ class Provide:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             if self._has(0):
@@ -2911,7 +2896,7 @@ class Release:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['id'] = self.id
             out['referenceCount'] = self.referenceCount
@@ -3049,16 +3034,14 @@ class Resolve:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['promiseId'] = self.promiseId
             which = self.which()
             if which == "cap":
-                if self._has(0):
-                    out['cap'] = self.cap.to_dict()
+                out['cap'] = self.cap.to_dict()
             if which == "exception":
-                if self._has(0):
-                    out['exception'] = self.exception.to_dict()
+                out['exception'] = self.exception.to_dict()
             return out
 
     class Builder(_b.StructBuilder):
@@ -3270,18 +3253,16 @@ class Return:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['answerId'] = self.answerId
             out['releaseParamCaps'] = self.releaseParamCaps
             out['noFinishNeeded'] = self.noFinishNeeded
             which = self.which()
             if which == "results":
-                if self._has(0):
-                    out['results'] = self.results.to_dict()
+                out['results'] = self.results.to_dict()
             if which == "exception":
-                if self._has(0):
-                    out['exception'] = self.exception.to_dict()
+                out['exception'] = self.exception.to_dict()
             if which == "canceled":
                 out['canceled'] = self.canceled
             if which == "resultsSentElsewhere":
@@ -3505,7 +3486,7 @@ class ThirdPartyCapDescriptor:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['vineId'] = self.vineId
             return out

@@ -33,6 +33,7 @@ STRUCTS = [
     ("Layered", 0),
     ("Parcel", 0),
     ("Builtins", 0),
+    ("Choice", 0),
     ("Thing", 1),
 ]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

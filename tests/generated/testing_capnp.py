@@ -63,7 +63,7 @@ class Callback(_t.Interface["Callback.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
@@ -182,7 +182,7 @@ class Callback(_t.Interface["Callback.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['ack'] = self.ack
                 return out
@@ -338,7 +338,7 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -438,7 +438,7 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
@@ -557,7 +557,7 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['by'] = self.by
                 return out
@@ -676,7 +676,7 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
@@ -872,14 +872,13 @@ class Holder:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "none":
                     out['none'] = self.none
                 if which == "text":
-                    if self._has(5):
-                        out['text'] = self.text
+                    out['text'] = self.text
                 return out
 
         class Builder(_b.StructBuilder):
@@ -968,7 +967,7 @@ class Holder:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['number'] = self.number
                 return out
@@ -1058,7 +1057,7 @@ class Holder:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['name'] = self.name
@@ -1263,7 +1262,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
@@ -1393,7 +1392,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['ack'] = self.ack
                 return out
@@ -1519,7 +1518,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['by'] = self.by
                 return out
@@ -1649,7 +1648,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
@@ -1768,7 +1767,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['msg'] = self.msg
@@ -1888,7 +1887,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['reply'] = self.reply
@@ -2012,7 +2011,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['kind'] = self.kind
@@ -2134,7 +2133,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -2230,7 +2229,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -2333,7 +2332,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -2458,7 +2457,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['holder'] = self.holder.to_dict()
@@ -2593,7 +2592,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['holder'] = self.holder.to_dict()
@@ -2728,7 +2727,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['start'] = self.start
                 return out
@@ -2850,7 +2849,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -2978,7 +2977,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -3106,7 +3105,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -3231,7 +3230,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['ms'] = self.ms
                 return out
@@ -3350,7 +3349,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['done'] = self.done
                 return out
@@ -3469,7 +3468,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -3596,7 +3595,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['total'] = self.total
                 return out
@@ -3950,7 +3949,7 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -4046,7 +4045,7 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 

@@ -205,6 +205,16 @@ struct Recurring {
   many @2 :List(Recurring) = [(label = "first")];
 }
 
+# A union whose first member (the one an empty message has set) is a pointer: to_dict
+# names the member set even when its pointer is null, as pycapnp does.
+struct Choice {
+  union {
+    note @0 :Text;
+    numbers @1 :Numbers;
+    count @2 :UInt32;
+  }
+}
+
 # Fields and a method named after Python's builtin types: the generated classes keep the
 # names, and where such a member would shadow the type in its class's annotations they
 # say `_builtins.str` (mypy --strict over this module checks it).

@@ -55,7 +55,7 @@ class EvaluationResult:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['value'] = self.value
             return out
@@ -189,14 +189,13 @@ class Expression:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "value":
                     out['value'] = self.value
                 if which == "expression":
-                    if self._has(0):
-                        out['expression'] = self.expression.to_dict()
+                    out['expression'] = self.expression.to_dict()
                 return out
 
         class Builder(_b.StructBuilder):
@@ -289,14 +288,13 @@ class Expression:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "value":
                     out['value'] = self.value
                 if which == "expression":
-                    if self._has(1):
-                        out['expression'] = self.expression.to_dict()
+                    out['expression'] = self.expression.to_dict()
                 return out
 
         class Builder(_b.StructBuilder):
@@ -382,7 +380,7 @@ class Expression:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['op'] = self.op.name
             out['left'] = self.left.to_dict()

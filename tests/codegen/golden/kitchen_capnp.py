@@ -95,7 +95,7 @@ class Anything:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             return out
 
@@ -269,7 +269,7 @@ class Base(_t.Interface["Base.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -369,7 +369,7 @@ class Base(_t.Interface["Base.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['depth'] = self.depth
                 return out
@@ -531,7 +531,7 @@ class Box:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(1):
                 out['next'] = self.next.to_dict()
@@ -702,7 +702,7 @@ class Boxes:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['texts'] = self.texts.to_dict()
@@ -965,7 +965,7 @@ class Builtins:
 
         def to_dict(self) -> dict[_builtins.str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['str'] = self.str
@@ -1105,6 +1105,177 @@ class Builtins:
         """The root of a packed message (the packed encoding of the framing)."""
         return _r.read_packed(Builtins.Reader, data)
 
+class Choice:
+    """struct Choice (0x8037fdb2ed77f6b6)."""
+
+    _ID: ClassVar[int] = 0x8037fdb2ed77f6b6
+
+    class Init(TypedDict, total=False):
+        """Choice as plain values: what ``new_message`` and ``assign`` take."""
+
+        note: str | None
+
+        numbers: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None
+
+        count: int
+
+    Row: TypeAlias = "tuple[str | None, Numbers.Row | None, int | None]"
+
+    class Reader(_r.StructReader):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 1
+        _POINTERS: ClassVar[int] = 1
+
+        note = _d.Text(0, '')
+
+        numbers: _d.Struct[Numbers.Reader] = _d.Struct(0)
+
+        count = _d.Int("u32", 4)
+
+        _WHICH: ClassVar[tuple[int, tuple[str, ...]]] = (0, ("note", "numbers", "count",))
+
+        if TYPE_CHECKING:
+            def which(self) -> Literal["note", "numbers", "count"] | None:
+                """The union member that is set (None: one this schema does not know)."""
+
+        def to_dict(self) -> dict[str, Any]:
+            """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+            only the union member that is set, even null; enums by name; no capabilities)."""
+            out: dict[str, Any] = {}
+            which = self.which()
+            if which == "note":
+                out['note'] = self.note
+            if which == "numbers":
+                out['numbers'] = self.numbers.to_dict()
+            if which == "count":
+                out['count'] = self.count
+            return out
+
+    class Builder(_b.StructBuilder):
+        __slots__ = ()
+        _DATA_WORDS: ClassVar[int] = 1
+        _POINTERS: ClassVar[int] = 1
+
+        note = _d.text_property(0, '', "Choice.note", 0, 0)
+
+        @property
+        def numbers(self) -> Numbers.Builder:
+            """The numbers struct (allocated on first use)."""
+            set_u16(self._b.buf, self._data + 0, 1)
+            return _b.struct_field(self, 0, Numbers.Builder)
+        @numbers.setter
+        def numbers(self, value: Numbers.Reader) -> None:
+            """A deep copy of ``value`` (capabilities included)."""
+            set_u16(self._b.buf, self._data + 0, 1)
+            _b.copy_struct(self, 0, value)
+
+        def init_numbers(self) -> Numbers.Builder:
+            """A new, empty numbers struct."""
+            set_u16(self._b.buf, self._data + 0, 1)
+            return _b.init_struct(self, self._ptr + 0, Numbers.Builder)
+
+        count = _d.int_property("u32", 4, 0, "Choice.count", "UInt32", 0, 2)
+
+        def which(self) -> Literal["note", "numbers", "count"] | None:
+            """The union member that is set (None: one this schema does not know)."""
+            d = get_u16(self._b.buf, self._data + 0)[0]
+            names: tuple[Any, ...] = ("note", "numbers", "count",)
+            return names[d] if d < len(names) else None
+
+        def assign(  # type: ignore[override]
+            self,
+            /,
+            *,
+            note: str | None = _e.MISSING,
+            numbers: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+            count: int = _e.MISSING,
+            **_unknown: Never,
+        ) -> None:
+            """Set the whole struct, as a constructor would: each field named takes its
+            value (plain values, as ``new_message`` takes them), every other field its
+            default (a pointer field: null). A value that is refused changes nothing."""
+            _e.assign_values(self, _P_Choice, [note, numbers, count], _unknown)
+
+        def init(self, name: str, *args: int) -> Any:
+            """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+            return getattr(self, "init_" + name)(*args)
+
+        def as_reader(self) -> Choice.Reader:
+            """A reader of this struct as built so far."""
+            return Choice.Reader._of_builder(self)
+
+    class Pipeline(_p.StructPipeline):
+        """The pipelined fields of a future Choice (rpc-protocol.md §6)."""
+
+        __slots__ = ()
+
+        @property
+        def numbers(self) -> Numbers.Pipeline:
+            return self._struct(0, Numbers.Pipeline)
+
+    class Promise(Pipeline, _p.ResultPromise[Reader]):
+        """A call's future Choice results: await it, or pipeline on it."""
+
+        __slots__ = ()
+
+    Promise._READER = Reader
+
+    @staticmethod
+    def new_message(
+        *,
+        note: str | None = _e.MISSING,
+        numbers: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
+        count: int = _e.MISSING,
+        **_unknown: Never,
+    ) -> Choice.Builder:
+        """A new message whose root is a Choice: the fields named take
+        their values (plain values, ``Init``), every other field its default."""
+        return _e.new_message(Choice.Builder, _P_Choice, [note, numbers, count], _unknown)
+
+    @staticmethod
+    def row(reader: Choice.Reader | Choice.Builder) -> Choice.Row:
+        """Every field at once, as a tuple in schema order (a group's fields in its
+        place, None for a union member not set): what ``from_row``, and any field
+        of this type, take back."""
+        return _w.struct_row(reader, _P_Choice)
+
+    @staticmethod
+    def from_row(row: Choice.Row) -> Choice.Builder:
+        """A new message whose root is a Choice holding ``row``."""
+        return _e.new_message_row(Choice.Builder, _P_Choice, row)
+
+    @staticmethod
+    def rows(readers: _r.ListReader[Choice.Reader] | _b.StructListBuilder[Choice.Builder]) -> list[Choice.Row]:
+        """Every element of a list of Choice (read, or being built) as a row."""
+        return _w.list_rows(readers, _P_Choice)
+
+    @staticmethod
+    def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+        """Some fields of Choice, read as rows (its ``row`` and ``rows``): those
+        named whole, and of a struct, list or group field given as a keyword the
+        fields of its own selection (or sequence of names), in schema order."""
+        return _w.select(_P_Choice, names, nested)
+
+    @staticmethod
+    def read(
+        segments: _r.Segments,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Choice.Reader:
+        """The root Choice of a message (its segments)."""
+        return _r.read_segments(Choice.Reader, segments, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def from_bytes(data: bytes | bytearray | memoryview) -> Choice.Reader:
+        """The root of a message in the standard stream framing."""
+        return _r.read_framed(Choice.Reader, data)
+
+    @staticmethod
+    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Choice.Reader:
+        """The root of a packed message (the packed encoding of the framing)."""
+        return _r.read_packed(Choice.Reader, data)
+
 class Color(enum.IntEnum):
     """enum Color (0xcf8e5d676c9f70d3). Codes unknown to this schema (from a
     newer writer) read as pseudo-members named by their number."""
@@ -1150,7 +1321,7 @@ class Converter(_t.Interface["Converter.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['int'] = self.int
                 return out
@@ -1269,7 +1440,7 @@ class Converter(_t.Interface["Converter.Client"]):
 
             def to_dict(self) -> dict[_builtins.str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['str'] = self.str
@@ -1441,7 +1612,7 @@ class Crate:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['weight'] = self.weight
             return out
@@ -1633,7 +1804,7 @@ class Defaults:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['b'] = self.b
             out['i8'] = self.i8
@@ -1898,7 +2069,7 @@ class Keywords:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['return'] = self.return_
             if self._has(0):
@@ -2038,7 +2209,7 @@ class Layered:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['outer'] = self.outer.to_dict()
@@ -2176,7 +2347,7 @@ class Left(_t.Interface["Left.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -2276,7 +2447,7 @@ class Left(_t.Interface["Left.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['side'] = self.side
@@ -2500,7 +2671,7 @@ class Lists:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['voids'] = list(self.voids)
@@ -2861,7 +3032,7 @@ class Loud(_t.Interface["Loud.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['volume'] = self.volume
                 return out
@@ -2980,7 +3151,7 @@ class Loud(_t.Interface["Loud.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['side'] = self.side
@@ -3204,7 +3375,7 @@ class Numbers:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['b'] = self.b
             out['i8'] = self.i8
@@ -3404,7 +3575,7 @@ class Pair:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             return out
 
@@ -3538,7 +3709,7 @@ class Parcel:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['contents'] = self.contents.to_dict()
@@ -3684,7 +3855,7 @@ class Recurring:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['label'] = self.label
@@ -3836,7 +4007,7 @@ class Right(_t.Interface["Right.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -3936,7 +4107,7 @@ class Right(_t.Interface["Right.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['side'] = self.side
@@ -4111,7 +4282,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['self'] = self.self_
@@ -4258,7 +4429,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['return'] = self.return_
@@ -4430,7 +4601,7 @@ class Settings:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['mood'] = self.mood.name
             return out
@@ -4566,7 +4737,7 @@ class Shapes:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['side'] = self.side
                 if self._has(1):
@@ -4643,7 +4814,7 @@ class Shapes:
 
                     def to_dict(self) -> dict[str, Any]:
                         """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                        only the union member that is set, enums by name; no capabilities)."""
+                        only the union member that is set, even null; enums by name; no capabilities)."""
                         out: dict[str, Any] = {}
                         out['from'] = self.from_.name
                         out['to'] = self.to.name
@@ -4732,14 +4903,13 @@ class Shapes:
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, enums by name; no capabilities)."""
+                    only the union member that is set, even null; enums by name; no capabilities)."""
                     out: dict[str, Any] = {}
                     which = self.which()
                     if which == "solid":
                         out['solid'] = self.solid
                     if which == "pattern":
-                        if self._has(2):
-                            out['pattern'] = self.pattern
+                        out['pattern'] = self.pattern
                     if which == "gradient":
                         out['gradient'] = self.gradient.to_dict()
                     return out
@@ -4818,7 +4988,7 @@ class Shapes:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['color'] = self.color.name
                 out['fill'] = self.fill.to_dict()
@@ -4915,7 +5085,7 @@ class Shapes:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['name'] = self.name
@@ -4928,8 +5098,7 @@ class Shapes:
             if which == "nothing":
                 out['nothing'] = self.nothing
             if which == "points":
-                if self._has(1):
-                    out['points'] = list(self.points)
+                out['points'] = list(self.points)
             return out
 
     class Builder(_b.StructBuilder):
@@ -5111,7 +5280,7 @@ class Shelf:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -5236,7 +5405,7 @@ class Shelf:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             return out
 
@@ -5344,7 +5513,7 @@ class Shelves:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['texts'] = self.texts.to_dict()
@@ -5532,7 +5701,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['item'] = self.item
@@ -5661,7 +5830,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['total'] = self.total
                 if self._has(0):
@@ -5797,7 +5966,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -5897,7 +6066,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['items'] = list(self.items)
@@ -6026,7 +6195,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['tree'] = self.tree.to_dict()
@@ -6157,7 +6326,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -6337,7 +6506,7 @@ class Sink(_t.Interface["Sink.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -6441,7 +6610,7 @@ class Sink(_t.Interface["Sink.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['bytes'] = self.bytes
                 out['writes'] = self.writes
@@ -6568,7 +6737,7 @@ class Sink(_t.Interface["Sink.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['chunk'] = self.chunk
@@ -6750,7 +6919,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -6857,7 +7026,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(1):
                     out['box'] = self.box.to_dict()
@@ -7005,7 +7174,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -7125,7 +7294,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -7281,7 +7450,7 @@ class Tree:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['x'] = self.x
                 return out
@@ -7414,7 +7583,7 @@ class Tree:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             out['value'] = self.value
             if self._has(0):
@@ -7601,7 +7770,7 @@ class Wrapper:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['label'] = self.label
@@ -7783,7 +7952,7 @@ class Box_Text:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['value'] = self.value
@@ -7938,7 +8107,7 @@ class Box_List_Int32:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['value'] = list(self.value)
@@ -8101,7 +8270,7 @@ class Box_Tree:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['value'] = self.value.to_dict()
@@ -8274,7 +8443,7 @@ class Box_Shop:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(1):
                 out['next'] = self.next.to_dict()
@@ -8430,7 +8599,7 @@ class Pair_Text_Box_Text:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['key'] = self.key
@@ -8580,7 +8749,7 @@ class Shelf_Tree:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['item'] = self.item.to_dict()
@@ -8725,7 +8894,7 @@ class Shelf_Tree:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['item'] = self.item.to_dict()
@@ -8865,7 +9034,7 @@ class Shelf_Tree:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
             return out
 
@@ -8972,7 +9141,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['value'] = self.value
@@ -9088,7 +9257,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -9184,7 +9353,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -9288,7 +9457,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['value'] = self.value
@@ -9486,7 +9655,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -9586,7 +9755,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
                 out['count'] = self.count
                 return out
@@ -9765,6 +9934,7 @@ Boxes.Reader.shops.bind(Box_Shop.Reader)
 Boxes.Reader.pair.bind(Pair_Text_Box_Text.Reader)
 Boxes.Reader.bare.bind(Box.Reader)
 Builtins.Reader.list.bind(_L_Builtins_list)
+Choice.Reader.numbers.bind(Numbers.Reader)
 Defaults.Reader.color.bind(Color, _E_Color)
 Defaults.Reader.numbers.bind(Numbers.Reader, _D_Defaults_numbers)
 Layered.Reader.outer.bind(Wrapper.Reader, _D_Layered_outer)
@@ -9837,6 +10007,8 @@ _P_Boxes = Boxes.Builder._PLAN = _v.StructPlan("Boxes", 0, 6)
 _P_Boxes.reader = Boxes.Reader
 _P_Builtins = Builtins.Builder._PLAN = _v.StructPlan("Builtins", 2, 3)
 _P_Builtins.reader = Builtins.Reader
+_P_Choice = Choice.Builder._PLAN = _v.StructPlan("Choice", 1, 1, 0)
+_P_Choice.reader = Choice.Reader
 _P_Crate = Crate.Builder._PLAN = _v.StructPlan("Crate", 1, 0)
 _P_Crate.reader = Crate.Reader
 _P_Defaults = Defaults.Builder._PLAN = _v.StructPlan("Defaults", 6, 5)
@@ -9985,6 +10157,11 @@ _P_Builtins.add(
     _v.integer("int", "Int32", 4, 4, True),
     _v.list_("list", 2, _v.of_text()),
     _v.floating("type", "Float64", 8, 8),
+)
+_P_Choice.add(
+    _v.text("note", 0, disc=0),
+    _v.struct("numbers", 0, _P_Numbers, disc=1),
+    _v.integer("count", "UInt32", 4, 4, False, disc=2),
 )
 _P_Crate.add(
     _v.integer("weight", "UInt16", 0, 2, False),
