@@ -131,8 +131,11 @@ def _child() -> None:
         # The compiler keys a file by the deepest listed directory holding it, and a file
         # keyed two ways is a duplicate ID: an imported file must be keyed under the
         # directory its import was found in (pycapnp's, for stream.capnp), never under
-        # its own directory.
-        module = parser.load(path, imports=[*import_dirs, base])
+        # its own directory. Its display name is its path from there too (pycapnp's
+        # default is the base name): the files it imports relatively are named from it,
+        # and found again below by that name.
+        display = os.path.relpath(path, base)
+        module = parser.load(path, display_name=display, imports=[*import_dirs, base])
         files: dict[str, int] = {}
         _walk(module.schema, nodes, files, nested)
         file_id = module.schema.node.id

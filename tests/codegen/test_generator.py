@@ -294,6 +294,33 @@ def test_nested_nodes_no_field_uses_are_generated(generated: Generated) -> None:
     assert generated.reference.Crate.capacity == 12
 
 
+def test_a_file_imported_relatively_and_absolutely_is_one_file(tmp_path: Path) -> None:
+    """one.capnp imports ``shared.capnp`` next to it, two.capnp the same file as
+    ``/pkg/shared.capnp`` through ``-I``: one file to the compiler, as to ``capnp
+    compile`` (test.capnp's ``c++.capnp`` once failed as a duplicate ID)."""
+    pkg = tmp_path / "src" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "shared.capnp").write_text("@0xd6b8e0a0a1a2a3c1;\nstruct Shared { n @0 :UInt8; }\n")
+    (pkg / "one.capnp").write_text(
+        '@0xd6b8e0a0a1a2a3c2;\nusing import "shared.capnp".Shared;\nstruct One { s @0 :Shared; }\n'
+    )
+    (pkg / "two.capnp").write_text(
+        '@0xd6b8e0a0a1a2a3c3;\nusing import "/pkg/shared.capnp".Shared;\n'
+        "struct Two { s @0 :Shared; }\n"
+    )
+    out = tmp_path / "out"
+    done = capsvc(
+        "gen", str(pkg / "one.capnp"), str(pkg / "two.capnp"), "-I", str(tmp_path / "src"),
+        "-o", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "one_capnp.py",
+        "shared_capnp.py",
+        "two_capnp.py",
+    ]
+
+
 def test_a_streaming_method_imports_capsvcs_stream_module(tmp_path: Path) -> None:
     """``-> stream`` imports /capnp/stream.capnp implicitly: found in pycapnp's directory
     with no ``-I``, and imported from capsvc.generated rather than written beside."""
