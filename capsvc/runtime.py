@@ -289,7 +289,10 @@ def _fail(result: CallResult, server: Any, call: OutgoingCall, error: Exception)
     trace = ""
     if getattr(server, "capsvc_send_tracebacks", False):
         trace = "".join(traceback.format_exception(error))
-    result.set_error(Failed(f"{label} raised {type(error).__name__}: {error}", trace=trace))
+    # A pycapnp (kj) exception's text ends in a line of C++ stack addresses: they mean
+    # nothing to the caller and say something about this process, so they stay here.
+    reason = str(error).split("\nstack:", 1)[0]
+    result.set_error(Failed(f"{label} raised {type(error).__name__}: {reason}", trace=trace))
 
 
 def method_label(server: Any, interface_id: int, method_id: int) -> str:

@@ -80,6 +80,23 @@ async def test_an_unexpected_exception_names_the_method_and_is_logged_once(
     assert records[0].exc_info[0] is ZeroDivisionError
 
 
+class KjTester(TesterImpl):
+    async def echo(self, params: Any, results: Any) -> None:
+        from capsvc.rpc.wire import rpc  # pycapnp's own reader, refusing a bad message
+
+        with rpc.Message.from_bytes(b"\x05\x00\x00\x00\x09\x00\x00\x00") as message:
+            results.reply = str(message.which())
+
+
+async def test_a_pycapnp_error_reaches_the_caller_without_stack_addresses() -> None:
+    """pycapnp's (kj's) exceptions end in a line of C++ stack addresses: the caller gets
+    the reason, the addresses stay in this process's log."""
+    failed = await failure_of(KjTester(), Tester, lambda tester: tester.echo(msg=""))
+    assert failed.reason.startswith("Tester.echo raised KjException: capnp/serialize.c++:")
+    assert failed.reason.endswith("Message ends prematurely in segment table.")
+    assert "stack:" not in failed.reason
+
+
 async def test_the_traceback_reaches_the_caller_only_when_the_server_asks() -> None:
     failed = await failure_of(TellingTester(), Tester, lambda tester: tester.echo(msg=""))
     assert failed.trace.startswith("Traceback (most recent call last):")
