@@ -81,6 +81,17 @@ _RELEASED: Hook = BrokenHook(Failed("this capability reference was closed"))
 _RELEASED.refs = 1 << 60  # never disposed
 
 
+def capability_client(hook: Hook, interface: Any) -> Any:
+    """A client of ``hook``: typed as ``interface``, or, for a ``Capability`` field (no
+    interface), a capsvc.typed.Client, which ``cast_as`` retypes (to a load_schema
+    interface or a generated one)."""
+    if interface is None:
+        from capsvc.typed import Client as AnyClient
+
+        return AnyClient(hook)
+    return Client(hook, interface)
+
+
 def null_client(interface: Any) -> Client:
     """A client for a null capability (calls on it fail)."""
     from capsvc.rpc.hooks import null_hook
@@ -178,7 +189,9 @@ class Promise:
                 f"{name!r} cannot be pipelined: only fields that lead to capabilities can"
             )
         if field.kind is FieldKind.INTERFACE:
-            return Client(self._result.pipeline(self._path + (field.slot,)), field.target)
+            return capability_client(
+                self._result.pipeline(self._path + (field.slot,)), field.target
+            )
         if field.kind is FieldKind.GROUP:
             return Promise(self._result.add_ref(), field.target, self._path)
         if field.kind is FieldKind.STRUCT:

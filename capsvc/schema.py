@@ -301,6 +301,13 @@ def _has_caps(
     return found[node_id][0].has_caps
 
 
+def _is_capability(any_pointer: Any) -> bool:
+    """Whether a schema.capnp ``Type.anyPointer`` is the ``Capability`` constraint."""
+    if any_pointer.which() != "unconstrained":
+        return False
+    return bool(any_pointer.unconstrained.which() == "capability")
+
+
 def _classify(schema: Any, proto: Any) -> CapField | None:
     name = proto.name
     discriminant = proto.discriminantValue if proto.discriminantValue != 0xFFFF else None
@@ -310,6 +317,10 @@ def _classify(schema: Any, proto: Any) -> CapField | None:
     slot = proto.slot.offset
     if kind == "interface":
         return CapField(name, FieldKind.INTERFACE, slot, schema.fields[name].schema, discriminant)
+    if kind == "anyPointer" and _is_capability(proto.slot.type.anyPointer):
+        # A `Capability` field: a capability of no particular interface (target None:
+        # its client is capsvc.typed.Client, which cast_as retypes).
+        return CapField(name, FieldKind.INTERFACE, slot, None, discriminant)
     if kind == "struct":
         return CapField(name, FieldKind.STRUCT, slot, schema.fields[name].schema, discriminant)
     if kind == "list":

@@ -18,7 +18,7 @@ from capsvc.rpc.payload import BuiltPayload, Payload
 from capsvc.schema import CapField, FieldKind, StructInfo, struct_info
 
 if TYPE_CHECKING:
-    from capsvc.client import Client
+    pass
 
 
 def wrap_reader(
@@ -42,12 +42,13 @@ def wrap_builder(builder: Any, schema: Any, payload: BuiltPayload, path: Path = 
     return StructBuilder(builder, info, payload, path)
 
 
-def _client(hook: Hook | None, interface: Any) -> Client:
-    from capsvc.client import Client, null_client
+def _client(hook: Hook | None, interface: Any) -> Any:
+    """The client a field gives: of ``interface``, or (None: a ``Capability`` field) of
+    no particular interface."""
+    from capsvc.client import capability_client
+    from capsvc.rpc.hooks import null_hook
 
-    if hook is None:
-        return null_client(interface)
-    return Client(hook, interface)
+    return capability_client(null_hook() if hook is None else hook, interface)
 
 
 def _hook_of(value: Any) -> Hook | None:

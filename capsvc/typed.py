@@ -82,10 +82,19 @@ class Client:
 
     def cast_as(self, cls: Any) -> Any:
         """The same capability, typed as another interface (a new reference): give the
-        generated interface (``k.Base``) or its client class (``k.Base.Client``)."""
-        if not (isinstance(cls, type) and issubclass(cls, Client)):
-            cls = cls.Client
-        return cls(self._hook.add_ref())
+        generated interface (``k.Base``) or its client class (``k.Base.Client``), or an
+        interface of ``capsvc.load_schema`` (a dynamic client)."""
+        if isinstance(cls, type) and issubclass(cls, Client):
+            return cls(self._hook.add_ref())
+        client_class = getattr(cls, "Client", None)  # a generated interface's
+        if client_class is None:  # pycapnp's interface module (load_schema): dynamic
+            from capsvc.client import Client as DynamicClient
+
+            return DynamicClient(self._hook.add_ref(), cls)
+        return client_class(self._hook.add_ref())
+
+    #: pycapnp's name for it, on a Capability or AnyPointer field.
+    as_interface = cast_as
 
     def close(self) -> None:
         """Drop this reference now (the peer is told once no reference is left)."""

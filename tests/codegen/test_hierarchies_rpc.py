@@ -273,3 +273,29 @@ async def test_cpp_client_and_typed_servers(generated: Generated, kind: str) -> 
             "loud": ["loud", "volume", "inherited"],
         }[kind]
     )
+
+
+async def test_capability_fields_on_the_dynamic_path(generated: Generated) -> None:
+    """``Relay.relay (cap :Capability) -> (cap :Capability)`` served and called through
+    ``capsvc.load_schema`` objects: a Capability field gives a client of no particular
+    interface, which ``cast_as`` (or pycapnp's ``as_interface``) retypes to a dynamic or
+    a generated interface; one pipelined on the results works before they arrive."""
+    ref = generated.reference
+
+    class DynamicLeft(capsvc.Server, interface=ref.Left):
+        def left(self, params: Any, results: Any) -> None:
+            results.side = "dynamic left"
+
+    class DynamicRelay(capsvc.Server, interface=ref.Relay):
+        async def relay(self, params: Any, results: Any) -> None:
+            side = (await params.cap.as_interface(ref.Left).left()).side
+            assert side == "dynamic left"
+            results.cap = params.cap
+
+    async with local_server(DynamicRelay()) as address, capsvc.connect(address) as conn:
+        relay = conn.bootstrap(ref.Relay)
+        promise = relay.relay(cap=DynamicLeft())
+        pipelined = promise.cap.cast_as(ref.Left)  # before the results arrive
+        assert (await pipelined.left()).side == "dynamic left"
+        returned = (await promise).cap
+        assert (await returned.cast_as(generated.kitchen.Left).left()).side == "dynamic left"

@@ -267,6 +267,12 @@ interface Right extends(Base) {
   right @0 () -> (side :Text);
 }
 
+# A Capability param and result: a capability of no particular interface, retyped by
+# whoever knows what it is (cast_as; pycapnp says as_interface).
+interface Relay {
+  relay @0 (cap :Capability) -> (cap :Capability);
+}
+
 # A method named like one of the interface it extends (each interface has its own
 # methods): in Python the newcomer takes a trailing underscore (Loud.left_,
 # left__request), so a server answers each call with its own method.

@@ -3983,6 +3983,304 @@ class Recurring:
         """The root of a packed message (the packed encoding of the framing)."""
         return _r.read_packed(Recurring.Reader, data)
 
+class Relay(_t.Interface["Relay.Client"]):
+    """interface Relay (0xfe87f54a120f0ed5): its methods' params and results."""
+
+    _ID: ClassVar[int] = 0xfe87f54a120f0ed5
+    #: Method name -> (ordinal, params struct, results struct).
+    METHODS: ClassVar[dict[str, tuple[int, Any, Any]]]
+
+    class RelayParams:
+        """struct Relay.relay$Params (0x80fabef7f78dd697)."""
+
+        _ID: ClassVar[int] = 0x80fabef7f78dd697
+
+        class Init(TypedDict, total=False):
+            """Relay.relay$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            cap: _t.Client | _t.Server | None
+
+        Row: TypeAlias = "tuple[_t.Client]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def cap(self) -> _t.Client:
+                w = self._ptr + 0
+                return _r.read_client(self._msg, self._si, w if w < self._pend else -1, _t.Client)
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, even null; enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            def set_cap(self, value: _t.Client | _t.Server | None) -> None:
+                """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Relay.relay$Params.cap")
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                cap: _t.Client | _t.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Relay_RelayParams, [cap], _unknown)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Relay.RelayParams.Reader:
+                """A reader of this struct as built so far."""
+                return Relay.RelayParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Relay.relay$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+            @property
+            def cap(self) -> _t.Client:
+                """The cap capability, usable before the results arrive."""
+                return self._client(0, _t.Client)
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Relay.relay$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            cap: _t.Client | _t.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Relay.RelayParams.Builder:
+            """A new message whose root is a Relay.relay$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Relay.RelayParams.Builder, _P_Relay_RelayParams, [cap], _unknown)
+
+        @staticmethod
+        def row(reader: Relay.RelayParams.Reader | Relay.RelayParams.Builder) -> Relay.RelayParams.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Relay_RelayParams)
+
+        @staticmethod
+        def from_row(row: Relay.RelayParams.Row) -> Relay.RelayParams.Builder:
+            """A new message whose root is a Relay.relay$Params holding ``row``."""
+            return _e.new_message_row(Relay.RelayParams.Builder, _P_Relay_RelayParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Relay.RelayParams.Reader] | _b.StructListBuilder[Relay.RelayParams.Builder]) -> list[Relay.RelayParams.Row]:
+            """Every element of a list of Relay.relay$Params (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Relay_RelayParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Relay.relay$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Relay_RelayParams, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Relay.RelayParams.Reader:
+            """The root Relay.relay$Params of a message (its segments)."""
+            return _r.read_segments(Relay.RelayParams.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Relay.RelayParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Relay.RelayParams.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Relay.RelayParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Relay.RelayParams.Reader, data)
+
+    class RelayResults:
+        """struct Relay.relay$Results (0x9167aadfb4bad43f)."""
+
+        _ID: ClassVar[int] = 0x9167aadfb4bad43f
+
+        class Init(TypedDict, total=False):
+            """Relay.relay$Results as plain values: what ``new_message`` and ``assign`` take."""
+
+            cap: _t.Client | _t.Server | None
+
+        Row: TypeAlias = "tuple[_t.Client]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            @property
+            def cap(self) -> _t.Client:
+                w = self._ptr + 0
+                return _r.read_client(self._msg, self._si, w if w < self._pend else -1, _t.Client)
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, even null; enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 1
+
+            def set_cap(self, value: _t.Client | _t.Server | None) -> None:
+                """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Relay.relay$Results.cap")
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                cap: _t.Client | _t.Server | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Relay_RelayResults, [cap], _unknown)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Relay.RelayResults.Reader:
+                """A reader of this struct as built so far."""
+                return Relay.RelayResults.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Relay.relay$Results (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+            @property
+            def cap(self) -> _t.Client:
+                """The cap capability, usable before the results arrive."""
+                return self._client(0, _t.Client)
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Relay.relay$Results results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            cap: _t.Client | _t.Server | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Relay.RelayResults.Builder:
+            """A new message whose root is a Relay.relay$Results: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Relay.RelayResults.Builder, _P_Relay_RelayResults, [cap], _unknown)
+
+        @staticmethod
+        def row(reader: Relay.RelayResults.Reader | Relay.RelayResults.Builder) -> Relay.RelayResults.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Relay_RelayResults)
+
+        @staticmethod
+        def from_row(row: Relay.RelayResults.Row) -> Relay.RelayResults.Builder:
+            """A new message whose root is a Relay.relay$Results holding ``row``."""
+            return _e.new_message_row(Relay.RelayResults.Builder, _P_Relay_RelayResults, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Relay.RelayResults.Reader] | _b.StructListBuilder[Relay.RelayResults.Builder]) -> list[Relay.RelayResults.Row]:
+            """Every element of a list of Relay.relay$Results (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Relay_RelayResults)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Relay.relay$Results, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Relay_RelayResults, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Relay.RelayResults.Reader:
+            """The root Relay.relay$Results of a message (its segments)."""
+            return _r.read_segments(Relay.RelayResults.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Relay.RelayResults.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Relay.RelayResults.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Relay.RelayResults.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Relay.RelayResults.Reader, data)
+
+    class Client(_t.Client):
+        """A capability typed as Relay: call its methods."""
+
+        __slots__ = ()
+        _INTERFACE_ID: ClassVar[int] = 0xfe87f54a120f0ed5
+        _INTERFACE_NAME: ClassVar[str] = "Relay"
+
+        def relay(self, /, *, cap: _t.Client | _t.Server | None = None, **_unknown: Never) -> Relay.RelayResults.Promise:
+            """Call Relay.relay; returns the pipelinable promise of its results.
+
+            Params keywords cannot express: ``relay_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Relay.relay", _unknown, ("cap",))
+            _request = _t.Request(self, Relay._ID, 0, Relay.RelayParams.Builder, Relay.RelayResults.Promise)
+            _params = _request.params
+            if cap is not None:
+                _params.set_cap(cap)
+            return _request.send()
+
+        def relay_request(self) -> _t.Request[Relay.RelayParams.Builder, Relay.RelayResults.Promise]:
+            """A Relay.relay call to fill (``.params``) and ``send()``."""
+            return _t.Request(self, Relay._ID, 0, Relay.RelayParams.Builder, Relay.RelayResults.Promise)
+
+    class Server(_t.Server):
+        """Base of objects implementing Relay: override its methods (``def`` or
+        ``async def``; a method not overridden answers ``unimplemented``)."""
+
+        _INTERFACE_NAME: ClassVar[str] = "Relay"
+
+        @_t.unimplemented
+        def relay(self, params: Relay.RelayParams.Reader, results: Relay.RelayResults.Builder) -> Awaitable[None] | None:
+            """Relay.relay: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
 class Right(_t.Interface["Right.Client"]):
     """interface Right (0xea63f5425f8188d3): its methods' params and results."""
 
@@ -10059,6 +10357,10 @@ _P_Loud_LeftParams = Loud.LeftParams.Builder._PLAN = _v.StructPlan("Loud.left$Pa
 _P_Loud_LeftParams.reader = Loud.LeftParams.Reader
 _P_Loud_LeftResults = Loud.LeftResults.Builder._PLAN = _v.StructPlan("Loud.left$Results", 0, 1)
 _P_Loud_LeftResults.reader = Loud.LeftResults.Reader
+_P_Relay_RelayParams = Relay.RelayParams.Builder._PLAN = _v.StructPlan("Relay.relay$Params", 0, 1)
+_P_Relay_RelayParams.reader = Relay.RelayParams.Reader
+_P_Relay_RelayResults = Relay.RelayResults.Builder._PLAN = _v.StructPlan("Relay.relay$Results", 0, 1)
+_P_Relay_RelayResults.reader = Relay.RelayResults.Reader
 _P_Right_RightParams = Right.RightParams.Builder._PLAN = _v.StructPlan("Right.right$Params", 0, 0)
 _P_Right_RightParams.reader = Right.RightParams.Reader
 _P_Right_RightResults = Right.RightResults.Builder._PLAN = _v.StructPlan("Right.right$Results", 0, 1)
@@ -10301,6 +10603,12 @@ _P_Loud_LeftParams.add(
 _P_Loud_LeftResults.add(
     _v.text("side", 0),
 )
+_P_Relay_RelayParams.add(
+    _v.capability("cap", 0),
+)
+_P_Relay_RelayResults.add(
+    _v.capability("cap", 0),
+)
 _P_Right_RightResults.add(
     _v.text("side", 0),
 )
@@ -10405,6 +10713,7 @@ Converter.METHODS = {"str": (0, Converter.StrParams, Converter.StrResults)}
 Diamond.METHODS = {"tricky": (0, Diamond.TrickyParams, Diamond.TrickyResults)}
 Left.METHODS = {"left": (0, Left.LeftParams, Left.LeftResults)}
 Loud.METHODS = {"left": (0, Loud.LeftParams, Loud.LeftResults)}
+Relay.METHODS = {"relay": (0, Relay.RelayParams, Relay.RelayResults)}
 Right.METHODS = {"right": (0, Right.RightParams, Right.RightResults)}
 Shop.METHODS = {"buy": (0, Shop.BuyParams, Shop.BuyResults), "list": (1, Shop.ListParams, Shop.ListResults), "peek": (2, Shop.PeekParams, Shop.PeekResults)}
 Sink.METHODS = {"write": (0, Sink.WriteParams, stream_capnp.StreamResult), "total": (1, Sink.TotalParams, Sink.TotalResults)}
@@ -10417,6 +10726,7 @@ Left.Server._METHODS = {**Base.Server._METHODS, (Left._ID, 0): ("left", Left.Lef
 Right.Server._METHODS = {**Base.Server._METHODS, (Right._ID, 0): ("right", Right.RightParams, Right.RightResults)}
 Diamond.Server._METHODS = {**Left.Server._METHODS, **Right.Server._METHODS, (Diamond._ID, 0): ("tricky", Diamond.TrickyParams, Diamond.TrickyResults)}
 Loud.Server._METHODS = {**Left.Server._METHODS, (Loud._ID, 0): ("left_", Loud.LeftParams, Loud.LeftResults)}
+Relay.Server._METHODS = {(Relay._ID, 0): ("relay", Relay.RelayParams, Relay.RelayResults)}
 Shop.Server._METHODS = {(Shop._ID, 0): ("buy", Shop.BuyParams, Shop.BuyResults), (Shop._ID, 1): ("list", Shop.ListParams, Shop.ListResults), (Shop._ID, 2): ("peek", Shop.PeekParams, Shop.PeekResults)}
 Sink.Server._METHODS = {(Sink._ID, 0): ("write", Sink.WriteParams, stream_capnp.StreamResult), (Sink._ID, 1): ("total", Sink.TotalParams, Sink.TotalResults)}
 Store.Server._METHODS = {(Store._ID, 0): ("put", Store.PutParams, Store.PutResults), (Store._ID, 1): ("get", Store.GetParams, Store.GetResults)}
