@@ -10,15 +10,12 @@ plain pycapnp objects, so the common case costs nothing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from capsvc.checked import Checked, set_field
 from capsvc.rpc.hooks import Hook, NullHook, Path
 from capsvc.rpc.payload import BuiltPayload, Payload
 from capsvc.schema import CapField, FieldKind, StructInfo, struct_info
-
-if TYPE_CHECKING:
-    pass
 
 
 def wrap_reader(
