@@ -76,6 +76,10 @@ class Limits:
     max_calls_in_flight: int = 1024
     #: The size of those calls' messages, together (one call is always admitted).
     max_call_bytes_in_flight: int = 64 * _MIB
+    #: Bytes of ``-> stream`` calls we keep in flight per capability before awaiting a
+    #: write waits (capsvc.streaming); None: the socket's send buffer (SO_SNDBUF), as C++,
+    #: or 64 KiB on a transport with no socket.
+    stream_window_bytes: int | None = None
     # -- timeouts (seconds, or None)
     #: A connection a server accepted must send a whole first message within this.
     first_message_timeout: float | None = 60.0
@@ -100,6 +104,8 @@ class Limits:
                         f"got {value!r}"
                     )
                 continue
+            if field.name == "stream_window_bytes" and value is None:
+                continue  # the socket's (see the field)
             low = 0 if field.name == "max_message_words" else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 kind = "non-negative" if low == 0 else "positive"
@@ -123,6 +129,8 @@ def parse_limit(text: str) -> tuple[str, int | float | None]:
     if not sep or name not in names:
         raise ValueError(f"--limit {text!r}: expected NAME=VALUE, NAME one of {', '.join(names)}")
     raw = raw.strip()
+    if name == "stream_window_bytes" and raw.lower() in ("none", "socket", ""):
+        return name, None
     if name.endswith("_timeout"):
         if raw.lower() in ("none", "off", ""):
             return name, None

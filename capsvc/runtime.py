@@ -132,10 +132,10 @@ class TrioExecutor:
         call.result.release()
         # Only a call a peer made may run inline, never one a local caller made: that
         # caller must not find the callee running inside its own call.
-        alone = len(hook.pending) == 1
+        alone = len(hook.pending) == 1 and not hook.blocked
         if alone and call.from_peer and _runs_inline(hook.server, call):
             hook.pending.popleft()
-            _run_inline(hook.server, call, None)
+            _run_inline(hook, call, None)
             return
         pool = _pool()
         if (
@@ -145,7 +145,7 @@ class TrioExecutor:
             and _runs_inline(hook.server, call)
         ):
             hook.pending.popleft()
-            _run_inline(hook.server, call, pool)
+            _run_inline(hook, call, pool)
             return
         if not call.received:
             call.result.local_hook = hook  # the caller may begin it when it awaits
@@ -161,12 +161,12 @@ def _begin_awaited(result: CallResult) -> None:
     finds nothing left to begin."""
     hook = result.local_hook
     result.local_hook = None
-    if hook is None or not hook.pending:
+    if hook is None or not hook.pending or hook.blocked:
         return
     call = hook.pending[0]
     if call.result is result and _runs_inline(hook.server, call):
         hook.pending.popleft()
-        _run_inline(hook.server, call, None)
+        _run_inline(hook, call, None)
 
 
 #: How deep released pipelined calls may run inline inside one another's settling (a
@@ -198,13 +198,17 @@ def handoff_count() -> HandoffCount:
     return _pool()
 
 
-def _run_inline(server: Any, call: OutgoingCall, pool: _WorkerPool | None) -> None:
+def _run_inline(hook: LocalServerHook, call: OutgoingCall, pool: _WorkerPool | None) -> None:
     """Run a plain method now; ``pool``: settle its results as the runtime settling them
     (pipelined calls they release may run inline too), if this is itself such a call."""
     result = call.result
     if result.done or result.refs <= 0:
         call.params.release()
         return
+    if hook.broken is not None:
+        _fail_broken(hook, call)
+        return
+    server = hook.server
     observed = call.observed
     entered = observed.enter() if observed is not None else None
     outcome: Payload | Awaitable[Payload]
@@ -216,6 +220,8 @@ def _run_inline(server: Any, call: OutgoingCall, pool: _WorkerPool | None) -> No
     except Exception as error:
         _fail(result, server, call, error)
         call.params.release()
+        if hook.streaming and (call.interface_id, call.method_id) in hook.streaming:
+            hook.broken = result.error
         return
     finally:
         if observed is not None:
@@ -227,9 +233,38 @@ def _run_inline(server: Any, call: OutgoingCall, pool: _WorkerPool | None) -> No
             _settle_as_runtime(pool, result, outcome)
         call.params.release()
     else:  # an awaitable after all: finish it in a task of its own
+        stream = _blocks(hook, call)
         trio.lowlevel.spawn_system_task(
-            _run_call, server, call, outcome, pool or _pool(), name="capsvc call"
+            _run_call, server, call, outcome, pool or _pool(), stream, name="capsvc call"
         )
+
+
+def _blocks(hook: LocalServerHook, call: OutgoingCall) -> LocalServerHook | None:
+    """``hook``, now blocked, if ``call`` is one of its ``-> stream`` calls (no other call
+    on the object begins until it ends: LocalServerHook); otherwise None."""
+    if hook.streaming and (call.interface_id, call.method_id) in hook.streaming:
+        hook.blocked = True
+        return hook
+    return None
+
+
+def _fail_broken(hook: LocalServerHook, call: OutgoingCall) -> None:
+    """A call on an object a failed ``-> stream`` call broke fails with that call's error
+    (C++ LocalClient: brokenException)."""
+    assert hook.broken is not None
+    call.result.set_error(hook.broken)
+    call.params.release()
+
+
+def _unblock(hook: LocalServerHook, failed: RpcError | None, pool: _WorkerPool) -> None:
+    """A ``-> stream`` call on ``hook`` ended: a failure breaks the object; the calls that
+    waited behind it begin (each worker takes the head of the queue, and a worker that
+    finds the object blocked again leaves its call there for the next unblocking)."""
+    hook.blocked = False
+    if failed is not None and hook.broken is None:
+        hook.broken = failed
+    for _ in range(len(hook.pending)):
+        pool.run(hook)
 
 
 def typed_dispatch(
@@ -366,25 +401,38 @@ def _pool() -> _WorkerPool:
 
 
 async def _run_next_call(hook: LocalServerHook, pool: _WorkerPool) -> None:
-    if not hook.pending:
-        return  # its caller began it when it awaited the result (_begin_awaited)
+    if not hook.pending or hook.blocked:
+        # Begun by its caller when it awaited the result (_begin_awaited); or a stream
+        # call runs, and _unblock hands the queue to workers again when it ends.
+        return
     call = hook.pending.popleft()
     if call.result.done or call.result.refs <= 0:
         call.params.release()
         return  # cancelled before it started
+    if hook.broken is not None:
+        _fail_broken(hook, call)
+        return
     server = hook.server
+    stream = _blocks(hook, call)
     work = server._dispatch(call.interface_id, call.method_id, call.params)
-    await _run_call(server, call, work, pool)
+    await _run_call(server, call, work, pool, stream)
 
 
 async def _run_call(
-    server: Any, call: OutgoingCall, work: Awaitable[Payload], pool: _WorkerPool
+    server: Any,
+    call: OutgoingCall,
+    work: Awaitable[Payload],
+    pool: _WorkerPool,
+    stream: LocalServerHook | None = None,
 ) -> None:
     """Await ``work`` (the method's results) with a cancel scope the caller's Finish can
-    trigger (rpc-protocol.md §4, callee step 4), and settle the call's result."""
+    trigger (rpc-protocol.md §4, callee step 4), and settle the call's result. ``stream``:
+    the object this ``-> stream`` call blocks, unblocked when it ends (broken if it
+    failed; not if it was cancelled, as in C++, where a cancelled call throws nothing)."""
     result = call.result
     observed = call.observed
     entered = observed.enter() if observed is not None else None
+    failed: RpcError | None = None
     try:
         with trio.CancelScope() as scope:
             result.set_canceller(scope.cancel)
@@ -392,6 +440,7 @@ async def _run_call(
                 payload = await work
             except Exception as error:
                 _fail(result, server, call, error)
+                failed = result.error
                 return
             _settle_as_runtime(pool, result, payload)
         if scope.cancelled_caught:
@@ -400,6 +449,8 @@ async def _run_call(
         if observed is not None:
             observed.exit(entered)
         call.params.release()
+        if stream is not None:
+            _unblock(stream, failed, pool)
 
 
 def unimplemented(server: Any, interface_id: int, method_id: int) -> Unimplemented:

@@ -29,6 +29,7 @@ from typing import Any
 
 import capnp
 
+from capsvc.codegen.model import STREAM_RESULT_ID
 from capsvc.errors import SchemaError
 
 _LOADED: dict[tuple[str, tuple[str, ...]], Any] = {}
@@ -127,6 +128,9 @@ class InterfaceInfo:
     name: str
     by_name: dict[str, MethodInfo] = field(default_factory=dict)
     by_key: dict[tuple[int, int], MethodInfo] = field(default_factory=dict)
+    #: The ``-> stream`` methods (results: stream.capnp's StreamResult), by key: the
+    #: runtime runs them one at a time per object (capsvc.rpc.hooks.LocalServerHook).
+    streaming: frozenset[tuple[int, int]] = frozenset()
 
 
 _INTERFACES: dict[int, InterfaceInfo] = {}
@@ -171,6 +175,11 @@ def interface_info(interface: Any) -> InterfaceInfo:
         return info
     info = InterfaceInfo(schema, node_id, schema.node.displayName.split(":")[-1])
     _add_methods(info, schema, seen=set())
+    info.streaming = frozenset(
+        key
+        for key, method in info.by_key.items()
+        if method.result_schema.node.id == STREAM_RESULT_ID
+    )
     _INTERFACES[node_id] = info
     return info
 

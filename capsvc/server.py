@@ -62,7 +62,8 @@ class Server:
         current = self._capsvc_live_hook
         if current is not None and current.refs > 0:
             return current.add_ref()
-        hook = LocalServerHook(self, _EXECUTOR)
+        info = self._capsvc_interface
+        hook = LocalServerHook(self, _EXECUTOR, info.streaming if info is not None else frozenset())
         self._capsvc_live_hook = hook
         return hook
 

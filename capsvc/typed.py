@@ -33,6 +33,9 @@ from capsvc.rpc.hooks import BrokenHook, Hook, LocalServerHook
 from capsvc.rpc.hooks import null_hook as _null_hook
 from capsvc.rpc.payload import Payload
 from capsvc.runtime import TrioExecutor, typed_dispatch
+from capsvc.streaming import STREAM_RESULT_ID
+from capsvc.streaming import StreamCall as StreamCall
+from capsvc.streaming import StreamRequest as StreamRequest
 from capsvc.typed_calls import Request as Request
 
 C = TypeVar("C", bound="Client")
@@ -142,6 +145,7 @@ class Server:
     #: capsvc.runtime dispatches this class's inline calls with ``typed_dispatch`` itself
     #: (what ``_dispatch_inline`` below calls), without that Python frame.
     _capsvc_typed: ClassVar[bool] = True
+    _capsvc_streaming: ClassVar[frozenset[tuple[int, int]] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -153,9 +157,24 @@ class Server:
         current = self._capsvc_live_hook
         if current is not None and current.refs > 0:
             return current.add_ref()
-        hook = LocalServerHook(self, _EXECUTOR)
+        hook = LocalServerHook(self, _EXECUTOR, type(self)._capsvc_streaming_methods())
         self._capsvc_live_hook = hook
         return hook
+
+    @classmethod
+    def _capsvc_streaming_methods(cls) -> frozenset[tuple[int, int]]:
+        """The class's ``-> stream`` methods: those whose results are stream.capnp's
+        StreamResult, as C++ tells them (found once per class; ``_METHODS`` is set after
+        the generated class is made, so not in ``__init_subclass__``)."""
+        found = cls.__dict__.get("_capsvc_streaming")
+        if found is None:
+            found = frozenset(
+                key
+                for key, (_, _, results) in cls._METHODS.items()
+                if getattr(results, "_ID", None) == STREAM_RESULT_ID
+            )
+            cls._capsvc_streaming = found
+        return found
 
     def _capsvc_forget_hook(self, hook: LocalServerHook) -> None:
         """``hook``'s last owner let go (called by the hook)."""

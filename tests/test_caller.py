@@ -444,7 +444,7 @@ def test_a_wrong_type_names_the_field_and_its_type() -> None:
         ),
         (
             [KV, "Directory.open", "name=x", "store.putt"],
-            "Store has no method putt; its methods are get, put, keys, watch",
+            "Store has no method putt; its methods are get, put, keys, watch, load",
         ),
         (
             [KV, "Directory.open", "name=x", "store.get", "key=a", "found.x"],

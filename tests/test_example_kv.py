@@ -46,6 +46,7 @@ def test_serve_the_example_and_run_its_client(tmp_path: Path) -> None:
         "watcher: ada = b'King'",
         "replaced=True found=True value=b'King'",
         "keys: ['ada']",
+        "after the load: 1001 keys, the last user999",
     ]
     assert status == 0
     assert "serving Directory (Directory)" in server.stderr + server.stdout.decode()

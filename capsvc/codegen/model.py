@@ -181,6 +181,11 @@ class File:
 #: as C++ code links libcapnp's stream.capnp.h rather than generating its own.
 PROVIDED_MODULES: dict[int, str] = {0x86C366A91393F3F8: "capsvc.generated"}  # stream.capnp
 
+#: stream.capnp's StreamResult: the results of every ``-> stream`` method. C++ tells a
+#: streaming method by it (schema.capnp has no flag for one), and so do capsvc's generated
+#: clients (capsvc.streaming) and its runtime (capsvc.rpc.hooks.LocalServerHook).
+STREAM_RESULT_ID = 0x995F9A3377C0B16E
+
 
 #: Names typed clients define themselves (a method named so gets a trailing underscore).
 CLIENT_NAMES = frozenset({"close", "cast_as"})

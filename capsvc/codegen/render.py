@@ -30,6 +30,7 @@ from capsvc.codegen.model import (
     NUMBERS,
     PROVIDED_MODULES,
     SCHEMA_NAMES,
+    STREAM_RESULT_ID,
     Const,
     Enum,
     Field,
@@ -408,12 +409,21 @@ def _client_method(out: _Out, node: Interface, method: Method, path: str, names:
         signature.append(f"{python_name(field.name)}: {annotation} = {default}")
     # The locals below start with "_": schema names cannot (capnp rejects underscores).
     signature.append("**_unknown: Never")
+    # A ``-> stream`` method (results: stream.capnp's StreamResult) gives a StreamCall to
+    # await before the next write (flow control: capsvc.streaming), as C++'s does.
+    streaming = method.results == STREAM_RESULT_ID
+    returns = "_t.StreamCall" if streaming else f"{results}.Promise"
     out.add("")
-    out.add(f"def {name}({', '.join(signature)}) -> {results}.Promise:")
+    out.add(f"def {name}({', '.join(signature)}) -> {returns}:")
     with out.indent():
-        out.add(
-            f'"""Call {node.scope}.{method.name}; returns the pipelinable promise of its results.'
-        )
+        if streaming:
+            out.add(f'"""Call {node.scope}.{method.name}, a stream: await what it gives before the')
+            out.add("next call (it returns once the capability's stream window has room).")
+        else:
+            out.add(
+                f'"""Call {node.scope}.{method.name}; returns the pipelinable promise of its'
+                " results."
+            )
         out.add("")
         out.add(f"Params keywords cannot express: ``{method.request}()``.")
         out.add('"""')
@@ -423,10 +433,7 @@ def _client_method(out: _Out, node: Interface, method: Method, path: str, names:
         qualified = f"{node.scope}.{method.name}"
         out.add(f'    raise _t.unknown_parameters("{qualified}", _unknown, ({known}{comma}))')
         # The Request made here, not through ``*_request()``: one Python frame less a call.
-        out.add(
-            f"_request = _t.Request(self, {path}._ID, {method.ordinal}, {params}.Builder,"
-            f" {results}.Promise)"
-        )
+        out.add(f"_request = {_request_of(method, path, params, results)}")
         if fields:
             out.add("_params = _request.params")
         for field, _, default in fields:
@@ -434,12 +441,21 @@ def _client_method(out: _Out, node: Interface, method: Method, path: str, names:
                 out.add(line)
         out.add("return _request.send()")
     out.add("")
-    out.add(f"def {method.request}(self) -> _t.Request[{params}.Builder, {results}.Promise]:")
-    out.add(f'    """A {node.scope}.{method.name} call to fill (``.params``) and ``send()``."""')
-    out.add(
-        f"    return _t.Request(self, {path}._ID, {method.ordinal}, {params}.Builder,"
-        f" {results}.Promise)"
+    request_type = (
+        f"_t.StreamRequest[{params}.Builder]"
+        if streaming
+        else f"_t.Request[{params}.Builder, {results}.Promise]"
     )
+    out.add(f"def {method.request}(self) -> {request_type}:")
+    out.add(f'    """A {node.scope}.{method.name} call to fill (``.params``) and ``send()``."""')
+    out.add(f"    return {_request_of(method, path, params, results)}")
+
+
+def _request_of(method: Method, path: str, params: str, results: str) -> str:
+    """The expression making a call of ``method`` to fill and send."""
+    if method.results == STREAM_RESULT_ID:
+        return f"_t.StreamRequest(self, {path}._ID, {method.ordinal}, {params}.Builder)"
+    return f"_t.Request(self, {path}._ID, {method.ordinal}, {params}.Builder, {results}.Promise)"
 
 
 _KEYWORD_ELEMENTS = {"bool": "bool", "text": "str", "data": "bytes", "enum": "int"}

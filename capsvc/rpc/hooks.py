@@ -34,13 +34,16 @@ Path = tuple[int, ...]
 class Hook:
     """One capability reference. Subclasses define ``call`` and what disposal means."""
 
-    __slots__ = ("refs",)
+    __slots__ = ("refs", "stream_window")
 
     #: True for a hook whose target may still change (rpc-protocol.md §5: senderPromise).
     is_promise = False
 
     def __init__(self) -> None:
         self.refs = 1
+        #: The flow control of ``-> stream`` calls made through this reference, made by
+        #: the first one (capsvc.streaming.StreamWindow; None until then).
+        self.stream_window: Any = None
 
     def add_ref(self) -> Hook:
         self.refs += 1
@@ -118,15 +121,29 @@ class LocalServerHook(Hook):
 
     ``pending`` holds calls not yet begun, in arrival order: whoever begins a call takes the
     one at the head, so calls begin in order however the executor schedules its work.
+
+    ``streaming`` names the object's ``-> stream`` methods (interface ID, ordinal). As in
+    C++ (capability.c++, LocalClient), while one of them runs no other call on the object
+    begins (``blocked``): a stream's calls run one at a time, in order, even when the
+    method is ``async``. One that fails breaks the object: every later call on it fails
+    with that error (``broken``), so a caller learns of a lost write at its next call.
     """
 
-    __slots__ = ("executor", "pending", "server")
+    __slots__ = ("blocked", "broken", "executor", "pending", "server", "streaming")
 
-    def __init__(self, server: Any, executor: Executor) -> None:
+    def __init__(
+        self,
+        server: Any,
+        executor: Executor,
+        streaming: frozenset[tuple[int, int]] = frozenset(),
+    ) -> None:
         super().__init__()
         self.server = server
         self.executor = executor
         self.pending: deque[OutgoingCall] = deque()
+        self.streaming = streaming
+        self.blocked = False
+        self.broken: RpcError | None = None
 
     def call(self, call: OutgoingCall) -> None:
         self.pending.append(call)

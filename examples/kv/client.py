@@ -30,6 +30,10 @@ async def main(address: str) -> None:
         found = await users.get(key="ada")
         print(f"replaced={replaced} found={found.found} value={found.value!r}")
         print("keys:", list((await users.keys()).keys))
+        for n in range(1000):  # a stream: each await returns at once while the window has room
+            await users.load(key=f"user{n:03}", value=b"x" * 100)
+        keys = (await users.keys()).keys  # (a load that failed would fail this call too)
+        print("after the load:", len(keys), "keys, the last", keys[-1])
 
 
 if __name__ == "__main__":

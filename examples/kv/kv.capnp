@@ -12,6 +12,9 @@ interface Store {
   keys @2 () -> (keys :List(Text));
   watch @3 (watcher :Watcher) -> ();
   # Calls `watcher.changed` after every put, until the watcher fails.
+  load @4 (key :Text, value :Data) -> stream;
+  # A bulk put: a stream, so a caller sends many without a round trip each (watchers are
+  # not called).
 }
 
 interface Watcher {

@@ -33,6 +33,7 @@ from capsvc.codec.fields import (
     get_f64, set_f64,
     f32_bits, f32_from_bits, f64_bits, f64_from_bits,
 )
+from capsvc.generated import stream_capnp
 
 
 class Directory(_t.Interface["Directory.Client"]):
@@ -814,6 +815,144 @@ class Store(_t.Interface["Store.Client"]):
             """The root of a packed message (the packed encoding of the framing)."""
             return _r.read_packed(Store.KeysResults.Reader, data)
 
+    class LoadParams:
+        """struct Store.load$Params (0xf59f8bc1cee72ee9)."""
+
+        _ID: ClassVar[int] = 0xf59f8bc1cee72ee9
+
+        class Init(TypedDict, total=False):
+            """Store.load$Params as plain values: what ``new_message`` and ``assign`` take."""
+
+            key: str | None
+
+            value: bytes | bytearray | memoryview | None
+
+        Row: TypeAlias = "tuple[str, bytes]"
+
+        class Reader(_r.StructReader):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            key = _d.Text(0, '')
+
+            @property
+            def value(self) -> bytes:
+                w = self._ptr + 1
+                return _r.read_data(self._msg, self._si, w if w < self._pend else -1, b'')
+
+            def to_dict(self) -> dict[str, Any]:
+                """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
+                only the union member that is set, even null; enums by name; no capabilities)."""
+                out: dict[str, Any] = {}
+                if self._has(0):
+                    out['key'] = self.key
+                if self._has(1):
+                    out['value'] = self.value
+                return out
+
+        class Builder(_b.StructBuilder):
+            __slots__ = ()
+            _DATA_WORDS: ClassVar[int] = 0
+            _POINTERS: ClassVar[int] = 2
+
+            key = _d.text_property(0, '', "Store.load$Params.key")
+
+            @property
+            def value(self) -> bytes:
+                return _b.get_data(self._b, self._ptr + 1, b'')
+            @value.setter
+            def value(self, value: bytes | bytearray | memoryview) -> None:
+                _b.set_data(self._b, self._ptr + 1, value, "Store.load$Params.value")
+
+            def assign(  # type: ignore[override]
+                self,
+                /,
+                *,
+                key: str | None = _e.MISSING,
+                value: bytes | bytearray | memoryview | None = _e.MISSING,
+                **_unknown: Never,
+            ) -> None:
+                """Set the whole struct, as a constructor would: each field named takes its
+                value (plain values, as ``new_message`` takes them), every other field its
+                default (a pointer field: null). A value that is refused changes nothing."""
+                _e.assign_values(self, _P_Store_LoadParams, [key, value], _unknown)
+
+            def init(self, name: str, *args: int) -> Any:
+                """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
+                return getattr(self, "init_" + name)(*args)
+
+            def as_reader(self) -> Store.LoadParams.Reader:
+                """A reader of this struct as built so far."""
+                return Store.LoadParams.Reader._of_builder(self)
+
+        class Pipeline(_p.StructPipeline):
+            """The pipelined fields of a future Store.load$Params (rpc-protocol.md §6)."""
+
+            __slots__ = ()
+
+        class Promise(Pipeline, _p.ResultPromise[Reader]):
+            """A call's future Store.load$Params results: await it, or pipeline on it."""
+
+            __slots__ = ()
+
+        Promise._READER = Reader
+
+        @staticmethod
+        def new_message(
+            *,
+            key: str | None = _e.MISSING,
+            value: bytes | bytearray | memoryview | None = _e.MISSING,
+            **_unknown: Never,
+        ) -> Store.LoadParams.Builder:
+            """A new message whose root is a Store.load$Params: the fields named take
+            their values (plain values, ``Init``), every other field its default."""
+            return _e.new_message(Store.LoadParams.Builder, _P_Store_LoadParams, [key, value], _unknown)
+
+        @staticmethod
+        def row(reader: Store.LoadParams.Reader | Store.LoadParams.Builder) -> Store.LoadParams.Row:
+            """Every field at once, as a tuple in schema order (a group's fields in its
+            place, None for a union member not set): what ``from_row``, and any field
+            of this type, take back."""
+            return _w.struct_row(reader, _P_Store_LoadParams)
+
+        @staticmethod
+        def from_row(row: Store.LoadParams.Row) -> Store.LoadParams.Builder:
+            """A new message whose root is a Store.load$Params holding ``row``."""
+            return _e.new_message_row(Store.LoadParams.Builder, _P_Store_LoadParams, row)
+
+        @staticmethod
+        def rows(readers: _r.ListReader[Store.LoadParams.Reader] | _b.StructListBuilder[Store.LoadParams.Builder]) -> list[Store.LoadParams.Row]:
+            """Every element of a list of Store.load$Params (read, or being built) as a row."""
+            return _w.list_rows(readers, _P_Store_LoadParams)
+
+        @staticmethod
+        def select(*names: str, **nested: _w.Selection | Sequence[str]) -> _w.Selection:
+            """Some fields of Store.load$Params, read as rows (its ``row`` and ``rows``): those
+            named whole, and of a struct, list or group field given as a keyword the
+            fields of its own selection (or sequence of names), in schema order."""
+            return _w.select(_P_Store_LoadParams, names, nested)
+
+        @staticmethod
+        def read(
+            segments: _r.Segments,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.LoadParams.Reader:
+            """The root Store.load$Params of a message (its segments)."""
+            return _r.read_segments(Store.LoadParams.Reader, segments, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def from_bytes(data: bytes | bytearray | memoryview) -> Store.LoadParams.Reader:
+            """The root of a message in the standard stream framing."""
+            return _r.read_framed(Store.LoadParams.Reader, data)
+
+        @staticmethod
+        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.LoadParams.Reader:
+            """The root of a packed message (the packed encoding of the framing)."""
+            return _r.read_packed(Store.LoadParams.Reader, data)
+
     class PutParams:
         """struct Store.put$Params (0xfc2cc970b7db031e)."""
 
@@ -1369,6 +1508,26 @@ class Store(_t.Interface["Store.Client"]):
             """A Store.watch call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Store._ID, 3, Store.WatchParams.Builder, Store.WatchResults.Promise)
 
+        def load(self, /, *, key: str = '', value: bytes = b'', **_unknown: Never) -> _t.StreamCall:
+            """Call Store.load, a stream: await what it gives before the
+            next call (it returns once the capability's stream window has room).
+
+            Params keywords cannot express: ``load_request()``.
+            """
+            if _unknown:
+                raise _t.unknown_parameters("Store.load", _unknown, ("key", "value"))
+            _request = _t.StreamRequest(self, Store._ID, 4, Store.LoadParams.Builder)
+            _params = _request.params
+            if key != '':
+                _params.key = key
+            if value != b'':
+                _params.value = value
+            return _request.send()
+
+        def load_request(self) -> _t.StreamRequest[Store.LoadParams.Builder]:
+            """A Store.load call to fill (``.params``) and ``send()``."""
+            return _t.StreamRequest(self, Store._ID, 4, Store.LoadParams.Builder)
+
     class Server(_t.Server):
         """Base of objects implementing Store: override its methods (``def`` or
         ``async def``; a method not overridden answers ``unimplemented``)."""
@@ -1393,6 +1552,11 @@ class Store(_t.Interface["Store.Client"]):
         @_t.unimplemented
         def watch(self, params: Store.WatchParams.Reader, results: Store.WatchResults.Builder) -> Awaitable[None] | None:
             """Store.watch: read ``params``, fill ``results``."""
+            raise NotImplementedError  # not called: the base answers unimplemented
+
+        @_t.unimplemented
+        def load(self, params: Store.LoadParams.Reader, results: stream_capnp.StreamResult.Builder) -> Awaitable[None] | None:
+            """Store.load: read ``params``, fill ``results``."""
             raise NotImplementedError  # not called: the base answers unimplemented
 
 class Watcher(_t.Interface["Watcher.Client"]):
@@ -1692,6 +1856,8 @@ _P_Store_KeysParams = Store.KeysParams.Builder._PLAN = _v.StructPlan("Store.keys
 _P_Store_KeysParams.reader = Store.KeysParams.Reader
 _P_Store_KeysResults = Store.KeysResults.Builder._PLAN = _v.StructPlan("Store.keys$Results", 0, 1)
 _P_Store_KeysResults.reader = Store.KeysResults.Reader
+_P_Store_LoadParams = Store.LoadParams.Builder._PLAN = _v.StructPlan("Store.load$Params", 0, 2)
+_P_Store_LoadParams.reader = Store.LoadParams.Reader
 _P_Store_PutParams = Store.PutParams.Builder._PLAN = _v.StructPlan("Store.put$Params", 0, 2)
 _P_Store_PutParams.reader = Store.PutParams.Reader
 _P_Store_PutResults = Store.PutResults.Builder._PLAN = _v.StructPlan("Store.put$Results", 1, 0)
@@ -1720,6 +1886,10 @@ _P_Store_GetResults.add(
 _P_Store_KeysResults.add(
     _v.list_("keys", 0, _v.of_text()),
 )
+_P_Store_LoadParams.add(
+    _v.text("key", 0),
+    _v.data("value", 1),
+)
 _P_Store_PutParams.add(
     _v.text("key", 0),
     _v.data("value", 1),
@@ -1737,8 +1907,8 @@ _P_Watcher_ChangedParams.add(
 
 
 Directory.METHODS = {"open": (0, Directory.OpenParams, Directory.OpenResults)}
-Store.METHODS = {"get": (0, Store.GetParams, Store.GetResults), "put": (1, Store.PutParams, Store.PutResults), "keys": (2, Store.KeysParams, Store.KeysResults), "watch": (3, Store.WatchParams, Store.WatchResults)}
+Store.METHODS = {"get": (0, Store.GetParams, Store.GetResults), "put": (1, Store.PutParams, Store.PutResults), "keys": (2, Store.KeysParams, Store.KeysResults), "watch": (3, Store.WatchParams, Store.WatchResults), "load": (4, Store.LoadParams, stream_capnp.StreamResult)}
 Watcher.METHODS = {"changed": (0, Watcher.ChangedParams, Watcher.ChangedResults)}
 Directory.Server._METHODS = {(Directory._ID, 0): ("open", Directory.OpenParams, Directory.OpenResults)}
-Store.Server._METHODS = {(Store._ID, 0): ("get", Store.GetParams, Store.GetResults), (Store._ID, 1): ("put", Store.PutParams, Store.PutResults), (Store._ID, 2): ("keys", Store.KeysParams, Store.KeysResults), (Store._ID, 3): ("watch", Store.WatchParams, Store.WatchResults)}
+Store.Server._METHODS = {(Store._ID, 0): ("get", Store.GetParams, Store.GetResults), (Store._ID, 1): ("put", Store.PutParams, Store.PutResults), (Store._ID, 2): ("keys", Store.KeysParams, Store.KeysResults), (Store._ID, 3): ("watch", Store.WatchParams, Store.WatchResults), (Store._ID, 4): ("load", Store.LoadParams, stream_capnp.StreamResult)}
 Watcher.Server._METHODS = {(Watcher._ID, 0): ("changed", Watcher.ChangedParams, Watcher.ChangedResults)}

@@ -6,6 +6,7 @@ Serve it with ``./dev capsvc serve examples.kv.server:Directory --listen tcp:127
 from __future__ import annotations
 
 import capsvc
+from capsvc.generated.stream_capnp import StreamResult
 
 from . import kv_capnp as kv
 
@@ -45,6 +46,10 @@ class Store(kv.Store.Server):
         self, params: kv.Store.WatchParams.Reader, results: kv.Store.WatchResults.Builder
     ) -> None:
         self.watchers.append(params.watcher)  # a typed Watcher.Client, kept past the call
+
+    # A ``-> stream`` method: capsvc runs one at a time per store, in order.
+    def load(self, params: kv.Store.LoadParams.Reader, results: StreamResult.Builder) -> None:
+        self.data[params.key] = params.value
 
 
 class Directory(kv.Directory.Server):

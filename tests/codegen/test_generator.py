@@ -334,7 +334,8 @@ def test_a_streaming_method_imports_capsvcs_stream_module(tmp_path: Path) -> Non
     assert sorted(p.name for p in out.iterdir()) == ["sink_capnp.py"]
     source = (out / "sink_capnp.py").read_text()
     assert "from capsvc.generated import stream_capnp\n" in source
-    assert "-> stream_capnp.StreamResult.Promise:" in source
+    assert "-> _t.StreamCall:" in source  # the client: flow control (capsvc.streaming)
+    assert "results: stream_capnp.StreamResult.Builder)" in source  # the server base
 
 
 def test_fields_named_after_builtin_types_keep_their_names(generated: Generated) -> None:

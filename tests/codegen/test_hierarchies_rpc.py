@@ -187,19 +187,21 @@ async def test_capabilities_travel_in_any_pointers(generated: Generated) -> None
 
 
 async def exercise_sink(k: ModuleType, address: str) -> None:
-    """Fifty ``-> stream`` writes sent back to back, then ``total``: on the wire they are
-    ordinary calls, in order, whose results are capsvc's generated StreamResult."""
-    from capsvc.generated import stream_capnp
-
+    """Fifty ``-> stream`` writes, each awaited (flow control: it returns once the window
+    has room, not when the write returns), then ``total``; then a write out of order,
+    which the server fails, and which breaks the sink: ``total`` fails with its error
+    (tests/codegen/test_streaming.py has the rest)."""
     async with capsvc.connect(address) as conn:
         sink = conn.bootstrap(k.Sink)
-        writes = [sink.write(chunk=bytes([i]) * (i + 1)) for i in range(50)]
-        for write in writes:
-            assert type(await write) is stream_capnp.StreamResult.Reader
+        for i in range(50):
+            await sink.write(chunk=bytes([i]) * (i + 1))
         got = await sink.total()
         assert (got.bytes, got.writes) == (1275, 50)
         with pytest.raises(TypeError, match=r"^Sink\.write\(\) has no parameter data;"):
             sink.write(data=b"x")
+        await sink.write(chunk=b"\xff")
+        with pytest.raises(capsvc.Failed, match="arrived as write 50"):
+            await sink.total()
 
 
 EXERCISES = {
@@ -269,7 +271,7 @@ async def test_cpp_client_and_typed_servers(generated: Generated, kind: str) -> 
         == {
             "diamond": ["depth", "left", "right", "base", "tricky", "self"],
             "textstore": ["get", "box", "size", "generic"],
-            "sink": ["total"],
+            "sink": ["total", "failed", "broken"],
             "loud": ["loud", "volume", "inherited"],
         }[kind]
     )

@@ -19,10 +19,11 @@ The semantics both sides implement: ``depth`` -> 3; ``left``/``right`` -> side "
 ``put(value)`` stores it; ``get`` -> the last value, and a ``Box(Text)`` holding it
 labelled "box"; ``size`` -> how many puts there were; ``write(chunk)`` (``-> stream``)
 counts the chunk, whose first byte must be its index (writes arrive in order);
-``total`` -> the bytes and writes counted; ``Converter.str(int)`` -> that many "x"s (the
-``call`` side expects our server, whose size limit is lower, to fail the 100 000 one
-alone); ``Loud.left(volume)`` -> "loud <volume>" (default inf), its inherited
-``Left.left`` -> "left".
+``total`` -> the bytes and writes counted (a write out of order fails, and breaks the
+sink: every later call fails with its error, as C++ serves ``-> stream`` methods);
+``Converter.str(int)`` -> that many "x"s (the ``call`` side expects our server, whose size
+limit is lower, to fail the 100 000 one alone); ``Loud.left(volume)`` -> "loud <volume>"
+(default inf), its inherited ``Left.left`` -> "left".
 """
 
 import argparse
@@ -183,6 +184,18 @@ async def call(host, port, kind):
             await sink.write(bytes([i]) * (i + 1))
         got = await sink.total()
         check("total", (got.bytes, got.writes), (1275, 50))
+        # A write out of order fails, and (C++ LocalClient semantics, which the server must
+        # keep too) breaks the sink: every later call on it fails with that write's error.
+        try:  # pycapnp awaits a write's Return: this one fails itself, then the next call
+            await sink.write(b"\xff")
+        except capnp.KjException as error:
+            check("failed", "arrived as write 50" in str(error), True)
+        try:
+            await sink.total()
+        except capnp.KjException as error:
+            check("broken", "arrived as write 50" in str(error), True)
+        else:
+            check("broken", "total", "an exception")
     else:
         store = client.bootstrap().cast_as(kitchen.TextStore)
         await store.put("first")

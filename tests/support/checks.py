@@ -58,7 +58,7 @@ def _details(conn: capsvc.Connection) -> str:
     session = conn.session
     parts = []
     for name in ("questions", "answers", "exports", "imports", "embargoes"):
-        table = getattr(session, name)
+        table = getattr(session, name).entries
         if table:
             parts.append(f"\n  {name}: {sorted(table)} -> {list(table.values())[:8]!r}")
     return "".join(parts)

@@ -7146,22 +7146,23 @@ class Sink(_t.Interface["Sink.Client"]):
         _INTERFACE_ID: ClassVar[int] = 0xf7fe861a81c8675a
         _INTERFACE_NAME: ClassVar[str] = "Sink"
 
-        def write(self, /, *, chunk: bytes = b'', **_unknown: Never) -> stream_capnp.StreamResult.Promise:
-            """Call Sink.write; returns the pipelinable promise of its results.
+        def write(self, /, *, chunk: bytes = b'', **_unknown: Never) -> _t.StreamCall:
+            """Call Sink.write, a stream: await what it gives before the
+            next call (it returns once the capability's stream window has room).
 
             Params keywords cannot express: ``write_request()``.
             """
             if _unknown:
                 raise _t.unknown_parameters("Sink.write", _unknown, ("chunk",))
-            _request = _t.Request(self, Sink._ID, 0, Sink.WriteParams.Builder, stream_capnp.StreamResult.Promise)
+            _request = _t.StreamRequest(self, Sink._ID, 0, Sink.WriteParams.Builder)
             _params = _request.params
             if chunk != b'':
                 _params.chunk = chunk
             return _request.send()
 
-        def write_request(self) -> _t.Request[Sink.WriteParams.Builder, stream_capnp.StreamResult.Promise]:
+        def write_request(self) -> _t.StreamRequest[Sink.WriteParams.Builder]:
             """A Sink.write call to fill (``.params``) and ``send()``."""
-            return _t.Request(self, Sink._ID, 0, Sink.WriteParams.Builder, stream_capnp.StreamResult.Promise)
+            return _t.StreamRequest(self, Sink._ID, 0, Sink.WriteParams.Builder)
 
         def total(self, /, **_unknown: Never) -> Sink.TotalResults.Promise:
             """Call Sink.total; returns the pipelinable promise of its results.
