@@ -243,6 +243,35 @@ def unknown_parameters(
     )
 
 
+def nest(owner: type, name: str, cls: type) -> None:
+    """Binds ``cls``, a generated class created at module level (``_Nested_Outer_Derived``:
+    a nested interface whose bases the classes enclosing it could not see yet), as
+    ``owner.name``, and renames it and what it defines after its schema path, so that
+    reprs, tracebacks and error messages say ``Outer.Derived.Client.ping``."""
+    setattr(owner, name, cls)
+    _requalify(cls, cls.__qualname__, f"{owner.__qualname__}.{name}")
+
+
+def _requalify(cls: type, old: str, new: str) -> None:
+    cls.__qualname__ = new + cls.__qualname__[len(old) :]
+    cls.__name__ = cls.__qualname__.rpartition(".")[2]
+    for value in list(vars(cls).values()):
+        if isinstance(value, property):
+            found: list[Any] = [value.fget, value.fset, value.fdel]
+        elif isinstance(value, staticmethod | classmethod):
+            found = [value.__func__]
+        else:
+            found = [value]
+        for item in found:
+            qualname = getattr(item, "__qualname__", None)
+            if not isinstance(qualname, str) or not qualname.startswith(old + "."):
+                continue  # not defined in the class (or already renamed)
+            if isinstance(item, type):
+                _requalify(item, old, new)
+            elif inspect.isfunction(item):
+                item.__qualname__ = new + qualname[len(old) :]
+
+
 def unimplemented(method: F) -> F:
     """Marks a generated server base's method as not implemented (until overridden); the
     type stays the method's, so an override with the wrong signature is a mypy error."""

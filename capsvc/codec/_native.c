@@ -1112,6 +1112,8 @@ encode_struct_at(Out *o, Program *p, PyObject *value, Py_ssize_t at)
         out_bail(o);
         goto done;
     }
+    if (p->data_words == 0 && p->pointers == 0)
+        lower = 0xFFFFFFFCu; /* offset -1: C++'s pointer to a struct of no words, not null */
     if (append_zeros(o, (p->data_words + p->pointers) << 3) < 0)
         goto done;
     patch_word(o, at, lower, (uint32_t)(p->data_words | p->pointers << 16));

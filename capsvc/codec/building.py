@@ -98,8 +98,14 @@ class MessageBuilder:
 def write_struct_pointer(
     buf: bytearray, at: int, target: int, data_words: int, pointers: int
 ) -> None:
-    offset = target - at - 1
+    offset = target - at - 1 if data_words or pointers else EMPTY_STRUCT_OFFSET
     _set_halves(buf, at << 3, (offset << 2) & 0xFFFFFFFF, data_words | pointers << 16)
+
+
+#: The offset of a pointer to a struct of no words: -1, as C++ writes it
+#: (layout.c++, setKindAndTargetForEmptyStruct). Its target would be the word just after
+#: the pointer, offset 0, and a struct pointer of offset 0 and no sizes is the null word.
+EMPTY_STRUCT_OFFSET = -1
 
 
 def write_list_pointer(buf: bytearray, at: int, target: int, code: int, count: int) -> None:
@@ -208,7 +214,7 @@ def init_struct(parent: StructBuilder | ListBuilder, at: int, cls: type[B]) -> B
     pointers = cls._POINTERS
     start = len(buf) >> 3
     buf += _ZERO_WORD * (data_words + pointers)
-    offset = start - at - 1
+    offset = start - at - 1 if data_words or pointers else EMPTY_STRUCT_OFFSET
     _set_halves(buf, at << 3, (offset << 2) & 0xFFFFFFFF, data_words | pointers << 16)
     view = cls()
     view._b = builder
@@ -308,7 +314,12 @@ def set_client(builder: MessageBuilder, at: int, value: object, field: str) -> N
     make_hook = getattr(value, "_capsvc_hook", None)
     if make_hook is None:
         raise bad_type(value, field, "a capability (a client or a server object)")
-    builder.caps.append(make_hook())
+    hook = make_hook()
+    if hook.is_null:  # a null capability is a null pointer (C++ setCapabilityPointer)
+        hook.release()
+        _set_u64(builder.buf, at << 3, 0)
+        return
+    builder.caps.append(hook)
     set_capability(builder, at, len(builder.caps) - 1)
 
 
@@ -678,6 +689,9 @@ def copy_pointer(
         caps = src.caps
         index = word >> 32
         if word & 0xFFFFFFFF == 3 and caps and index < len(caps) and caps[index] is not None:
+            if caps[index].is_null:
+                _set_u64(builder.buf, at << 3, 0)
+                return
             # A capability of the source message: one more reference, in our cap table.
             builder.caps.append(caps[index].add_ref())
             set_capability(builder, at, len(builder.caps) - 1)

@@ -26,6 +26,7 @@ Theory of operation (the encoding: capnproto.org/encoding.html; specs/codegen.md
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
 
@@ -1047,6 +1048,36 @@ class AnyPointerList(_PointerElements[AnyPointer]):
         shape = self._shape
         assert shape is not None
         return AnyPointer(self._msg, shape.si, self._element_pointer(index), self._depth)
+
+
+def default_dict(reader: Any) -> dict[str, Any]:
+    """``to_dict`` of a union member that is set with its struct pointer null: its
+    default's fields, as pycapnp gives them; but ``{}`` for a struct type already being
+    expanded so, further out (``struct Msg { union { wrapped @0 :Msg; ... } }``: a null
+    member's default sets that member again, forever; pycapnp's recursion crashes)."""
+    expanding = _DEFAULTS_EXPANDING.__dict__.setdefault("types", set())
+    kind = type(reader)
+    if kind in expanding:
+        return {}
+    expanding.add(kind)
+    try:
+        return reader.to_dict()  # type: ignore[no-any-return]
+    finally:
+        expanding.discard(kind)
+
+
+#: The struct types ``default_dict`` is expanding, per thread.
+_DEFAULTS_EXPANDING: Final = threading.local()
+
+
+def enum_name(value: object) -> object:
+    """An enum value as ``to_dict`` gives it, as pycapnp's: the enumerant's schema name
+    (a keyword's Python name has a trailing underscore: ``from_`` is ``from``; schema names
+    have no underscores), or the number of an enumerant this schema does not know."""
+    name = getattr(value, "name", None)
+    if not isinstance(name, str):
+        return value
+    return name[:-1] if name.endswith("_") else name
 
 
 def is_null(msg: MessageReader, si: int, w: int) -> bool:

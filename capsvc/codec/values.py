@@ -38,6 +38,7 @@ from librt.strings import BytesWriter, write_f32_le, write_f64_le
 from capsvc._mypyc import i64
 from capsvc.codec import rows
 from capsvc.codec.building import (
+    EMPTY_STRUCT_OFFSET,
     B,
     MessageBuilder,
     StructBuilder,
@@ -64,7 +65,7 @@ from capsvc.codec.plans import (
     StructPlan,
     spliced,
 )
-from capsvc.codec.reading import StructReader
+from capsvc.codec.reading import AnyPointer, StructReader
 from capsvc.codec.scalars import (
     TEXT_ENDS,
     append_int,
@@ -519,7 +520,8 @@ def _struct(
             expected = f"a dict of {plan.name}'s fields, a {plan.name} row or reader"
             raise bad_type(value, label, expected)
     start = enc.end()
-    patch(w, rel, ((start - at - 1) << 2) & 0xFFFFFFFF, plan.data_words | plan.pointers << 16)
+    offset = start - at - 1 if plan.data_words or plan.pointers else EMPTY_STRUCT_OFFSET
+    patch(w, rel, (offset << 2) & 0xFFFFFFFF, plan.data_words | plan.pointers << 16)
     values = _values_of(enc, plan, value)
     if default is not None:
         values = _over(enc, plan, _values_of(enc, plan, default), values)
@@ -554,15 +556,23 @@ def _over(
 
 
 def _any(enc: _Encoder, w: BytesWriter, rel: int, at: int, value: object, label: str) -> None:
-    """An AnyPointer: Text, Data, or a copy of a struct reader (or builder)."""
+    """An AnyPointer: Text, Data, a copy of a struct reader (or builder) or of an
+    AnyPointer read elsewhere (what a row of it holds), or a capability."""
     if isinstance(value, str):
         _text(enc, w, rel, at, value, label)
     elif isinstance(value, bytes | bytearray | memoryview):
         _data(enc, w, rel, at, value, label)
-    elif isinstance(value, StructReader) or isinstance(value, StructBuilder):
+    elif (
+        isinstance(value, StructReader)
+        or isinstance(value, StructBuilder)
+        or isinstance(value, AnyPointer)
+    ):
         enc.copy_later(at, value)
+    elif hasattr(value, "_capsvc_hook"):
+        _capability(enc, w, rel, value, label)
     else:
-        raise bad_type(value, label, "str, bytes, or a struct reader (AnyPointer)")
+        expected = "str, bytes, a struct reader or builder, an AnyPointer, or a capability"
+        raise bad_type(value, label, f"{expected} (AnyPointer)")
 
 
 # ---------------------------------------------------------------------- pointers
@@ -595,7 +605,11 @@ def _capability(enc: _Encoder, w: BytesWriter, rel: int, value: object, label: s
     make_hook = getattr(value, "_capsvc_hook", None)
     if make_hook is None:
         raise bad_type(value, label, "a capability (a client or a server object)")
-    patch(w, rel, 3, enc.add_cap(make_hook()))
+    hook = make_hook()
+    if hook.is_null:  # a null capability is a null pointer (C++ setCapabilityPointer)
+        hook.release()
+        return  # (the pointer word is still zero)
+    patch(w, rel, 3, enc.add_cap(hook))
 
 
 def _items(value: object, label: str) -> Sequence[object]:
@@ -718,7 +732,12 @@ def _pointer_list(
 
 # ---------------------------------------------------------------------- copies
 def copy_value(builder: MessageBuilder, at: int, value: object) -> None:
-    """Point word ``at`` of ``builder`` at a deep copy of a struct reader (or builder)."""
+    """Point word ``at`` of ``builder`` at a deep copy of a struct reader (or builder), or
+    of what an AnyPointer read elsewhere holds (capabilities too)."""
+    if isinstance(value, AnyPointer):
+        if value._w >= 0:  # (an absent slot, of an older writer's struct: null)
+            copy_pointer(value._msg, value._si, value._w, builder, at, value._depth)
+        return
     if isinstance(value, StructBuilder):
         value = value.as_reader()  # type: ignore[attr-defined]
     if not isinstance(value, StructReader):

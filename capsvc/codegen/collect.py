@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -86,6 +87,13 @@ def _walk_uses(
             _walk(method.result_type, out, files, nested)
         for parent in interface.superclasses:
             _walk(parent, out, files, nested)
+    elif which == "const":
+        # A constant's type may be the only use of a type (from another file, too).
+        type_id = _named_type_id(node.const.type)
+        if type_id is not None and type_id not in out:
+            target = _const_type_schema(schema, type_id)
+            if target is not None:
+                _walk(target, out, files, nested)
 
 
 def _walk_field_type(
@@ -95,6 +103,11 @@ def _walk_field_type(
         target = field.schema
     except Exception:  # a primitive type has no schema of its own
         return
+    _walk_type(target, out, files, nested)
+
+
+def _walk_type(target: Any, out: dict[int, bytes], files: dict[str, int], nested: set[int]) -> None:
+    """The node of a field's or a constant's type (a list's element type's), if it has one."""
     while type(target).__name__ == "_ListSchema":  # lists of lists of ...
         try:
             target = target.elementType
@@ -102,6 +115,56 @@ def _walk_field_type(
             return
     if target is not None and hasattr(target, "node"):
         _walk(target, out, files, nested)
+
+
+def _named_type_id(kind: Any) -> int | None:
+    """The node ID of a type (of a list's innermost element type): a struct, enum or
+    interface; None for a primitive or an AnyPointer."""
+    while kind.which() == "list":
+        kind = kind.list.elementType
+    which = kind.which()
+    if which in ("struct", "enum", "interface"):
+        return int(getattr(kind, which).typeId)
+    return None
+
+
+#: The schemas a constant's type is looked for in: the file being walked, and the files
+#: it imports under a name (``using A = import "a.capnp";``), which pycapnp's
+#: ``get_nested`` resolves as the compiler does (so each is keyed as the compiler keys it).
+_SCOPES: list[Any] = []
+_USING_IMPORT = re.compile(r'^\s*using\s+(\w+)\s*=\s*import\s+"', re.MULTILINE)
+
+
+def _file_scopes(module: Any, path: str) -> list[Any]:
+    scopes = [module.schema]
+    with open(path, encoding="utf-8", errors="replace") as source:
+        text = source.read()
+    for alias in _USING_IMPORT.findall(text):
+        try:
+            scopes.append(module.schema.get_nested(alias))
+        except Exception:  # (a match in a comment or a string: no such name)
+            continue
+    return scopes
+
+
+def _const_type_schema(const: Any, type_id: int) -> Any:
+    """The schema of a constant's type, node ``type_id``; None if not found. pycapnp gives
+    a constant's value, not its type: a struct value names its schema; anything else (an
+    enum, a list) is looked for by ID in ``_SCOPES``."""
+    try:
+        target = getattr(const.as_const_value(), "schema", None)
+    except Exception:  # (reached as a bare schema: walked again from its file)
+        target = None
+    if target is not None and getattr(target, "node", None) is not None:
+        if target.node.id == type_id:
+            return target
+    todo = list(_SCOPES)
+    while todo:
+        schema = todo.pop()
+        if schema.node.id == type_id:
+            return schema
+        todo.extend(schema.get_nested(child.name) for child in schema.node.nestedNodes)
+    return None
 
 
 def _child() -> None:
@@ -137,6 +200,7 @@ def _child() -> None:
         display = os.path.relpath(path, base)
         module = parser.load(path, display_name=display, imports=[*import_dirs, base])
         files: dict[str, int] = {}
+        _SCOPES[:] = _file_scopes(module, path)
         _walk(module.schema, nodes, files, nested)
         file_id = module.schema.node.id
         if file_id not in PROVIDED_MODULES or path in asked:  # capsvc has its module
@@ -153,12 +217,22 @@ def _child() -> None:
 
 
 def _base(path: str, import_dirs: list[str]) -> str:
-    """Where the compiler keys ``path`` (the deepest import directory holding it, else its
-    own directory). A requested file under an import directory is keyed as an absolute
-    import of it would be, so that a relative import of a file (``"c++.capnp"``) and an
-    absolute one (``"/capnp/c++.capnp"``) are one file, as they are to ``capnp compile``."""
-    holding = [d for d in import_dirs if path.startswith(d.rstrip(os.sep) + os.sep)]
-    return max(holding, key=len) if holding else os.path.dirname(path)
+    """Where the compiler keys ``path``: as ``capnp compile`` does, the deepest import
+    directory holding it, else the current directory if it holds it, else the root. A
+    requested file under an import directory is keyed as an absolute import of it would
+    be, so that a relative import of a file (``"c++.capnp"``) and an absolute one
+    (``"/capnp/c++.capnp"``) are one file; and the directory is never the file's own
+    unless it must be, so an ``embed "../data.bin"`` or an ``import "../x.capnp"`` stays
+    inside it (kj refuses a ``..`` out of the directory a file was loaded from)."""
+    holding = [d for d in import_dirs if _under(path, d)]
+    if holding:
+        return max(holding, key=len)
+    here = os.getcwd()
+    return here if _under(path, here) else os.path.abspath(os.sep)
+
+
+def _under(path: str, directory: str) -> bool:
+    return path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
 def _foreign_files(nodes: dict[int, bytes], known: set[str]) -> set[str]:

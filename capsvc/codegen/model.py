@@ -233,9 +233,74 @@ def module_name(filename: str) -> str:
 
 
 @dataclass(frozen=True)
+class Cycles:
+    """Schema files that import each other (legal in Cap'n Proto: ``a.capnp`` uses
+    ``b.capnp``'s types and ``b.capnp`` uses ``a.capnp``'s). Their modules import each
+    other, so each binds what it takes from the others once all have made their classes
+    (capsvc.linking); this says which files are in such a cycle, for every file the
+    generator saw (the requested ones and those they import)."""
+
+    #: File ID -> its module's name.
+    modules: dict[int, str]
+    #: File ID -> the files whose types it uses.
+    uses: dict[int, frozenset[int]]
+    #: File ID -> the files holding interfaces that its interfaces extend (Python needs
+    #: those classes when it creates its own, so it imports them first).
+    extends: dict[int, frozenset[int]]
+
+    def peers(self, file_id: int) -> frozenset[int]:
+        """The files in a cycle of imports with ``file_id`` (itself included), or none."""
+        reach = self._reach(file_id)
+        peers = frozenset(other for other in reach if file_id in self._reach(other))
+        return peers if len(peers) > 1 else frozenset()
+
+    def _reach(self, file_id: int) -> set[int]:
+        seen = {file_id}
+        todo = [file_id]
+        while todo:
+            for other in self.uses.get(todo.pop(), frozenset()):
+                if other not in seen:
+                    seen.add(other)
+                    todo.append(other)
+        return seen
+
+    def check(self) -> None:
+        """Raises SchemaError for files whose interfaces extend each other's in a cycle
+        (``a.I extends(b.J)``, ``b.K extends(a.L)``): each module would need the other's
+        classes before it could make its own."""
+        for file_id in sorted(self.extends):
+            path = self._extends_cycle(file_id, [file_id])
+            if path:
+                names = " -> ".join(self.modules.get(f, hex(f)) for f in path)
+                from capsvc.errors import SchemaError
+
+                raise SchemaError(
+                    f"cannot generate modules whose interfaces extend each other's in a cycle"
+                    f" ({names}): Python makes a module's base classes before its own;"
+                    " move the interfaces one extends into one file"
+                )
+
+    def _extends_cycle(self, file_id: int, path: list[int]) -> list[int]:
+        for other in sorted(self.extends.get(file_id, frozenset())):
+            if other == path[0]:
+                return [*path, other]
+            if other not in path:
+                found = self._extends_cycle(other, [*path, other])
+                if found:
+                    return found
+        return []
+
+
+@dataclass(frozen=True)
 class Schema:
     """Everything the generator sees: the files to generate, and where each node lives."""
 
     files: tuple[File, ...]
     #: node ID -> (file ID, scope): for references across files.
     where: dict[int, tuple[int, str]]
+    #: Files that import each other (none known: none do).
+    cycles: Cycles = field(default_factory=lambda: Cycles({}, {}, {}))
+    #: node ID -> its model, in every file seen (the requested ones and those they
+    #: import): what a reference to another file's node needs of it (an enum's
+    #: enumerants), whether that file is generated in this run or not.
+    nodes: dict[int, Node] = field(default_factory=dict)

@@ -22,6 +22,7 @@ from capsvc.codegen.brands import Specializer
 from capsvc.codegen.model import (
     Brand,
     Const,
+    Cycles,
     Enum,
     Field,
     File,
@@ -65,7 +66,13 @@ def build_schema(nodes: Iterable[Any], requested: Iterable[tuple[int, str]]) -> 
         return models_by_id.get(node_id)
 
     files = []
-    for file_id, filename in requested:
+    uses: dict[int, frozenset[int]] = {}
+    extends: dict[int, frozenset[int]] = {}
+    every: dict[int, Struct | Enum | Interface | Const] = {}
+    # Every file's imports, the requested files' and those they import (capsvc.codegen
+    # .linking: modules that import each other), found alike for both.
+    others = [(i, names[i]) for i in sorted(files_by_name.values()) if i not in dict(requested)]
+    for file_id, filename in [*requested, *others]:
         members = sorted(
             (node for node in by_id.values() if where.get(node.id, (None,))[0] == file_id),
             key=lambda node: (where[node.id][1].count("."), where[node.id][1], node.id),
@@ -81,8 +88,21 @@ def build_schema(nodes: Iterable[Any], requested: Iterable[tuple[int, str]]) -> 
             if target in where and where[target][0] != file_id
         }
         imports = {other: _module_of(names.get(other, "")) for other in used}
-        files.append(File(file_id, filename, tuple(models), imports))
-    return Schema(tuple(files), where)
+        uses[file_id] = frozenset(used)
+        extends[file_id] = frozenset(
+            where[base][0]
+            for model in models
+            if isinstance(model, Interface)
+            for base in model.superclasses
+            if base in where and where[base][0] != file_id
+        )
+        every.update((model.id, model) for model in models)
+        if file_id in dict(requested):
+            files.append(File(file_id, filename, tuple(models), imports))
+    modules = {file_id: _module_of(name) for file_id, name in names.items()}
+    cycles = Cycles(modules, uses, extends)
+    cycles.check()
+    return Schema(tuple(files), where, cycles, every)
 
 
 def _module_of(filename: str) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import keyword
 import math
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -112,9 +113,14 @@ class _Names:
         for node in file.nodes:
             self.local[node.id] = _path(node.scope, groups)
         self.groups = groups
+        #: Nested interfaces rendered at module level (``_hoisted``): ID -> class name.
+        self.hoisted: dict[int, str] = {}
 
     def schema_node(self, node_id: int) -> Node | None:
-        for file in self.schema.files:
+        found = self.schema.nodes.get(node_id)
+        if found is not None:
+            return found
+        for file in self.schema.files:  # (a Schema made without ``nodes``)
             for node in file.nodes:
                 if node.id == node_id:
                     return node
@@ -158,12 +164,120 @@ def render(file: File, schema: Schema, *, relative_imports: bool = False) -> str
         children.setdefault(parent, []).append(node)
     for parent, siblings in children.items():
         children[parent] = _bases_first(siblings, file)
+    hoisted = _hoisted(file)
+    names.hoisted = {n.id: f"_Nested_{names.local[n.id].replace('.', '_')}" for n in hoisted}
     for node in children.get("", []):
         _node(out, node, children, names)
+        for nested in hoisted:
+            if nested.scope.partition(".")[0] == node.scope:
+                _node(out, nested, children, names)
+                owner, _, name = names.local[nested.id].rpartition(".")
+                out.add("")
+                out.add(f'_t.nest({owner}, "{name}", {names.hoisted[nested.id]})')
+    stages = [len(out.lines)]
     _lists(out, file, names)
+    stages.append(len(out.lines))
     _plans(out, file, names)
+    stages.append(len(out.lines))
     _module_tail(out, file, names)
+    if schema.cycles.peers(file.id):
+        _link_cycle(out, file, schema, stages)
     return qualify("\n".join(out.lines).rstrip("\n") + "\n")
+
+
+#: What each stage of a cycle's links does (capsvc.linking), for ``_link``'s docstring.
+_LINK_STAGES = ("descriptors and list readers", "value plans", "method tables and constants")
+
+
+def _link_cycle(out: _Out, file: File, schema: Schema, stages: list[int]) -> None:
+    """Rework the module's tail for a file in a cycle of imports (``Cycles``): the
+    statements that take another module of the cycle (and those that take what they
+    make) move into ``_link(stage)``, which capsvc.linking runs once every module of
+    the cycle has made its classes; the modules of the cycle this one needs only there
+    are imported by capsvc.linking, not at the top (those holding interfaces that its
+    interfaces extend stay there: Python needs them to make its classes).
+    ``stages``: where the tail's sections start in ``out.lines``."""
+    cycles = schema.cycles
+    peers = cycles.peers(file.id) - {file.id}
+    early = cycles.extends.get(file.id, frozenset())
+    used = sorted(module for other, module in file.imports.items() if other in peers)
+    late = sorted(m for other, m in file.imports.items() if other in peers and other not in early)
+    header: list[str] = []
+    for module in late:
+        for line in (f"import {module}", f"from . import {module}"):
+            if line in out.lines[: stages[0]]:
+                out.lines.remove(line)
+                header.append(line)
+                for index in range(len(stages)):
+                    stages[index] -= 1
+    patterns = [rf"\b{module}\.|\b_E_{module}_" for module in used]
+    # (stage, whether a statement, lines): the tail's statements, comments and blank lines
+    items: list[tuple[int, bool, list[str]]] = []
+    for index, line in enumerate(out.lines[stages[0] :], stages[0]):
+        stage = sum(1 for start in stages[1:] if index >= start)
+        if line and not line[0].isspace() and not line.startswith((")", "#")):
+            items.append((stage, True, [line]))
+        elif items and items[-1][1] and line and line[0] in " )":
+            items[-1][2].append(line)
+        else:
+            items.append((stage, False, [line]))
+    deferred: list[tuple[int, list[str]]] = []
+    kept: list[tuple[int, bool, list[str]]] = []
+    declared: list[str] = []
+    for stage, statement, lines in items:
+        text = "\n".join(lines)
+        target = re.match(r"([\w.]+) = ", lines[0])
+        if statement and (
+            any(re.search(pattern, text) for pattern in patterns)
+            or (stage == 1 and ".to_dict()" in text)  # reads a struct: bound by stage 0
+        ):
+            deferred.append((stage, lines))
+            if target is not None:  # what takes it is deferred too
+                name = target.group(1)
+                patterns.append(rf"(?<![\w.]){re.escape(name)}(?!\w)")
+                if "." not in name:
+                    declared.append(lines[0])
+        else:
+            kept.append((stage, statement, lines))
+    staying = {stage for stage, statement, _ in kept if statement}
+    del out.lines[stages[0] :]
+    for stage, statement, lines in kept:  # a section's comment goes if it has nothing left
+        if statement or stage in staying:
+            out.lines.extend(lines)
+    while out.lines and not out.lines[-1]:
+        out.lines.pop()
+    out.add("")
+    out.add("")
+    out.add("# What this module takes from modules that import it back (capsvc.linking).")
+    out.add("from capsvc import linking as _k")
+    if header or declared:
+        out.add("if TYPE_CHECKING:")
+        with out.indent():
+            for line in header + declared:
+                out.add(line)
+    out.add("")
+    out.add("def _link(stage: int) -> None:")
+    with out.indent():
+        done = "; ".join(f"{n}: {what}" for n, what in enumerate(_LINK_STAGES))
+        out.add(f'"""Bind what this module takes from {", ".join(used)} ({done})."""')
+        if declared:
+            names = ", ".join(line.partition(" = ")[0] for line in declared)
+            out.add(f"global {names}")
+        branch = "if"
+        for number in range(len(_LINK_STAGES)):
+            body = [line for stage, lines in deferred if stage == number for line in lines]
+            if not body:
+                continue
+            out.add(f"{branch} stage == {number}:")
+            branch = "elif"
+            with out.indent():
+                for line in body:
+                    out.add(line)
+    members = sorted(cycles.modules[other] for other in cycles.peers(file.id))
+    out.add("")
+    names_tuple = ", ".join(f'"{m}"' for m in members)
+    imports_tuple = "".join(f'"{m}", ' for m in late).rstrip()
+    out.add(f"_k.ready(globals(), ({names_tuple}), _link, ({imports_tuple}))")
 
 
 def _bases_first(siblings: list[Node], file: File) -> list[Node]:
@@ -194,6 +308,75 @@ def _bases_first(siblings: list[Node], file: File) -> list[Node]:
         ready = next((n for n in pending if needs[n.id] <= placed), pending[0])
         pending.remove(ready)
         placed.add(ready.id)
+        out.append(ready)
+    return out
+
+
+def _hoisted(file: File) -> list[Interface]:
+    """The nested interfaces whose bases are not bound where Python would create them:
+    inside the classes enclosing them, whose names are bound only once they are complete
+    (``interface Outer { interface Base {} interface Derived extends(Base) {} }``, or a
+    child extending its parent). Each is rendered at module level instead, after the
+    top-level class holding it, as ``_Nested_<path>``; the enclosing class declares it for
+    type checkers (``Derived: TypeAlias = "_Nested_Outer_Derived"``) and
+    capsvc.typed.nest binds it there. In the order they are rendered: each after the
+    hoisted classes enclosing it or holding its bases."""
+    interfaces = [node for node in file.nodes if isinstance(node, Interface)]
+    scope_of = {node.id: node.scope for node in file.nodes}
+    hoisted: set[str] = set()
+
+    def within(scope: str, outer: str) -> bool:
+        return scope == outer or scope.startswith(outer + ".")
+
+    def root(scope: str) -> str:
+        """The outermost class still being created when ``scope``'s class statement runs."""
+        parts = scope.split(".")
+        for end in range(len(parts) - 1, 0, -1):
+            if ".".join(parts[:end]) in hoisted:
+                return ".".join(parts[:end])
+        return parts[0]
+
+    def bases(node: Interface) -> list[str]:
+        return [scope_of[s] for s in node.superclasses if s in scope_of]
+
+    changed = True
+    while changed:
+        changed = False
+        for node in interfaces:
+            if "." in node.scope and node.scope not in hoisted:
+                outer = root(node.scope)
+                if any(within(base, outer) for base in bases(node)):
+                    hoisted.add(node.scope)
+                    changed = True
+
+    def holder(scope: str) -> str | None:
+        """The hoisted class holding ``scope`` (or being it)."""
+        parts = scope.split(".")
+        for end in range(len(parts), 0, -1):
+            if ".".join(parts[:end]) in hoisted:
+                return ".".join(parts[:end])
+        return None
+
+    needs: dict[str, set[str]] = {scope: set() for scope in hoisted}
+    for scope in hoisted:
+        enclosing = holder(scope.rpartition(".")[0])
+        if enclosing is not None:
+            needs[scope].add(enclosing)
+    for node in interfaces:
+        created_in = node.scope if node.scope in hoisted else root(node.scope)
+        if created_in not in hoisted:
+            continue
+        for base in bases(node):
+            other = holder(base)
+            if other is not None and not within(created_in, other):
+                needs[created_in].add(other)
+    pending = [node for node in interfaces if node.scope in hoisted]
+    out: list[Interface] = []
+    placed: set[str] = set()
+    while pending:
+        ready = next((n for n in pending if needs[n.scope] <= placed), pending[0])
+        pending.remove(ready)
+        placed.add(ready.scope)
         out.append(ready)
     return out
 
@@ -309,6 +492,11 @@ def _node(out: _Out, node: Node, children: dict[str, list[Node]], names: _Names)
 
 def _nested(out: _Out, node: Node, children: dict[str, list[Node]], names: _Names) -> None:
     for child in children.get(node.scope, []):
+        hoisted = names.hoisted.get(child.id)
+        if hoisted is not None:  # rendered at module level (_hoisted): named here for mypy
+            out.add("")
+            out.add(f'{names.local[child.id].rpartition(".")[2]}: TypeAlias = "{hoisted}"')
+            continue
         _node(out, child, children, names)
 
 
@@ -364,7 +552,7 @@ def _const(out: _Out, node: Const, names: _Names) -> None:
 # ---------------------------------------------------------------------- interfaces
 def _interface(out: _Out, node: Interface, children: dict[str, list[Node]], names: _Names) -> None:
     path = names.local[node.id]
-    name = path.rpartition(".")[2]
+    name = names.hoisted.get(node.id) or path.rpartition(".")[2]
     out.add(f'class {name}(_t.Interface["{path}.Client"]):')
     with out.indent():
         out.add(
@@ -1107,6 +1295,13 @@ def _dict_entry(field: Field, *, member: bool = False) -> list[str]:
     value = _dict_value(kind, attribute)
     if kind.is_pointer and not member:
         return [f"if self._has({field.offset}):", f"    out[{key}] = {value}"]
+    if kind.kind == "struct":  # a member set, its pointer maybe null: its default's dict
+        return [
+            f"if self._has({field.offset}):",
+            f"    out[{key}] = {value}",
+            "else:",
+            f"    out[{key}] = _r.default_dict({attribute})",
+        ]
     return [f"out[{key}] = {value}"]
 
 
@@ -1121,7 +1316,7 @@ def _dict_value(kind: Type, expression: str) -> str:
     if k == "struct":
         return f"{expression}.to_dict()"
     if k == "enum":
-        return f"{expression}.name"
+        return f"_r.enum_name({expression})"
     if k == "list":
         assert kind.element is not None
         inner = _dict_value(kind.element, "item")

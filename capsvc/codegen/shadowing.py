@@ -23,11 +23,14 @@ import ast
 
 __all__ = ["BUILTIN_IMPORT", "qualify"]
 
-#: The builtin types the generator writes in annotations.
+#: The builtin types the generator writes in annotations, and the builtin decorators it
+#: writes in class bodies (a field named ``property``, as workerd's rtti.capnp has, would
+#: make every ``@property`` after it call the field's property object).
 _TYPES = frozenset(
     {"bool", "bytes", "bytearray", "dict", "float", "int", "list", "memoryview", "object"}
     | {"str", "tuple", "type"}
 )
+_DECORATORS = frozenset({"property", "staticmethod", "classmethod"})
 BUILTIN_IMPORT = "import builtins as _builtins"
 
 
@@ -37,9 +40,11 @@ def qualify(source: str) -> str:
     spots: list[tuple[int, int, int]] = []  # (line from 1, start and end byte column)
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef):
-            shadowed = _members(node) & _TYPES
+            members = _members(node)
+            shadowed = members & _TYPES
             if shadowed:
                 spots.extend(_uses(node, shadowed))
+            spots.extend(_decorations(node, members & _DECORATORS))
     if not spots:
         return source
     lines = source.split("\n")
@@ -62,6 +67,18 @@ def _members(cls: ast.ClassDef) -> set[str]:
         elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
             names.add(statement.target.id)
     return names
+
+
+def _decorations(cls: ast.ClassDef, shadowed: set[str]) -> list[tuple[int, int, int]]:
+    """Where the class body decorates a method with one of ``shadowed`` (``@property``,
+    or ``@x.setter`` of a property named ``property``... only the bare builtin names)."""
+    return [
+        (decorator.lineno, decorator.col_offset, decorator.end_col_offset or 0)
+        for statement in cls.body
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef)
+        for decorator in statement.decorator_list
+        if isinstance(decorator, ast.Name) and decorator.id in shadowed
+    ]
 
 
 def _uses(cls: ast.ClassDef, shadowed: set[str]) -> list[tuple[int, int, int]]:

@@ -1415,7 +1415,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
                 only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
-                out['op'] = self.op.name
+                out['op'] = _r.enum_name(self.op)
                 return out
 
         class Builder(_b.StructBuilder):

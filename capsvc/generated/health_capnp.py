@@ -185,7 +185,7 @@ class Health(_t.Interface["Health.Client"]):
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
                 only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
-                out['status'] = self.status.name
+                out['status'] = _r.enum_name(self.status)
                 return out
 
         class Builder(_b.StructBuilder):

@@ -38,6 +38,8 @@ class Hook:
 
     #: True for a hook whose target may still change (rpc-protocol.md §5: senderPromise).
     is_promise = False
+    #: True for a null capability (NullHook): a message it is put in gets a null pointer.
+    is_null = False
 
     def __init__(self) -> None:
         self.refs = 1
@@ -96,6 +98,7 @@ class NullHook(BrokenHook):
     message it is a null pointer again, not a broken capability (rpc-protocol.md §5)."""
 
     __slots__ = ()
+    is_null = True
 
 
 def null_hook() -> NullHook:

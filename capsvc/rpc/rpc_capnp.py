@@ -725,9 +725,15 @@ class CapDescriptor:
             if which == "receiverHosted":
                 out['receiverHosted'] = self.receiverHosted
             if which == "receiverAnswer":
-                out['receiverAnswer'] = self.receiverAnswer.to_dict()
+                if self._has(0):
+                    out['receiverAnswer'] = self.receiverAnswer.to_dict()
+                else:
+                    out['receiverAnswer'] = _r.default_dict(self.receiverAnswer)
             if which == "thirdPartyHosted":
-                out['thirdPartyHosted'] = self.thirdPartyHosted.to_dict()
+                if self._has(0):
+                    out['thirdPartyHosted'] = self.thirdPartyHosted.to_dict()
+                else:
+                    out['thirdPartyHosted'] = _r.default_dict(self.thirdPartyHosted)
             return out
 
     class Builder(_b.StructBuilder):
@@ -1209,7 +1215,7 @@ class Exception:
             out: dict[str, Any] = {}
             if self._has(0):
                 out['reason'] = self.reason
-            out['type'] = self.type.name
+            out['type'] = _r.enum_name(self.type)
             out['obsoleteIsCallersFault'] = self.obsoleteIsCallersFault
             out['obsoleteDurability'] = self.obsoleteDurability
             if self._has(1):
@@ -1720,29 +1726,65 @@ class Message:
             out: dict[str, Any] = {}
             which = self.which()
             if which == "unimplemented":
-                out['unimplemented'] = self.unimplemented.to_dict()
+                if self._has(0):
+                    out['unimplemented'] = self.unimplemented.to_dict()
+                else:
+                    out['unimplemented'] = _r.default_dict(self.unimplemented)
             if which == "abort":
-                out['abort'] = self.abort.to_dict()
+                if self._has(0):
+                    out['abort'] = self.abort.to_dict()
+                else:
+                    out['abort'] = _r.default_dict(self.abort)
             if which == "bootstrap":
-                out['bootstrap'] = self.bootstrap.to_dict()
+                if self._has(0):
+                    out['bootstrap'] = self.bootstrap.to_dict()
+                else:
+                    out['bootstrap'] = _r.default_dict(self.bootstrap)
             if which == "call":
-                out['call'] = self.call.to_dict()
+                if self._has(0):
+                    out['call'] = self.call.to_dict()
+                else:
+                    out['call'] = _r.default_dict(self.call)
             if which == "return":
-                out['return'] = self.return_.to_dict()
+                if self._has(0):
+                    out['return'] = self.return_.to_dict()
+                else:
+                    out['return'] = _r.default_dict(self.return_)
             if which == "finish":
-                out['finish'] = self.finish.to_dict()
+                if self._has(0):
+                    out['finish'] = self.finish.to_dict()
+                else:
+                    out['finish'] = _r.default_dict(self.finish)
             if which == "resolve":
-                out['resolve'] = self.resolve.to_dict()
+                if self._has(0):
+                    out['resolve'] = self.resolve.to_dict()
+                else:
+                    out['resolve'] = _r.default_dict(self.resolve)
             if which == "release":
-                out['release'] = self.release.to_dict()
+                if self._has(0):
+                    out['release'] = self.release.to_dict()
+                else:
+                    out['release'] = _r.default_dict(self.release)
             if which == "disembargo":
-                out['disembargo'] = self.disembargo.to_dict()
+                if self._has(0):
+                    out['disembargo'] = self.disembargo.to_dict()
+                else:
+                    out['disembargo'] = _r.default_dict(self.disembargo)
             if which == "provide":
-                out['provide'] = self.provide.to_dict()
+                if self._has(0):
+                    out['provide'] = self.provide.to_dict()
+                else:
+                    out['provide'] = _r.default_dict(self.provide)
             if which == "accept":
-                out['accept'] = self.accept.to_dict()
+                if self._has(0):
+                    out['accept'] = self.accept.to_dict()
+                else:
+                    out['accept'] = _r.default_dict(self.accept)
             if which == "join":
-                out['join'] = self.join.to_dict()
+                if self._has(0):
+                    out['join'] = self.join.to_dict()
+                else:
+                    out['join'] = _r.default_dict(self.join)
             return out
 
     class Builder(_b.StructBuilder):
@@ -2165,7 +2207,10 @@ class MessageTarget:
             if which == "importedCap":
                 out['importedCap'] = self.importedCap
             if which == "promisedAnswer":
-                out['promisedAnswer'] = self.promisedAnswer.to_dict()
+                if self._has(0):
+                    out['promisedAnswer'] = self.promisedAnswer.to_dict()
+                else:
+                    out['promisedAnswer'] = _r.default_dict(self.promisedAnswer)
             return out
 
     class Builder(_b.StructBuilder):
@@ -3039,9 +3084,15 @@ class Resolve:
             out['promiseId'] = self.promiseId
             which = self.which()
             if which == "cap":
-                out['cap'] = self.cap.to_dict()
+                if self._has(0):
+                    out['cap'] = self.cap.to_dict()
+                else:
+                    out['cap'] = _r.default_dict(self.cap)
             if which == "exception":
-                out['exception'] = self.exception.to_dict()
+                if self._has(0):
+                    out['exception'] = self.exception.to_dict()
+                else:
+                    out['exception'] = _r.default_dict(self.exception)
             return out
 
     class Builder(_b.StructBuilder):
@@ -3260,9 +3311,15 @@ class Return:
             out['noFinishNeeded'] = self.noFinishNeeded
             which = self.which()
             if which == "results":
-                out['results'] = self.results.to_dict()
+                if self._has(0):
+                    out['results'] = self.results.to_dict()
+                else:
+                    out['results'] = _r.default_dict(self.results)
             if which == "exception":
-                out['exception'] = self.exception.to_dict()
+                if self._has(0):
+                    out['exception'] = self.exception.to_dict()
+                else:
+                    out['exception'] = _r.default_dict(self.exception)
             if which == "canceled":
                 out['canceled'] = self.canceled
             if which == "resultsSentElsewhere":

@@ -129,7 +129,7 @@ class Car:
                 out['make'] = self.make
             if self._has(1):
                 out['model'] = self.model
-            out['color'] = self.color.name
+            out['color'] = _r.enum_name(self.color)
             out['seats'] = self.seats
             out['doors'] = self.doors
             if self._has(2):

@@ -195,7 +195,10 @@ class Expression:
                 if which == "value":
                     out['value'] = self.value
                 if which == "expression":
-                    out['expression'] = self.expression.to_dict()
+                    if self._has(0):
+                        out['expression'] = self.expression.to_dict()
+                    else:
+                        out['expression'] = _r.default_dict(self.expression)
                 return out
 
         class Builder(_b.StructBuilder):
@@ -294,7 +297,10 @@ class Expression:
                 if which == "value":
                     out['value'] = self.value
                 if which == "expression":
-                    out['expression'] = self.expression.to_dict()
+                    if self._has(1):
+                        out['expression'] = self.expression.to_dict()
+                    else:
+                        out['expression'] = _r.default_dict(self.expression)
                 return out
 
         class Builder(_b.StructBuilder):
@@ -382,7 +388,7 @@ class Expression:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
             only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
-            out['op'] = self.op.name
+            out['op'] = _r.enum_name(self.op)
             out['left'] = self.left.to_dict()
             out['right'] = self.right.to_dict()
             return out

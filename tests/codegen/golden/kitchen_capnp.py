@@ -1146,7 +1146,10 @@ class Choice:
             if which == "note":
                 out['note'] = self.note
             if which == "numbers":
-                out['numbers'] = self.numbers.to_dict()
+                if self._has(0):
+                    out['numbers'] = self.numbers.to_dict()
+                else:
+                    out['numbers'] = _r.default_dict(self.numbers)
             if which == "count":
                 out['count'] = self.count
             return out
@@ -1817,7 +1820,7 @@ class Defaults:
             out['u64'] = self.u64
             out['f32'] = self.f32
             out['f64'] = self.f64
-            out['color'] = self.color.name
+            out['color'] = _r.enum_name(self.color)
             if self._has(0):
                 out['text'] = self.text
             if self._has(1):
@@ -2704,7 +2707,7 @@ class Lists:
             if self._has(14):
                 out['structs'] = [item.to_dict() for item in self.structs]
             if self._has(15):
-                out['colors'] = [item.name for item in self.colors]
+                out['colors'] = [_r.enum_name(item) for item in self.colors]
             if self._has(16):
                 out['nested'] = [list(item) for item in self.nested]
             if self._has(17):
@@ -3388,7 +3391,7 @@ class Numbers:
             out['u64'] = self.u64
             out['f32'] = self.f32
             out['f64'] = self.f64
-            out['color'] = self.color.name
+            out['color'] = _r.enum_name(self.color)
             out['b2'] = self.b2
             out['v'] = self.v
             return out
@@ -4901,7 +4904,7 @@ class Settings:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
             only the union member that is set, even null; enums by name; no capabilities)."""
             out: dict[str, Any] = {}
-            out['mood'] = self.mood.name
+            out['mood'] = _r.enum_name(self.mood)
             return out
 
     class Builder(_b.StructBuilder):
@@ -5114,8 +5117,8 @@ class Shapes:
                         """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
                         only the union member that is set, even null; enums by name; no capabilities)."""
                         out: dict[str, Any] = {}
-                        out['from'] = self.from_.name
-                        out['to'] = self.to.name
+                        out['from'] = _r.enum_name(self.from_)
+                        out['to'] = _r.enum_name(self.to)
                         return out
 
                 class Builder(_b.StructBuilder):
@@ -5288,7 +5291,7 @@ class Shapes:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
                 only the union member that is set, even null; enums by name; no capabilities)."""
                 out: dict[str, Any] = {}
-                out['color'] = self.color.name
+                out['color'] = _r.enum_name(self.color)
                 out['fill'] = self.fill.to_dict()
                 return out
 

@@ -84,7 +84,7 @@ class Thing:
             out['id'] = self.id
             if self._has(0):
                 out['tag'] = self.tag
-            out['kind'] = self.kind.name
+            out['kind'] = _r.enum_name(self.kind)
             return out
 
     class Builder(_b.StructBuilder):
