@@ -24,8 +24,9 @@ from __future__ import annotations
 import keyword
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from capsvc.codegen.model import (
     NUMBERS,
@@ -301,13 +302,23 @@ def _bases_first(siblings: list[Node], file: File) -> list[Node]:
             base = holder(scope_of.get(parent, "\0"))
             if inside is not None and base is not None and base is not inside:
                 needs[inside.id].add(base.id)
-    out: list[Node] = []
-    placed: set[int] = set()
-    pending = list(siblings)
+    return _after_needs(siblings, lambda node: node.id, needs)
+
+
+K = TypeVar("K")
+N = TypeVar("N", bound="Node")
+
+
+def _after_needs(items: list[N], key: Callable[[N], K], needs: dict[K, set[K]]) -> list[N]:
+    """``items`` in their order, except that each comes after those its key ``needs``
+    (what cannot be ordered so, a cycle, keeps its place)."""
+    out: list[N] = []
+    placed: set[K] = set()
+    pending = list(items)
     while pending:
-        ready = next((n for n in pending if needs[n.id] <= placed), pending[0])
+        ready = next((n for n in pending if needs[key(n)] <= placed), pending[0])
         pending.remove(ready)
-        placed.add(ready.id)
+        placed.add(key(ready))
         out.append(ready)
     return out
 
@@ -370,15 +381,8 @@ def _hoisted(file: File) -> list[Interface]:
             other = holder(base)
             if other is not None and not within(created_in, other):
                 needs[created_in].add(other)
-    pending = [node for node in interfaces if node.scope in hoisted]
-    out: list[Interface] = []
-    placed: set[str] = set()
-    while pending:
-        ready = next((n for n in pending if needs[n.scope] <= placed), pending[0])
-        pending.remove(ready)
-        placed.add(ready.scope)
-        out.append(ready)
-    return out
+    moved = [node for node in interfaces if node.scope in hoisted]
+    return _after_needs(moved, lambda node: node.scope, needs)
 
 
 def _interfaces_bases_first(file: File) -> list[Interface]:
