@@ -76,6 +76,15 @@ RESERVED = frozenset(
 )
 _NO_DEFAULT_TEXT = ""
 
+#: Names a generated module imports for itself (its header): a type, a group's class or a
+#: constant named so would shadow the import in the module or in its class's body (where
+#: the annotations name them), so it takes a trailing underscore too (``struct Sequence``
+#: is ``Sequence_``, ``const struct`` is ``struct_``).
+MODULE_NAMES = frozenset(
+    {"annotations", "enum", "struct", "Awaitable", "Sequence", "TYPE_CHECKING", "Any"}
+    | {"ClassVar", "Literal", "Never", "TypeAlias", "TypedDict", "Unpack"}
+)
+
 
 def python_name(name: str) -> str:
     """A schema name as a Python identifier (see the module docstring's rule)."""
@@ -148,7 +157,7 @@ def _path(scope: str, groups: set[str]) -> str:
             part = method[:1].upper() + method[1:] + kind
         elif prefix in groups:
             part = part[:1].upper() + part[1:]
-        out.append(python_name(part))
+        out.append(part + "_" if part in MODULE_NAMES else python_name(part))
     return ".".join(out)
 
 

@@ -211,3 +211,24 @@ def test_the_plugin_given_one_file_knows_the_enums_it_imports(tmp_path: Path) ->
     assert m.Car.from_bytes(m.Car.new_message(color="green").to_bytes()).to_dict() == {
         "color": "green"
     }
+
+
+def test_names_the_module_imports_itself_take_an_underscore(tmp_path: Path) -> None:
+    """A type, a group or a constant named like what the generated module imports
+    (``Sequence``, ``ClassVar``, ``Any``, ``struct``...) would shadow that import where its
+    annotations need it: it takes a trailing underscore, at any depth, and mypy passes."""
+    text = "@0xa1b2c3d4e5f6000d;\nstruct Sequence { x @0 :Int32; }\n"
+    text += "enum ClassVar { a @0; b @1; }\nconst struct :Int32 = 5;\n"
+    text += "struct Holder {\n  struct Any { y @0 :Int32; }\n"
+    text += "  s @0 :Sequence; c @1 :ClassVar; a @2 :Any;\n  literal :group { z @3 :Int32; }\n}\n"
+    out = generate(tmp_path, {"shadows.capnp": text})
+    m = load(out, "shadows_capnp")
+    assert m.struct_ == 5
+    built = m.Holder.new_message(s={"x": 1}, c="b", a={"y": 2}, literal={"z": 3})
+    read = m.Holder.from_bytes(built.to_bytes())
+    assert read.to_dict() == {"s": {"x": 1}, "c": "b", "a": {"y": 2}, "literal": {"z": 3}}
+    assert type(read.s) is m.Sequence_.Reader
+    assert type(read.a) is m.Holder.Any_.Reader
+    assert read.literal.z == 3
+    checked = mypy(tmp_path, str(out / "shadows_capnp.py"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
