@@ -47,6 +47,8 @@ PB = TypeVar("PB", bound=StructBuilder)
 
 #: The window where the connection has no socket to ask (C++: DEFAULT_WINDOW_SIZE).
 DEFAULT_WINDOW = 65536
+#: A stream's writes that find room at once take a full checkpoint one time in this many.
+YIELD_EVERY = 32
 #: Bytes of framing a message adds to its segments (the segment table, one segment).
 _FRAMING = 8
 
@@ -54,7 +56,7 @@ _FRAMING = 8
 class StreamWindow:
     """One capability's stream calls in flight (see the module docstring)."""
 
-    __slots__ = ("error", "in_flight", "largest", "sock", "waiters", "window")
+    __slots__ = ("error", "in_flight", "largest", "ready_streak", "sock", "waiters", "window")
 
     def __init__(self, window: int, sock: Any = None) -> None:
         #: The window; with ``sock``, its send buffer's size is asked instead, each time it
@@ -62,6 +64,7 @@ class StreamWindow:
         self.window = window
         self.sock = sock
         self.in_flight = 0
+        self.ready_streak = 0  # writes in a row that found room at once
         self.largest = 0
         self.error: RpcError | None = None
         self.waiters: list[trio.Event] = []
@@ -100,6 +103,7 @@ class StreamWindow:
                 waiter.set()
 
     async def wait_ready(self) -> None:
+        waited = False
         while self.error is None and not self.ready:
             event = trio.Event()
             self.waiters.append(event)
@@ -108,9 +112,18 @@ class StreamWindow:
             finally:
                 if event in self.waiters:
                     self.waiters.remove(event)
+            waited = True
         if self.error is not None:
             raise self.error
-        await trio.lowlevel.checkpoint()
+        # Room at once: a full checkpoint (a scheduler pass) per write would cost the
+        # stream more than the write itself, so it is one per YIELD_EVERY writes, which
+        # still lets other tasks run and the flusher write the batch; in between,
+        # cancellation is still seen.
+        self.ready_streak = 0 if waited else self.ready_streak + 1
+        if self.ready_streak % YIELD_EVERY == 0 and not waited:
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
 
 
 class _Returned:

@@ -242,3 +242,33 @@ async def test_a_dynamic_server_serves_streams_the_same_way(generated: Generated
         await client.write(chunk=b"\xff")
         with pytest.raises(capsvc.Failed, match="no 0xff here"):
             await client.total()
+
+
+async def test_a_stream_of_writes_lets_other_tasks_run(generated: Generated) -> None:
+    """A write that finds room returns without a scheduler pass (one per write would cost
+    more than the write), but one in every YIELD_EVERY takes one: a long stream does not
+    starve the other tasks of its process."""
+    from capsvc.streaming import YIELD_EVERY
+    from tests.codegen.test_hierarchies_rpc import sink_server
+
+    k = generated.kitchen
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with local_server(sink_server(k)()) as address, capsvc.connect(address) as conn:
+        client = conn.bootstrap(k.Sink)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            await client.total()
+            start = ticks
+            for i in range(8 * YIELD_EVERY):
+                await client.write(chunk=bytes([i % 256]))
+            assert ticks - start >= 8
+            assert ticks - start < 8 * YIELD_EVERY  # not a pass per write
+            nursery.cancel_scope.cancel()
+        assert (await client.total()).writes == 8 * YIELD_EVERY
