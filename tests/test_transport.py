@@ -29,6 +29,7 @@ from capsvc.transport import (
     parse_address,
 )
 from capsvc.transport.memory import memory_stream_pair
+from tests.support.checks import Ticker
 
 
 def _has_ipv6_loopback() -> bool:
@@ -227,22 +228,15 @@ async def test_fast_stream_yields_to_other_tasks_when_data_never_runs_out() -> N
     async with listener:
         client = await open_stream(listener_address(listener))
         server = await listener.accept()
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await trio.lowlevel.checkpoint()
-
+    ticker = Ticker()
     async with client, server, trio.open_nursery() as nursery:
         nursery.start_soon(client.send_all, b"x" * 200_000)
-        nursery.start_soon(ticker)
+        nursery.start_soon(ticker.run)
         received = 0
         while received < 200_000:
             received += len(await server.receive_some_fast(1000))  # type: ignore[attr-defined]
         nursery.cancel_scope.cancel()
-    assert ticks > 5
+    assert ticker.ticks > 5
 
 
 async def test_memory_stream_conformance() -> None:

@@ -19,6 +19,7 @@ import capsvc
 from capsvc.streaming import StreamCall
 from tests.codegen.conftest import Generated
 from tests.codegen.test_hierarchies_rpc import local_server
+from tests.support.checks import Ticker
 
 CHUNK = 1000
 WINDOW = 4000
@@ -252,23 +253,16 @@ async def test_a_stream_of_writes_lets_other_tasks_run(generated: Generated) -> 
     from tests.codegen.test_hierarchies_rpc import sink_server
 
     k = generated.kitchen
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await trio.lowlevel.checkpoint()
-
+    ticker = Ticker()
     async with local_server(sink_server(k)()) as address, capsvc.connect(address) as conn:
         client = conn.bootstrap(k.Sink)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(ticker)
+            nursery.start_soon(ticker.run)
             await client.total()
-            start = ticks
+            start = ticker.ticks
             for i in range(8 * YIELD_EVERY):
                 await client.write(chunk=bytes([i % 256]))
-            assert ticks - start >= 8
-            assert ticks - start < 8 * YIELD_EVERY  # not a pass per write
+            assert ticker.ticks - start >= 8
+            assert ticker.ticks - start < 8 * YIELD_EVERY  # not a pass per write
             nursery.cancel_scope.cancel()
         assert (await client.total()).writes == 8 * YIELD_EVERY

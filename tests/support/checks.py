@@ -124,3 +124,16 @@ async def both_running(client: Connection, server: Connection) -> AsyncIterator[
         finally:
             await client.aclose()
             nursery.cancel_scope.cancel()
+
+
+class Ticker:
+    """Counts the scheduler passes a task of its own gets (``run`` in a nursery): a
+    fairness check's measure of whether a busy task lets the others run."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    async def run(self) -> None:
+        while True:
+            self.ticks += 1
+            await trio.lowlevel.checkpoint()
