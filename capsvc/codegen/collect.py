@@ -198,7 +198,10 @@ def _child() -> None:
         # default is the base name): the files it imports relatively are named from it,
         # and found again below by that name.
         display = os.path.relpath(path, base)
-        module = parser.load(path, display_name=display, imports=[*import_dirs, base])
+        searched = import_dirs
+        if base not in import_dirs and _reaches_up(path):  # (see _reaches_up)
+            searched = [d for d in import_dirs if not _under(path, d)]
+        module = parser.load(path, display_name=display, imports=[*searched, base])
         files: dict[str, int] = {}
         _SCOPES[:] = _file_scopes(module, path)
         _walk(module.schema, nodes, files, nested)
@@ -225,10 +228,20 @@ def _base(path: str, import_dirs: list[str]) -> str:
     unless it must be, so an ``embed "../data.bin"`` or an ``import "../x.capnp"`` stays
     inside it (kj refuses a ``..`` out of the directory a file was loaded from)."""
     holding = [d for d in import_dirs if _under(path, d)]
-    if holding:
+    if holding and not _reaches_up(path):
         return max(holding, key=len)
     here = os.getcwd()
     return here if _under(path, here) else os.path.abspath(os.sep)
+
+
+def _reaches_up(path: str) -> bool:
+    """Whether a requested file embeds or imports a path starting ``../``. pycapnp loads a
+    file under the import directory holding it, whatever its display name, and kj
+    refuses a ``..`` out of it; so such a file is keyed as if no import directory held
+    it (those holding it are left out of its own search path: ``capnp compile`` accepts
+    it so too), at the price of absolute imports found only there."""
+    with open(path, encoding="utf-8", errors="replace") as source:
+        return '"../' in source.read()
 
 
 def _under(path: str, directory: str) -> bool:

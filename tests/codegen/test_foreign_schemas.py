@@ -171,6 +171,12 @@ def test_embed_and_import_may_reach_a_parent_directory(tmp_path: Path) -> None:
     m = load(out, "embedder_capnp")
     assert m.greeting == "hello\n"
     assert m.User.new_message(s={"v": 3}).as_reader().s.v == 3
+    # The same with the file's own directory an import directory (pycapnp would load it
+    # under that directory, out of which kj refuses the ``..``): the same module.
+    schema, again = tmp_path / "src" / "sub" / "embedder.capnp", tmp_path / "again"
+    done = capsvc("gen", str(schema), "-o", str(again), "-I", str(schema.parent), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (again / "embedder_capnp.py").read_text() == (out / "embedder_capnp.py").read_text()
 
 
 def test_a_field_named_property_leaves_the_decorators_alone(tmp_path: Path) -> None:
