@@ -178,6 +178,8 @@ def check_enum(value: object, names: dict[str, int], label: str, schema_type: st
         return code
     if isinstance(value, str):
         found = names.get(value)
+        if found is None and value.endswith("_"):  # the Python name of a renamed member
+            found = names.get(value[:-1])  # (``from_``: schema names have no underscores)
         if found is not None:
             return found
         known = ", ".join(names)

@@ -93,6 +93,21 @@ def python_name(name: str) -> str:
     return name
 
 
+#: Names an ``enum.IntEnum`` cannot take as members (``mro``: Python refuses it) or that
+#: type checkers see as its own attributes retyped (``name`` is a str there).
+ENUM_RESERVED = frozenset({"mro", "name"})
+
+
+def enumerant_name(name: str) -> str:
+    """An enumerant's member name: the schema's, with a trailing underscore only where
+    Python needs one (a keyword, ``ENUM_RESERVED``); the generator's own names clash with
+    nothing on an enum. ``to_dict`` gives the schema's name back, and the values take
+    either (capsvc.codec.scalars.check_enum)."""
+    if keyword.iskeyword(name) or name in ENUM_RESERVED:
+        return name + "_"
+    return name
+
+
 class _Out:
     """Lines with indentation (grpclib's Buffer)."""
 
@@ -531,7 +546,7 @@ def _enum(out: _Out, node: Enum, names: _Names) -> None:
         out.add('newer writer) read as pseudo-members named by their number."""')
         out.add("")
         for code, enumerant in enumerate(node.enumerants):
-            out.add(f"{python_name(enumerant)} = {code}")
+            out.add(f"{enumerant_name(enumerant)} = {code}")
         out.add("")
         out.add("@classmethod")
         out.add(f"def _missing_(cls, value: object) -> {path} | None:")

@@ -238,3 +238,26 @@ def test_names_the_module_imports_itself_take_an_underscore(tmp_path: Path) -> N
     assert read.literal.z == 3
     checked = mypy(tmp_path, str(out / "shadows_capnp.py"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_enumerants_python_reserves_and_names_given_back(tmp_path: Path) -> None:
+    """An enumerant named ``mro`` (Python's Enum refuses it) or ``name`` (a str on every
+    enum, for mypy) takes a trailing underscore, as a keyword does; one named like the
+    generator's own names (``read``) keeps its name. Either spelling of a renamed one
+    goes back in (a member's ``.name`` too), and ``to_dict`` gives the schema's."""
+    text = "@0xa1b2c3d4e5f6000e;\nenum Phase { read @0; mro @1; name @2; from @3; value @4; }\n"
+    text += "struct S { p @0 :Phase; ps @1 :List(Phase); }\n"
+    out = generate(tmp_path, {"enumnames.capnp": text})
+    m = load(out, "enumnames_capnp")
+    members = [member.name for member in m.Phase]
+    assert members == ["read", "mro_", "name_", "from_", "value"]
+    for member in m.Phase:
+        for spelling in (member.name, member.name.rstrip("_"), member, int(member)):
+            read = m.S.from_bytes(m.S.new_message(p=spelling, ps=[spelling]).to_bytes())
+            assert read.p is member
+            assert read.to_dict() == {"p": member.name.rstrip("_"), "ps": [member.name.rstrip("_")]}
+    ref = reference(tmp_path, "enumnames.capnp")
+    as_dict = m.S.from_bytes(m.S.new_message(p="mro", ps=["name", "from"]).to_bytes()).to_dict()
+    assert ref.S.new_message(**as_dict).to_dict() == as_dict
+    checked = mypy(tmp_path, str(out / "enumnames_capnp.py"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
