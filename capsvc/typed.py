@@ -234,13 +234,20 @@ class Server:
 
 
 def unknown_parameters(
-    method: str, unknown: Mapping[str, object], known: Sequence[str]
+    method: str,
+    unknown: Mapping[str, object],
+    known: Sequence[str],
+    request: str = "",
+    others: Sequence[str] = (),
 ) -> TypeError:
-    """The error for keywords a generated client method has no parameter for."""
+    """The error for keywords a generated client method has no parameter for; ``others``:
+    the params' fields keywords cannot set, which its ``request`` form (``*_request()``)
+    sets."""
     names = ", ".join(sorted(unknown))
-    return TypeError(
-        f"{method}() has no parameter {names}; its parameters are {', '.join(known) or 'none'}"
-    )
+    what = f"{method}() has no parameter {names}; its parameters are {', '.join(known) or 'none'}"
+    if others:
+        what += f" ({', '.join(others)}: set them on {request}().params, then send())"
+    return TypeError(what)
 
 
 def nest(owner: type, name: str, cls: type) -> None:

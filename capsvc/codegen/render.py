@@ -647,7 +647,23 @@ def _client_method(out: _Out, node: Interface, method: Method, path: str, names:
         comma = "," if len(fields) == 1 else ""
         out.add("if _unknown:")
         qualified = f"{node.scope}.{method.name}"
-        out.add(f'    raise _t.unknown_parameters("{qualified}", _unknown, ({known}{comma}))')
+        # The params fields keywords cannot set (unions, groups...): the error names them
+        # and the request form that can.
+        taken = {id(f) for f, _, _ in fields}
+        others = (
+            []
+            if not isinstance(struct, Struct)
+            else [
+                python_name(f.name)
+                for f in sorted(struct.fields, key=lambda f: f.code_order)
+                if id(f) not in taken
+            ]
+        )
+        tail = ""
+        if others:
+            listed = ", ".join(f'"{o}"' for o in others) + ("," if len(others) == 1 else "")
+            tail = f', "{method.request}", ({listed})'
+        out.add(f'    raise _t.unknown_parameters("{qualified}", _unknown, ({known}{comma}){tail})')
         # The Request made here, not through ``*_request()``: one Python frame less a call.
         out.add(f"_request = {_request_of(method, path, params, results)}")
         if fields:

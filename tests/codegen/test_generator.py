@@ -378,3 +378,19 @@ def test_names_that_collide_get_a_trailing_underscore(generated: Generated) -> N
     reader = message.as_reader()
     assert (reader.return_, reader.which_, reader.class_) == (5, 7, "c")
     assert kitchen.Tree.Reader_.Reader._DATA_WORDS == 1  # the nested struct named Reader
+
+
+def test_a_keyword_for_a_field_keywords_cannot_set_names_the_request_form(
+    generated: Generated,
+) -> None:
+    """``Store.put (value :T)``, T unbound: an AnyPointer, which no keyword sets. The error
+    for ``put(value=...)`` says so and names ``put_request()``, which sets it."""
+    from capsvc.rpc.hooks import null_hook
+
+    store = generated.kitchen.Store.Client(null_hook())
+    with pytest.raises(TypeError) as raised:
+        store.put(value="x")
+    assert str(raised.value) == (
+        "Store.put() has no parameter value; its parameters are none"
+        " (value: set them on put_request().params, then send())"
+    )

@@ -7688,7 +7688,7 @@ class Store(_t.Interface["Store.Client"]):
             Params keywords cannot express: ``put_request()``.
             """
             if _unknown:
-                raise _t.unknown_parameters("Store.put", _unknown, ())
+                raise _t.unknown_parameters("Store.put", _unknown, (), "put_request", ("value",))
             _request = _t.Request(self, Store._ID, 0, Store.PutParams.Builder, Store.PutResults.Promise)
             return _request.send()
 
