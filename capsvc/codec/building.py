@@ -766,13 +766,25 @@ class _ReaderView(Protocol):
     _depth: int
 
 
-def copy_struct(parent: StructBuilder, slot: int, value: Any) -> None:
-    """Set pointer ``slot`` of ``parent`` to a deep copy of ``value``, a generated reader of
-    the field's struct type (capabilities in it join this message's cap table)."""
+def copy_struct(
+    parent: StructBuilder, slot: int, value: Any, cls: Any = None, label: str = ""
+) -> None:
+    """Set pointer ``slot`` of ``parent`` to a deep copy of ``value``, a generated reader
+    or builder of the field's struct type (capabilities in it join this message's cap
+    table); or, given the field's builder class ``cls``, to a struct of it holding
+    ``value``, a dict of its fields (as pycapnp takes ``builder.field = {...}``) or its
+    row, checked whole before anything changes. ``label`` names the field in errors."""
     from capsvc.codec.reading import StructReader
 
+    if isinstance(value, StructBuilder):
+        value = value.as_reader()  # type: ignore[attr-defined]
+    elif cls is not None and isinstance(value, dict):
+        value = new_builder(cls, _values.new_message_from(cls._PLAN, value), 1).as_reader()
+    elif cls is not None and isinstance(value, tuple):
+        value = _values.new_message_row(cls, cls._PLAN, value).as_reader()
     if not isinstance(value, StructReader):
-        raise bad_type(value, f"{type(parent).__qualname__}[{slot}]", "a struct reader")
+        what = "a struct reader or builder" + (", a dict of its fields, or its row" if cls else "")
+        raise bad_type(value, label or f"{type(parent).__qualname__}[{slot}]", what)
     source: _ReaderView = value
     if source._seg is source._msg.segments[source._si]:
         data_words = source._ptr - (source._data >> 3)  # as the writer sized it

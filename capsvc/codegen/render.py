@@ -669,7 +669,8 @@ def _client_method(out: _Out, node: Interface, method: Method, path: str, names:
         if fields:
             out.add("_params = _request.params")
         for field, _, default in fields:
-            for line in _keyword_setter(field, default, names):
+            assert isinstance(struct, Struct)
+            for line in _keyword_setter(field, default, names, struct.scope):
                 out.add(line)
         out.add("return _request.send()")
     out.add("")
@@ -715,7 +716,9 @@ def _keyword_fields(struct: Struct, names: _Names) -> list[tuple[Field, str, str
         elif k == "data":
             fields.append((field, "bytes", repr(default if isinstance(default, bytes) else b"")))
         elif k == "struct":
-            fields.append((field, f"{names.of(kind.target)}.Reader | None", "None"))
+            target = names.of(kind.target)
+            accepted = f"{target}.Init | {target}.Row | {target}.Reader | {target}.Builder | None"
+            fields.append((field, accepted, "None"))
         elif k == "interface":
             target = names.of(kind.target)
             fields.append((field, f"{target}.Client | {target}.Server | None", "None"))
@@ -734,10 +737,12 @@ def _keyword_fields(struct: Struct, names: _Names) -> list[tuple[Field, str, str
 
 
 def _keyword_setter(
-    field: Field, default: str, names: _Names, target: str = "_params"
+    field: Field, default: str, names: _Names, scope: str, target: str = "_params"
 ) -> list[str]:
-    """The lines setting ``field`` of builder ``target`` from its keyword argument."""
+    """The lines setting ``field`` of builder ``target`` (a struct named ``scope``) from
+    its keyword argument."""
     name = python_name(field.name)
+    label = f"{scope}.{field.name}"
     assert field.type is not None
     k = field.type.kind
     if k in NUMBERS or k in ("bool", "enum"):
@@ -745,9 +750,11 @@ def _keyword_setter(
     if k in ("text", "data"):
         return [f"if {name} != {default}:", f"    {target}.{name} = {name}"]
     if k == "struct":
+        assert field.type.target is not None
+        struct = names.of(field.type.target)
         return [
             f"if {name} is not None:",
-            f"    _b.copy_struct({target}, {field.offset}, {name})",
+            f'    _b.copy_struct({target}, {field.offset}, {name}, {struct}.Builder, "{label}")',
         ]
     if k == "interface":
         return [f"if {name} is not None:", f"    {target}.set_{field.name}({name})"]
@@ -1553,12 +1560,14 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
             copy = f", {_default_name(path, field)}" if field.default is not None else ""
             out.add(f"return _b.struct_field(self, {field.offset}, {target}.Builder{copy})")
         out.add(f"@{name}.setter")
-        out.add(f"def {name}(self, value: {target}.Reader) -> None:")
-        out.add('    """A deep copy of ``value`` (capabilities included)."""')
+        accepted = f"{target}.Init | {target}.Row | {target}.Reader | {target}.Builder"
+        out.add(f"def {name}(self, value: {accepted}) -> None:")
+        out.add('    """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""')
         with out.indent():
             for line in select:
                 out.add(line)
-            out.add(f"_b.copy_struct(self, {field.offset}, value)")
+            label = f"{node.scope}.{field.name}"
+            out.add(f'_b.copy_struct(self, {field.offset}, value, {target}.Builder, "{label}")')
         out.add("")
         out.add(f"def init_{field.name}(self) -> {target}.Builder:")
         out.add(f'    """A new, empty {field.name} struct."""')

@@ -901,9 +901,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """The body struct (allocated on first use)."""
                 return _b.struct_field(self, 0, Calculator.Expression.Builder)
             @body.setter
-            def body(self, value: Calculator.Expression.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
-                _b.copy_struct(self, 0, value)
+            def body(self, value: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                _b.copy_struct(self, 0, value, Calculator.Expression.Builder, "Calculator.defFunction$Params.body")
 
             def init_body(self) -> Calculator.Expression.Builder:
                 """A new, empty body struct."""
@@ -1166,9 +1166,9 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """The expression struct (allocated on first use)."""
                 return _b.struct_field(self, 0, Calculator.Expression.Builder)
             @expression.setter
-            def expression(self, value: Calculator.Expression.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
-                _b.copy_struct(self, 0, value)
+            def expression(self, value: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                _b.copy_struct(self, 0, value, Calculator.Expression.Builder, "Calculator.evaluate$Params.expression")
 
             def init_expression(self) -> Calculator.Expression.Builder:
                 """A new, empty expression struct."""
@@ -1654,7 +1654,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
         _INTERFACE_ID: ClassVar[int] = 0x97983392df35cc36
         _INTERFACE_NAME: ClassVar[str] = "Calculator"
 
-        def evaluate(self, /, *, expression: Calculator.Expression.Reader | None = None, **_unknown: Never) -> Calculator.EvaluateResults.Promise:
+        def evaluate(self, /, *, expression: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder | None = None, **_unknown: Never) -> Calculator.EvaluateResults.Promise:
             """Call Calculator.evaluate; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``evaluate_request()``.
@@ -1664,14 +1664,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _request = _t.Request(self, Calculator._ID, 0, Calculator.EvaluateParams.Builder, Calculator.EvaluateResults.Promise)
             _params = _request.params
             if expression is not None:
-                _b.copy_struct(_params, 0, expression)
+                _b.copy_struct(_params, 0, expression, Calculator.Expression.Builder, "Calculator.evaluate$Params.expression")
             return _request.send()
 
         def evaluate_request(self) -> _t.Request[Calculator.EvaluateParams.Builder, Calculator.EvaluateResults.Promise]:
             """A Calculator.evaluate call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Calculator._ID, 0, Calculator.EvaluateParams.Builder, Calculator.EvaluateResults.Promise)
 
-        def defFunction(self, /, *, paramCount: int = 0, body: Calculator.Expression.Reader | None = None, **_unknown: Never) -> Calculator.DefFunctionResults.Promise:
+        def defFunction(self, /, *, paramCount: int = 0, body: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder | None = None, **_unknown: Never) -> Calculator.DefFunctionResults.Promise:
             """Call Calculator.defFunction; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``defFunction_request()``.
@@ -1682,7 +1682,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _params = _request.params
             _params.paramCount = paramCount
             if body is not None:
-                _b.copy_struct(_params, 0, body)
+                _b.copy_struct(_params, 0, body, Calculator.Expression.Builder, "Calculator.defFunction$Params.body")
             return _request.send()
 
         def defFunction_request(self) -> _t.Request[Calculator.DefFunctionParams.Builder, Calculator.DefFunctionResults.Promise]:

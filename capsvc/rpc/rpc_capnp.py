@@ -512,9 +512,9 @@ class Call:
             """The target struct (allocated on first use)."""
             return _b.struct_field(self, 0, MessageTarget.Builder)
         @target.setter
-        def target(self, value: MessageTarget.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 0, value)
+        def target(self, value: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 0, value, MessageTarget.Builder, "Call.target")
 
         def init_target(self) -> MessageTarget.Builder:
             """A new, empty target struct."""
@@ -535,9 +535,9 @@ class Call:
             """The params struct (allocated on first use)."""
             return _b.struct_field(self, 1, Payload.Builder)
         @params.setter
-        def params(self, value: Payload.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def params(self, value: Payload.Init | Payload.Row | Payload.Reader | Payload.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Payload.Builder, "Call.params")
 
         def init_params(self) -> Payload.Builder:
             """A new, empty params struct."""
@@ -761,10 +761,10 @@ class CapDescriptor:
             set_u16(self._b.buf, self._data + 0, 4)
             return _b.struct_field(self, 0, PromisedAnswer.Builder)
         @receiverAnswer.setter
-        def receiverAnswer(self, value: PromisedAnswer.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def receiverAnswer(self, value: PromisedAnswer.Init | PromisedAnswer.Row | PromisedAnswer.Reader | PromisedAnswer.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 4)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, PromisedAnswer.Builder, "CapDescriptor.receiverAnswer")
 
         def init_receiverAnswer(self) -> PromisedAnswer.Builder:
             """A new, empty receiverAnswer struct."""
@@ -777,10 +777,10 @@ class CapDescriptor:
             set_u16(self._b.buf, self._data + 0, 5)
             return _b.struct_field(self, 0, ThirdPartyCapDescriptor.Builder)
         @thirdPartyHosted.setter
-        def thirdPartyHosted(self, value: ThirdPartyCapDescriptor.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def thirdPartyHosted(self, value: ThirdPartyCapDescriptor.Init | ThirdPartyCapDescriptor.Row | ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 5)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, ThirdPartyCapDescriptor.Builder, "CapDescriptor.thirdPartyHosted")
 
         def init_thirdPartyHosted(self) -> ThirdPartyCapDescriptor.Builder:
             """A new, empty thirdPartyHosted struct."""
@@ -1050,9 +1050,9 @@ class Disembargo:
             """The target struct (allocated on first use)."""
             return _b.struct_field(self, 0, MessageTarget.Builder)
         @target.setter
-        def target(self, value: MessageTarget.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 0, value)
+        def target(self, value: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 0, value, MessageTarget.Builder, "Disembargo.target")
 
         def init_target(self) -> MessageTarget.Builder:
             """A new, empty target struct."""
@@ -1527,9 +1527,9 @@ class Join:
             """The target struct (allocated on first use)."""
             return _b.struct_field(self, 0, MessageTarget.Builder)
         @target.setter
-        def target(self, value: MessageTarget.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 0, value)
+        def target(self, value: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 0, value, MessageTarget.Builder, "Join.target")
 
         def init_target(self) -> MessageTarget.Builder:
             """A new, empty target struct."""
@@ -1798,10 +1798,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 0)
             return _b.struct_field(self, 0, Message.Builder)
         @unimplemented.setter
-        def unimplemented(self, value: Message.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def unimplemented(self, value: Message.Init | Message.Row | Message.Reader | Message.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 0)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Message.Builder, "Message.unimplemented")
 
         def init_unimplemented(self) -> Message.Builder:
             """A new, empty unimplemented struct."""
@@ -1814,10 +1814,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 1)
             return _b.struct_field(self, 0, Exception.Builder)
         @abort.setter
-        def abort(self, value: Exception.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def abort(self, value: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 1)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Exception.Builder, "Message.abort")
 
         def init_abort(self) -> Exception.Builder:
             """A new, empty abort struct."""
@@ -1830,10 +1830,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 8)
             return _b.struct_field(self, 0, Bootstrap.Builder)
         @bootstrap.setter
-        def bootstrap(self, value: Bootstrap.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def bootstrap(self, value: Bootstrap.Init | Bootstrap.Row | Bootstrap.Reader | Bootstrap.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 8)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Bootstrap.Builder, "Message.bootstrap")
 
         def init_bootstrap(self) -> Bootstrap.Builder:
             """A new, empty bootstrap struct."""
@@ -1846,10 +1846,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 2)
             return _b.struct_field(self, 0, Call.Builder)
         @call.setter
-        def call(self, value: Call.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def call(self, value: Call.Init | Call.Row | Call.Reader | Call.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 2)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Call.Builder, "Message.call")
 
         def init_call(self) -> Call.Builder:
             """A new, empty call struct."""
@@ -1862,10 +1862,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 3)
             return _b.struct_field(self, 0, Return.Builder)
         @return_.setter
-        def return_(self, value: Return.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def return_(self, value: Return.Init | Return.Row | Return.Reader | Return.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 3)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Return.Builder, "Message.return")
 
         def init_return(self) -> Return.Builder:
             """A new, empty return struct."""
@@ -1878,10 +1878,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 4)
             return _b.struct_field(self, 0, Finish.Builder)
         @finish.setter
-        def finish(self, value: Finish.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def finish(self, value: Finish.Init | Finish.Row | Finish.Reader | Finish.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 4)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Finish.Builder, "Message.finish")
 
         def init_finish(self) -> Finish.Builder:
             """A new, empty finish struct."""
@@ -1894,10 +1894,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 5)
             return _b.struct_field(self, 0, Resolve.Builder)
         @resolve.setter
-        def resolve(self, value: Resolve.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def resolve(self, value: Resolve.Init | Resolve.Row | Resolve.Reader | Resolve.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 5)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Resolve.Builder, "Message.resolve")
 
         def init_resolve(self) -> Resolve.Builder:
             """A new, empty resolve struct."""
@@ -1910,10 +1910,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 6)
             return _b.struct_field(self, 0, Release.Builder)
         @release.setter
-        def release(self, value: Release.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def release(self, value: Release.Init | Release.Row | Release.Reader | Release.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 6)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Release.Builder, "Message.release")
 
         def init_release(self) -> Release.Builder:
             """A new, empty release struct."""
@@ -1926,10 +1926,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 13)
             return _b.struct_field(self, 0, Disembargo.Builder)
         @disembargo.setter
-        def disembargo(self, value: Disembargo.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def disembargo(self, value: Disembargo.Init | Disembargo.Row | Disembargo.Reader | Disembargo.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 13)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Disembargo.Builder, "Message.disembargo")
 
         def init_disembargo(self) -> Disembargo.Builder:
             """A new, empty disembargo struct."""
@@ -1962,10 +1962,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 10)
             return _b.struct_field(self, 0, Provide.Builder)
         @provide.setter
-        def provide(self, value: Provide.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def provide(self, value: Provide.Init | Provide.Row | Provide.Reader | Provide.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 10)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Provide.Builder, "Message.provide")
 
         def init_provide(self) -> Provide.Builder:
             """A new, empty provide struct."""
@@ -1978,10 +1978,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 11)
             return _b.struct_field(self, 0, Accept.Builder)
         @accept.setter
-        def accept(self, value: Accept.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def accept(self, value: Accept.Init | Accept.Row | Accept.Reader | Accept.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 11)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Accept.Builder, "Message.accept")
 
         def init_accept(self) -> Accept.Builder:
             """A new, empty accept struct."""
@@ -1994,10 +1994,10 @@ class Message:
             set_u16(self._b.buf, self._data + 0, 12)
             return _b.struct_field(self, 0, Join.Builder)
         @join.setter
-        def join(self, value: Join.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def join(self, value: Join.Init | Join.Row | Join.Reader | Join.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 12)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Join.Builder, "Message.join")
 
         def init_join(self) -> Join.Builder:
             """A new, empty join struct."""
@@ -2226,10 +2226,10 @@ class MessageTarget:
             set_u16(self._b.buf, self._data + 4, 1)
             return _b.struct_field(self, 0, PromisedAnswer.Builder)
         @promisedAnswer.setter
-        def promisedAnswer(self, value: PromisedAnswer.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def promisedAnswer(self, value: PromisedAnswer.Init | PromisedAnswer.Row | PromisedAnswer.Reader | PromisedAnswer.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 4, 1)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, PromisedAnswer.Builder, "MessageTarget.promisedAnswer")
 
         def init_promisedAnswer(self) -> PromisedAnswer.Builder:
             """A new, empty promisedAnswer struct."""
@@ -2806,9 +2806,9 @@ class Provide:
             """The target struct (allocated on first use)."""
             return _b.struct_field(self, 0, MessageTarget.Builder)
         @target.setter
-        def target(self, value: MessageTarget.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 0, value)
+        def target(self, value: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 0, value, MessageTarget.Builder, "Provide.target")
 
         def init_target(self) -> MessageTarget.Builder:
             """A new, empty target struct."""
@@ -3108,10 +3108,10 @@ class Resolve:
             set_u16(self._b.buf, self._data + 4, 0)
             return _b.struct_field(self, 0, CapDescriptor.Builder)
         @cap.setter
-        def cap(self, value: CapDescriptor.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def cap(self, value: CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 4, 0)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, CapDescriptor.Builder, "Resolve.cap")
 
         def init_cap(self) -> CapDescriptor.Builder:
             """A new, empty cap struct."""
@@ -3124,10 +3124,10 @@ class Resolve:
             set_u16(self._b.buf, self._data + 4, 1)
             return _b.struct_field(self, 0, Exception.Builder)
         @exception.setter
-        def exception(self, value: Exception.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def exception(self, value: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 4, 1)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Exception.Builder, "Resolve.exception")
 
         def init_exception(self) -> Exception.Builder:
             """A new, empty exception struct."""
@@ -3345,10 +3345,10 @@ class Return:
             set_u16(self._b.buf, self._data + 6, 0)
             return _b.struct_field(self, 0, Payload.Builder)
         @results.setter
-        def results(self, value: Payload.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def results(self, value: Payload.Init | Payload.Row | Payload.Reader | Payload.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 6, 0)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Payload.Builder, "Return.results")
 
         def init_results(self) -> Payload.Builder:
             """A new, empty results struct."""
@@ -3361,10 +3361,10 @@ class Return:
             set_u16(self._b.buf, self._data + 6, 1)
             return _b.struct_field(self, 0, Exception.Builder)
         @exception.setter
-        def exception(self, value: Exception.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def exception(self, value: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 6, 1)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Exception.Builder, "Return.exception")
 
         def init_exception(self) -> Exception.Builder:
             """A new, empty exception struct."""

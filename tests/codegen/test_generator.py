@@ -394,3 +394,32 @@ def test_a_keyword_for_a_field_keywords_cannot_set_names_the_request_form(
         "Store.put() has no parameter value; its parameters are none"
         " (value: set them on put_request().params, then send())"
     )
+
+
+def test_a_struct_field_takes_a_reader_a_builder_or_a_dict(generated: Generated) -> None:
+    """``builder.field = value`` for a struct field, as pycapnp takes it: another
+    message's reader or builder (copied), or a dict of its fields (or its row); anything
+    else names the field and what it takes, and changes nothing."""
+    k = generated.kitchen
+    texts = k.Box_Text.new_message(value="from a builder")
+    boxes = k.Boxes.new_message()
+    boxes.texts = texts
+    boxes.numbers = {"value": [1, 2, 3]}
+    boxes.trees = k.Box_Tree.from_bytes(
+        k.Box_Tree.new_message(value={"value": 7}).to_bytes()
+    )
+    read = k.Boxes.from_bytes(boxes.to_bytes())
+    assert read.texts.value == "from a builder"
+    assert list(read.numbers.value) == [1, 2, 3]
+    assert read.trees.value.value == 7
+    with pytest.raises(TypeError) as raised:
+        boxes.texts = "a str"
+    assert str(raised.value) == (
+        "Boxes.texts: expected a struct reader or builder, a dict of its fields, or its row,"
+        " got str"
+    )
+    with pytest.raises(TypeError, match="has no field 'nope'"):
+        boxes.texts = {"nope": 1}
+    assert boxes.as_reader().texts.value == "from a builder"  # the refused one changed nothing
+    boxes.texts = ("from a row", None, "label")
+    assert (boxes.as_reader().texts.value, boxes.as_reader().texts.label) == ("from a row", "label")

@@ -1085,9 +1085,9 @@ class Holder:
             """The inner struct (allocated on first use)."""
             return _b.struct_field(self, 2, Holder.Builder)
         @inner.setter
-        def inner(self, value: Holder.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 2, value)
+        def inner(self, value: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 2, value, Holder.Builder, "Holder.inner")
 
         def init_inner(self) -> Holder.Builder:
             """A new, empty inner struct."""
@@ -2473,9 +2473,9 @@ class Tester(_t.Interface["Tester.Client"]):
                 """The holder struct (allocated on first use)."""
                 return _b.struct_field(self, 0, Holder.Builder)
             @holder.setter
-            def holder(self, value: Holder.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
-                _b.copy_struct(self, 0, value)
+            def holder(self, value: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                _b.copy_struct(self, 0, value, Holder.Builder, "Tester.holdCaps$Params.holder")
 
             def init_holder(self) -> Holder.Builder:
                 """A new, empty holder struct."""
@@ -2608,9 +2608,9 @@ class Tester(_t.Interface["Tester.Client"]):
                 """The holder struct (allocated on first use)."""
                 return _b.struct_field(self, 0, Holder.Builder)
             @holder.setter
-            def holder(self, value: Holder.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
-                _b.copy_struct(self, 0, value)
+            def holder(self, value: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                _b.copy_struct(self, 0, value, Holder.Builder, "Tester.holdCaps$Results.holder")
 
             def init_holder(self) -> Holder.Builder:
                 """A new, empty holder struct."""
@@ -3751,7 +3751,7 @@ class Tester(_t.Interface["Tester.Client"]):
             """A Tester.callBack call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Tester._ID, 2, Tester.CallBackParams.Builder, Tester.CallBackResults.Promise)
 
-        def holdCaps(self, /, *, holder: Holder.Reader | None = None, **_unknown: Never) -> Tester.HoldCapsResults.Promise:
+        def holdCaps(self, /, *, holder: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder | None = None, **_unknown: Never) -> Tester.HoldCapsResults.Promise:
             """Call Tester.holdCaps; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``holdCaps_request()``.
@@ -3761,7 +3761,7 @@ class Tester(_t.Interface["Tester.Client"]):
             _request = _t.Request(self, Tester._ID, 3, Tester.HoldCapsParams.Builder, Tester.HoldCapsResults.Promise)
             _params = _request.params
             if holder is not None:
-                _b.copy_struct(_params, 0, holder)
+                _b.copy_struct(_params, 0, holder, Holder.Builder, "Tester.holdCaps$Params.holder")
             return _request.send()
 
         def holdCaps_request(self) -> _t.Request[Tester.HoldCapsParams.Builder, Tester.HoldCapsResults.Promise]:

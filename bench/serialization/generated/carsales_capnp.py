@@ -189,9 +189,9 @@ class Car:
             """The engine struct (allocated on first use)."""
             return _b.struct_field(self, 3, Engine.Builder)
         @engine.setter
-        def engine(self, value: Engine.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 3, value)
+        def engine(self, value: Engine.Init | Engine.Row | Engine.Reader | Engine.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 3, value, Engine.Builder, "Car.engine")
 
         def init_engine(self) -> Engine.Builder:
             """A new, empty engine struct."""

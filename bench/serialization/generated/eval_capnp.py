@@ -214,10 +214,10 @@ class Expression:
                 set_u16(self._b.buf, self._data + 2, 1)
                 return _b.struct_field(self, 0, Expression.Builder)
             @expression.setter
-            def expression(self, value: Expression.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
+            def expression(self, value: Expression.Init | Expression.Row | Expression.Reader | Expression.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
                 set_u16(self._b.buf, self._data + 2, 1)
-                _b.copy_struct(self, 0, value)
+                _b.copy_struct(self, 0, value, Expression.Builder, "Expression.left.expression")
 
             def init_expression(self) -> Expression.Builder:
                 """A new, empty expression struct."""
@@ -316,10 +316,10 @@ class Expression:
                 set_u16(self._b.buf, self._data + 12, 1)
                 return _b.struct_field(self, 1, Expression.Builder)
             @expression.setter
-            def expression(self, value: Expression.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
+            def expression(self, value: Expression.Init | Expression.Row | Expression.Reader | Expression.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
                 set_u16(self._b.buf, self._data + 12, 1)
-                _b.copy_struct(self, 1, value)
+                _b.copy_struct(self, 1, value, Expression.Builder, "Expression.right.expression")
 
             def init_expression(self) -> Expression.Builder:
                 """A new, empty expression struct."""

@@ -557,9 +557,9 @@ class Box:
             """The next struct (allocated on first use)."""
             return _b.struct_field(self, 1, Box.Builder)
         @next.setter
-        def next(self, value: Box.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def next(self, value: Box.Init | Box.Row | Box.Reader | Box.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Box.Builder, "Box.next")
 
         def init_next(self) -> Box.Builder:
             """A new, empty next struct."""
@@ -728,9 +728,9 @@ class Boxes:
             """The texts struct (allocated on first use)."""
             return _b.struct_field(self, 0, Box_Text.Builder)
         @texts.setter
-        def texts(self, value: Box_Text.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 0, value)
+        def texts(self, value: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 0, value, Box_Text.Builder, "Boxes.texts")
 
         def init_texts(self) -> Box_Text.Builder:
             """A new, empty texts struct."""
@@ -741,9 +741,9 @@ class Boxes:
             """The numbers struct (allocated on first use)."""
             return _b.struct_field(self, 1, Box_List_Int32.Builder)
         @numbers.setter
-        def numbers(self, value: Box_List_Int32.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def numbers(self, value: Box_List_Int32.Init | Box_List_Int32.Row | Box_List_Int32.Reader | Box_List_Int32.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Box_List_Int32.Builder, "Boxes.numbers")
 
         def init_numbers(self) -> Box_List_Int32.Builder:
             """A new, empty numbers struct."""
@@ -754,9 +754,9 @@ class Boxes:
             """The trees struct (allocated on first use)."""
             return _b.struct_field(self, 2, Box_Tree.Builder)
         @trees.setter
-        def trees(self, value: Box_Tree.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 2, value)
+        def trees(self, value: Box_Tree.Init | Box_Tree.Row | Box_Tree.Reader | Box_Tree.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 2, value, Box_Tree.Builder, "Boxes.trees")
 
         def init_trees(self) -> Box_Tree.Builder:
             """A new, empty trees struct."""
@@ -767,9 +767,9 @@ class Boxes:
             """The shops struct (allocated on first use)."""
             return _b.struct_field(self, 3, Box_Shop.Builder)
         @shops.setter
-        def shops(self, value: Box_Shop.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 3, value)
+        def shops(self, value: Box_Shop.Init | Box_Shop.Row | Box_Shop.Reader | Box_Shop.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 3, value, Box_Shop.Builder, "Boxes.shops")
 
         def init_shops(self) -> Box_Shop.Builder:
             """A new, empty shops struct."""
@@ -780,9 +780,9 @@ class Boxes:
             """The pair struct (allocated on first use)."""
             return _b.struct_field(self, 4, Pair_Text_Box_Text.Builder)
         @pair.setter
-        def pair(self, value: Pair_Text_Box_Text.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 4, value)
+        def pair(self, value: Pair_Text_Box_Text.Init | Pair_Text_Box_Text.Row | Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 4, value, Pair_Text_Box_Text.Builder, "Boxes.pair")
 
         def init_pair(self) -> Pair_Text_Box_Text.Builder:
             """A new, empty pair struct."""
@@ -793,9 +793,9 @@ class Boxes:
             """The bare struct (allocated on first use)."""
             return _b.struct_field(self, 5, Box.Builder)
         @bare.setter
-        def bare(self, value: Box.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 5, value)
+        def bare(self, value: Box.Init | Box.Row | Box.Reader | Box.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 5, value, Box.Builder, "Boxes.bare")
 
         def init_bare(self) -> Box.Builder:
             """A new, empty bare struct."""
@@ -1167,10 +1167,10 @@ class Choice:
             set_u16(self._b.buf, self._data + 0, 1)
             return _b.struct_field(self, 0, Numbers.Builder)
         @numbers.setter
-        def numbers(self, value: Numbers.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
+        def numbers(self, value: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
             set_u16(self._b.buf, self._data + 0, 1)
-            _b.copy_struct(self, 0, value)
+            _b.copy_struct(self, 0, value, Numbers.Builder, "Choice.numbers")
 
         def init_numbers(self) -> Numbers.Builder:
             """A new, empty numbers struct."""
@@ -1884,9 +1884,9 @@ class Defaults:
             """The numbers struct (allocated on first use)."""
             return _b.struct_field(self, 2, Numbers.Builder, _D_Defaults_numbers)
         @numbers.setter
-        def numbers(self, value: Numbers.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 2, value)
+        def numbers(self, value: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 2, value, Numbers.Builder, "Defaults.numbers")
 
         def init_numbers(self) -> Numbers.Builder:
             """A new, empty numbers struct."""
@@ -2228,9 +2228,9 @@ class Layered:
             """The outer struct (allocated on first use)."""
             return _b.struct_field(self, 0, Wrapper.Builder, _D_Layered_outer)
         @outer.setter
-        def outer(self, value: Wrapper.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 0, value)
+        def outer(self, value: Wrapper.Init | Wrapper.Row | Wrapper.Reader | Wrapper.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 0, value, Wrapper.Builder, "Layered.outer")
 
         def init_outer(self) -> Wrapper.Builder:
             """A new, empty outer struct."""
@@ -3728,9 +3728,9 @@ class Parcel:
             """The contents struct (allocated on first use)."""
             return _b.struct_field(self, 0, Crate.Builder)
         @contents.setter
-        def contents(self, value: Crate.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 0, value)
+        def contents(self, value: Crate.Init | Crate.Row | Crate.Reader | Crate.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 0, value, Crate.Builder, "Parcel.contents")
 
         def init_contents(self) -> Crate.Builder:
             """A new, empty contents struct."""
@@ -3880,9 +3880,9 @@ class Recurring:
             """The again struct (allocated on first use)."""
             return _b.struct_field(self, 1, Recurring.Builder, _D_Recurring_again)
         @again.setter
-        def again(self, value: Recurring.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def again(self, value: Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Recurring.Builder, "Recurring.again")
 
         def init_again(self) -> Recurring.Builder:
             """A new, empty again struct."""
@@ -5834,9 +5834,9 @@ class Shelves:
             """The texts struct (allocated on first use)."""
             return _b.struct_field(self, 0, Shelf_Tree.Slot_Text.Builder)
         @texts.setter
-        def texts(self, value: Shelf_Tree.Slot_Text.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 0, value)
+        def texts(self, value: Shelf_Tree.Slot_Text.Init | Shelf_Tree.Slot_Text.Row | Shelf_Tree.Slot_Text.Reader | Shelf_Tree.Slot_Text.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 0, value, Shelf_Tree.Slot_Text.Builder, "Shelves.texts")
 
         def init_texts(self) -> Shelf_Tree.Slot_Text.Builder:
             """A new, empty texts struct."""
@@ -5847,9 +5847,9 @@ class Shelves:
             """The numbers struct (allocated on first use)."""
             return _b.struct_field(self, 1, Shelf_Tree.Slot_List_Int32.Builder)
         @numbers.setter
-        def numbers(self, value: Shelf_Tree.Slot_List_Int32.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def numbers(self, value: Shelf_Tree.Slot_List_Int32.Init | Shelf_Tree.Slot_List_Int32.Row | Shelf_Tree.Slot_List_Int32.Reader | Shelf_Tree.Slot_List_Int32.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Shelf_Tree.Slot_List_Int32.Builder, "Shelves.numbers")
 
         def init_numbers(self) -> Shelf_Tree.Slot_List_Int32.Builder:
             """A new, empty numbers struct."""
@@ -5860,9 +5860,9 @@ class Shelves:
             """The aliased struct (allocated on first use)."""
             return _b.struct_field(self, 2, Shelf_Tree.Slot_Text.Builder, _D_Shelves_aliased)
         @aliased.setter
-        def aliased(self, value: Shelf_Tree.Slot_Text.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 2, value)
+        def aliased(self, value: Shelf_Tree.Slot_Text.Init | Shelf_Tree.Slot_Text.Row | Shelf_Tree.Slot_Text.Reader | Shelf_Tree.Slot_Text.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 2, value, Shelf_Tree.Slot_Text.Builder, "Shelves.aliased")
 
         def init_aliased(self) -> Shelf_Tree.Slot_Text.Builder:
             """A new, empty aliased struct."""
@@ -6150,9 +6150,9 @@ class Shop(_t.Interface["Shop.Client"]):
                 """The receipt struct (allocated on first use)."""
                 return _b.struct_field(self, 0, Numbers.Builder)
             @receipt.setter
-            def receipt(self, value: Numbers.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
-                _b.copy_struct(self, 0, value)
+            def receipt(self, value: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                _b.copy_struct(self, 0, value, Numbers.Builder, "Shop.buy$Results.receipt")
 
             def init_receipt(self) -> Numbers.Builder:
                 """A new, empty receipt struct."""
@@ -6512,9 +6512,9 @@ class Shop(_t.Interface["Shop.Client"]):
                 """The tree struct (allocated on first use)."""
                 return _b.struct_field(self, 0, Tree.Builder)
             @tree.setter
-            def tree(self, value: Tree.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
-                _b.copy_struct(self, 0, value)
+            def tree(self, value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                _b.copy_struct(self, 0, value, Tree.Builder, "Shop.peek$Params.tree")
 
             def init_tree(self) -> Tree.Builder:
                 """A new, empty tree struct."""
@@ -6745,7 +6745,7 @@ class Shop(_t.Interface["Shop.Client"]):
             """A Shop.list call to fill (``.params``) and ``send()``."""
             return _t.Request(self, Shop._ID, 1, Shop.ListParams.Builder, Shop.ListResults.Promise)
 
-        def peek(self, /, *, tree: Tree.Reader | None = None, **_unknown: Never) -> Shop.PeekResults.Promise:
+        def peek(self, /, *, tree: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder | None = None, **_unknown: Never) -> Shop.PeekResults.Promise:
             """Call Shop.peek; returns the pipelinable promise of its results.
 
             Params keywords cannot express: ``peek_request()``.
@@ -6755,7 +6755,7 @@ class Shop(_t.Interface["Shop.Client"]):
             _request = _t.Request(self, Shop._ID, 2, Shop.PeekParams.Builder, Shop.PeekResults.Promise)
             _params = _request.params
             if tree is not None:
-                _b.copy_struct(_params, 0, tree)
+                _b.copy_struct(_params, 0, tree, Tree.Builder, "Shop.peek$Params.tree")
             return _request.send()
 
         def peek_request(self) -> _t.Request[Shop.PeekParams.Builder, Shop.PeekResults.Promise]:
@@ -7352,9 +7352,9 @@ class Store(_t.Interface["Store.Client"]):
                 """The box struct (allocated on first use)."""
                 return _b.struct_field(self, 1, Box.Builder)
             @box.setter
-            def box(self, value: Box.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
-                _b.copy_struct(self, 1, value)
+            def box(self, value: Box.Init | Box.Row | Box.Reader | Box.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                _b.copy_struct(self, 1, value, Box.Builder, "Store.get$Results.box")
 
             def init_box(self) -> Box.Builder:
                 """A new, empty box struct."""
@@ -7912,9 +7912,9 @@ class Tree:
             """The left struct (allocated on first use)."""
             return _b.struct_field(self, 1, Tree.Builder)
         @left.setter
-        def left(self, value: Tree.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def left(self, value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Tree.Builder, "Tree.left")
 
         def init_left(self) -> Tree.Builder:
             """A new, empty left struct."""
@@ -7925,9 +7925,9 @@ class Tree:
             """The other struct (allocated on first use)."""
             return _b.struct_field(self, 2, kitchen_other_capnp.Thing.Builder)
         @other.setter
-        def other(self, value: kitchen_other_capnp.Thing.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 2, value)
+        def other(self, value: kitchen_other_capnp.Thing.Init | kitchen_other_capnp.Thing.Row | kitchen_other_capnp.Thing.Reader | kitchen_other_capnp.Thing.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 2, value, kitchen_other_capnp.Thing.Builder, "Tree.other")
 
         def init_other(self) -> kitchen_other_capnp.Thing.Builder:
             """A new, empty other struct."""
@@ -8094,9 +8094,9 @@ class Wrapper:
             """The numbers struct (allocated on first use)."""
             return _b.struct_field(self, 1, Numbers.Builder)
         @numbers.setter
-        def numbers(self, value: Numbers.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def numbers(self, value: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Numbers.Builder, "Wrapper.numbers")
 
         def init_numbers(self) -> Numbers.Builder:
             """A new, empty numbers struct."""
@@ -8276,9 +8276,9 @@ class Box_Text:
             """The next struct (allocated on first use)."""
             return _b.struct_field(self, 1, Box_Text.Builder)
         @next.setter
-        def next(self, value: Box_Text.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def next(self, value: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Box_Text.Builder, "Box_Text.next")
 
         def init_next(self) -> Box_Text.Builder:
             """A new, empty next struct."""
@@ -8439,9 +8439,9 @@ class Box_List_Int32:
             """The next struct (allocated on first use)."""
             return _b.struct_field(self, 1, Box_List_Int32.Builder)
         @next.setter
-        def next(self, value: Box_List_Int32.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def next(self, value: Box_List_Int32.Init | Box_List_Int32.Row | Box_List_Int32.Reader | Box_List_Int32.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Box_List_Int32.Builder, "Box_List_Int32.next")
 
         def init_next(self) -> Box_List_Int32.Builder:
             """A new, empty next struct."""
@@ -8592,9 +8592,9 @@ class Box_Tree:
             """The value struct (allocated on first use)."""
             return _b.struct_field(self, 0, Tree.Builder)
         @value.setter
-        def value(self, value: Tree.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 0, value)
+        def value(self, value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 0, value, Tree.Builder, "Box_Tree.value")
 
         def init_value(self) -> Tree.Builder:
             """A new, empty value struct."""
@@ -8605,9 +8605,9 @@ class Box_Tree:
             """The next struct (allocated on first use)."""
             return _b.struct_field(self, 1, Box_Tree.Builder)
         @next.setter
-        def next(self, value: Box_Tree.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def next(self, value: Box_Tree.Init | Box_Tree.Row | Box_Tree.Reader | Box_Tree.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Box_Tree.Builder, "Box_Tree.next")
 
         def init_next(self) -> Box_Tree.Builder:
             """A new, empty next struct."""
@@ -8767,9 +8767,9 @@ class Box_Shop:
             """The next struct (allocated on first use)."""
             return _b.struct_field(self, 1, Box_Shop.Builder)
         @next.setter
-        def next(self, value: Box_Shop.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def next(self, value: Box_Shop.Init | Box_Shop.Row | Box_Shop.Reader | Box_Shop.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Box_Shop.Builder, "Box_Shop.next")
 
         def init_next(self) -> Box_Shop.Builder:
             """A new, empty next struct."""
@@ -8921,9 +8921,9 @@ class Pair_Text_Box_Text:
             """The value struct (allocated on first use)."""
             return _b.struct_field(self, 1, Box_Text.Builder)
         @value.setter
-        def value(self, value: Box_Text.Reader) -> None:
-            """A deep copy of ``value`` (capabilities included)."""
-            _b.copy_struct(self, 1, value)
+        def value(self, value: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder) -> None:
+            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            _b.copy_struct(self, 1, value, Box_Text.Builder, "Pair_Text_Box_Text.value")
 
         def init_value(self) -> Box_Text.Builder:
             """A new, empty value struct."""
@@ -9069,9 +9069,9 @@ class Shelf_Tree:
                 """The item struct (allocated on first use)."""
                 return _b.struct_field(self, 0, Tree.Builder)
             @item.setter
-            def item(self, value: Tree.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
-                _b.copy_struct(self, 0, value)
+            def item(self, value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                _b.copy_struct(self, 0, value, Tree.Builder, "Shelf_Tree.Slot_Text.item")
 
             def init_item(self) -> Tree.Builder:
                 """A new, empty item struct."""
@@ -9214,9 +9214,9 @@ class Shelf_Tree:
                 """The item struct (allocated on first use)."""
                 return _b.struct_field(self, 0, Tree.Builder)
             @item.setter
-            def item(self, value: Tree.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
-                _b.copy_struct(self, 0, value)
+            def item(self, value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                _b.copy_struct(self, 0, value, Tree.Builder, "Shelf_Tree.Slot_List_Int32.item")
 
             def init_item(self) -> Tree.Builder:
                 """A new, empty item struct."""
@@ -9779,9 +9779,9 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
                 """The box struct (allocated on first use)."""
                 return _b.struct_field(self, 1, Box_Text.Builder)
             @box.setter
-            def box(self, value: Box_Text.Reader) -> None:
-                """A deep copy of ``value`` (capabilities included)."""
-                _b.copy_struct(self, 1, value)
+            def box(self, value: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder) -> None:
+                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                _b.copy_struct(self, 1, value, Box_Text.Builder, "Store_Text.get$Results.box")
 
             def init_box(self) -> Box_Text.Builder:
                 """A new, empty box struct."""
