@@ -405,9 +405,7 @@ def test_a_struct_field_takes_a_reader_a_builder_or_a_dict(generated: Generated)
     boxes = k.Boxes.new_message()
     boxes.texts = texts
     boxes.numbers = {"value": [1, 2, 3]}
-    boxes.trees = k.Box_Tree.from_bytes(
-        k.Box_Tree.new_message(value={"value": 7}).to_bytes()
-    )
+    boxes.trees = k.Box_Tree.from_bytes(k.Box_Tree.new_message(value={"value": 7}).to_bytes())
     read = k.Boxes.from_bytes(boxes.to_bytes())
     assert read.texts.value == "from a builder"
     assert list(read.numbers.value) == [1, 2, 3]
