@@ -220,8 +220,8 @@ def _run_inline(hook: LocalServerHook, call: OutgoingCall, pool: _WorkerPool | N
     except Exception as error:
         _fail(result, server, call, error)
         call.params.release()
-        if hook.streaming and (call.interface_id, call.method_id) in hook.streaming:
-            hook.broken = result.error
+        if _is_stream(hook, call):
+            hook.broken = result.error  # (LocalServerHook: a failed stream call breaks it)
         return
     finally:
         if observed is not None:
@@ -239,10 +239,16 @@ def _run_inline(hook: LocalServerHook, call: OutgoingCall, pool: _WorkerPool | N
         )
 
 
+def _is_stream(hook: LocalServerHook, call: OutgoingCall) -> bool:
+    """Whether ``call`` is one of the object's ``-> stream`` calls (most objects have none:
+    the empty set is the one test a call pays)."""
+    return bool(hook.streaming) and (call.interface_id, call.method_id) in hook.streaming
+
+
 def _blocks(hook: LocalServerHook, call: OutgoingCall) -> LocalServerHook | None:
     """``hook``, now blocked, if ``call`` is one of its ``-> stream`` calls (no other call
     on the object begins until it ends: LocalServerHook); otherwise None."""
-    if hook.streaming and (call.interface_id, call.method_id) in hook.streaming:
+    if _is_stream(hook, call):
         hook.blocked = True
         return hook
     return None
