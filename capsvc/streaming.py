@@ -59,10 +59,13 @@ class StreamWindow:
     __slots__ = ("error", "in_flight", "largest", "ready_streak", "sock", "waiters", "window")
 
     def __init__(self, window: int, sock: Any = None) -> None:
-        #: The window; with ``sock``, its send buffer's size is asked instead, each time it
-        #: matters (the kernel grows it with the connection's congestion window).
+        #: The window; with ``sock``, its send buffer's size, asked again only when the
+        #: last answer would make a write wait (the kernel grows it with the connection's
+        #: congestion window): no system call per write.
         self.window = window
         self.sock = sock
+        if sock is not None:
+            self._ask_socket()
         self.in_flight = 0
         self.ready_streak = 0  # writes in a row that found room at once
         self.largest = 0
@@ -72,17 +75,18 @@ class StreamWindow:
     @property
     def ready(self) -> bool:
         """Whether the caller may send another stream call now."""
-        if self.in_flight <= self.largest:
-            return True  # (one message's worth in flight asks nothing of the socket)
-        return self.in_flight < self._window() + self.largest
+        if self.in_flight <= self.largest or self.in_flight < self.window + self.largest:
+            return True
+        if self.sock is None:
+            return False
+        self._ask_socket()  # it may have grown since
+        return self.in_flight < self.window + self.largest
 
-    def _window(self) -> int:
-        if self.sock is not None:
-            try:
-                return int(self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
-            except OSError:
-                self.sock = None
-        return self.window
+    def _ask_socket(self) -> None:
+        try:
+            self.window = int(self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+        except OSError:
+            self.sock = None  # (keep the last answer)
 
     def sent(self, size: int, result: CallResult) -> None:
         """A stream call of ``size`` bytes went out; ``result`` settles when it returns.
