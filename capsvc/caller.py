@@ -494,10 +494,11 @@ async def run_calls(address: str, plan: CallPlan) -> dict[str, Any]:
     from capsvc.api import connect
     from capsvc.checked import set_field
     from capsvc.client import Client, Promise, Request
+    from capsvc.streaming import StreamCall
 
     async with connect(address) as conn:
         target: Client = conn.bootstrap(plan.interface)
-        promises: list[Promise] = []  # held to the end: each keeps its question alive
+        promises: list[Promise | StreamCall] = []  # held to the end: each keeps its question
         for step in plan.steps:
             if promises:
                 target = _pipelined(promises[-1], step.path)
@@ -507,7 +508,11 @@ async def run_calls(address: str, plan: CallPlan) -> dict[str, Any]:
             for name, value in step.params.items():
                 set_field(request.params, step.param_schema, name, value)
             promises.append(request.send())
-        results = await promises[-1]
+        last = promises[-1]
+        if isinstance(last, StreamCall):  # a `-> stream` method: wait for its own Return;
+            await last.returned()  # its results (StreamResult) have no fields to show
+            return {}
+        results = await last
         return render_struct(results, plan.steps[-1].result_schema)
 
 

@@ -9,6 +9,9 @@ Theory of operation:
   field of the result type gives a Client (interface field) or a deeper pipelined field,
   usable before the call returns (rpc-protocol.md §6). Dropping the last Promise and
   pipelined Client before the return cancels the call (the question's Finish goes out).
+- A ``-> stream`` method's call gives a ``StreamCall`` instead, with the flow control of
+  the generated path (capsvc.streaming): its ``await`` returns once the capability's
+  window has room, not when the call returns.
 - References are released when the objects are closed (``close()``, ``with``) or collected;
   CPython collects them as soon as the last reference goes, so tables empty promptly.
 """
@@ -24,6 +27,7 @@ from capsvc.rpc.hooks import BrokenHook, CallResult, Hook, OutgoingCall, Path
 from capsvc.rpc.payload import BuiltPayload, new_call_payload
 from capsvc.runtime import wait_result
 from capsvc.schema import FieldKind, InterfaceInfo, MethodInfo, interface_info, struct_info
+from capsvc.streaming import StreamCall, send_stream_call
 from capsvc.structs import _hook_of, wrap_builder, wrap_reader
 
 
@@ -106,7 +110,7 @@ class _BoundMethod:
         self._client = client
         self._method = method
 
-    def __call__(self, *args: Any, **fields: Any) -> Promise:
+    def __call__(self, *args: Any, **fields: Any) -> Promise | StreamCall:
         method = self._method
         if args or fields:
             # Mistakes are TypeErrors naming the method and its parameters (not pycapnp's
@@ -145,11 +149,20 @@ class Request:
     def init(self, name: str, *args: Any) -> Any:
         return self.params.init(name, *args)
 
-    def send(self) -> Promise:
+    def send(self) -> Promise | StreamCall:
+        """Send the call: its ``Promise``, or for a ``-> stream`` method a ``StreamCall``."""
         method = self._method
+        client = self._client
+        if (method.interface_id, method.method_id) in client._info.streaming:
+            payload = self._payload
+            # The window counts whole Call messages, framed (C++: the message's size).
+            size = payload.message.total_size.word_count * 8 + 8
+            return send_stream_call(
+                client._hook, method.interface_id, method.method_id, payload, size
+            )
         result = CallResult()
         call = OutgoingCall(method.interface_id, method.method_id, self._payload, result.add_ref())
-        self._client._hook.call(call)
+        client._hook.call(call)
         return Promise(result, method.result_schema)
 
 

@@ -41,7 +41,14 @@ from capsvc.runtime import wait_result
 if TYPE_CHECKING:
     from collections.abc import Generator
 
-__all__ = ["DEFAULT_WINDOW", "STREAM_RESULT_ID", "StreamCall", "StreamRequest", "StreamWindow"]
+__all__ = [
+    "DEFAULT_WINDOW",
+    "STREAM_RESULT_ID",
+    "StreamCall",
+    "StreamRequest",
+    "StreamWindow",
+    "send_stream_call",
+]
 
 PB = TypeVar("PB", bound=StructBuilder)
 
@@ -202,20 +209,28 @@ class StreamRequest(Generic[PB]):
 
     def send(self) -> StreamCall:
         size = len(self._payload.builder.buf) + _FRAMING
-        result = CallResult()
-        hook = self._hook
-        hook.call(OutgoingCall(self._interface, self._method, self._payload, result.add_ref()))
-        if result.done:  # never sent: its error is its own (or it ran already, locally)
-            return StreamCall(result, None)
-        if isinstance(hook.shortest(), LocalServerHook):
-            result.add_ref()
-            result.add_done_callback(_release)
-            return StreamCall(result, None)
-        window = hook.stream_window
-        if window is None:
-            window = hook.stream_window = _window_of(result)
-        window.sent(size, result)
-        return StreamCall(result, window)
+        return send_stream_call(self._hook, self._interface, self._method, self._payload, size)
+
+
+def send_stream_call(
+    hook: Hook, interface_id: int, method_id: int, payload: Any, size: int
+) -> StreamCall:
+    """Send one stream call of ``size`` bytes (its whole Call message, framed) on
+    ``hook``: what a generated ``StreamRequest`` and a ``load_schema`` client's request
+    of a ``-> stream`` method both do."""
+    result = CallResult()
+    hook.call(OutgoingCall(interface_id, method_id, payload, result.add_ref()))
+    if result.done:  # never sent: its error is its own (or it ran already, locally)
+        return StreamCall(result, None)
+    if isinstance(hook.shortest(), LocalServerHook):
+        result.add_ref()
+        result.add_done_callback(_release)
+        return StreamCall(result, None)
+    window = hook.stream_window
+    if window is None:
+        window = hook.stream_window = _window_of(result)
+    window.sent(size, result)
+    return StreamCall(result, window)
 
 
 def _window_of(result: CallResult) -> StreamWindow:

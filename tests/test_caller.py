@@ -274,8 +274,11 @@ def test_kv_open_put_and_get(kv: str) -> None:
     assert call_json(kv, *store, "store.put", "key=b", f"value={binary}") == {"replaced": False}
     assert call_json(kv, *store, "store.get", "key=b")["value"] == "AP8="
     assert call_json(kv, *store, "store.get", "key=none") == {"value": "", "found": False}
+    # A `-> stream` method: the CLI waits for its own Return; its results have no fields.
+    assert call_json(kv, *store, "store.load", "key=c", "value=streamed") == {}
+    assert call_json(kv, *store, "store.get", "key=c")["value"] == "c3RyZWFtZWQ="
     keys = call(kv, *store, "store.keys", "--compact")
-    assert keys.stdout == '{"keys":["a","b"]}\n', keys.stderr
+    assert keys.stdout == '{"keys":["a","b","c"]}\n', keys.stderr
     # Another store name: another store (the chain really went through open's result).
     assert call_json(kv, "--schema", KV, "Directory.open", "name=other", "store.keys") == {
         "keys": []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -186,7 +186,7 @@ async def test_capabilities_travel_in_any_pointers(generated: Generated) -> None
         assert got.value.as_interface(k.Shop.Client) is not None  # a client of any type
 
 
-async def exercise_sink(k: ModuleType, address: str) -> None:
+async def exercise_sink(k: ModuleType | SimpleNamespace, address: str) -> None:
     """Fifty ``-> stream`` writes, each awaited (flow control: it returns once the window
     has room, not when the write returns), then ``total``; then a write out of order,
     which the server fails, and which breaks the sink: ``total`` fails with its error
@@ -256,6 +256,16 @@ async def test_typed_client_and_cpp_servers(generated: Generated, cpp_peer: Peer
     exercise = EXERCISES[argv[-1]]
     with peer_deadline():
         await exercise(generated.kitchen, cpp_peer.address)
+
+
+@pytest.mark.parametrize("cpp_peer", ["sink"], indirect=True)
+async def test_dynamic_stream_client_and_cpp_server(
+    generated: Generated, cpp_peer: PeerProcess
+) -> None:
+    """The same stream exercise through a ``load_schema`` client: its writes are stream
+    calls too, and the C++ server's broken sink fails ``total`` the same way."""
+    with peer_deadline():
+        await exercise_sink(SimpleNamespace(Sink=generated.reference.Sink), cpp_peer.address)
 
 
 @pytest.mark.parametrize("kind", ["diamond", "textstore", "sink", "loud"])

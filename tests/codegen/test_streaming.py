@@ -268,3 +268,36 @@ async def test_a_stream_of_writes_lets_other_tasks_run(generated: Generated) -> 
             assert ticker.ticks - start < 8 * YIELD_EVERY  # not a pass per write
             nursery.cancel_scope.cancel()
         assert (await client.total()).writes == 8 * YIELD_EVERY
+
+
+async def test_a_dynamic_client_streams_with_the_same_window(generated: Generated) -> None:
+    """A ``load_schema`` client's ``-> stream`` call gives a ``StreamCall`` with the
+    generated path's flow control: the writer runs ahead of the held server by the
+    window, not a round trip per write; the writes arrive in order, one at a time."""
+    sink = gated_sink(generated.kitchen)
+    limits = capsvc.Limits(stream_window_bytes=WINDOW)
+    sent: list[int] = []
+    async with local_server(sink) as address, capsvc.connect(address, limits=limits) as conn:
+        client = conn.bootstrap(generated.reference.Sink)
+        first = client.write(chunk=bytes([0]) * CHUNK)
+        assert isinstance(first, StreamCall)
+        await first
+        sent.append(0)
+
+        async def writer() -> None:
+            for i in range(1, 20):
+                await client.write(chunk=bytes([i]) * CHUNK)
+                sent.append(i)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer)
+            await trio.testing.wait_all_tasks_blocked()
+            assert sink.begun == 1  # the first write holds the server,
+            assert sent == [0, 1, 2, 3]  # yet the writer went on by the window
+            sink.gate.set()
+        request = client.write_request()
+        request.chunk = b"\x14"
+        await request.send()  # the request form streams too
+        assert (await client.total()).writes == 21
+    assert sink.chunks == list(range(21))
+    assert sink.most_at_once == 1
