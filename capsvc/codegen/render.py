@@ -1312,7 +1312,8 @@ def _to_dict(out: _Out, node: Struct, names: _Names) -> None:
     out.add("def to_dict(self) -> dict[str, Any]:")
     with out.indent():
         out.add('"""Every field set, as pycapnp\'s ``to_dict`` gives them (null pointers left out,')
-        out.add('only the union member that is set, even null; enums by name; no capabilities)."""')
+        out.add("only the union member that is set, even null; enums by name; a capability as")
+        out.add('its client, an AnyPointer as its reader: what ``new_message`` takes back)."""')
         out.add("out: dict[str, Any] = {}")
         ordered = sorted(node.fields, key=lambda f: f.code_order)
         for field in ordered:
@@ -1341,8 +1342,6 @@ def _dict_entry(field: Field, *, member: bool = False) -> list[str]:
         return [f"out[{key}] = {attribute}.to_dict()"]
     kind = field.type
     assert kind is not None
-    if kind.kind in ("interface", "anyPointer") or _has_capability_lists(kind):
-        return []
     value = _dict_value(kind, attribute)
     if kind.is_pointer and not member:
         return [f"if self._has({field.offset}):", f"    out[{key}] = {value}"]
@@ -1354,12 +1353,6 @@ def _dict_entry(field: Field, *, member: bool = False) -> list[str]:
             f"    out[{key}] = _r.default_dict({attribute})",
         ]
     return [f"out[{key}] = {value}"]
-
-
-def _has_capability_lists(kind: Type) -> bool:
-    while kind.kind == "list" and kind.element is not None:
-        kind = kind.element
-    return kind.kind in ("interface", "anyPointer")
 
 
 def _dict_value(kind: Type, expression: str) -> str:

@@ -75,8 +75,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, even null; enums by name; no capabilities)."""
+                    only the union member that is set, even null; enums by name; a capability as
+                    its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                     out: dict[str, Any] = {}
+                    if self._has(0):
+                        out['function'] = self.function
                     if self._has(1):
                         out['params'] = [item.to_dict() for item in self.params]
                     return out
@@ -162,11 +165,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "literal":
                     out['literal'] = self.literal
+                if which == "previousResult":
+                    out['previousResult'] = self.previousResult
                 if which == "parameter":
                     out['parameter'] = self.parameter
                 if which == "call":
@@ -324,7 +330,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, even null; enums by name; no capabilities)."""
+                    only the union member that is set, even null; enums by name; a capability as
+                    its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                     out: dict[str, Any] = {}
                     if self._has(0):
                         out['params'] = list(self.params)
@@ -452,7 +459,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, even null; enums by name; no capabilities)."""
+                    only the union member that is set, even null; enums by name; a capability as
+                    its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                     out: dict[str, Any] = {}
                     out['value'] = self.value
                     return out
@@ -627,7 +635,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, even null; enums by name; no capabilities)."""
+                    only the union member that is set, even null; enums by name; a capability as
+                    its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                     out: dict[str, Any] = {}
                     return out
 
@@ -727,7 +736,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                    only the union member that is set, even null; enums by name; no capabilities)."""
+                    only the union member that is set, even null; enums by name; a capability as
+                    its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                     out: dict[str, Any] = {}
                     out['value'] = self.value
                     return out
@@ -882,7 +892,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['paramCount'] = self.paramCount
                 if self._has(0):
@@ -1025,8 +1036,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['func'] = self.func
                 return out
 
         class Builder(_b.StructBuilder):
@@ -1150,7 +1164,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['expression'] = self.expression.to_dict()
@@ -1288,8 +1303,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['value'] = self.value
                 return out
 
         class Builder(_b.StructBuilder):
@@ -1413,7 +1431,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['op'] = _r.enum_name(self.op)
                 return out
@@ -1543,8 +1562,11 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['func'] = self.func
                 return out
 
         class Builder(_b.StructBuilder):

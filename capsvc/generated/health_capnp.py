@@ -63,7 +63,8 @@ class Health(_t.Interface["Health.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['service'] = self.service
@@ -183,7 +184,8 @@ class Health(_t.Interface["Health.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['status'] = _r.enum_name(self.status)
                 return out

@@ -51,7 +51,8 @@ class StreamResult:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             return out
 

@@ -68,9 +68,12 @@ class Accept:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
+            if self._has(0):
+                out['provision'] = self.provision
             out['embargo'] = self.embargo
             return out
 
@@ -209,9 +212,12 @@ class Bootstrap:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
+            if self._has(0):
+                out['deprecatedObjectId'] = self.deprecatedObjectId
             return out
 
     class Builder(_b.StructBuilder):
@@ -364,13 +370,16 @@ class Call:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "caller":
                     out['caller'] = self.caller
                 if which == "yourself":
                     out['yourself'] = self.yourself
+                if which == "thirdParty":
+                    out['thirdParty'] = self.thirdParty
                 return out
 
         class Builder(_b.StructBuilder):
@@ -485,7 +494,8 @@ class Call:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             if self._has(0):
@@ -712,7 +722,8 @@ class CapDescriptor:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['attachedFd'] = self.attachedFd
             which = self.which()
@@ -947,7 +958,8 @@ class Disembargo:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "senderLoopback":
@@ -1033,7 +1045,8 @@ class Disembargo:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['target'] = self.target.to_dict()
@@ -1211,7 +1224,8 @@ class Exception:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['reason'] = self.reason
@@ -1368,7 +1382,8 @@ class Finish:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             out['releaseResultCaps'] = self.releaseResultCaps
@@ -1508,11 +1523,14 @@ class Join:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             if self._has(0):
                 out['target'] = self.target.to_dict()
+            if self._has(1):
+                out['keyPart'] = self.keyPart
             return out
 
     class Builder(_b.StructBuilder):
@@ -1722,7 +1740,8 @@ class Message:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             which = self.which()
             if which == "unimplemented":
@@ -1770,6 +1789,10 @@ class Message:
                     out['disembargo'] = self.disembargo.to_dict()
                 else:
                     out['disembargo'] = _r.default_dict(self.disembargo)
+            if which == "obsoleteSave":
+                out['obsoleteSave'] = self.obsoleteSave
+            if which == "obsoleteDelete":
+                out['obsoleteDelete'] = self.obsoleteDelete
             if which == "provide":
                 if self._has(0):
                     out['provide'] = self.provide.to_dict()
@@ -2201,7 +2224,8 @@ class MessageTarget:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             which = self.which()
             if which == "importedCap":
@@ -2362,8 +2386,11 @@ class Payload:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
+            if self._has(0):
+                out['content'] = self.content
             if self._has(1):
                 out['capTable'] = [item.to_dict() for item in self.capTable]
             return out
@@ -2511,7 +2538,8 @@ class PromisedAnswer:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "noop":
@@ -2649,7 +2677,8 @@ class PromisedAnswer:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             if self._has(0):
@@ -2787,11 +2816,14 @@ class Provide:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['questionId'] = self.questionId
             if self._has(0):
                 out['target'] = self.target.to_dict()
+            if self._has(1):
+                out['recipient'] = self.recipient
             return out
 
     class Builder(_b.StructBuilder):
@@ -2941,7 +2973,8 @@ class Release:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['id'] = self.id
             out['referenceCount'] = self.referenceCount
@@ -3079,7 +3112,8 @@ class Resolve:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['promiseId'] = self.promiseId
             which = self.which()
@@ -3304,7 +3338,8 @@ class Return:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['answerId'] = self.answerId
             out['releaseParamCaps'] = self.releaseParamCaps
@@ -3326,6 +3361,8 @@ class Return:
                 out['resultsSentElsewhere'] = self.resultsSentElsewhere
             if which == "takeFromOtherQuestion":
                 out['takeFromOtherQuestion'] = self.takeFromOtherQuestion
+            if which == "acceptFromThirdParty":
+                out['acceptFromThirdParty'] = self.acceptFromThirdParty
             return out
 
     class Builder(_b.StructBuilder):
@@ -3543,8 +3580,11 @@ class ThirdPartyCapDescriptor:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
+            if self._has(0):
+                out['id'] = self.id
             out['vineId'] = self.vineId
             return out
 

@@ -64,7 +64,8 @@ class Directory(_t.Interface["Directory.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['name'] = self.name
@@ -187,8 +188,11 @@ class Directory(_t.Interface["Directory.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['store'] = self.store
                 return out
 
         class Builder(_b.StructBuilder):
@@ -354,7 +358,8 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['key'] = self.key
@@ -481,7 +486,8 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['value'] = self.value
@@ -607,7 +613,8 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -707,7 +714,8 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['keys'] = list(self.keys)
@@ -843,7 +851,8 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['key'] = self.key
@@ -981,7 +990,8 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['key'] = self.key
@@ -1112,7 +1122,8 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['replaced'] = self.replaced
                 return out
@@ -1234,8 +1245,11 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['watcher'] = self.watcher
                 return out
 
         class Builder(_b.StructBuilder):
@@ -1355,7 +1369,8 @@ class Store(_t.Interface["Store.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -1594,7 +1609,8 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['key'] = self.key
@@ -1721,7 +1737,8 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
 

@@ -143,3 +143,28 @@ def test_enums_by_code_member_or_name(generated: Generated) -> None:
         assert kitchen.Numbers.new_message(color=value).as_reader().color == blue
     with pytest.raises(ValueError, match=r"Numbers\.color: Color has no enumerant 'mauve'"):
         kitchen.Numbers.new_message(color="mauve")
+
+
+async def test_to_dict_gives_capabilities_and_any_pointers_for_new_message(
+    generated: Generated,
+) -> None:
+    """``to_dict`` gives a capability as its client and an AnyPointer as its reader, as
+    pycapnp's does, so ``new_message(**reader.to_dict())`` copies them too: the copy's
+    clients call the same object, a null one stays null."""
+    k = generated.kitchen
+
+    class Shop(k.Shop.Server):  # type: ignore[misc, name-defined]
+        def list(self, params: Any, results: Any) -> None:
+            results.set_items(["kept"])
+
+    shop = Shop()
+    source = k.Anything.new_message(pointer="text", capability=shop, shop=shop, shops=[shop, None])
+    data = source.as_reader().to_dict()
+    assert set(data) == {"pointer", "capability", "shop", "shops"}
+    copy = k.Anything.new_message(**data).as_reader()
+    assert copy.pointer.as_text() == "text"
+    assert copy.anyStruct.is_null
+    assert (await copy.shop.list()).items == ["kept"]
+    assert (await copy.capability.cast_as(k.Shop).list()).items == ["kept"]
+    assert (await copy.shops[0].list()).items == ["kept"]
+    assert copy.shops[1]._capsvc_hook().is_null

@@ -63,7 +63,8 @@ class Callback(_t.Interface["Callback.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
@@ -182,7 +183,8 @@ class Callback(_t.Interface["Callback.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['ack'] = self.ack
                 return out
@@ -338,7 +340,8 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -438,7 +441,8 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
@@ -557,7 +561,8 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['by'] = self.by
                 return out
@@ -676,7 +681,8 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
@@ -872,11 +878,14 @@ class Holder:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "none":
                     out['none'] = self.none
+                if which == "counter":
+                    out['counter'] = self.counter
                 if which == "text":
                     out['text'] = self.text
                 return out
@@ -967,9 +976,12 @@ class Holder:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['number'] = self.number
+                if self._has(6):
+                    out['callback'] = self.callback
                 return out
 
         class Builder(_b.StructBuilder):
@@ -1057,12 +1069,17 @@ class Holder:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['name'] = self.name
+            if self._has(1):
+                out['cap'] = self.cap
             if self._has(2):
                 out['inner'] = self.inner.to_dict()
+            if self._has(3):
+                out['caps'] = list(self.caps)
             if self._has(4):
                 out['items'] = [item.to_dict() for item in self.items]
             out['choice'] = self.choice.to_dict()
@@ -1262,8 +1279,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['cb'] = self.cb
                 out['value'] = self.value
                 return out
 
@@ -1392,7 +1412,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['ack'] = self.ack
                 return out
@@ -1518,8 +1539,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['counter'] = self.counter
                 out['by'] = self.by
                 return out
 
@@ -1648,7 +1672,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
@@ -1767,7 +1792,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['msg'] = self.msg
@@ -1887,7 +1913,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['reply'] = self.reply
@@ -2011,7 +2038,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['kind'] = self.kind
@@ -2133,7 +2161,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -2229,7 +2258,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -2332,8 +2362,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['self'] = self.self_
                 return out
 
         class Builder(_b.StructBuilder):
@@ -2457,7 +2490,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['holder'] = self.holder.to_dict()
@@ -2592,7 +2626,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 if self._has(0):
                     out['holder'] = self.holder.to_dict()
@@ -2727,7 +2762,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['start'] = self.start
                 return out
@@ -2849,8 +2885,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['counter'] = self.counter
                 return out
 
         class Builder(_b.StructBuilder):
@@ -2977,8 +3016,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['cap'] = self.cap
                 return out
 
         class Builder(_b.StructBuilder):
@@ -3105,8 +3147,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['cap'] = self.cap
                 return out
 
         class Builder(_b.StructBuilder):
@@ -3230,7 +3275,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['ms'] = self.ms
                 return out
@@ -3349,7 +3395,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['done'] = self.done
                 return out
@@ -3468,8 +3515,11 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
+                if self._has(0):
+                    out['counters'] = list(self.counters)
                 return out
 
         class Builder(_b.StructBuilder):
@@ -3595,7 +3645,8 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 out['total'] = self.total
                 return out
@@ -3949,7 +4000,8 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
 
@@ -4045,7 +4097,8 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
 

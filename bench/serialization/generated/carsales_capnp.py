@@ -123,7 +123,8 @@ class Car:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['make'] = self.make
@@ -395,7 +396,8 @@ class Engine:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['horsepower'] = self.horsepower
             out['cylinders'] = self.cylinders
@@ -534,7 +536,8 @@ class ParkingLot:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['cars'] = [item.to_dict() for item in self.cars]
@@ -656,7 +659,8 @@ class TotalValue:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['amount'] = self.amount
             return out
@@ -783,7 +787,8 @@ class Wheel:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['diameter'] = self.diameter
             out['airPressure'] = self.airPressure

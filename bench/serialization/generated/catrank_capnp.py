@@ -63,7 +63,8 @@ class SearchResult:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['url'] = self.url
@@ -194,7 +195,8 @@ class SearchResultList:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             if self._has(0):
                 out['results'] = [item.to_dict() for item in self.results]

@@ -55,7 +55,8 @@ class EvaluationResult:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['value'] = self.value
             return out
@@ -189,7 +190,8 @@ class Expression:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "value":
@@ -291,7 +293,8 @@ class Expression:
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-                only the union member that is set, even null; enums by name; no capabilities)."""
+                only the union member that is set, even null; enums by name; a capability as
+                its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 which = self.which()
                 if which == "value":
@@ -386,7 +389,8 @@ class Expression:
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
-            only the union member that is set, even null; enums by name; no capabilities)."""
+            only the union member that is set, even null; enums by name; a capability as
+            its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             out['op'] = _r.enum_name(self.op)
             out['left'] = self.left.to_dict()
