@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from capsvc._mypyc import mypyc_attr
-from capsvc.codec.reading import SHORT_LIST
+from capsvc.codec.reading import SHORT_LIST, shown_fields
 from capsvc.errors import DecodeError
 
 if TYPE_CHECKING:
@@ -204,6 +204,19 @@ class StructBuilder:
 
     def _pointer_is_null(self, slot: int) -> bool:
         return _get_u64(self._b.buf, (self._ptr + slot) << 3)[0] == 0
+
+    def as_reader(self) -> Any:
+        """A reader of this struct as built so far (each generated builder has its own,
+        typed as its struct's reader)."""
+        raise NotImplementedError(f"{type(self).__qualname__} has no reader")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The struct as built so far, as its reader's ``to_dict`` gives it (pycapnp's
+        builders have one too)."""
+        return self.as_reader().to_dict()  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__qualname__} {shown_fields(self)}>"
 
 
 def init_struct(parent: StructBuilder | ListBuilder, at: int, cls: type[B]) -> B:
@@ -424,6 +437,9 @@ class PrimitiveListBuilder(ListBuilder, Generic[T]):
         offset = (self._start << 3) + self._index(index) * self._packer.size
         return self._packer.unpack_from(self._b.buf, offset)[0]  # type: ignore[no-any-return]
 
+    def __iter__(self) -> Iterator[T]:  # (a compiled class is not iterable by __getitem__)
+        return iter([self[index] for index in range(self._count)])
+
     def set_all(self, values: Sequence[T]) -> None:
         """Every element at once (one ``pack_into``): ``len(values)`` must be ``len(self)``."""
         if len(values) != self._count:
@@ -453,6 +469,9 @@ class BoolListBuilder(ListBuilder):
         bit = self._index(index)
         return bool(self._b.buf[(self._start << 3) + (bit >> 3)] >> (bit & 7) & 1)
 
+    def __iter__(self) -> Iterator[bool]:
+        return iter([self[index] for index in range(self._count)])
+
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class TextListBuilder(ListBuilder):
@@ -462,6 +481,12 @@ class TextListBuilder(ListBuilder):
         at = self._start + self._index(index)
         set_text(self._b, at, value, f"{self.field}[{index}]")
 
+    def __getitem__(self, index: int) -> str:
+        return get_text(self._b, self._start + self._index(index), "")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([self[index] for index in range(self._count)])
+
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class DataListBuilder(ListBuilder):
@@ -470,6 +495,12 @@ class DataListBuilder(ListBuilder):
     def __setitem__(self, index: int, value: object) -> None:
         at = self._start + self._index(index)
         set_data(self._b, at, value, f"{self.field}[{index}]")
+
+    def __getitem__(self, index: int) -> bytes:
+        return get_data(self._b, self._start + self._index(index), b"")
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter([self[index] for index in range(self._count)])
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -647,6 +678,32 @@ def init_struct_list(
     return StructListBuilder(builder, start + 1, n, field, cls)
 
 
+def list_at(
+    builder: MessageBuilder, at: int, field: str, code: int, cls: Any = None
+) -> tuple[int, int]:
+    """(first element word, element count) of the list that the pointer at word ``at`` of
+    a message being built leads to, (0, 0) if it is null: what a list field's getter
+    reads. ``code`` is the field's element size (7: a composite list of ``cls``); a list
+    of any other layout there (another union member's pointer, or a list copied in from
+    a reader of another version of the schema) is a ValueError naming the field."""
+    buf = builder.buf
+    word = int.from_bytes(buf[at << 3 : (at + 1) << 3], "little")
+    if word == 0:
+        return 0, 0
+    if word & 3 == 1 and (word >> 32) & 7 == code:
+        start = at + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
+        if code != 7:
+            return start, word >> 35
+        tag = int.from_bytes(buf[start << 3 : (start + 1) << 3], "little")
+        if (tag >> 32) & 0xFFFF == cls._DATA_WORDS and tag >> 48 == cls._POINTERS:
+            return start + 1, (tag & 0xFFFFFFFF) >> 2
+    raise ValueError(
+        f"{field}: what this field's pointer holds is not a list of its type as this schema"
+        " lays it out (another union member's value, or a list copied from another version"
+        " of the schema): set the field anew"
+    )
+
+
 def _check_count(count: object, field: str) -> int:
     """``count`` as a list length, or the error naming the field.
 
@@ -777,7 +834,7 @@ def copy_struct(
     from capsvc.codec.reading import StructReader
 
     if isinstance(value, StructBuilder):
-        value = value.as_reader()  # type: ignore[attr-defined]
+        value = value.as_reader()
     elif cls is not None and isinstance(value, dict):
         value = new_builder(cls, _values.new_message_from(cls._PLAN, value), 1).as_reader()
     elif cls is not None and isinstance(value, tuple):

@@ -335,11 +335,24 @@ class StructReader:
         w = self._ptr + slot
         return w if w < self._pend else -1
 
-    def _fields_repr(self) -> str:
-        return ""
-
     def __repr__(self) -> str:
-        return f"<{type(self).__qualname__} {self._fields_repr()}>"
+        return f"<{type(self).__qualname__} {shown_fields(self)}>"
+
+
+#: The longest a struct's fields are shown in its repr (a repr of a large message would
+#: otherwise fill a terminal or a log line).
+REPR_LIMIT: Final = 1000
+
+
+def shown_fields(struct: Any) -> str:
+    """A struct reader's or builder's fields, for its repr: its ``to_dict()``, cut short
+    past REPR_LIMIT characters. Never raises (a repr that raised would hide the error
+    being reported): a message that cannot be read shows why."""
+    try:
+        text = repr(struct.to_dict())
+    except Exception as error:
+        return f"(unreadable: {type(error).__name__}: {error})"
+    return text if len(text) <= REPR_LIMIT else text[:REPR_LIMIT] + " ...}"
 
 
 _NO_MESSAGE = MessageReader([bytes(8)])

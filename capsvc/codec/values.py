@@ -257,6 +257,24 @@ def _assign(enc: _Encoder, target: StructBuilder, plan: StructPlan, values: list
     enc.finish()
 
 
+def set_pointer_value(target: StructBuilder, plan: StructPlan, name: str, value: object) -> None:
+    """Set pointer field ``name`` of ``target`` (a struct being built, or a group of one)
+    from a plain value as ``assign`` takes it (a list field: a sequence of its elements,
+    or a list reader; None: null), every other field left as it is: pycapnp's
+    ``builder.field = value``. Nothing changes if the value is refused; the list it
+    replaces stays in the message, unreachable, as a C++ orphan would not."""
+    field = plan.fields[name]
+    builder = target._b
+    at = target._ptr + field.offset
+    word = BytesWriter()
+    word.write(zero_words(1))
+    enc = _Encoder(builder, len(builder.buf) >> 3, plan, "set")
+    if value is not None:
+        _pointer(enc, word, 0, at, field, value)
+    builder.buf[at << 3 : (at + 1) << 3] = word.getvalue()
+    enc.finish()
+
+
 def _clear(w: BytesWriter, plan: StructPlan, base: int, ptr: int) -> None:
     """Zero the bits and pointers of a group's fields in ``w`` (its struct's sections from
     word ``base``), so that each reads as its default."""
@@ -739,7 +757,7 @@ def copy_value(builder: MessageBuilder, at: int, value: object) -> None:
             copy_pointer(value._msg, value._si, value._w, builder, at, value._depth)
         return
     if isinstance(value, StructBuilder):
-        value = value.as_reader()  # type: ignore[attr-defined]
+        value = value.as_reader()
     if not isinstance(value, StructReader):
         raise bad_type(value, "copy", "a struct reader")
     source = value
@@ -766,7 +784,7 @@ def _copy_element(
 ) -> None:
     """Copy a reader into element ``start`` of a composite list (sections as the list's)."""
     if isinstance(value, StructBuilder):
-        value = value.as_reader()  # type: ignore[attr-defined]
+        value = value.as_reader()
     assert isinstance(value, StructReader)
     source = value
     if source._seg is source._msg.segments[source._si]:

@@ -1571,10 +1571,24 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
         return
     if k == "list":
         assert kind.element is not None
+        list_type = _list_builder_type(kind.element, names)
         out.add("")
+        out.add("@property")
+        out.add(f"def {name}(self) -> {list_type}:")
         out.add(
-            f"def init_{field.name}(self, count: int) -> {_list_builder_type(kind.element, names)}:"
+            f'    """The {field.name} list as built so far (null: empty; see init_{field.name})."""'
         )
+        out.add(f"    return {_list_at(kind.element, pointer, label, names)}")
+        out.add(f"@{name}.setter")
+        out.add(f"def {name}(self, value: {_init_value_type(kind, names)}) -> None:")
+        out.add('    """A new list of ``value``\'s elements, as ``new_message`` takes them."""')
+        with out.indent():
+            plan = _plan_ref(node.id, names)
+            out.add(f'_e.set_pointer_value(self, {plan}, "{field.name}", value)')
+            for line in select:
+                out.add(line)
+        out.add("")
+        out.add(f"def init_{field.name}(self, count: int) -> {list_type}:")
         out.add(f'    """A new list of ``count`` elements in {field.name}."""')
         with out.indent():
             for line in select:
@@ -1727,6 +1741,34 @@ def _init_list(element: Type, at: str, count: str, label: str, names: _Names) ->
     if k == "interface":
         return f'_b.init_capability_list(self._b, {at}, {count}, "{label}")'
     return f'_b.init_pointer_list(self._b, {at}, {count}, "{label}")'
+
+
+def _list_at(element: Type, at: str, label: str, names: _Names) -> str:
+    """A builder of the list already at pointer word ``at`` (``_init_list``'s classes)."""
+    k = element.kind
+    where = f'*_b.list_at(self._b, {at}, "{label}", {{code}}{{cls}}), "{label}"'
+    if k == "bool":
+        return f"_b.BoolListBuilder(self._b, {where.format(code=1, cls='')})"
+    if k in NUMBERS or k == "enum":
+        fmt, _, code = NUMBERS.get(k, ("H", 16, 3))
+        schema_type = names.of(element.target) if k == "enum" else SCHEMA_NAMES[k]
+        located = where.format(code=code, cls="")
+        return f'_b.PrimitiveListBuilder(self._b, {located}, "{fmt}", "{schema_type}")'
+    if k == "struct":
+        builder = f"{names.of(element.target)}.Builder"
+        return (
+            f"_b.StructListBuilder(self._b, {where.format(code=7, cls=', ' + builder)}, {builder})"
+        )
+    if k == "void":
+        return f"_b.ListBuilder(self._b, {where.format(code=0, cls='')})"
+    located = where.format(code=6, cls="")
+    if k == "list":
+        assert element.element is not None
+        return f"_b.ListListBuilder(self._b, {located}, {_inner_init(element.element, names)})"
+    cls = {"text": "TextListBuilder", "data": "DataListBuilder"}.get(k, "")
+    if k == "interface":
+        cls = "CapabilityListBuilder"
+    return f"_b.{cls or 'ListBuilder'}(self._b, {located})"
 
 
 def _inner_init(element: Type, names: _Names) -> str:

@@ -93,6 +93,15 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     """Put a capability here: a client, or a server object (None: null)."""
                     _b.set_client(self._b, self._ptr + 0, value, "Calculator.Expression.call.function")
 
+                @property
+                def params(self) -> _b.StructListBuilder[Calculator.Expression.Builder]:
+                    """The params list as built so far (null: empty; see init_params)."""
+                    return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Calculator.Expression.call.params", 7, Calculator.Expression.Builder), "Calculator.Expression.call.params", Calculator.Expression.Builder)
+                @params.setter
+                def params(self, value: Sequence[Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder] | _r.ListReader[Any] | None) -> None:
+                    """A new list of ``value``'s elements, as ``new_message`` takes them."""
+                    _e.set_pointer_value(self, _P_Calculator_Expression_Call, "params", value)
+
                 def init_params(self, count: int) -> _b.StructListBuilder[Calculator.Expression.Builder]:
                     """A new list of ``count`` elements in params."""
                     return _b.init_struct_list(self._b, self._ptr + 1, count, "Calculator.Expression.call.params", Calculator.Expression.Builder)
@@ -341,6 +350,15 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 0
                 _POINTERS: ClassVar[int] = 1
+
+                @property
+                def params(self) -> _b.PrimitiveListBuilder[float]:
+                    """The params list as built so far (null: empty; see init_params)."""
+                    return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Calculator.Function.call$Params.params", 5), "Calculator.Function.call$Params.params", "d", "Float64")
+                @params.setter
+                def params(self, value: Sequence[float] | _r.ListReader[Any] | None) -> None:
+                    """A new list of ``value``'s elements, as ``new_message`` takes them."""
+                    _e.set_pointer_value(self, _P_Calculator_Function_CallParams, "params", value)
 
                 def init_params(self, count: int) -> _b.PrimitiveListBuilder[float]:
                     """A new list of ``count`` elements in params."""

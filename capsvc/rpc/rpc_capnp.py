@@ -2408,6 +2408,15 @@ class Payload:
             """Put a new struct of builder class ``cls`` in the AnyPointer content."""
             return _b.init_struct(self, self._ptr + 0, cls)
 
+        @property
+        def capTable(self) -> _b.StructListBuilder[CapDescriptor.Builder]:
+            """The capTable list as built so far (null: empty; see init_capTable)."""
+            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Payload.capTable", 7, CapDescriptor.Builder), "Payload.capTable", CapDescriptor.Builder)
+        @capTable.setter
+        def capTable(self, value: Sequence[CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Payload, "capTable", value)
+
         def init_capTable(self, count: int) -> _b.StructListBuilder[CapDescriptor.Builder]:
             """A new list of ``count`` elements in capTable."""
             return _b.init_struct_list(self._b, self._ptr + 1, count, "Payload.capTable", CapDescriptor.Builder)
@@ -2691,6 +2700,15 @@ class PromisedAnswer:
         _POINTERS: ClassVar[int] = 1
 
         questionId = _d.int_property("u32", 0, 0, "PromisedAnswer.questionId", "UInt32")
+
+        @property
+        def transform(self) -> _b.StructListBuilder[PromisedAnswer.Op.Builder]:
+            """The transform list as built so far (null: empty; see init_transform)."""
+            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "PromisedAnswer.transform", 7, PromisedAnswer.Op.Builder), "PromisedAnswer.transform", PromisedAnswer.Op.Builder)
+        @transform.setter
+        def transform(self, value: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Row | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_PromisedAnswer, "transform", value)
 
         def init_transform(self, count: int) -> _b.StructListBuilder[PromisedAnswer.Op.Builder]:
             """A new list of ``count`` elements in transform."""

@@ -726,6 +726,15 @@ class Store(_t.Interface["Store.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
+            @property
+            def keys(self) -> _b.TextListBuilder:
+                """The keys list as built so far (null: empty; see init_keys)."""
+                return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Store.keys$Results.keys", 6), "Store.keys$Results.keys")
+            @keys.setter
+            def keys(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
+                """A new list of ``value``'s elements, as ``new_message`` takes them."""
+                _e.set_pointer_value(self, _P_Store_KeysResults, "keys", value)
+
             def init_keys(self, count: int) -> _b.TextListBuilder:
                 """A new list of ``count`` elements in keys."""
                 return _b.init_text_list(self._b, self._ptr + 0, count, "Store.keys$Results.keys")

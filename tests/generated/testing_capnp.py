@@ -1110,6 +1110,15 @@ class Holder:
             """A new, empty inner struct."""
             return _b.init_struct(self, self._ptr + 2, Holder.Builder)
 
+        @property
+        def caps(self) -> _b.CapabilityListBuilder:
+            """The caps list as built so far (null: empty; see init_caps)."""
+            return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Holder.caps", 6), "Holder.caps")
+        @caps.setter
+        def caps(self, value: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Holder, "caps", value)
+
         def init_caps(self, count: int) -> _b.CapabilityListBuilder:
             """A new list of ``count`` elements in caps."""
             return _b.init_capability_list(self._b, self._ptr + 3, count, "Holder.caps")
@@ -1120,6 +1129,15 @@ class Holder:
             target = _b.init_capability_list(self._b, self._ptr + 3, len(items), "Holder.caps")
             for index, item in enumerate(items):
                 target[index] = item
+
+        @property
+        def items(self) -> _b.StructListBuilder[Holder.Builder]:
+            """The items list as built so far (null: empty; see init_items)."""
+            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Holder.items", 7, Holder.Builder), "Holder.items", Holder.Builder)
+        @items.setter
+        def items(self, value: Sequence[Holder.Init | Holder.Row | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Holder, "items", value)
 
         def init_items(self, count: int) -> _b.StructListBuilder[Holder.Builder]:
             """A new list of ``count`` elements in items."""
@@ -3526,6 +3544,15 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+
+            @property
+            def counters(self) -> _b.CapabilityListBuilder:
+                """The counters list as built so far (null: empty; see init_counters)."""
+                return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Tester.sum$Params.counters", 6), "Tester.sum$Params.counters")
+            @counters.setter
+            def counters(self, value: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None) -> None:
+                """A new list of ``value``'s elements, as ``new_message`` takes them."""
+                _e.set_pointer_value(self, _P_Tester_SumParams, "counters", value)
 
             def init_counters(self, count: int) -> _b.CapabilityListBuilder:
                 """A new list of ``count`` elements in counters."""

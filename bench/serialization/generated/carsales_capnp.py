@@ -173,6 +173,15 @@ class Car:
 
         doors = _d.int_property("u8", 3, 0, "Car.doors", "UInt8")
 
+        @property
+        def wheels(self) -> _b.StructListBuilder[Wheel.Builder]:
+            """The wheels list as built so far (null: empty; see init_wheels)."""
+            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Car.wheels", 7, Wheel.Builder), "Car.wheels", Wheel.Builder)
+        @wheels.setter
+        def wheels(self, value: Sequence[Wheel.Init | Wheel.Row | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Car, "wheels", value)
+
         def init_wheels(self, count: int) -> _b.StructListBuilder[Wheel.Builder]:
             """A new list of ``count`` elements in wheels."""
             return _b.init_struct_list(self._b, self._ptr + 2, count, "Car.wheels", Wheel.Builder)
@@ -547,6 +556,15 @@ class ParkingLot:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
+
+        @property
+        def cars(self) -> _b.StructListBuilder[Car.Builder]:
+            """The cars list as built so far (null: empty; see init_cars)."""
+            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "ParkingLot.cars", 7, Car.Builder), "ParkingLot.cars", Car.Builder)
+        @cars.setter
+        def cars(self, value: Sequence[Car.Init | Car.Row | Car.Reader | Car.Builder] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_ParkingLot, "cars", value)
 
         def init_cars(self, count: int) -> _b.StructListBuilder[Car.Builder]:
             """A new list of ``count`` elements in cars."""

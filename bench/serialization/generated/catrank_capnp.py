@@ -207,6 +207,15 @@ class SearchResultList:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
 
+        @property
+        def results(self) -> _b.StructListBuilder[SearchResult.Builder]:
+            """The results list as built so far (null: empty; see init_results)."""
+            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "SearchResultList.results", 7, SearchResult.Builder), "SearchResultList.results", SearchResult.Builder)
+        @results.setter
+        def results(self, value: Sequence[SearchResult.Init | SearchResult.Row | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_SearchResultList, "results", value)
+
         def init_results(self, count: int) -> _b.StructListBuilder[SearchResult.Builder]:
             """A new list of ``count`` elements in results."""
             return _b.init_struct_list(self._b, self._ptr + 0, count, "SearchResultList.results", SearchResult.Builder)

@@ -141,6 +141,15 @@ class Anything:
             """Put a capability here: a client, or a server object (None: null)."""
             _b.set_client(self._b, self._ptr + 4, value, "Anything.shop")
 
+        @property
+        def shops(self) -> _b.CapabilityListBuilder:
+            """The shops list as built so far (null: empty; see init_shops)."""
+            return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 5, "Anything.shops", 6), "Anything.shops")
+        @shops.setter
+        def shops(self, value: Sequence[Shop.Client | Shop.Server | None] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Anything, "shops", value)
+
         def init_shops(self, count: int) -> _b.CapabilityListBuilder:
             """A new list of ``count`` elements in shops."""
             return _b.init_capability_list(self._b, self._ptr + 5, count, "Anything.shops")
@@ -1016,11 +1025,20 @@ class Builtins:
 
         int = _d.int_property("i32", 4, 0, "Builtins.int", "Int32")
 
+        @property
+        def list(self) -> _b.TextListBuilder:
+            """The list list as built so far (null: empty; see init_list)."""
+            return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Builtins.list", 6), "Builtins.list")
+        @list.setter
+        def list(self, value: Sequence[_builtins.str | None] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Builtins, "list", value)
+
         def init_list(self, count: _builtins.int) -> _b.TextListBuilder:
             """A new list of ``count`` elements in list."""
             return _b.init_text_list(self._b, self._ptr + 2, count, "Builtins.list")
 
-        def set_list(self, values: list[_builtins.str] | tuple[_builtins.str, ...]) -> None:
+        def set_list(self, values: _builtins.list[_builtins.str] | tuple[_builtins.str, ...]) -> None:
             """list from a sequence of values."""
             items = list(values)
             target = _b.init_text_list(self._b, self._ptr + 2, len(items), "Builtins.list")
@@ -1917,21 +1935,39 @@ class Defaults:
             """A new, empty numbers struct."""
             return _b.init_struct(self, self._ptr + 2, Numbers.Builder)
 
+        @property
+        def list(self) -> _b.PrimitiveListBuilder[int]:
+            """The list list as built so far (null: empty; see init_list)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Defaults.list", 3), "Defaults.list", "h", "Int16")
+        @list.setter
+        def list(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Defaults, "list", value)
+
         def init_list(self, count: int) -> _b.PrimitiveListBuilder[int]:
             """A new list of ``count`` elements in list."""
             return _b.init_primitive_list(self._b, self._ptr + 3, count, "Defaults.list", "h", 3, "Int16")
 
-        def set_list(self, values: list[int] | tuple[int, ...]) -> None:
+        def set_list(self, values: _builtins.list[int] | tuple[int, ...]) -> None:
             """list from a sequence of values."""
             items = list(values)
             target = _b.init_primitive_list(self._b, self._ptr + 3, len(items), "Defaults.list", "h", 3, "Int16")
             target.set_all(items)
 
+        @property
+        def texts(self) -> _b.TextListBuilder:
+            """The texts list as built so far (null: empty; see init_texts)."""
+            return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Defaults.texts", 6), "Defaults.texts")
+        @texts.setter
+        def texts(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Defaults, "texts", value)
+
         def init_texts(self, count: int) -> _b.TextListBuilder:
             """A new list of ``count`` elements in texts."""
             return _b.init_text_list(self._b, self._ptr + 4, count, "Defaults.texts")
 
-        def set_texts(self, values: list[str] | tuple[str, ...]) -> None:
+        def set_texts(self, values: _builtins.list[str] | tuple[str, ...]) -> None:
             """texts from a sequence of values."""
             items = list(values)
             target = _b.init_text_list(self._b, self._ptr + 4, len(items), "Defaults.texts")
@@ -2751,9 +2787,27 @@ class Lists:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 19
 
+        @property
+        def voids(self) -> _b.ListBuilder:
+            """The voids list as built so far (null: empty; see init_voids)."""
+            return _b.ListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Lists.voids", 0), "Lists.voids")
+        @voids.setter
+        def voids(self, value: Sequence[None] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "voids", value)
+
         def init_voids(self, count: int) -> _b.ListBuilder:
             """A new list of ``count`` elements in voids."""
             return _b.init_void_list(self._b, self._ptr + 0, count, "Lists.voids")
+
+        @property
+        def bools(self) -> _b.BoolListBuilder:
+            """The bools list as built so far (null: empty; see init_bools)."""
+            return _b.BoolListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Lists.bools", 1), "Lists.bools")
+        @bools.setter
+        def bools(self, value: Sequence[bool] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "bools", value)
 
         def init_bools(self, count: int) -> _b.BoolListBuilder:
             """A new list of ``count`` elements in bools."""
@@ -2766,6 +2820,15 @@ class Lists:
             for index, item in enumerate(items):
                 target[index] = item
 
+        @property
+        def i8s(self) -> _b.PrimitiveListBuilder[int]:
+            """The i8s list as built so far (null: empty; see init_i8s)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Lists.i8s", 2), "Lists.i8s", "b", "Int8")
+        @i8s.setter
+        def i8s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "i8s", value)
+
         def init_i8s(self, count: int) -> _b.PrimitiveListBuilder[int]:
             """A new list of ``count`` elements in i8s."""
             return _b.init_primitive_list(self._b, self._ptr + 2, count, "Lists.i8s", "b", 2, "Int8")
@@ -2775,6 +2838,15 @@ class Lists:
             items = list(values)
             target = _b.init_primitive_list(self._b, self._ptr + 2, len(items), "Lists.i8s", "b", 2, "Int8")
             target.set_all(items)
+
+        @property
+        def i16s(self) -> _b.PrimitiveListBuilder[int]:
+            """The i16s list as built so far (null: empty; see init_i16s)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Lists.i16s", 3), "Lists.i16s", "h", "Int16")
+        @i16s.setter
+        def i16s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "i16s", value)
 
         def init_i16s(self, count: int) -> _b.PrimitiveListBuilder[int]:
             """A new list of ``count`` elements in i16s."""
@@ -2786,6 +2858,15 @@ class Lists:
             target = _b.init_primitive_list(self._b, self._ptr + 3, len(items), "Lists.i16s", "h", 3, "Int16")
             target.set_all(items)
 
+        @property
+        def i32s(self) -> _b.PrimitiveListBuilder[int]:
+            """The i32s list as built so far (null: empty; see init_i32s)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Lists.i32s", 4), "Lists.i32s", "i", "Int32")
+        @i32s.setter
+        def i32s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "i32s", value)
+
         def init_i32s(self, count: int) -> _b.PrimitiveListBuilder[int]:
             """A new list of ``count`` elements in i32s."""
             return _b.init_primitive_list(self._b, self._ptr + 4, count, "Lists.i32s", "i", 4, "Int32")
@@ -2795,6 +2876,15 @@ class Lists:
             items = list(values)
             target = _b.init_primitive_list(self._b, self._ptr + 4, len(items), "Lists.i32s", "i", 4, "Int32")
             target.set_all(items)
+
+        @property
+        def i64s(self) -> _b.PrimitiveListBuilder[int]:
+            """The i64s list as built so far (null: empty; see init_i64s)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 5, "Lists.i64s", 5), "Lists.i64s", "q", "Int64")
+        @i64s.setter
+        def i64s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "i64s", value)
 
         def init_i64s(self, count: int) -> _b.PrimitiveListBuilder[int]:
             """A new list of ``count`` elements in i64s."""
@@ -2806,6 +2896,15 @@ class Lists:
             target = _b.init_primitive_list(self._b, self._ptr + 5, len(items), "Lists.i64s", "q", 5, "Int64")
             target.set_all(items)
 
+        @property
+        def u8s(self) -> _b.PrimitiveListBuilder[int]:
+            """The u8s list as built so far (null: empty; see init_u8s)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 6, "Lists.u8s", 2), "Lists.u8s", "B", "UInt8")
+        @u8s.setter
+        def u8s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "u8s", value)
+
         def init_u8s(self, count: int) -> _b.PrimitiveListBuilder[int]:
             """A new list of ``count`` elements in u8s."""
             return _b.init_primitive_list(self._b, self._ptr + 6, count, "Lists.u8s", "B", 2, "UInt8")
@@ -2815,6 +2914,15 @@ class Lists:
             items = list(values)
             target = _b.init_primitive_list(self._b, self._ptr + 6, len(items), "Lists.u8s", "B", 2, "UInt8")
             target.set_all(items)
+
+        @property
+        def u16s(self) -> _b.PrimitiveListBuilder[int]:
+            """The u16s list as built so far (null: empty; see init_u16s)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 7, "Lists.u16s", 3), "Lists.u16s", "H", "UInt16")
+        @u16s.setter
+        def u16s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "u16s", value)
 
         def init_u16s(self, count: int) -> _b.PrimitiveListBuilder[int]:
             """A new list of ``count`` elements in u16s."""
@@ -2826,6 +2934,15 @@ class Lists:
             target = _b.init_primitive_list(self._b, self._ptr + 7, len(items), "Lists.u16s", "H", 3, "UInt16")
             target.set_all(items)
 
+        @property
+        def u32s(self) -> _b.PrimitiveListBuilder[int]:
+            """The u32s list as built so far (null: empty; see init_u32s)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 8, "Lists.u32s", 4), "Lists.u32s", "I", "UInt32")
+        @u32s.setter
+        def u32s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "u32s", value)
+
         def init_u32s(self, count: int) -> _b.PrimitiveListBuilder[int]:
             """A new list of ``count`` elements in u32s."""
             return _b.init_primitive_list(self._b, self._ptr + 8, count, "Lists.u32s", "I", 4, "UInt32")
@@ -2835,6 +2952,15 @@ class Lists:
             items = list(values)
             target = _b.init_primitive_list(self._b, self._ptr + 8, len(items), "Lists.u32s", "I", 4, "UInt32")
             target.set_all(items)
+
+        @property
+        def u64s(self) -> _b.PrimitiveListBuilder[int]:
+            """The u64s list as built so far (null: empty; see init_u64s)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 9, "Lists.u64s", 5), "Lists.u64s", "Q", "UInt64")
+        @u64s.setter
+        def u64s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "u64s", value)
 
         def init_u64s(self, count: int) -> _b.PrimitiveListBuilder[int]:
             """A new list of ``count`` elements in u64s."""
@@ -2846,6 +2972,15 @@ class Lists:
             target = _b.init_primitive_list(self._b, self._ptr + 9, len(items), "Lists.u64s", "Q", 5, "UInt64")
             target.set_all(items)
 
+        @property
+        def f32s(self) -> _b.PrimitiveListBuilder[float]:
+            """The f32s list as built so far (null: empty; see init_f32s)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 10, "Lists.f32s", 4), "Lists.f32s", "f", "Float32")
+        @f32s.setter
+        def f32s(self, value: Sequence[float] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "f32s", value)
+
         def init_f32s(self, count: int) -> _b.PrimitiveListBuilder[float]:
             """A new list of ``count`` elements in f32s."""
             return _b.init_primitive_list(self._b, self._ptr + 10, count, "Lists.f32s", "f", 4, "Float32")
@@ -2856,6 +2991,15 @@ class Lists:
             target = _b.init_primitive_list(self._b, self._ptr + 10, len(items), "Lists.f32s", "f", 4, "Float32")
             target.set_all(items)
 
+        @property
+        def f64s(self) -> _b.PrimitiveListBuilder[float]:
+            """The f64s list as built so far (null: empty; see init_f64s)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 11, "Lists.f64s", 5), "Lists.f64s", "d", "Float64")
+        @f64s.setter
+        def f64s(self, value: Sequence[float] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "f64s", value)
+
         def init_f64s(self, count: int) -> _b.PrimitiveListBuilder[float]:
             """A new list of ``count`` elements in f64s."""
             return _b.init_primitive_list(self._b, self._ptr + 11, count, "Lists.f64s", "d", 5, "Float64")
@@ -2865,6 +3009,15 @@ class Lists:
             items = list(values)
             target = _b.init_primitive_list(self._b, self._ptr + 11, len(items), "Lists.f64s", "d", 5, "Float64")
             target.set_all(items)
+
+        @property
+        def texts(self) -> _b.TextListBuilder:
+            """The texts list as built so far (null: empty; see init_texts)."""
+            return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 12, "Lists.texts", 6), "Lists.texts")
+        @texts.setter
+        def texts(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "texts", value)
 
         def init_texts(self, count: int) -> _b.TextListBuilder:
             """A new list of ``count`` elements in texts."""
@@ -2877,6 +3030,15 @@ class Lists:
             for index, item in enumerate(items):
                 target[index] = item
 
+        @property
+        def datas(self) -> _b.DataListBuilder:
+            """The datas list as built so far (null: empty; see init_datas)."""
+            return _b.DataListBuilder(self._b, *_b.list_at(self._b, self._ptr + 13, "Lists.datas", 6), "Lists.datas")
+        @datas.setter
+        def datas(self, value: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "datas", value)
+
         def init_datas(self, count: int) -> _b.DataListBuilder:
             """A new list of ``count`` elements in datas."""
             return _b.init_data_list(self._b, self._ptr + 13, count, "Lists.datas")
@@ -2888,9 +3050,27 @@ class Lists:
             for index, item in enumerate(items):
                 target[index] = item
 
+        @property
+        def structs(self) -> _b.StructListBuilder[Numbers.Builder]:
+            """The structs list as built so far (null: empty; see init_structs)."""
+            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 14, "Lists.structs", 7, Numbers.Builder), "Lists.structs", Numbers.Builder)
+        @structs.setter
+        def structs(self, value: Sequence[Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "structs", value)
+
         def init_structs(self, count: int) -> _b.StructListBuilder[Numbers.Builder]:
             """A new list of ``count`` elements in structs."""
             return _b.init_struct_list(self._b, self._ptr + 14, count, "Lists.structs", Numbers.Builder)
+
+        @property
+        def colors(self) -> _b.PrimitiveListBuilder[Color]:
+            """The colors list as built so far (null: empty; see init_colors)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 15, "Lists.colors", 3), "Lists.colors", "H", "Color")
+        @colors.setter
+        def colors(self, value: Sequence[int | str] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "colors", value)
 
         def init_colors(self, count: int) -> _b.PrimitiveListBuilder[Color]:
             """A new list of ``count`` elements in colors."""
@@ -2903,13 +3083,40 @@ class Lists:
             for index, item in enumerate(items):
                 target[index] = item
 
+        @property
+        def nested(self) -> _b.ListListBuilder:
+            """The nested list as built so far (null: empty; see init_nested)."""
+            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 16, "Lists.nested", 6), "Lists.nested", lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "i", 4, "Int32"))
+        @nested.setter
+        def nested(self, value: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "nested", value)
+
         def init_nested(self, count: int) -> _b.ListListBuilder:
             """A new list of ``count`` elements in nested."""
             return _b.init_list_list(self._b, self._ptr + 16, count, "Lists.nested", lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "i", 4, "Int32"))
 
+        @property
+        def nestedTexts(self) -> _b.ListListBuilder:
+            """The nestedTexts list as built so far (null: empty; see init_nestedTexts)."""
+            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 17, "Lists.nestedTexts", 6), "Lists.nestedTexts", lambda builder, at, count, label: _b.init_text_list(builder, at, count, label))
+        @nestedTexts.setter
+        def nestedTexts(self, value: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "nestedTexts", value)
+
         def init_nestedTexts(self, count: int) -> _b.ListListBuilder:
             """A new list of ``count`` elements in nestedTexts."""
             return _b.init_list_list(self._b, self._ptr + 17, count, "Lists.nestedTexts", lambda builder, at, count, label: _b.init_text_list(builder, at, count, label))
+
+        @property
+        def deep(self) -> _b.ListListBuilder:
+            """The deep list as built so far (null: empty; see init_deep)."""
+            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 18, "Lists.deep", 6), "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8")))
+        @deep.setter
+        def deep(self, value: Sequence[Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Lists, "deep", value)
 
         def init_deep(self, count: int) -> _b.ListListBuilder:
             """A new list of ``count`` elements in deep."""
@@ -3927,6 +4134,15 @@ class Recurring:
         def init_again(self) -> Recurring.Builder:
             """A new, empty again struct."""
             return _b.init_struct(self, self._ptr + 1, Recurring.Builder)
+
+        @property
+        def many(self) -> _b.StructListBuilder[Recurring.Builder]:
+            """The many list as built so far (null: empty; see init_many)."""
+            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Recurring.many", 7, Recurring.Builder), "Recurring.many", Recurring.Builder)
+        @many.setter
+        def many(self, value: Sequence[Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Recurring, "many", value)
 
         def init_many(self, count: int) -> _b.StructListBuilder[Recurring.Builder]:
             """A new list of ``count`` elements in many."""
@@ -5479,6 +5695,16 @@ class Shapes:
             """Select the Void member nothing (assign None)."""
             set_u16(self._b.buf, self._data + 8, 2)
 
+        @property
+        def points(self) -> _b.PrimitiveListBuilder[int]:
+            """The points list as built so far (null: empty; see init_points)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Shapes.points", 4), "Shapes.points", "i", "Int32")
+        @points.setter
+        def points(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Shapes, "points", value)
+            set_u16(self._b.buf, self._data + 8, 3)
+
         def init_points(self, count: int) -> _b.PrimitiveListBuilder[int]:
             """A new list of ``count`` elements in points."""
             set_u16(self._b.buf, self._data + 8, 3)
@@ -6446,6 +6672,15 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+
+            @property
+            def items(self) -> _b.TextListBuilder:
+                """The items list as built so far (null: empty; see init_items)."""
+                return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Shop.list$Results.items", 6), "Shop.list$Results.items")
+            @items.setter
+            def items(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
+                """A new list of ``value``'s elements, as ``new_message`` takes them."""
+                _e.set_pointer_value(self, _P_Shop_ListResults, "items", value)
 
             def init_items(self, count: int) -> _b.TextListBuilder:
                 """A new list of ``count`` elements in items."""
@@ -7989,6 +8224,15 @@ class Tree:
 
         value = _d.int_property("i32", 0, 0, "Tree.value", "Int32")
 
+        @property
+        def children(self) -> _b.StructListBuilder[Tree.Builder]:
+            """The children list as built so far (null: empty; see init_children)."""
+            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Tree.children", 7, Tree.Builder), "Tree.children", Tree.Builder)
+        @children.setter
+        def children(self, value: Sequence[Tree.Init | Tree.Row | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Tree, "children", value)
+
         def init_children(self, count: int) -> _b.StructListBuilder[Tree.Builder]:
             """A new list of ``count`` elements in children."""
             return _b.init_struct_list(self._b, self._ptr + 0, count, "Tree.children", Tree.Builder)
@@ -8188,6 +8432,15 @@ class Wrapper:
         def init_numbers(self) -> Numbers.Builder:
             """A new, empty numbers struct."""
             return _b.init_struct(self, self._ptr + 1, Numbers.Builder)
+
+        @property
+        def tags(self) -> _b.TextListBuilder:
+            """The tags list as built so far (null: empty; see init_tags)."""
+            return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Wrapper.tags", 6), "Wrapper.tags")
+        @tags.setter
+        def tags(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Wrapper, "tags", value)
 
         def init_tags(self, count: int) -> _b.TextListBuilder:
             """A new list of ``count`` elements in tags."""
@@ -8512,6 +8765,15 @@ class Box_List_Int32:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+
+        @property
+        def value(self) -> _b.PrimitiveListBuilder[int]:
+            """The value list as built so far (null: empty; see init_value)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Box_List_Int32.value", 4), "Box_List_Int32.value", "i", "Int32")
+        @value.setter
+        def value(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            """A new list of ``value``'s elements, as ``new_message`` takes them."""
+            _e.set_pointer_value(self, _P_Box_List_Int32, "value", value)
 
         def init_value(self, count: int) -> _b.PrimitiveListBuilder[int]:
             """A new list of ``count`` elements in value."""
@@ -9317,6 +9579,15 @@ class Shelf_Tree:
             def init_item(self) -> Tree.Builder:
                 """A new, empty item struct."""
                 return _b.init_struct(self, self._ptr + 0, Tree.Builder)
+
+            @property
+            def extra(self) -> _b.PrimitiveListBuilder[int]:
+                """The extra list as built so far (null: empty; see init_extra)."""
+                return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Shelf_Tree.Slot_List_Int32.extra", 4), "Shelf_Tree.Slot_List_Int32.extra", "i", "Int32")
+            @extra.setter
+            def extra(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+                """A new list of ``value``'s elements, as ``new_message`` takes them."""
+                _e.set_pointer_value(self, _P_Shelf_Tree_Slot_List_Int32, "extra", value)
 
             def init_extra(self, count: int) -> _b.PrimitiveListBuilder[int]:
                 """A new list of ``count`` elements in extra."""

@@ -1,0 +1,119 @@
+"""List fields of generated builders as pycapnp's: ``builder.items = [...]`` sets a new
+list from plain values (``new_message``'s), ``builder.items`` gives the list as built
+so far, to read and to set element by element; a refused value changes nothing, and a
+union member's list becomes the member set."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+
+from capsvc.codegen.render import python_name
+from tests.codegen.conftest import Generated
+from tests.codegen.test_roundtrip import SETTINGS, _reference_root, new_reference
+from tests.codegen.values import struct_named, values
+
+
+def test_every_kind_of_list_assigned_as_pycapnp_assigns_it(generated: Generated) -> None:
+    """Every field of kitchen's ``Lists`` (each element kind, lists of lists) assigned one
+    by one builds what pycapnp's ``new_message`` builds from the same values, and each
+    getter reads back what was assigned."""
+    struct = struct_named(generated.schema, "Lists", 0)
+    ours, reference = generated.kitchen.Lists, generated.reference.Lists
+
+    @SETTINGS
+    @given(values(generated.schema, struct))
+    def check(data: dict[str, Any]) -> None:
+        builder = ours.new_message()
+        for name, value in data.items():
+            setattr(builder, python_name(name), value)
+        expected = new_reference(reference, data).as_reader().to_dict()
+        segments = [bytes(s) for s in builder.to_segments()]
+        assert _reference_root(reference, segments).to_dict() == expected
+        assert ours.Reader.read(segments).to_dict() == expected
+        for name in ("bools", "i8s", "u64s", "f64s", "texts", "datas"):
+            if name in data:
+                assert [getattr(builder, name)[i] for i in range(len(data[name]))] == [
+                    getattr(builder.as_reader(), name)[i] for i in range(len(data[name]))
+                ]
+
+    check()
+
+
+def test_the_getter_gives_the_list_to_set_element_by_element(generated: Generated) -> None:
+    k = generated.kitchen
+    tree = k.Tree.new_message(value=1)
+    assert len(tree.children) == 0  # null: an empty list, nothing allocated
+    assert not tree.as_reader()._has(1)
+    tree.children = [{"value": 2}, {"value": 3, "children": [{"value": 4}]}]
+    tree.children[0].value = 20
+    tree.children[1].children[0].left = {"value": 5}
+    assert tree.as_reader().to_dict() == {
+        "value": 1,
+        "children": [
+            {"value": 20},
+            {"value": 3, "children": [{"value": 4, "left": {"value": 5}}]},
+        ],
+    }
+    lists = k.Lists.new_message()
+    lists.init_texts(2)
+    lists.texts[1] = "set through the getter"
+    assert list(lists.texts) == ["", "set through the getter"]
+    lists.nested = [[1, 2]]
+    lists.nested.init(0, 3)[2] = 7  # a list of lists: init an element anew
+    assert [list(inner) for inner in lists.as_reader().nested] == [[0, 0, 7]]
+    copy = k.Tree.new_message()
+    copy.children = tree.as_reader().children  # a reader of another message: deep-copied
+    assert copy.as_reader().to_dict()["children"] == tree.as_reader().to_dict()["children"]
+    lists.texts = None
+    assert not lists.as_reader()._has(12)
+
+
+def test_a_refused_list_changes_nothing_and_names_the_element(generated: Generated) -> None:
+    lists = generated.kitchen.Lists.new_message(i32s=[1, 2], texts=["kept"])
+    with pytest.raises(ValueError, match=r"^Lists\.i32s\[1\]: .* out of range for Int32"):
+        lists.i32s = [3, 1 << 40]
+    with pytest.raises(TypeError, match=r"^Lists\.texts\[0\]: expected str \(Text\), got int"):
+        lists.texts = [5]
+    with pytest.raises(TypeError, match=r"^Lists\.texts: expected a sequence"):
+        lists.texts = "not a list"
+    assert lists.as_reader().to_dict() == {"i32s": [1, 2], "texts": ["kept"]}
+
+
+def test_a_union_members_list(generated: Generated) -> None:
+    """Assigning ``Shapes.points`` makes it the member set; its getter, while another
+    pointer member holds the slot, is an error naming the field, not a misread."""
+    shapes = generated.kitchen.Shapes.new_message(name="s", circle=1.5)
+    shapes.points = [1, -1]
+    assert shapes.which() == "points"
+    assert list(shapes.points) == [1, -1]
+    shapes.square.label = "a label in the same pointer"
+    with pytest.raises(ValueError, match=r"^Shapes\.points: .* not a list of its type"):
+        shapes.points  # noqa: B018
+    shapes.points = []
+    got = shapes.as_reader().to_dict()
+    assert (got["name"], got["points"], shapes.which()) == ("s", [], "points")
+
+
+def test_readers_and_builders_show_their_fields(generated: Generated) -> None:
+    """``repr`` of a generated reader or builder shows its fields (its ``to_dict()``),
+    cut short for a large message; a message that cannot be read shows why instead of
+    raising; a builder's ``to_dict()`` is its reader's, as in pycapnp."""
+    from capsvc.codec.reading import REPR_LIMIT
+
+    k = generated.kitchen
+    tree = k.Tree.new_message(value=7, children=[{"value": 8}])
+    shown = "{'value': 7, 'children': [{'value': 8}]}"
+    assert repr(tree) == f"<Tree.Builder {shown}>"
+    assert repr(tree.as_reader()) == f"<Tree.Reader {shown}>"
+    assert tree.to_dict() == tree.as_reader().to_dict()
+    big = k.Lists.new_message(texts=["x" * 100] * 100)
+    assert len(repr(big.as_reader())) < REPR_LIMIT + 50
+    assert repr(big.as_reader()).endswith(" ...}>")
+    # The root's `left` pointer (word 3: a null struct pointer) made a list pointer.
+    segment = bytearray(b"".join(bytes(s) for s in tree.to_segments()))
+    segment[8 * 3 : 8 * 3 + 4] = (0x7FFF << 2 | 1).to_bytes(4, "little")
+    hostile = repr(k.Tree.Reader.read([bytes(segment)]))
+    assert hostile.startswith("<Tree.Reader (unreadable: DecodeError: "), hostile
