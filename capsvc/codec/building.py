@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from capsvc._mypyc import mypyc_attr
-from capsvc.codec.reading import SHORT_LIST, shown_fields
+from capsvc.codec.reading import SHORT_LIST, enum_name, shown_fields
 from capsvc.errors import DecodeError
 
 if TYPE_CHECKING:
@@ -676,6 +676,24 @@ def init_struct_list(
     _set_halves(buf, start << 3, n << 2, data_words | pointers << 16)
     write_list_pointer(buf, at, start, 7, n * size)
     return StructListBuilder(builder, start + 1, n, field, cls)
+
+
+#: Each generated enum's codes by schema name (and so by Python name: check_enum).
+_ENUM_CODES: dict[Any, dict[str, int]] = {}
+
+
+def enum_code(value: object, enum: Any, field: str) -> int:
+    """The code a generated enum setter writes for ``value`` when it is not a plain int
+    in range: an ``enum`` member, or an enumerant's name (schema or Python name). An
+    unknown name or a code out of range is a ValueError naming the field and the
+    enumerants, another type a TypeError."""
+    from capsvc.codec.scalars import check_enum  # (scalars imports this module)
+
+    codes = _ENUM_CODES.get(enum)
+    if codes is None:
+        codes = {str(enum_name(member)): int(member) for member in enum}
+        _ENUM_CODES[enum] = codes
+    return check_enum(value, codes, field, enum.__name__)
 
 
 def list_at(

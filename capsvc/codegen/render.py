@@ -1676,9 +1676,20 @@ def _number_accessor(out: _Out, node: Struct, field: Field, label: str, names: _
     out.add(f"def {name}(self) -> {python_type}:")
     out.add(f"    return {read}")
     out.add(f"@{name}.setter")
-    setter_type = "int" if k == "enum" else python_type
+    setter_type = "int | str" if k == "enum" else python_type
     out.add(f"def {name}(self, value: {setter_type}) -> None:")
     with out.indent():
+        if k == "enum":
+            # A name too, as new_message takes it (and pycapnp's setters). Checked before
+            # the write: a failed pack_into would have zeroed the field.
+            member = f"type(value) is not {schema_type}"  # (a member is always in range)
+            out.add(f"if type(value) is not int and {member} or not 0 <= value <= 0xFFFF:")
+            out.add(f'    value = _b.enum_code(value, {schema_type}, "{label}")')
+            xor = f" ^ {int(default)}" if default else ""  # type: ignore[call-overload]
+            out.add(f"set_{width}(self._b.buf, self._data + {offset}, value{xor})")
+            for line in _select(node, field):
+                out.add(line)
+            return
         out.add("try:")
         with out.indent():
             if k in ("float32", "float64") and default:

@@ -1464,11 +1464,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
             def op(self) -> Calculator.Operator:
                 return Calculator.Operator(get_u16(self._b.buf, self._data)[0])
             @op.setter
-            def op(self, value: int) -> None:
-                try:
-                    set_u16(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Calculator.getOperator$Params.op", "Calculator.Operator", "H") from None
+            def op(self, value: int | str) -> None:
+                if type(value) is not int and type(value) is not Calculator.Operator or not 0 <= value <= 0xFFFF:
+                    value = _b.enum_code(value, Calculator.Operator, "Calculator.getOperator$Params.op")
+                set_u16(self._b.buf, self._data + 0, value)
 
             def assign(  # type: ignore[override]
                 self,

@@ -199,11 +199,10 @@ class Health(_t.Interface["Health.Client"]):
             def status(self) -> ServingStatus:
                 return ServingStatus(get_u16(self._b.buf, self._data)[0])
             @status.setter
-            def status(self, value: int) -> None:
-                try:
-                    set_u16(self._b.buf, self._data + 0, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Health.check$Results.status", "ServingStatus", "H") from None
+            def status(self, value: int | str) -> None:
+                if type(value) is not int and type(value) is not ServingStatus or not 0 <= value <= 0xFFFF:
+                    value = _b.enum_code(value, ServingStatus, "Health.check$Results.status")
+                set_u16(self._b.buf, self._data + 0, value)
 
             def assign(  # type: ignore[override]
                 self,

@@ -1247,11 +1247,10 @@ class Exception:
         def type(self) -> Exception.Type:
             return Exception.Type(get_u16(self._b.buf, self._data + 4)[0])
         @type.setter
-        def type(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 4, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Exception.type", "Exception.Type", "H") from None
+        def type(self, value: int | str) -> None:
+            if type(value) is not int and type(value) is not Exception.Type or not 0 <= value <= 0xFFFF:
+                value = _b.enum_code(value, Exception.Type, "Exception.type")
+            set_u16(self._b.buf, self._data + 4, value)
 
         obsoleteIsCallersFault = _d.bool_property(0, 0, False, "Exception.obsoleteIsCallersFault")
 

@@ -168,3 +168,22 @@ async def test_to_dict_gives_capabilities_and_any_pointers_for_new_message(
     assert (await copy.capability.cast_as(k.Shop).list()).items == ["kept"]
     assert (await copy.shops[0].list()).items == ["kept"]
     assert copy.shops[1]._capsvc_hook().is_null
+
+
+def test_an_enum_setter_takes_a_name_as_new_message_does(generated: Generated) -> None:
+    """``builder.color = "blue"`` as pycapnp's setters and ``new_message(color="blue")``
+    take it (an XOR default too); an unknown name or a code out of range is an error
+    naming the field, a float a TypeError, and none of them changes the field."""
+    k = generated.kitchen
+    for builder in (k.Numbers.new_message(), k.Defaults.new_message()):
+        builder.color = "red"
+        assert builder.color is k.Color.red
+        builder.color = k.Color.green
+        assert builder.as_reader().color is k.Color.green
+        with pytest.raises(ValueError, match=r"\.color: Color has no enumerant 'purple' \("):
+            builder.color = "purple"
+        with pytest.raises(TypeError, match=r"\.color: expected a Color \(an int or a name\)"):
+            builder.color = 2.5
+        with pytest.raises(ValueError, match=r"\.color: 70000 is not an enum code \(0\.\.65535\)"):
+            builder.color = 70000
+        assert builder.color is k.Color.green

@@ -163,11 +163,10 @@ class Car:
         def color(self) -> Color:
             return Color(get_u16(self._b.buf, self._data)[0])
         @color.setter
-        def color(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Car.color", "Color", "H") from None
+        def color(self, value: int | str) -> None:
+            if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
+                value = _b.enum_code(value, Color, "Car.color")
+            set_u16(self._b.buf, self._data + 0, value)
 
         seats = _d.int_property("u8", 2, 0, "Car.seats", "UInt8")
 

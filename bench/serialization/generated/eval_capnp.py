@@ -406,11 +406,10 @@ class Expression:
         def op(self) -> Operation:
             return Operation(get_u16(self._b.buf, self._data)[0])
         @op.setter
-        def op(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Expression.op", "Operation", "H") from None
+        def op(self, value: int | str) -> None:
+            if type(value) is not int and type(value) is not Operation or not 0 <= value <= 0xFFFF:
+                value = _b.enum_code(value, Operation, "Expression.op")
+            set_u16(self._b.buf, self._data + 0, value)
 
         left: _d.BuilderGroup[Expression.Left.Builder] = _d.BuilderGroup()
 

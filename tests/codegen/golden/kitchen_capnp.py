@@ -1907,11 +1907,10 @@ class Defaults:
         def color(self) -> Color:
             return Color(get_u16(self._b.buf, self._data + 36)[0] ^ 2)
         @color.setter
-        def color(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 36, value ^ 2)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Defaults.color", "Color", "H") from None
+        def color(self, value: int | str) -> None:
+            if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
+                value = _b.enum_code(value, Color, "Defaults.color")
+            set_u16(self._b.buf, self._data + 36, value ^ 2)
 
         text = _d.text_property(0, 'hello', "Defaults.text")
 
@@ -3667,11 +3666,10 @@ class Numbers:
         def color(self) -> Color:
             return Color(get_u16(self._b.buf, self._data + 36)[0])
         @color.setter
-        def color(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 36, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Numbers.color", "Color", "H") from None
+        def color(self, value: int | str) -> None:
+            if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
+                value = _b.enum_code(value, Color, "Numbers.color")
+            set_u16(self._b.buf, self._data + 36, value)
 
         b2 = _d.bool_property(0, 1, False, "Numbers.b2")
 
@@ -5185,11 +5183,10 @@ class Settings:
         def mood(self) -> Mood:
             return Mood(get_u16(self._b.buf, self._data)[0])
         @mood.setter
-        def mood(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 0, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Settings.mood", "Mood", "H") from None
+        def mood(self, value: int | str) -> None:
+            if type(value) is not int and type(value) is not Mood or not 0 <= value <= 0xFFFF:
+                value = _b.enum_code(value, Mood, "Settings.mood")
+            set_u16(self._b.buf, self._data + 0, value)
 
         def assign(  # type: ignore[override]
             self,
@@ -5401,21 +5398,19 @@ class Shapes:
                     def from_(self) -> Color:
                         return Color(get_u16(self._b.buf, self._data + 14)[0])
                     @from_.setter
-                    def from_(self, value: int) -> None:
-                        try:
-                            set_u16(self._b.buf, self._data + 14, value)
-                        except (struct.error, TypeError):
-                            raise _b.bad_value(value, "Shapes.style.fill.gradient.from", "Color", "H") from None
+                    def from_(self, value: int | str) -> None:
+                        if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
+                            value = _b.enum_code(value, Color, "Shapes.style.fill.gradient.from")
+                        set_u16(self._b.buf, self._data + 14, value)
 
                     @property
                     def to(self) -> Color:
                         return Color(get_u16(self._b.buf, self._data + 16)[0])
                     @to.setter
-                    def to(self, value: int) -> None:
-                        try:
-                            set_u16(self._b.buf, self._data + 16, value)
-                        except (struct.error, TypeError):
-                            raise _b.bad_value(value, "Shapes.style.fill.gradient.to", "Color", "H") from None
+                    def to(self, value: int | str) -> None:
+                        if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
+                            value = _b.enum_code(value, Color, "Shapes.style.fill.gradient.to")
+                        set_u16(self._b.buf, self._data + 16, value)
 
                     def assign(  # type: ignore[override]
                         self,
@@ -5577,11 +5572,10 @@ class Shapes:
             def color(self) -> Color:
                 return Color(get_u16(self._b.buf, self._data + 10)[0])
             @color.setter
-            def color(self, value: int) -> None:
-                try:
-                    set_u16(self._b.buf, self._data + 10, value)
-                except (struct.error, TypeError):
-                    raise _b.bad_value(value, "Shapes.style.color", "Color", "H") from None
+            def color(self, value: int | str) -> None:
+                if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
+                    value = _b.enum_code(value, Color, "Shapes.style.color")
+                set_u16(self._b.buf, self._data + 10, value)
 
             fill: _d.BuilderGroup[Shapes.Style.Fill.Builder] = _d.BuilderGroup()
 

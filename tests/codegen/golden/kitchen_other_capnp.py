@@ -101,11 +101,10 @@ class Thing:
         def kind(self) -> Thing.Kind:
             return Thing.Kind(get_u16(self._b.buf, self._data + 8)[0])
         @kind.setter
-        def kind(self, value: int) -> None:
-            try:
-                set_u16(self._b.buf, self._data + 8, value)
-            except (struct.error, TypeError):
-                raise _b.bad_value(value, "Thing.kind", "Thing.Kind", "H") from None
+        def kind(self, value: int | str) -> None:
+            if type(value) is not int and type(value) is not Thing.Kind or not 0 <= value <= 0xFFFF:
+                value = _b.enum_code(value, Thing.Kind, "Thing.kind")
+            set_u16(self._b.buf, self._data + 8, value)
 
         def assign(  # type: ignore[override]
             self,
