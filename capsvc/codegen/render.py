@@ -999,7 +999,7 @@ def _init_value_type(kind: Type, names: _Names, *, element: bool = False) -> str
     if k in NUMBERS:
         return "float" if k.startswith("float") else "int"
     if k == "enum":
-        return "int | str"  # its code (the IntEnum member), or its name
+        return f"int | {_enumerant_names(kind.target, names)}"  # a code (a member), a name
     if k == "text":
         return "str | None"
     if k == "data":
@@ -1676,7 +1676,7 @@ def _number_accessor(out: _Out, node: Struct, field: Field, label: str, names: _
     out.add(f"def {name}(self) -> {python_type}:")
     out.add(f"    return {read}")
     out.add(f"@{name}.setter")
-    setter_type = "int | str" if k == "enum" else python_type
+    setter_type = f"int | {_enumerant_names(kind.target, names)}" if k == "enum" else python_type
     out.add(f"def {name}(self, value: {setter_type}) -> None:")
     with out.indent():
         if k == "enum":
@@ -1706,6 +1706,21 @@ def _number_accessor(out: _Out, node: Struct, field: Field, label: str, names: _
         out.add(f'    raise _b.bad_value(value, "{label}", "{schema_type}", "{fmt}") from None')
         for line in _select(node, field):
             out.add(line)
+
+
+def _enumerant_names(enum_id: int, names: _Names) -> str:
+    """What an enum value may be given as besides its code: a ``Literal`` of its
+    enumerants' schema names (and Python names, where they differ: ``from_``), so that
+    mypy catches a misspelt one; ``str`` for an enum this file cannot see."""
+    node = names.schema_node(enum_id)
+    if not isinstance(node, Enum) or not node.enumerants:
+        return "str"
+    spelled: list[str] = []
+    for name in node.enumerants:
+        spelled.append(name)
+        if enumerant_name(name) != name:
+            spelled.append(enumerant_name(name))
+    return "Literal[" + ", ".join(repr(name) for name in spelled) + "]"
 
 
 def _list_builder_type(element: Type, names: _Names) -> str:

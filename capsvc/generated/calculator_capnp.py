@@ -1436,7 +1436,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
         class Init(TypedDict, total=False):
             """Calculator.getOperator$Params as plain values: what ``new_message`` and ``assign`` take."""
 
-            op: int | str
+            op: int | Literal['add', 'subtract', 'multiply', 'divide']
 
         Row: TypeAlias = "tuple[Calculator.Operator]"
 
@@ -1464,7 +1464,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             def op(self) -> Calculator.Operator:
                 return Calculator.Operator(get_u16(self._b.buf, self._data)[0])
             @op.setter
-            def op(self, value: int | str) -> None:
+            def op(self, value: int | Literal['add', 'subtract', 'multiply', 'divide']) -> None:
                 if type(value) is not int and type(value) is not Calculator.Operator or not 0 <= value <= 0xFFFF:
                     value = _b.enum_code(value, Calculator.Operator, "Calculator.getOperator$Params.op")
                 set_u16(self._b.buf, self._data + 0, value)
@@ -1473,7 +1473,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 self,
                 /,
                 *,
-                op: int | str = _e.MISSING,
+                op: int | Literal['add', 'subtract', 'multiply', 'divide'] = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -1504,7 +1504,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
         @staticmethod
         def new_message(
             *,
-            op: int | str = _e.MISSING,
+            op: int | Literal['add', 'subtract', 'multiply', 'divide'] = _e.MISSING,
             **_unknown: Never,
         ) -> Calculator.GetOperatorParams.Builder:
             """A new message whose root is a Calculator.getOperator$Params: the fields named take

@@ -171,7 +171,7 @@ class Health(_t.Interface["Health.Client"]):
         class Init(TypedDict, total=False):
             """Health.check$Results as plain values: what ``new_message`` and ``assign`` take."""
 
-            status: int | str
+            status: int | Literal['unknown', 'serving', 'notServing', 'serviceUnknown']
 
         Row: TypeAlias = "tuple[ServingStatus]"
 
@@ -199,7 +199,7 @@ class Health(_t.Interface["Health.Client"]):
             def status(self) -> ServingStatus:
                 return ServingStatus(get_u16(self._b.buf, self._data)[0])
             @status.setter
-            def status(self, value: int | str) -> None:
+            def status(self, value: int | Literal['unknown', 'serving', 'notServing', 'serviceUnknown']) -> None:
                 if type(value) is not int and type(value) is not ServingStatus or not 0 <= value <= 0xFFFF:
                     value = _b.enum_code(value, ServingStatus, "Health.check$Results.status")
                 set_u16(self._b.buf, self._data + 0, value)
@@ -208,7 +208,7 @@ class Health(_t.Interface["Health.Client"]):
                 self,
                 /,
                 *,
-                status: int | str = _e.MISSING,
+                status: int | Literal['unknown', 'serving', 'notServing', 'serviceUnknown'] = _e.MISSING,
                 **_unknown: Never,
             ) -> None:
                 """Set the whole struct, as a constructor would: each field named takes its
@@ -239,7 +239,7 @@ class Health(_t.Interface["Health.Client"]):
         @staticmethod
         def new_message(
             *,
-            status: int | str = _e.MISSING,
+            status: int | Literal['unknown', 'serving', 'notServing', 'serviceUnknown'] = _e.MISSING,
             **_unknown: Never,
         ) -> Health.CheckResults.Builder:
             """A new message whose root is a Health.check$Results: the fields named take

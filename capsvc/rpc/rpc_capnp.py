@@ -1197,7 +1197,7 @@ class Exception:
 
         reason: str | None
 
-        type: int | str
+        type: int | Literal['failed', 'overloaded', 'disconnected', 'unimplemented']
 
         obsoleteIsCallersFault: bool
 
@@ -1247,7 +1247,7 @@ class Exception:
         def type(self) -> Exception.Type:
             return Exception.Type(get_u16(self._b.buf, self._data + 4)[0])
         @type.setter
-        def type(self, value: int | str) -> None:
+        def type(self, value: int | Literal['failed', 'overloaded', 'disconnected', 'unimplemented']) -> None:
             if type(value) is not int and type(value) is not Exception.Type or not 0 <= value <= 0xFFFF:
                 value = _b.enum_code(value, Exception.Type, "Exception.type")
             set_u16(self._b.buf, self._data + 4, value)
@@ -1263,7 +1263,7 @@ class Exception:
             /,
             *,
             reason: str | None = _e.MISSING,
-            type: int | str = _e.MISSING,
+            type: int | Literal['failed', 'overloaded', 'disconnected', 'unimplemented'] = _e.MISSING,
             obsoleteIsCallersFault: bool = _e.MISSING,
             obsoleteDurability: int = _e.MISSING,
             trace: str | None = _e.MISSING,
@@ -1298,7 +1298,7 @@ class Exception:
     def new_message(
         *,
         reason: str | None = _e.MISSING,
-        type: int | str = _e.MISSING,
+        type: int | Literal['failed', 'overloaded', 'disconnected', 'unimplemented'] = _e.MISSING,
         obsoleteIsCallersFault: bool = _e.MISSING,
         obsoleteDurability: int = _e.MISSING,
         trace: str | None = _e.MISSING,

@@ -174,6 +174,12 @@ def read(numbers: k.Numbers.Reader) -> str:
 
 def row_text(tree: k.Tree.Reader) -> str:
     return k.Tree.row(tree)[0]
+
+def enums_and_lists(numbers: k.Numbers.Builder, lists: k.Lists.Builder) -> None:
+    numbers.color = "blue"
+    numbers.color = "bleu"
+    k.Numbers.new_message(color="gren")
+    lists.texts = ["a", 2]
 """
 TYPE_ERRORS = {
     5: 'Incompatible types in assignment (expression has type "str"',
@@ -183,6 +189,9 @@ TYPE_ERRORS = {
     14: 'Incompatible types in assignment (expression has type "str", variable has type "int")',
     17: 'Incompatible return value type (got "int", expected "str")',  # a compiled descriptor
     20: 'Incompatible return value type (got "int", expected "str")',  # a row's position
+    24: "expression has type \"Literal['bleu']\", variable has type \"Literal['red', 'green',",
+    25: 'Argument "color" to "new_message" of "Numbers" has incompatible type "Literal[\'gren\']',
+    26: 'List item 1 has incompatible type "int"; expected "str | None"',
 }
 
 

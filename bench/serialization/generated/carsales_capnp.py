@@ -46,7 +46,7 @@ class Car:
 
         model: str | None
 
-        color: int | str
+        color: int | Literal['black', 'white', 'red', 'green', 'blue', 'cyan', 'magenta', 'yellow', 'silver']
 
         seats: int
 
@@ -163,7 +163,7 @@ class Car:
         def color(self) -> Color:
             return Color(get_u16(self._b.buf, self._data)[0])
         @color.setter
-        def color(self, value: int | str) -> None:
+        def color(self, value: int | Literal['black', 'white', 'red', 'green', 'blue', 'cyan', 'magenta', 'yellow', 'silver']) -> None:
             if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
                 value = _b.enum_code(value, Color, "Car.color")
             set_u16(self._b.buf, self._data + 0, value)
@@ -226,7 +226,7 @@ class Car:
             *,
             make: str | None = _e.MISSING,
             model: str | None = _e.MISSING,
-            color: int | str = _e.MISSING,
+            color: int | Literal['black', 'white', 'red', 'green', 'blue', 'cyan', 'magenta', 'yellow', 'silver'] = _e.MISSING,
             seats: int = _e.MISSING,
             doors: int = _e.MISSING,
             wheels: Sequence[Wheel.Init | Wheel.Row | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None = _e.MISSING,
@@ -278,7 +278,7 @@ class Car:
         *,
         make: str | None = _e.MISSING,
         model: str | None = _e.MISSING,
-        color: int | str = _e.MISSING,
+        color: int | Literal['black', 'white', 'red', 'green', 'blue', 'cyan', 'magenta', 'yellow', 'silver'] = _e.MISSING,
         seats: int = _e.MISSING,
         doors: int = _e.MISSING,
         wheels: Sequence[Wheel.Init | Wheel.Row | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None = _e.MISSING,

@@ -368,7 +368,7 @@ class Expression:
     class Init(TypedDict, total=False):
         """Expression as plain values: what ``new_message`` and ``assign`` take."""
 
-        op: int | str
+        op: int | Literal['add', 'subtract', 'multiply', 'divide', 'modulus']
 
         left: Expression.Left.Init | Expression.Left.Row
 
@@ -406,7 +406,7 @@ class Expression:
         def op(self) -> Operation:
             return Operation(get_u16(self._b.buf, self._data)[0])
         @op.setter
-        def op(self, value: int | str) -> None:
+        def op(self, value: int | Literal['add', 'subtract', 'multiply', 'divide', 'modulus']) -> None:
             if type(value) is not int and type(value) is not Operation or not 0 <= value <= 0xFFFF:
                 value = _b.enum_code(value, Operation, "Expression.op")
             set_u16(self._b.buf, self._data + 0, value)
@@ -419,7 +419,7 @@ class Expression:
             self,
             /,
             *,
-            op: int | str = _e.MISSING,
+            op: int | Literal['add', 'subtract', 'multiply', 'divide', 'modulus'] = _e.MISSING,
             left: Expression.Left.Init | Expression.Left.Row = _e.MISSING,
             right: Expression.Right.Init | Expression.Right.Row = _e.MISSING,
             **_unknown: Never,
@@ -460,7 +460,7 @@ class Expression:
     @staticmethod
     def new_message(
         *,
-        op: int | str = _e.MISSING,
+        op: int | Literal['add', 'subtract', 'multiply', 'divide', 'modulus'] = _e.MISSING,
         left: Expression.Left.Init | Expression.Left.Row = _e.MISSING,
         right: Expression.Right.Init | Expression.Right.Row = _e.MISSING,
         **_unknown: Never,

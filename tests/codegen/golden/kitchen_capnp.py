@@ -1785,7 +1785,7 @@ class Defaults:
 
         f64: float
 
-        color: int | str
+        color: int | Literal['red', 'green', 'blue']
 
         text: str | None
 
@@ -1907,7 +1907,7 @@ class Defaults:
         def color(self) -> Color:
             return Color(get_u16(self._b.buf, self._data + 36)[0] ^ 2)
         @color.setter
-        def color(self, value: int | str) -> None:
+        def color(self, value: int | Literal['red', 'green', 'blue']) -> None:
             if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
                 value = _b.enum_code(value, Color, "Defaults.color")
             set_u16(self._b.buf, self._data + 36, value ^ 2)
@@ -1988,7 +1988,7 @@ class Defaults:
             u64: int = _e.MISSING,
             f32: float = _e.MISSING,
             f64: float = _e.MISSING,
-            color: int | str = _e.MISSING,
+            color: int | Literal['red', 'green', 'blue'] = _e.MISSING,
             text: str | None = _e.MISSING,
             data: bytes | bytearray | memoryview | None = _e.MISSING,
             numbers: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
@@ -2039,7 +2039,7 @@ class Defaults:
         u64: int = _e.MISSING,
         f32: float = _e.MISSING,
         f64: float = _e.MISSING,
-        color: int | str = _e.MISSING,
+        color: int | Literal['red', 'green', 'blue'] = _e.MISSING,
         text: str | None = _e.MISSING,
         data: bytes | bytearray | memoryview | None = _e.MISSING,
         numbers: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder | None = _e.MISSING,
@@ -2683,7 +2683,7 @@ class Lists:
 
         structs: Sequence[Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None
 
-        colors: Sequence[int | str] | _r.ListReader[Any] | None
+        colors: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None
 
         nested: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None
 
@@ -3067,7 +3067,7 @@ class Lists:
             """The colors list as built so far (null: empty; see init_colors)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 15, "Lists.colors", 3), "Lists.colors", "H", "Color")
         @colors.setter
-        def colors(self, value: Sequence[int | str] | _r.ListReader[Any] | None) -> None:
+        def colors(self, value: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "colors", value)
 
@@ -3140,7 +3140,7 @@ class Lists:
             texts: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
             datas: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None = _e.MISSING,
             structs: Sequence[Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None = _e.MISSING,
-            colors: Sequence[int | str] | _r.ListReader[Any] | None = _e.MISSING,
+            colors: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None = _e.MISSING,
             nested: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
             nestedTexts: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
             deep: Sequence[Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
@@ -3189,7 +3189,7 @@ class Lists:
         texts: Sequence[str | None] | _r.ListReader[Any] | None = _e.MISSING,
         datas: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None = _e.MISSING,
         structs: Sequence[Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None = _e.MISSING,
-        colors: Sequence[int | str] | _r.ListReader[Any] | None = _e.MISSING,
+        colors: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None = _e.MISSING,
         nested: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
         nestedTexts: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
         deep: Sequence[Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None = _e.MISSING,
@@ -3571,7 +3571,7 @@ class Numbers:
 
         f64: float
 
-        color: int | str
+        color: int | Literal['red', 'green', 'blue']
 
         b2: bool
 
@@ -3666,7 +3666,7 @@ class Numbers:
         def color(self) -> Color:
             return Color(get_u16(self._b.buf, self._data + 36)[0])
         @color.setter
-        def color(self, value: int | str) -> None:
+        def color(self, value: int | Literal['red', 'green', 'blue']) -> None:
             if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
                 value = _b.enum_code(value, Color, "Numbers.color")
             set_u16(self._b.buf, self._data + 36, value)
@@ -3688,7 +3688,7 @@ class Numbers:
             u64: int = _e.MISSING,
             f32: float = _e.MISSING,
             f64: float = _e.MISSING,
-            color: int | str = _e.MISSING,
+            color: int | Literal['red', 'green', 'blue'] = _e.MISSING,
             b2: bool = _e.MISSING,
             v: None = _e.MISSING,
             **_unknown: Never,
@@ -3732,7 +3732,7 @@ class Numbers:
         u64: int = _e.MISSING,
         f32: float = _e.MISSING,
         f64: float = _e.MISSING,
-        color: int | str = _e.MISSING,
+        color: int | Literal['red', 'green', 'blue'] = _e.MISSING,
         b2: bool = _e.MISSING,
         v: None = _e.MISSING,
         **_unknown: Never,
@@ -5155,7 +5155,7 @@ class Settings:
     class Init(TypedDict, total=False):
         """Settings as plain values: what ``new_message`` and ``assign`` take."""
 
-        mood: int | str
+        mood: int | Literal['calm', 'cross']
 
     Row: TypeAlias = "tuple[Mood]"
 
@@ -5183,7 +5183,7 @@ class Settings:
         def mood(self) -> Mood:
             return Mood(get_u16(self._b.buf, self._data)[0])
         @mood.setter
-        def mood(self, value: int | str) -> None:
+        def mood(self, value: int | Literal['calm', 'cross']) -> None:
             if type(value) is not int and type(value) is not Mood or not 0 <= value <= 0xFFFF:
                 value = _b.enum_code(value, Mood, "Settings.mood")
             set_u16(self._b.buf, self._data + 0, value)
@@ -5192,7 +5192,7 @@ class Settings:
             self,
             /,
             *,
-            mood: int | str = _e.MISSING,
+            mood: int | Literal['calm', 'cross'] = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -5223,7 +5223,7 @@ class Settings:
     @staticmethod
     def new_message(
         *,
-        mood: int | str = _e.MISSING,
+        mood: int | Literal['calm', 'cross'] = _e.MISSING,
         **_unknown: Never,
     ) -> Settings.Builder:
         """A new message whose root is a Settings: the fields named take
@@ -5365,9 +5365,9 @@ class Shapes:
                 class Init(TypedDict, total=False):
                     """Shapes.style.fill.gradient as plain values: what ``new_message`` and ``assign`` take."""
 
-                    from_: int | str
+                    from_: int | Literal['red', 'green', 'blue']
 
-                    to: int | str
+                    to: int | Literal['red', 'green', 'blue']
 
                 Row: TypeAlias = "tuple[Color, Color]"
 
@@ -5398,7 +5398,7 @@ class Shapes:
                     def from_(self) -> Color:
                         return Color(get_u16(self._b.buf, self._data + 14)[0])
                     @from_.setter
-                    def from_(self, value: int | str) -> None:
+                    def from_(self, value: int | Literal['red', 'green', 'blue']) -> None:
                         if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
                             value = _b.enum_code(value, Color, "Shapes.style.fill.gradient.from")
                         set_u16(self._b.buf, self._data + 14, value)
@@ -5407,7 +5407,7 @@ class Shapes:
                     def to(self) -> Color:
                         return Color(get_u16(self._b.buf, self._data + 16)[0])
                     @to.setter
-                    def to(self, value: int | str) -> None:
+                    def to(self, value: int | Literal['red', 'green', 'blue']) -> None:
                         if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
                             value = _b.enum_code(value, Color, "Shapes.style.fill.gradient.to")
                         set_u16(self._b.buf, self._data + 16, value)
@@ -5416,8 +5416,8 @@ class Shapes:
                         self,
                         /,
                         *,
-                        from_: int | str = _e.MISSING,
-                        to: int | str = _e.MISSING,
+                        from_: int | Literal['red', 'green', 'blue'] = _e.MISSING,
+                        to: int | Literal['red', 'green', 'blue'] = _e.MISSING,
                         **_unknown: Never,
                     ) -> None:
                         """Set the whole struct, as a constructor would: each field named takes its
@@ -5539,7 +5539,7 @@ class Shapes:
         class Init(TypedDict, total=False):
             """Shapes.style as plain values: what ``new_message`` and ``assign`` take."""
 
-            color: int | str
+            color: int | Literal['red', 'green', 'blue']
 
             fill: Shapes.Style.Fill.Init | Shapes.Style.Fill.Row
 
@@ -5572,7 +5572,7 @@ class Shapes:
             def color(self) -> Color:
                 return Color(get_u16(self._b.buf, self._data + 10)[0])
             @color.setter
-            def color(self, value: int | str) -> None:
+            def color(self, value: int | Literal['red', 'green', 'blue']) -> None:
                 if type(value) is not int and type(value) is not Color or not 0 <= value <= 0xFFFF:
                     value = _b.enum_code(value, Color, "Shapes.style.color")
                 set_u16(self._b.buf, self._data + 10, value)
@@ -5583,7 +5583,7 @@ class Shapes:
                 self,
                 /,
                 *,
-                color: int | str = _e.MISSING,
+                color: int | Literal['red', 'green', 'blue'] = _e.MISSING,
                 fill: Shapes.Style.Fill.Init | Shapes.Style.Fill.Row = _e.MISSING,
                 **_unknown: Never,
             ) -> None:

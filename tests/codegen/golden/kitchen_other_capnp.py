@@ -62,7 +62,7 @@ class Thing:
 
         tag: str | None
 
-        kind: int | str
+        kind: int | Literal['small', 'large']
 
     Row: TypeAlias = "tuple[int, str, Thing.Kind]"
 
@@ -101,7 +101,7 @@ class Thing:
         def kind(self) -> Thing.Kind:
             return Thing.Kind(get_u16(self._b.buf, self._data + 8)[0])
         @kind.setter
-        def kind(self, value: int | str) -> None:
+        def kind(self, value: int | Literal['small', 'large']) -> None:
             if type(value) is not int and type(value) is not Thing.Kind or not 0 <= value <= 0xFFFF:
                 value = _b.enum_code(value, Thing.Kind, "Thing.kind")
             set_u16(self._b.buf, self._data + 8, value)
@@ -112,7 +112,7 @@ class Thing:
             *,
             id: int = _e.MISSING,
             tag: str | None = _e.MISSING,
-            kind: int | str = _e.MISSING,
+            kind: int | Literal['small', 'large'] = _e.MISSING,
             **_unknown: Never,
         ) -> None:
             """Set the whole struct, as a constructor would: each field named takes its
@@ -145,7 +145,7 @@ class Thing:
         *,
         id: int = _e.MISSING,
         tag: str | None = _e.MISSING,
-        kind: int | str = _e.MISSING,
+        kind: int | Literal['small', 'large'] = _e.MISSING,
         **_unknown: Never,
     ) -> Thing.Builder:
         """A new message whose root is a Thing: the fields named take
