@@ -911,7 +911,7 @@ fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base, Py_
             PyObject *value = PyTuple_GET_ITEM(values, base + f->row_at);
             if (value == o->missing || value == Py_None)
                 continue; /* left at its default */
-            if (f->disc >= 0 && f->kind != K_VIA) {
+            if (f->disc >= 0) { /* (a VIA field given bails below: its disc goes too) */
                 for (int u = 0; u < union_count; u++)
                     if (unions[u] == f->disc_at)
                         return out_bail(o);
@@ -931,7 +931,7 @@ fill_data(Out *o, Program *p, PyObject *values, int is_row, Py_ssize_t base, Py_
         PyObject *value = PyList_GET_ITEM(values, index); /* (schema order) */
         if (value == o->missing)
             continue;
-        if (f->disc >= 0 && f->kind != K_VIA) {
+        if (f->disc >= 0) { /* a VIA member too: given None, it is set with a null pointer */
             if (members++)
                 return out_bail(o); /* two union members: Python names them */
             store_bits(o, data + p->disc_at, (uint64_t)f->disc, 2);

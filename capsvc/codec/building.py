@@ -533,9 +533,11 @@ class StructListBuilder(ListBuilder, Generic[B]):
         return new_builder(cls, self._b, self._start + index * (cls._DATA_WORDS + cls._POINTERS))
 
     def __iter__(self) -> Iterator[B]:
+        cls, builder = self._cls, self._b
+        step = cls._DATA_WORDS + cls._POINTERS
+        if step == 0:  # structs of no words: every element is the same (empty) place
+            return iter([new_builder(cls, builder, self._start) for _ in range(self._count)])
         if self._count <= SHORT_LIST:  # all at once: see reading.StructList.__iter__
-            cls, builder = self._cls, self._b
-            step = cls._DATA_WORDS + cls._POINTERS
             start = self._start
             stop = start + self._count * step
             return iter([new_builder(cls, builder, at) for at in range(start, stop, step)])
@@ -697,15 +699,25 @@ def enum_code(value: object, enum: Any, field: str) -> int:
 
 
 def list_at(
-    builder: MessageBuilder, at: int, field: str, code: int, cls: Any = None
+    builder: MessageBuilder,
+    at: int,
+    field: str,
+    code: int,
+    cls: Any = None,
+    default: Sequence[bytes] | None = None,
 ) -> tuple[int, int]:
     """(first element word, element count) of the list that the pointer at word ``at`` of
-    a message being built leads to, (0, 0) if it is null: what a list field's getter
-    reads. ``code`` is the field's element size (7: a composite list of ``cls``); a list
-    of any other layout there (another union member's pointer, or a list copied in from
-    a reader of another version of the schema) is a ValueError naming the field."""
+    a message being built leads to: what a list field's getter reads. A null pointer is
+    an empty list, or given the field's schema ``default``, a copy of it put there (as
+    libcapnp's builders do). ``code`` is the field's element size (7: a composite list of
+    ``cls``); a list of any other layout there (another union member's pointer, or a list
+    copied in from a reader of another version of the schema) is a ValueError naming the
+    field."""
     buf = builder.buf
     word = int.from_bytes(buf[at << 3 : (at + 1) << 3], "little")
+    if word == 0 and default is not None:
+        copy_default(default, builder, at)
+        word = int.from_bytes(buf[at << 3 : (at + 1) << 3], "little")
     if word == 0:
         return 0, 0
     if word & 3 == 1 and (word >> 32) & 7 == code:

@@ -1576,9 +1576,10 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
         out.add("@property")
         out.add(f"def {name}(self) -> {list_type}:")
         out.add(
-            f'    """The {field.name} list as built so far (null: empty; see init_{field.name})."""'
+            f'    """The {field.name} list as built so far (null: its default, or an empty one)."""'
         )
-        out.add(f"    return {_list_at(kind.element, pointer, label, names)}")
+        list_default = _default_name(path, field) if field.default is not None else ""
+        out.add(f"    return {_list_at(kind.element, pointer, label, names, list_default)}")
         out.add(f"@{name}.setter")
         out.add(f"def {name}(self, value: {_init_value_type(kind, names)}) -> None:")
         out.add('    """A new list of ``value``\'s elements, as ``new_message`` takes them."""')
@@ -1769,10 +1770,12 @@ def _init_list(element: Type, at: str, count: str, label: str, names: _Names) ->
     return f'_b.init_pointer_list(self._b, {at}, {count}, "{label}")'
 
 
-def _list_at(element: Type, at: str, label: str, names: _Names) -> str:
-    """A builder of the list already at pointer word ``at`` (``_init_list``'s classes)."""
+def _list_at(element: Type, at: str, label: str, names: _Names, default: str = "") -> str:
+    """A builder of the list already at pointer word ``at`` (``_init_list``'s classes);
+    ``default``: the name of the field's schema default, which a null pointer gets."""
     k = element.kind
-    where = f'*_b.list_at(self._b, {at}, "{label}", {{code}}{{cls}}), "{label}"'
+    tail = f", default={default}" if default else ""
+    where = f'*_b.list_at(self._b, {at}, "{label}", {{code}}{{cls}}{tail}), "{label}"'
     if k == "bool":
         return f"_b.BoolListBuilder(self._b, {where.format(code=1, cls='')})"
     if k in NUMBERS or k == "enum":

@@ -95,7 +95,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 @property
                 def params(self) -> _b.StructListBuilder[Calculator.Expression.Builder]:
-                    """The params list as built so far (null: empty; see init_params)."""
+                    """The params list as built so far (null: its default, or an empty one)."""
                     return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Calculator.Expression.call.params", 7, Calculator.Expression.Builder), "Calculator.Expression.call.params", Calculator.Expression.Builder)
                 @params.setter
                 def params(self, value: Sequence[Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder] | _r.ListReader[Any] | None) -> None:
@@ -353,7 +353,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 @property
                 def params(self) -> _b.PrimitiveListBuilder[float]:
-                    """The params list as built so far (null: empty; see init_params)."""
+                    """The params list as built so far (null: its default, or an empty one)."""
                     return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Calculator.Function.call$Params.params", 5), "Calculator.Function.call$Params.params", "d", "Float64")
                 @params.setter
                 def params(self, value: Sequence[float] | _r.ListReader[Any] | None) -> None:

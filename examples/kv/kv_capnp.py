@@ -728,7 +728,7 @@ class Store(_t.Interface["Store.Client"]):
 
             @property
             def keys(self) -> _b.TextListBuilder:
-                """The keys list as built so far (null: empty; see init_keys)."""
+                """The keys list as built so far (null: its default, or an empty one)."""
                 return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Store.keys$Results.keys", 6), "Store.keys$Results.keys")
             @keys.setter
             def keys(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:

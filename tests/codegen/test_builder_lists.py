@@ -117,3 +117,15 @@ def test_readers_and_builders_show_their_fields(generated: Generated) -> None:
     segment[8 * 3 : 8 * 3 + 4] = (0x7FFF << 2 | 1).to_bytes(4, "little")
     hostile = repr(k.Tree.Reader.read([bytes(segment)]))
     assert hostile.startswith("<Tree.Reader (unreadable: DecodeError: "), hostile
+
+
+def test_a_null_list_with_a_schema_default_gets_a_copy_of_it(generated: Generated) -> None:
+    """As libcapnp's builders (and so pycapnp's): reading a null list field that has a
+    schema default puts a copy of the default there, to read and to change."""
+    defaults = generated.kitchen.Defaults.new_message()
+    assert list(defaults.list) == [1, -2, 3]
+    assert list(defaults.texts) == ["a", "bc"]
+    defaults.list[0] = 10
+    assert list(defaults.as_reader().list) == [10, -2, 3]
+    reference = generated.reference.Defaults.new_message()
+    assert list(reference.list) == [1, -2, 3]  # pycapnp's builder: the same

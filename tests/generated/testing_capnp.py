@@ -1112,7 +1112,7 @@ class Holder:
 
         @property
         def caps(self) -> _b.CapabilityListBuilder:
-            """The caps list as built so far (null: empty; see init_caps)."""
+            """The caps list as built so far (null: its default, or an empty one)."""
             return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Holder.caps", 6), "Holder.caps")
         @caps.setter
         def caps(self, value: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None) -> None:
@@ -1132,7 +1132,7 @@ class Holder:
 
         @property
         def items(self) -> _b.StructListBuilder[Holder.Builder]:
-            """The items list as built so far (null: empty; see init_items)."""
+            """The items list as built so far (null: its default, or an empty one)."""
             return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Holder.items", 7, Holder.Builder), "Holder.items", Holder.Builder)
         @items.setter
         def items(self, value: Sequence[Holder.Init | Holder.Row | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None) -> None:
@@ -3547,7 +3547,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             @property
             def counters(self) -> _b.CapabilityListBuilder:
-                """The counters list as built so far (null: empty; see init_counters)."""
+                """The counters list as built so far (null: its default, or an empty one)."""
                 return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Tester.sum$Params.counters", 6), "Tester.sum$Params.counters")
             @counters.setter
             def counters(self, value: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None) -> None:

@@ -209,7 +209,7 @@ class SearchResultList:
 
         @property
         def results(self) -> _b.StructListBuilder[SearchResult.Builder]:
-            """The results list as built so far (null: empty; see init_results)."""
+            """The results list as built so far (null: its default, or an empty one)."""
             return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "SearchResultList.results", 7, SearchResult.Builder), "SearchResultList.results", SearchResult.Builder)
         @results.setter
         def results(self, value: Sequence[SearchResult.Init | SearchResult.Row | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None) -> None:

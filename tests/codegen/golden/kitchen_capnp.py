@@ -143,7 +143,7 @@ class Anything:
 
         @property
         def shops(self) -> _b.CapabilityListBuilder:
-            """The shops list as built so far (null: empty; see init_shops)."""
+            """The shops list as built so far (null: its default, or an empty one)."""
             return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 5, "Anything.shops", 6), "Anything.shops")
         @shops.setter
         def shops(self, value: Sequence[Shop.Client | Shop.Server | None] | _r.ListReader[Any] | None) -> None:
@@ -1027,7 +1027,7 @@ class Builtins:
 
         @property
         def list(self) -> _b.TextListBuilder:
-            """The list list as built so far (null: empty; see init_list)."""
+            """The list list as built so far (null: its default, or an empty one)."""
             return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Builtins.list", 6), "Builtins.list")
         @list.setter
         def list(self, value: Sequence[_builtins.str | None] | _r.ListReader[Any] | None) -> None:
@@ -1936,8 +1936,8 @@ class Defaults:
 
         @property
         def list(self) -> _b.PrimitiveListBuilder[int]:
-            """The list list as built so far (null: empty; see init_list)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Defaults.list", 3), "Defaults.list", "h", "Int16")
+            """The list list as built so far (null: its default, or an empty one)."""
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Defaults.list", 3, default=_D_Defaults_list), "Defaults.list", "h", "Int16")
         @list.setter
         def list(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -1955,8 +1955,8 @@ class Defaults:
 
         @property
         def texts(self) -> _b.TextListBuilder:
-            """The texts list as built so far (null: empty; see init_texts)."""
-            return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Defaults.texts", 6), "Defaults.texts")
+            """The texts list as built so far (null: its default, or an empty one)."""
+            return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Defaults.texts", 6, default=_D_Defaults_texts), "Defaults.texts")
         @texts.setter
         def texts(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -2788,7 +2788,7 @@ class Lists:
 
         @property
         def voids(self) -> _b.ListBuilder:
-            """The voids list as built so far (null: empty; see init_voids)."""
+            """The voids list as built so far (null: its default, or an empty one)."""
             return _b.ListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Lists.voids", 0), "Lists.voids")
         @voids.setter
         def voids(self, value: Sequence[None] | _r.ListReader[Any] | None) -> None:
@@ -2801,7 +2801,7 @@ class Lists:
 
         @property
         def bools(self) -> _b.BoolListBuilder:
-            """The bools list as built so far (null: empty; see init_bools)."""
+            """The bools list as built so far (null: its default, or an empty one)."""
             return _b.BoolListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Lists.bools", 1), "Lists.bools")
         @bools.setter
         def bools(self, value: Sequence[bool] | _r.ListReader[Any] | None) -> None:
@@ -2821,7 +2821,7 @@ class Lists:
 
         @property
         def i8s(self) -> _b.PrimitiveListBuilder[int]:
-            """The i8s list as built so far (null: empty; see init_i8s)."""
+            """The i8s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Lists.i8s", 2), "Lists.i8s", "b", "Int8")
         @i8s.setter
         def i8s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
@@ -2840,7 +2840,7 @@ class Lists:
 
         @property
         def i16s(self) -> _b.PrimitiveListBuilder[int]:
-            """The i16s list as built so far (null: empty; see init_i16s)."""
+            """The i16s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Lists.i16s", 3), "Lists.i16s", "h", "Int16")
         @i16s.setter
         def i16s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
@@ -2859,7 +2859,7 @@ class Lists:
 
         @property
         def i32s(self) -> _b.PrimitiveListBuilder[int]:
-            """The i32s list as built so far (null: empty; see init_i32s)."""
+            """The i32s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Lists.i32s", 4), "Lists.i32s", "i", "Int32")
         @i32s.setter
         def i32s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
@@ -2878,7 +2878,7 @@ class Lists:
 
         @property
         def i64s(self) -> _b.PrimitiveListBuilder[int]:
-            """The i64s list as built so far (null: empty; see init_i64s)."""
+            """The i64s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 5, "Lists.i64s", 5), "Lists.i64s", "q", "Int64")
         @i64s.setter
         def i64s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
@@ -2897,7 +2897,7 @@ class Lists:
 
         @property
         def u8s(self) -> _b.PrimitiveListBuilder[int]:
-            """The u8s list as built so far (null: empty; see init_u8s)."""
+            """The u8s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 6, "Lists.u8s", 2), "Lists.u8s", "B", "UInt8")
         @u8s.setter
         def u8s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
@@ -2916,7 +2916,7 @@ class Lists:
 
         @property
         def u16s(self) -> _b.PrimitiveListBuilder[int]:
-            """The u16s list as built so far (null: empty; see init_u16s)."""
+            """The u16s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 7, "Lists.u16s", 3), "Lists.u16s", "H", "UInt16")
         @u16s.setter
         def u16s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
@@ -2935,7 +2935,7 @@ class Lists:
 
         @property
         def u32s(self) -> _b.PrimitiveListBuilder[int]:
-            """The u32s list as built so far (null: empty; see init_u32s)."""
+            """The u32s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 8, "Lists.u32s", 4), "Lists.u32s", "I", "UInt32")
         @u32s.setter
         def u32s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
@@ -2954,7 +2954,7 @@ class Lists:
 
         @property
         def u64s(self) -> _b.PrimitiveListBuilder[int]:
-            """The u64s list as built so far (null: empty; see init_u64s)."""
+            """The u64s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 9, "Lists.u64s", 5), "Lists.u64s", "Q", "UInt64")
         @u64s.setter
         def u64s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
@@ -2973,7 +2973,7 @@ class Lists:
 
         @property
         def f32s(self) -> _b.PrimitiveListBuilder[float]:
-            """The f32s list as built so far (null: empty; see init_f32s)."""
+            """The f32s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 10, "Lists.f32s", 4), "Lists.f32s", "f", "Float32")
         @f32s.setter
         def f32s(self, value: Sequence[float] | _r.ListReader[Any] | None) -> None:
@@ -2992,7 +2992,7 @@ class Lists:
 
         @property
         def f64s(self) -> _b.PrimitiveListBuilder[float]:
-            """The f64s list as built so far (null: empty; see init_f64s)."""
+            """The f64s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 11, "Lists.f64s", 5), "Lists.f64s", "d", "Float64")
         @f64s.setter
         def f64s(self, value: Sequence[float] | _r.ListReader[Any] | None) -> None:
@@ -3011,7 +3011,7 @@ class Lists:
 
         @property
         def texts(self) -> _b.TextListBuilder:
-            """The texts list as built so far (null: empty; see init_texts)."""
+            """The texts list as built so far (null: its default, or an empty one)."""
             return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 12, "Lists.texts", 6), "Lists.texts")
         @texts.setter
         def texts(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
@@ -3031,7 +3031,7 @@ class Lists:
 
         @property
         def datas(self) -> _b.DataListBuilder:
-            """The datas list as built so far (null: empty; see init_datas)."""
+            """The datas list as built so far (null: its default, or an empty one)."""
             return _b.DataListBuilder(self._b, *_b.list_at(self._b, self._ptr + 13, "Lists.datas", 6), "Lists.datas")
         @datas.setter
         def datas(self, value: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None) -> None:
@@ -3051,7 +3051,7 @@ class Lists:
 
         @property
         def structs(self) -> _b.StructListBuilder[Numbers.Builder]:
-            """The structs list as built so far (null: empty; see init_structs)."""
+            """The structs list as built so far (null: its default, or an empty one)."""
             return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 14, "Lists.structs", 7, Numbers.Builder), "Lists.structs", Numbers.Builder)
         @structs.setter
         def structs(self, value: Sequence[Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None) -> None:
@@ -3064,7 +3064,7 @@ class Lists:
 
         @property
         def colors(self) -> _b.PrimitiveListBuilder[Color]:
-            """The colors list as built so far (null: empty; see init_colors)."""
+            """The colors list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 15, "Lists.colors", 3), "Lists.colors", "H", "Color")
         @colors.setter
         def colors(self, value: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None) -> None:
@@ -3084,7 +3084,7 @@ class Lists:
 
         @property
         def nested(self) -> _b.ListListBuilder:
-            """The nested list as built so far (null: empty; see init_nested)."""
+            """The nested list as built so far (null: its default, or an empty one)."""
             return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 16, "Lists.nested", 6), "Lists.nested", lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "i", 4, "Int32"))
         @nested.setter
         def nested(self, value: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None) -> None:
@@ -3097,7 +3097,7 @@ class Lists:
 
         @property
         def nestedTexts(self) -> _b.ListListBuilder:
-            """The nestedTexts list as built so far (null: empty; see init_nestedTexts)."""
+            """The nestedTexts list as built so far (null: its default, or an empty one)."""
             return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 17, "Lists.nestedTexts", 6), "Lists.nestedTexts", lambda builder, at, count, label: _b.init_text_list(builder, at, count, label))
         @nestedTexts.setter
         def nestedTexts(self, value: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None) -> None:
@@ -3110,7 +3110,7 @@ class Lists:
 
         @property
         def deep(self) -> _b.ListListBuilder:
-            """The deep list as built so far (null: empty; see init_deep)."""
+            """The deep list as built so far (null: its default, or an empty one)."""
             return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 18, "Lists.deep", 6), "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8")))
         @deep.setter
         def deep(self, value: Sequence[Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None) -> None:
@@ -4135,8 +4135,8 @@ class Recurring:
 
         @property
         def many(self) -> _b.StructListBuilder[Recurring.Builder]:
-            """The many list as built so far (null: empty; see init_many)."""
-            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Recurring.many", 7, Recurring.Builder), "Recurring.many", Recurring.Builder)
+            """The many list as built so far (null: its default, or an empty one)."""
+            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Recurring.many", 7, Recurring.Builder, default=_D_Recurring_many), "Recurring.many", Recurring.Builder)
         @many.setter
         def many(self, value: Sequence[Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder] | _r.ListReader[Any] | None) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -5691,7 +5691,7 @@ class Shapes:
 
         @property
         def points(self) -> _b.PrimitiveListBuilder[int]:
-            """The points list as built so far (null: empty; see init_points)."""
+            """The points list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Shapes.points", 4), "Shapes.points", "i", "Int32")
         @points.setter
         def points(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
@@ -6669,7 +6669,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             @property
             def items(self) -> _b.TextListBuilder:
-                """The items list as built so far (null: empty; see init_items)."""
+                """The items list as built so far (null: its default, or an empty one)."""
                 return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Shop.list$Results.items", 6), "Shop.list$Results.items")
             @items.setter
             def items(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
@@ -8220,7 +8220,7 @@ class Tree:
 
         @property
         def children(self) -> _b.StructListBuilder[Tree.Builder]:
-            """The children list as built so far (null: empty; see init_children)."""
+            """The children list as built so far (null: its default, or an empty one)."""
             return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Tree.children", 7, Tree.Builder), "Tree.children", Tree.Builder)
         @children.setter
         def children(self, value: Sequence[Tree.Init | Tree.Row | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None) -> None:
@@ -8429,7 +8429,7 @@ class Wrapper:
 
         @property
         def tags(self) -> _b.TextListBuilder:
-            """The tags list as built so far (null: empty; see init_tags)."""
+            """The tags list as built so far (null: its default, or an empty one)."""
             return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Wrapper.tags", 6), "Wrapper.tags")
         @tags.setter
         def tags(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
@@ -8762,7 +8762,7 @@ class Box_List_Int32:
 
         @property
         def value(self) -> _b.PrimitiveListBuilder[int]:
-            """The value list as built so far (null: empty; see init_value)."""
+            """The value list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Box_List_Int32.value", 4), "Box_List_Int32.value", "i", "Int32")
         @value.setter
         def value(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
@@ -9576,7 +9576,7 @@ class Shelf_Tree:
 
             @property
             def extra(self) -> _b.PrimitiveListBuilder[int]:
-                """The extra list as built so far (null: empty; see init_extra)."""
+                """The extra list as built so far (null: its default, or an empty one)."""
                 return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Shelf_Tree.Slot_List_Int32.extra", 4), "Shelf_Tree.Slot_List_Int32.extra", "i", "Int32")
             @extra.setter
             def extra(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
