@@ -698,6 +698,14 @@ def enum_code(value: object, enum: Any, field: str) -> int:
     return check_enum(value, codes, field, enum.__name__)
 
 
+def member_not_set(builder: StructBuilder, field: str) -> ValueError:
+    """The error of reading union member ``field`` of ``builder`` while another is set
+    (pycapnp's builders refuse it too): what a generated list getter raises."""
+    which: Any = getattr(builder, "which", None)
+    current = f" (which() is {which()!r})" if callable(which) else ""
+    return ValueError(f"{field}: not the union member set{current}; set it first")
+
+
 def list_at(
     builder: MessageBuilder,
     at: int,

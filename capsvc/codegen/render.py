@@ -1579,7 +1579,12 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
             f'    """The {field.name} list as built so far (null: its default, or an empty one)."""'
         )
         list_default = _default_name(path, field) if field.default is not None else ""
-        out.add(f"    return {_list_at(kind.element, pointer, label, names, list_default)}")
+        with out.indent():
+            if field.discriminant is not None:  # (its pointer may be another member's)
+                at = f"self._data + {node.discriminant_offset * 2}"
+                out.add(f"if get_u16(self._b.buf, {at})[0] != {field.discriminant}:")
+                out.add(f'    raise _b.member_not_set(self, "{label}")')
+            out.add(f"return {_list_at(kind.element, pointer, label, names, list_default)}")
         out.add(f"@{name}.setter")
         out.add(f"def {name}(self, value: {_init_value_type(kind, names)}) -> None:")
         out.add('    """A new list of ``value``\'s elements, as ``new_message`` takes them."""')

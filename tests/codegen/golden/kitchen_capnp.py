@@ -5692,6 +5692,8 @@ class Shapes:
         @property
         def points(self) -> _b.PrimitiveListBuilder[int]:
             """The points list as built so far (null: its default, or an empty one)."""
+            if get_u16(self._b.buf, self._data + 8)[0] != 3:
+                raise _b.member_not_set(self, "Shapes.points")
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Shapes.points", 4), "Shapes.points", "i", "Int32")
         @points.setter
         def points(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
