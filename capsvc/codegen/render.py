@@ -1586,7 +1586,10 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
                 out.add(f'    raise _b.member_not_set(self, "{label}")')
             out.add(f"return {_list_at(kind.element, pointer, label, names, list_default)}")
         out.add(f"@{name}.setter")
-        out.add(f"def {name}(self, value: {_init_value_type(kind, names)}) -> None:")
+        accepted = _init_value_type(kind, names)
+        if kind.element.kind not in ("void", "list", "interface", "anyPointer"):
+            accepted += f" | {list_type}"  # (a list being built, iterable: copied)
+        out.add(f"def {name}(self, value: {accepted}) -> None:")
         out.add('    """A new list of ``value``\'s elements, as ``new_message`` takes them."""')
         with out.indent():
             plan = _plan_ref(node.id, names)

@@ -98,7 +98,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     """The params list as built so far (null: its default, or an empty one)."""
                     return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Calculator.Expression.call.params", 7, Calculator.Expression.Builder), "Calculator.Expression.call.params", Calculator.Expression.Builder)
                 @params.setter
-                def params(self, value: Sequence[Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder] | _r.ListReader[Any] | None) -> None:
+                def params(self, value: Sequence[Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[Calculator.Expression.Builder]) -> None:
                     """A new list of ``value``'s elements, as ``new_message`` takes them."""
                     _e.set_pointer_value(self, _P_Calculator_Expression_Call, "params", value)
 
@@ -356,7 +356,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     """The params list as built so far (null: its default, or an empty one)."""
                     return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Calculator.Function.call$Params.params", 5), "Calculator.Function.call$Params.params", "d", "Float64")
                 @params.setter
-                def params(self, value: Sequence[float] | _r.ListReader[Any] | None) -> None:
+                def params(self, value: Sequence[float] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[float]) -> None:
                     """A new list of ``value``'s elements, as ``new_message`` takes them."""
                     _e.set_pointer_value(self, _P_Calculator_Function_CallParams, "params", value)
 

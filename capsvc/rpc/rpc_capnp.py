@@ -2412,7 +2412,7 @@ class Payload:
             """The capTable list as built so far (null: its default, or an empty one)."""
             return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Payload.capTable", 7, CapDescriptor.Builder), "Payload.capTable", CapDescriptor.Builder)
         @capTable.setter
-        def capTable(self, value: Sequence[CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None) -> None:
+        def capTable(self, value: Sequence[CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[CapDescriptor.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Payload, "capTable", value)
 
@@ -2705,7 +2705,7 @@ class PromisedAnswer:
             """The transform list as built so far (null: its default, or an empty one)."""
             return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "PromisedAnswer.transform", 7, PromisedAnswer.Op.Builder), "PromisedAnswer.transform", PromisedAnswer.Op.Builder)
         @transform.setter
-        def transform(self, value: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Row | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None) -> None:
+        def transform(self, value: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Row | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[PromisedAnswer.Op.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_PromisedAnswer, "transform", value)
 

@@ -731,7 +731,7 @@ class Store(_t.Interface["Store.Client"]):
                 """The keys list as built so far (null: its default, or an empty one)."""
                 return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Store.keys$Results.keys", 6), "Store.keys$Results.keys")
             @keys.setter
-            def keys(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
+            def keys(self, value: Sequence[str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
                 """A new list of ``value``'s elements, as ``new_message`` takes them."""
                 _e.set_pointer_value(self, _P_Store_KeysResults, "keys", value)
 

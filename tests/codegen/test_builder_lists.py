@@ -64,6 +64,9 @@ def test_the_getter_gives_the_list_to_set_element_by_element(generated: Generate
     lists.nested = [[1, 2]]
     lists.nested.init(0, 3)[2] = 7  # a list of lists: init an element anew
     assert [list(inner) for inner in lists.as_reader().nested] == [[0, 0, 7]]
+    again = k.Lists.new_message()
+    again.texts = lists.texts  # a list being built: copied
+    assert list(again.texts) == list(lists.texts)
     copy = k.Tree.new_message()
     copy.children = tree.as_reader().children  # a reader of another message: deep-copied
     assert copy.as_reader().to_dict()["children"] == tree.as_reader().to_dict()["children"]

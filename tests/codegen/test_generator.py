@@ -110,6 +110,16 @@ def build() -> k.Shapes.Builder:
     shape.style.color = k.Color.blue
     return shape
 
+def lists(source: k.Lists.Builder, reader: k.Lists.Reader, tree: k.Tree.Builder) -> None:
+    target = k.Lists.new_message(colors=["red", k.Color.blue, 2])
+    target.i32s = [1, 2]
+    target.texts = source.texts
+    target.datas = reader.datas
+    target.nested = [[1], []]
+    tree.children = [{"value": 1}, tree.as_reader()]
+    for child in tree.children:
+        child.value += 1
+
 def tree_total(tree: k.Tree.Reader) -> int:
     value, children, left, _other, _anything = k.Tree.row(tree)
     total = value + sum(child[0] for child in children)

@@ -1030,7 +1030,7 @@ class Builtins:
             """The list list as built so far (null: its default, or an empty one)."""
             return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Builtins.list", 6), "Builtins.list")
         @list.setter
-        def list(self, value: Sequence[_builtins.str | None] | _r.ListReader[Any] | None) -> None:
+        def list(self, value: Sequence[_builtins.str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Builtins, "list", value)
 
@@ -1939,7 +1939,7 @@ class Defaults:
             """The list list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Defaults.list", 3, default=_D_Defaults_list), "Defaults.list", "h", "Int16")
         @list.setter
-        def list(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+        def list(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Defaults, "list", value)
 
@@ -1958,7 +1958,7 @@ class Defaults:
             """The texts list as built so far (null: its default, or an empty one)."""
             return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Defaults.texts", 6, default=_D_Defaults_texts), "Defaults.texts")
         @texts.setter
-        def texts(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
+        def texts(self, value: Sequence[str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Defaults, "texts", value)
 
@@ -2804,7 +2804,7 @@ class Lists:
             """The bools list as built so far (null: its default, or an empty one)."""
             return _b.BoolListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Lists.bools", 1), "Lists.bools")
         @bools.setter
-        def bools(self, value: Sequence[bool] | _r.ListReader[Any] | None) -> None:
+        def bools(self, value: Sequence[bool] | _r.ListReader[Any] | None | _b.BoolListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "bools", value)
 
@@ -2824,7 +2824,7 @@ class Lists:
             """The i8s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Lists.i8s", 2), "Lists.i8s", "b", "Int8")
         @i8s.setter
-        def i8s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+        def i8s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "i8s", value)
 
@@ -2843,7 +2843,7 @@ class Lists:
             """The i16s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Lists.i16s", 3), "Lists.i16s", "h", "Int16")
         @i16s.setter
-        def i16s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+        def i16s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "i16s", value)
 
@@ -2862,7 +2862,7 @@ class Lists:
             """The i32s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Lists.i32s", 4), "Lists.i32s", "i", "Int32")
         @i32s.setter
-        def i32s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+        def i32s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "i32s", value)
 
@@ -2881,7 +2881,7 @@ class Lists:
             """The i64s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 5, "Lists.i64s", 5), "Lists.i64s", "q", "Int64")
         @i64s.setter
-        def i64s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+        def i64s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "i64s", value)
 
@@ -2900,7 +2900,7 @@ class Lists:
             """The u8s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 6, "Lists.u8s", 2), "Lists.u8s", "B", "UInt8")
         @u8s.setter
-        def u8s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+        def u8s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "u8s", value)
 
@@ -2919,7 +2919,7 @@ class Lists:
             """The u16s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 7, "Lists.u16s", 3), "Lists.u16s", "H", "UInt16")
         @u16s.setter
-        def u16s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+        def u16s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "u16s", value)
 
@@ -2938,7 +2938,7 @@ class Lists:
             """The u32s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 8, "Lists.u32s", 4), "Lists.u32s", "I", "UInt32")
         @u32s.setter
-        def u32s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+        def u32s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "u32s", value)
 
@@ -2957,7 +2957,7 @@ class Lists:
             """The u64s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 9, "Lists.u64s", 5), "Lists.u64s", "Q", "UInt64")
         @u64s.setter
-        def u64s(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+        def u64s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "u64s", value)
 
@@ -2976,7 +2976,7 @@ class Lists:
             """The f32s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 10, "Lists.f32s", 4), "Lists.f32s", "f", "Float32")
         @f32s.setter
-        def f32s(self, value: Sequence[float] | _r.ListReader[Any] | None) -> None:
+        def f32s(self, value: Sequence[float] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[float]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "f32s", value)
 
@@ -2995,7 +2995,7 @@ class Lists:
             """The f64s list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 11, "Lists.f64s", 5), "Lists.f64s", "d", "Float64")
         @f64s.setter
-        def f64s(self, value: Sequence[float] | _r.ListReader[Any] | None) -> None:
+        def f64s(self, value: Sequence[float] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[float]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "f64s", value)
 
@@ -3014,7 +3014,7 @@ class Lists:
             """The texts list as built so far (null: its default, or an empty one)."""
             return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 12, "Lists.texts", 6), "Lists.texts")
         @texts.setter
-        def texts(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
+        def texts(self, value: Sequence[str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "texts", value)
 
@@ -3034,7 +3034,7 @@ class Lists:
             """The datas list as built so far (null: its default, or an empty one)."""
             return _b.DataListBuilder(self._b, *_b.list_at(self._b, self._ptr + 13, "Lists.datas", 6), "Lists.datas")
         @datas.setter
-        def datas(self, value: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None) -> None:
+        def datas(self, value: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None | _b.DataListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "datas", value)
 
@@ -3054,7 +3054,7 @@ class Lists:
             """The structs list as built so far (null: its default, or an empty one)."""
             return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 14, "Lists.structs", 7, Numbers.Builder), "Lists.structs", Numbers.Builder)
         @structs.setter
-        def structs(self, value: Sequence[Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None) -> None:
+        def structs(self, value: Sequence[Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[Numbers.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "structs", value)
 
@@ -3067,7 +3067,7 @@ class Lists:
             """The colors list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 15, "Lists.colors", 3), "Lists.colors", "H", "Color")
         @colors.setter
-        def colors(self, value: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None) -> None:
+        def colors(self, value: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[Color]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "colors", value)
 
@@ -4138,7 +4138,7 @@ class Recurring:
             """The many list as built so far (null: its default, or an empty one)."""
             return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Recurring.many", 7, Recurring.Builder, default=_D_Recurring_many), "Recurring.many", Recurring.Builder)
         @many.setter
-        def many(self, value: Sequence[Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder] | _r.ListReader[Any] | None) -> None:
+        def many(self, value: Sequence[Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[Recurring.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Recurring, "many", value)
 
@@ -5696,7 +5696,7 @@ class Shapes:
                 raise _b.member_not_set(self, "Shapes.points")
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Shapes.points", 4), "Shapes.points", "i", "Int32")
         @points.setter
-        def points(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+        def points(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Shapes, "points", value)
             set_u16(self._b.buf, self._data + 8, 3)
@@ -6674,7 +6674,7 @@ class Shop(_t.Interface["Shop.Client"]):
                 """The items list as built so far (null: its default, or an empty one)."""
                 return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Shop.list$Results.items", 6), "Shop.list$Results.items")
             @items.setter
-            def items(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
+            def items(self, value: Sequence[str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
                 """A new list of ``value``'s elements, as ``new_message`` takes them."""
                 _e.set_pointer_value(self, _P_Shop_ListResults, "items", value)
 
@@ -8225,7 +8225,7 @@ class Tree:
             """The children list as built so far (null: its default, or an empty one)."""
             return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Tree.children", 7, Tree.Builder), "Tree.children", Tree.Builder)
         @children.setter
-        def children(self, value: Sequence[Tree.Init | Tree.Row | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None) -> None:
+        def children(self, value: Sequence[Tree.Init | Tree.Row | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[Tree.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Tree, "children", value)
 
@@ -8434,7 +8434,7 @@ class Wrapper:
             """The tags list as built so far (null: its default, or an empty one)."""
             return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Wrapper.tags", 6), "Wrapper.tags")
         @tags.setter
-        def tags(self, value: Sequence[str | None] | _r.ListReader[Any] | None) -> None:
+        def tags(self, value: Sequence[str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Wrapper, "tags", value)
 
@@ -8767,7 +8767,7 @@ class Box_List_Int32:
             """The value list as built so far (null: its default, or an empty one)."""
             return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Box_List_Int32.value", 4), "Box_List_Int32.value", "i", "Int32")
         @value.setter
-        def value(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+        def value(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Box_List_Int32, "value", value)
 
@@ -9581,7 +9581,7 @@ class Shelf_Tree:
                 """The extra list as built so far (null: its default, or an empty one)."""
                 return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Shelf_Tree.Slot_List_Int32.extra", 4), "Shelf_Tree.Slot_List_Int32.extra", "i", "Int32")
             @extra.setter
-            def extra(self, value: Sequence[int] | _r.ListReader[Any] | None) -> None:
+            def extra(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
                 """A new list of ``value``'s elements, as ``new_message`` takes them."""
                 _e.set_pointer_value(self, _P_Shelf_Tree_Slot_List_Int32, "extra", value)
 
