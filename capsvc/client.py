@@ -153,7 +153,7 @@ class Request:
         """Send the call: its ``Promise``, or for a ``-> stream`` method a ``StreamCall``."""
         method = self._method
         client = self._client
-        if (method.interface_id, method.method_id) in client._info.streaming:
+        if method.streaming:
             payload = self._payload
             # The window counts whole Call messages, framed (C++: the message's size).
             size = payload.message.total_size.word_count * 8 + 8

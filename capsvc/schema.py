@@ -117,6 +117,8 @@ class MethodInfo:
     result_schema: Any
     #: The declaring interface's schema name (a superclass's, for an inherited method).
     interface_name: str = ""
+    #: A ``-> stream`` method (results: stream.capnp's StreamResult).
+    streaming: bool = False
 
 
 @dataclass(slots=True)
@@ -175,11 +177,7 @@ def interface_info(interface: Any) -> InterfaceInfo:
         return info
     info = InterfaceInfo(schema, node_id, schema.node.displayName.split(":")[-1])
     _add_methods(info, schema, seen=set())
-    info.streaming = frozenset(
-        key
-        for key, method in info.by_key.items()
-        if method.result_schema.node.id == STREAM_RESULT_ID
-    )
+    info.streaming = frozenset(key for key, method in info.by_key.items() if method.streaming)
     _INTERFACES[node_id] = info
     return info
 
@@ -197,6 +195,7 @@ def _add_methods(info: InterfaceInfo, schema: Any, seen: set[int]) -> None:
             method.param_type,
             method.result_type,
             schema.node.displayName.split(":")[-1],
+            method.result_type.node.id == STREAM_RESULT_ID,
         )
         info.by_key[(schema.node.id, method_id)] = entry
         info.by_name.setdefault(name, entry)

@@ -1607,17 +1607,11 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
         if settable:
             out.add("")
             out.add(f"def set_{field.name}(self, values: {settable}) -> None:")
-            out.add(f'    """{field.name} from a sequence of values."""')
+            out.add(f'    """{field.name} from a sequence of values (as ``{name} = values``)."""')
             with out.indent():
+                out.add(f'_e.set_pointer_value(self, {plan}, "{field.name}", values)')
                 for line in select:
                     out.add(line)
-                out.add("items = list(values)")
-                out.add(f"target = {_init_list(kind.element, pointer, 'len(items)', label, names)}")
-                if kind.element.kind in NUMBERS:
-                    out.add("target.set_all(items)")
-                else:
-                    out.add("for index, item in enumerate(items):")
-                    out.add("    target[index] = item")
         return
     if k == "interface":
         target = names.of(kind.target)

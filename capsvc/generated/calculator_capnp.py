@@ -365,10 +365,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     return _b.init_primitive_list(self._b, self._ptr + 0, count, "Calculator.Function.call$Params.params", "d", 5, "Float64")
 
                 def set_params(self, values: list[float] | tuple[float, ...]) -> None:
-                    """params from a sequence of values."""
-                    items = list(values)
-                    target = _b.init_primitive_list(self._b, self._ptr + 0, len(items), "Calculator.Function.call$Params.params", "d", 5, "Float64")
-                    target.set_all(items)
+                    """params from a sequence of values (as ``params = values``)."""
+                    _e.set_pointer_value(self, _P_Calculator_Function_CallParams, "params", values)
 
                 def assign(  # type: ignore[override]
                     self,

@@ -740,11 +740,8 @@ class Store(_t.Interface["Store.Client"]):
                 return _b.init_text_list(self._b, self._ptr + 0, count, "Store.keys$Results.keys")
 
             def set_keys(self, values: list[str] | tuple[str, ...]) -> None:
-                """keys from a sequence of values."""
-                items = list(values)
-                target = _b.init_text_list(self._b, self._ptr + 0, len(items), "Store.keys$Results.keys")
-                for index, item in enumerate(items):
-                    target[index] = item
+                """keys from a sequence of values (as ``keys = values``)."""
+                _e.set_pointer_value(self, _P_Store_KeysResults, "keys", values)
 
             def assign(  # type: ignore[override]
                 self,

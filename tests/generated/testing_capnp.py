@@ -1124,11 +1124,8 @@ class Holder:
             return _b.init_capability_list(self._b, self._ptr + 3, count, "Holder.caps")
 
         def set_caps(self, values: list[Counter.Client | Counter.Server | None]) -> None:
-            """caps from a sequence of values."""
-            items = list(values)
-            target = _b.init_capability_list(self._b, self._ptr + 3, len(items), "Holder.caps")
-            for index, item in enumerate(items):
-                target[index] = item
+            """caps from a sequence of values (as ``caps = values``)."""
+            _e.set_pointer_value(self, _P_Holder, "caps", values)
 
         @property
         def items(self) -> _b.StructListBuilder[Holder.Builder]:
@@ -3559,11 +3556,8 @@ class Tester(_t.Interface["Tester.Client"]):
                 return _b.init_capability_list(self._b, self._ptr + 0, count, "Tester.sum$Params.counters")
 
             def set_counters(self, values: list[Counter.Client | Counter.Server | None]) -> None:
-                """counters from a sequence of values."""
-                items = list(values)
-                target = _b.init_capability_list(self._b, self._ptr + 0, len(items), "Tester.sum$Params.counters")
-                for index, item in enumerate(items):
-                    target[index] = item
+                """counters from a sequence of values (as ``counters = values``)."""
+                _e.set_pointer_value(self, _P_Tester_SumParams, "counters", values)
 
             def assign(  # type: ignore[override]
                 self,

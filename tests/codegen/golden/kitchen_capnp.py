@@ -155,11 +155,8 @@ class Anything:
             return _b.init_capability_list(self._b, self._ptr + 5, count, "Anything.shops")
 
         def set_shops(self, values: list[Shop.Client | Shop.Server | None]) -> None:
-            """shops from a sequence of values."""
-            items = list(values)
-            target = _b.init_capability_list(self._b, self._ptr + 5, len(items), "Anything.shops")
-            for index, item in enumerate(items):
-                target[index] = item
+            """shops from a sequence of values (as ``shops = values``)."""
+            _e.set_pointer_value(self, _P_Anything, "shops", values)
 
         def assign(  # type: ignore[override]
             self,
@@ -1039,11 +1036,8 @@ class Builtins:
             return _b.init_text_list(self._b, self._ptr + 2, count, "Builtins.list")
 
         def set_list(self, values: _builtins.list[_builtins.str] | tuple[_builtins.str, ...]) -> None:
-            """list from a sequence of values."""
-            items = list(values)
-            target = _b.init_text_list(self._b, self._ptr + 2, len(items), "Builtins.list")
-            for index, item in enumerate(items):
-                target[index] = item
+            """list from a sequence of values (as ``list = values``)."""
+            _e.set_pointer_value(self, _P_Builtins, "list", values)
 
         type = _d.float_property(64, 8, 0x0, "Builtins.type", "Float64")
 
@@ -1948,10 +1942,8 @@ class Defaults:
             return _b.init_primitive_list(self._b, self._ptr + 3, count, "Defaults.list", "h", 3, "Int16")
 
         def set_list(self, values: _builtins.list[int] | tuple[int, ...]) -> None:
-            """list from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 3, len(items), "Defaults.list", "h", 3, "Int16")
-            target.set_all(items)
+            """list from a sequence of values (as ``list = values``)."""
+            _e.set_pointer_value(self, _P_Defaults, "list", values)
 
         @property
         def texts(self) -> _b.TextListBuilder:
@@ -1967,11 +1959,8 @@ class Defaults:
             return _b.init_text_list(self._b, self._ptr + 4, count, "Defaults.texts")
 
         def set_texts(self, values: _builtins.list[str] | tuple[str, ...]) -> None:
-            """texts from a sequence of values."""
-            items = list(values)
-            target = _b.init_text_list(self._b, self._ptr + 4, len(items), "Defaults.texts")
-            for index, item in enumerate(items):
-                target[index] = item
+            """texts from a sequence of values (as ``texts = values``)."""
+            _e.set_pointer_value(self, _P_Defaults, "texts", values)
 
         def assign(  # type: ignore[override]
             self,
@@ -2813,11 +2802,8 @@ class Lists:
             return _b.init_bool_list(self._b, self._ptr + 1, count, "Lists.bools")
 
         def set_bools(self, values: list[bool] | tuple[bool, ...]) -> None:
-            """bools from a sequence of values."""
-            items = list(values)
-            target = _b.init_bool_list(self._b, self._ptr + 1, len(items), "Lists.bools")
-            for index, item in enumerate(items):
-                target[index] = item
+            """bools from a sequence of values (as ``bools = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "bools", values)
 
         @property
         def i8s(self) -> _b.PrimitiveListBuilder[int]:
@@ -2833,10 +2819,8 @@ class Lists:
             return _b.init_primitive_list(self._b, self._ptr + 2, count, "Lists.i8s", "b", 2, "Int8")
 
         def set_i8s(self, values: list[int] | tuple[int, ...]) -> None:
-            """i8s from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 2, len(items), "Lists.i8s", "b", 2, "Int8")
-            target.set_all(items)
+            """i8s from a sequence of values (as ``i8s = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "i8s", values)
 
         @property
         def i16s(self) -> _b.PrimitiveListBuilder[int]:
@@ -2852,10 +2836,8 @@ class Lists:
             return _b.init_primitive_list(self._b, self._ptr + 3, count, "Lists.i16s", "h", 3, "Int16")
 
         def set_i16s(self, values: list[int] | tuple[int, ...]) -> None:
-            """i16s from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 3, len(items), "Lists.i16s", "h", 3, "Int16")
-            target.set_all(items)
+            """i16s from a sequence of values (as ``i16s = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "i16s", values)
 
         @property
         def i32s(self) -> _b.PrimitiveListBuilder[int]:
@@ -2871,10 +2853,8 @@ class Lists:
             return _b.init_primitive_list(self._b, self._ptr + 4, count, "Lists.i32s", "i", 4, "Int32")
 
         def set_i32s(self, values: list[int] | tuple[int, ...]) -> None:
-            """i32s from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 4, len(items), "Lists.i32s", "i", 4, "Int32")
-            target.set_all(items)
+            """i32s from a sequence of values (as ``i32s = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "i32s", values)
 
         @property
         def i64s(self) -> _b.PrimitiveListBuilder[int]:
@@ -2890,10 +2870,8 @@ class Lists:
             return _b.init_primitive_list(self._b, self._ptr + 5, count, "Lists.i64s", "q", 5, "Int64")
 
         def set_i64s(self, values: list[int] | tuple[int, ...]) -> None:
-            """i64s from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 5, len(items), "Lists.i64s", "q", 5, "Int64")
-            target.set_all(items)
+            """i64s from a sequence of values (as ``i64s = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "i64s", values)
 
         @property
         def u8s(self) -> _b.PrimitiveListBuilder[int]:
@@ -2909,10 +2887,8 @@ class Lists:
             return _b.init_primitive_list(self._b, self._ptr + 6, count, "Lists.u8s", "B", 2, "UInt8")
 
         def set_u8s(self, values: list[int] | tuple[int, ...]) -> None:
-            """u8s from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 6, len(items), "Lists.u8s", "B", 2, "UInt8")
-            target.set_all(items)
+            """u8s from a sequence of values (as ``u8s = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "u8s", values)
 
         @property
         def u16s(self) -> _b.PrimitiveListBuilder[int]:
@@ -2928,10 +2904,8 @@ class Lists:
             return _b.init_primitive_list(self._b, self._ptr + 7, count, "Lists.u16s", "H", 3, "UInt16")
 
         def set_u16s(self, values: list[int] | tuple[int, ...]) -> None:
-            """u16s from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 7, len(items), "Lists.u16s", "H", 3, "UInt16")
-            target.set_all(items)
+            """u16s from a sequence of values (as ``u16s = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "u16s", values)
 
         @property
         def u32s(self) -> _b.PrimitiveListBuilder[int]:
@@ -2947,10 +2921,8 @@ class Lists:
             return _b.init_primitive_list(self._b, self._ptr + 8, count, "Lists.u32s", "I", 4, "UInt32")
 
         def set_u32s(self, values: list[int] | tuple[int, ...]) -> None:
-            """u32s from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 8, len(items), "Lists.u32s", "I", 4, "UInt32")
-            target.set_all(items)
+            """u32s from a sequence of values (as ``u32s = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "u32s", values)
 
         @property
         def u64s(self) -> _b.PrimitiveListBuilder[int]:
@@ -2966,10 +2938,8 @@ class Lists:
             return _b.init_primitive_list(self._b, self._ptr + 9, count, "Lists.u64s", "Q", 5, "UInt64")
 
         def set_u64s(self, values: list[int] | tuple[int, ...]) -> None:
-            """u64s from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 9, len(items), "Lists.u64s", "Q", 5, "UInt64")
-            target.set_all(items)
+            """u64s from a sequence of values (as ``u64s = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "u64s", values)
 
         @property
         def f32s(self) -> _b.PrimitiveListBuilder[float]:
@@ -2985,10 +2955,8 @@ class Lists:
             return _b.init_primitive_list(self._b, self._ptr + 10, count, "Lists.f32s", "f", 4, "Float32")
 
         def set_f32s(self, values: list[float] | tuple[float, ...]) -> None:
-            """f32s from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 10, len(items), "Lists.f32s", "f", 4, "Float32")
-            target.set_all(items)
+            """f32s from a sequence of values (as ``f32s = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "f32s", values)
 
         @property
         def f64s(self) -> _b.PrimitiveListBuilder[float]:
@@ -3004,10 +2972,8 @@ class Lists:
             return _b.init_primitive_list(self._b, self._ptr + 11, count, "Lists.f64s", "d", 5, "Float64")
 
         def set_f64s(self, values: list[float] | tuple[float, ...]) -> None:
-            """f64s from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 11, len(items), "Lists.f64s", "d", 5, "Float64")
-            target.set_all(items)
+            """f64s from a sequence of values (as ``f64s = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "f64s", values)
 
         @property
         def texts(self) -> _b.TextListBuilder:
@@ -3023,11 +2989,8 @@ class Lists:
             return _b.init_text_list(self._b, self._ptr + 12, count, "Lists.texts")
 
         def set_texts(self, values: list[str] | tuple[str, ...]) -> None:
-            """texts from a sequence of values."""
-            items = list(values)
-            target = _b.init_text_list(self._b, self._ptr + 12, len(items), "Lists.texts")
-            for index, item in enumerate(items):
-                target[index] = item
+            """texts from a sequence of values (as ``texts = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "texts", values)
 
         @property
         def datas(self) -> _b.DataListBuilder:
@@ -3043,11 +3006,8 @@ class Lists:
             return _b.init_data_list(self._b, self._ptr + 13, count, "Lists.datas")
 
         def set_datas(self, values: list[bytes] | tuple[bytes, ...]) -> None:
-            """datas from a sequence of values."""
-            items = list(values)
-            target = _b.init_data_list(self._b, self._ptr + 13, len(items), "Lists.datas")
-            for index, item in enumerate(items):
-                target[index] = item
+            """datas from a sequence of values (as ``datas = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "datas", values)
 
         @property
         def structs(self) -> _b.StructListBuilder[Numbers.Builder]:
@@ -3076,11 +3036,8 @@ class Lists:
             return _b.init_primitive_list(self._b, self._ptr + 15, count, "Lists.colors", "H", 3, "Color")
 
         def set_colors(self, values: list[int] | tuple[int, ...]) -> None:
-            """colors from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 15, len(items), "Lists.colors", "H", 3, "Color")
-            for index, item in enumerate(items):
-                target[index] = item
+            """colors from a sequence of values (as ``colors = values``)."""
+            _e.set_pointer_value(self, _P_Lists, "colors", values)
 
         @property
         def nested(self) -> _b.ListListBuilder:
@@ -5707,11 +5664,9 @@ class Shapes:
             return _b.init_primitive_list(self._b, self._ptr + 1, count, "Shapes.points", "i", 4, "Int32")
 
         def set_points(self, values: list[int] | tuple[int, ...]) -> None:
-            """points from a sequence of values."""
+            """points from a sequence of values (as ``points = values``)."""
+            _e.set_pointer_value(self, _P_Shapes, "points", values)
             set_u16(self._b.buf, self._data + 8, 3)
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 1, len(items), "Shapes.points", "i", 4, "Int32")
-            target.set_all(items)
 
         style: _d.BuilderGroup[Shapes.Style.Builder] = _d.BuilderGroup()
 
@@ -6683,11 +6638,8 @@ class Shop(_t.Interface["Shop.Client"]):
                 return _b.init_text_list(self._b, self._ptr + 0, count, "Shop.list$Results.items")
 
             def set_items(self, values: list[str] | tuple[str, ...]) -> None:
-                """items from a sequence of values."""
-                items = list(values)
-                target = _b.init_text_list(self._b, self._ptr + 0, len(items), "Shop.list$Results.items")
-                for index, item in enumerate(items):
-                    target[index] = item
+                """items from a sequence of values (as ``items = values``)."""
+                _e.set_pointer_value(self, _P_Shop_ListResults, "items", values)
 
             def assign(  # type: ignore[override]
                 self,
@@ -8443,11 +8395,8 @@ class Wrapper:
             return _b.init_text_list(self._b, self._ptr + 2, count, "Wrapper.tags")
 
         def set_tags(self, values: list[str] | tuple[str, ...]) -> None:
-            """tags from a sequence of values."""
-            items = list(values)
-            target = _b.init_text_list(self._b, self._ptr + 2, len(items), "Wrapper.tags")
-            for index, item in enumerate(items):
-                target[index] = item
+            """tags from a sequence of values (as ``tags = values``)."""
+            _e.set_pointer_value(self, _P_Wrapper, "tags", values)
 
         def assign(  # type: ignore[override]
             self,
@@ -8776,10 +8725,8 @@ class Box_List_Int32:
             return _b.init_primitive_list(self._b, self._ptr + 0, count, "Box_List_Int32.value", "i", 4, "Int32")
 
         def set_value(self, values: list[int] | tuple[int, ...]) -> None:
-            """value from a sequence of values."""
-            items = list(values)
-            target = _b.init_primitive_list(self._b, self._ptr + 0, len(items), "Box_List_Int32.value", "i", 4, "Int32")
-            target.set_all(items)
+            """value from a sequence of values (as ``value = values``)."""
+            _e.set_pointer_value(self, _P_Box_List_Int32, "value", values)
 
         @property
         def next(self) -> Box_List_Int32.Builder:
@@ -9590,10 +9537,8 @@ class Shelf_Tree:
                 return _b.init_primitive_list(self._b, self._ptr + 1, count, "Shelf_Tree.Slot_List_Int32.extra", "i", 4, "Int32")
 
             def set_extra(self, values: list[int] | tuple[int, ...]) -> None:
-                """extra from a sequence of values."""
-                items = list(values)
-                target = _b.init_primitive_list(self._b, self._ptr + 1, len(items), "Shelf_Tree.Slot_List_Int32.extra", "i", 4, "Int32")
-                target.set_all(items)
+                """extra from a sequence of values (as ``extra = values``)."""
+                _e.set_pointer_value(self, _P_Shelf_Tree_Slot_List_Int32, "extra", values)
 
             def assign(  # type: ignore[override]
                 self,
