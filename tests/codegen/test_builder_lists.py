@@ -82,6 +82,8 @@ def test_a_refused_list_changes_nothing_and_names_the_element(generated: Generat
         lists.texts = [5]
     with pytest.raises(TypeError, match=r"^Lists\.texts: expected a sequence"):
         lists.texts = "not a list"
+    with pytest.raises(ValueError, match=r"^Lists\.i32s\[1\]: .* out of range for Int32"):
+        lists.set_i32s([3, 1 << 40])  # (the older setter: the same checks)
     assert lists.as_reader().to_dict() == {"i32s": [1, 2], "texts": ["kept"]}
 
 
