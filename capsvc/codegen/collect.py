@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 from capsvc.codegen.model import PROVIDED_MODULES
@@ -177,13 +178,21 @@ def _child() -> None:
     pycapnp_dir = os.path.dirname(os.path.dirname(capnp.__file__))
     import_dirs = [os.path.abspath(d) for d in request["imports"]] + [pycapnp_dir]
     parser = capnp.SchemaParser()
+    asked = [os.path.abspath(path) for path in request["paths"]]
+    with tempfile.TemporaryDirectory(prefix="capsvc-gen-") as scratch:
+        if any(_reaches_up(path) and _held(path, import_dirs) for path in asked):
+            import_dirs, asked = _aliased(import_dirs, asked, scratch)
+        _load_all(parser, import_dirs, asked)
+
+
+def _load_all(parser: Any, import_dirs: list[str], asked: list[str]) -> None:
+    """Load the requested files and every file they import; print the nodes (JSON)."""
     nodes: dict[int, bytes] = {}
     nested: set[int] = set()
     requested: list[tuple[int, str]] = []
     # (file, the directory its name is relative to): for a requested file, the deepest
     # import directory holding it (else its own directory); for an imported file, the
     # one its import was found under.
-    asked = [os.path.abspath(path) for path in request["paths"]]
     todo = [(path, _base(path, import_dirs)) for path in asked]
     loaded: set[str] = set()
     while todo:
@@ -199,7 +208,9 @@ def _child() -> None:
         # and found again below by that name.
         display = os.path.relpath(path, base)
         searched = import_dirs
-        if base not in import_dirs and _reaches_up(path):  # (see _reaches_up)
+        if base not in import_dirs and _reaches_up(path):
+            # A file that reaches up, reached through a relative import from a file
+            # keyed as no import directory holds it: keyed so itself (see _reaches_up).
             searched = [d for d in import_dirs if not _under(path, d)]
         module = parser.load(path, display_name=display, imports=[*searched, base])
         files: dict[str, int] = {}
@@ -238,10 +249,39 @@ def _reaches_up(path: str) -> bool:
     """Whether a requested file embeds or imports a path starting ``../``. pycapnp loads a
     file under the import directory holding it, whatever its display name, and kj
     refuses a ``..`` out of it; so such a file is keyed as if no import directory held
-    it (those holding it are left out of its own search path: ``capnp compile`` accepts
-    it so too), at the price of absolute imports found only there."""
+    it: ``capnp compile`` accepts it so, absolute imports and all. Its absolute imports
+    are found through aliases of the import directories (``_aliased``)."""
     with open(path, encoding="utf-8", errors="replace") as source:
         return '"../' in source.read()
+
+
+def _held(path: str, import_dirs: list[str]) -> bool:
+    return any(_under(path, directory) for directory in import_dirs)
+
+
+def _aliased(import_dirs: list[str], asked: list[str], scratch: str) -> tuple[list[str], list[str]]:
+    """The import directories as symbolic links in ``scratch``, and the requested files
+    as paths through them (a file that reaches up keeps its own path).
+
+    pycapnp decides which import directory holds a file by its path's text, as kj's
+    ``parseDiskFile`` does, without following links. Through the aliases, a file that
+    reaches up is held by none, so its ``..`` is allowed, while its absolute imports are
+    still found in every import directory; every other file is held by the alias of the
+    directory that held it, so each file is still keyed one way only (a file keyed two
+    ways is a duplicate ID)."""
+    aliases = []
+    for index, directory in enumerate(import_dirs):
+        alias = os.path.join(scratch, str(index))
+        os.symlink(directory, alias, target_is_directory=True)
+        aliases.append(alias)
+    paths = []
+    for path in asked:
+        holding = [i for i, directory in enumerate(import_dirs) if _under(path, directory)]
+        if holding and not _reaches_up(path):
+            deepest = max(holding, key=lambda i: len(import_dirs[i]))
+            path = os.path.join(aliases[deepest], os.path.relpath(path, import_dirs[deepest]))
+        paths.append(path)
+    return aliases, paths
 
 
 def _under(path: str, directory: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -177,6 +178,56 @@ def test_embed_and_import_may_reach_a_parent_directory(tmp_path: Path) -> None:
     done = capsvc("gen", str(schema), "-o", str(again), "-I", str(schema.parent), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (again / "embedder_capnp.py").read_text() == (out / "embedder_capnp.py").read_text()
+
+
+def test_a_file_that_reaches_up_from_an_import_directory_imports_absolutely(
+    tmp_path: Path,
+) -> None:
+    """With its own directory an import directory, a file that reaches up (``..``) still
+    finds its absolute imports there, as ``capnp compile`` does, and its module is the
+    plugin's, byte for byte."""
+    text = '@0xa1b2c3d4e5f60011;\nconst greeting :Text = embed "../data/greeting.txt";\n'
+    text += 'using import "../shared.capnp".Shared;\nusing import "/abs.capnp".Abs;\n'
+    text += "struct User { s @0 :Shared; a @1 :Abs; }\n"
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "data").mkdir()
+    (src / "data" / "greeting.txt").write_text("hello\n")
+    (src / "sub" / "up.capnp").write_text(text)
+    (src / "shared.capnp").write_text("@0xa1b2c3d4e5f60012;\nstruct Shared { v @0 :Int32; }\n")
+    (src / "sub" / "abs.capnp").write_text("@0xa1b2c3d4e5f60013;\nstruct Abs { w @0 :Int32; }\n")
+    out = tmp_path / "out"
+    done = capsvc("gen", "sub/up.capnp", "-o", str(out), "-I", "sub", cwd=src)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "abs_capnp.py",
+        "shared_capnp.py",
+        "up_capnp.py",
+    ]
+    m = load(out, "up_capnp")
+    assert m.greeting == "hello\n"
+    built = m.User.new_message(s={"v": 3}, a={"w": 4})
+    assert (built.as_reader().s.v, built.as_reader().a.w) == (3, 4)
+    plugin_out = tmp_path / "plugin"
+    plugin_out.mkdir()
+    compiled = subprocess.run(
+        [
+            "capnp",
+            "compile",
+            f"-o{VENV_BIN / 'capnpc-capsvc'}:{plugin_out}",
+            "-I",
+            "sub",
+            "sub/up.capnp",
+        ],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    assert (plugin_out / "up_capnp.py").read_text() == (out / "up_capnp.py").read_text()
+    assert not list(Path(tempfile.gettempdir()).glob("capsvc-gen-*"))  # the aliases are gone
 
 
 def test_a_field_named_property_leaves_the_decorators_alone(tmp_path: Path) -> None:
