@@ -398,14 +398,15 @@ class ListBuilder:
 
     def _index(self, index: int) -> int:
         count = self._count
-        if index < 0:
-            index += count
-        if not 0 <= index < count:
+        at = index + count if index < 0 else index
+        if not 0 <= at < count:
             raise IndexError(f"{self.field}: index {index} out of range for a list of {count}")
-        return index
+        return at
 
 
 T = TypeVar("T")
+C = TypeVar("C")
+C_co = TypeVar("C_co", covariant=True)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -504,14 +505,51 @@ class DataListBuilder(ListBuilder):
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class CapabilityListBuilder(ListBuilder):
-    """A List of an interface type: assign a client or server object per element."""
+class VoidListBuilder(ListBuilder):
+    """A List(Void): only a length; every element is None."""
 
     __slots__ = ()
+
+    def __getitem__(self, index: int) -> None:
+        self._index(index)
+
+    def __iter__(self) -> Iterator[None]:
+        return iter([None] * self._count)
+
+
+class ClientClass(Protocol[C_co]):
+    """A generated interface's client class, as a capability list builder reads one."""
+
+    def _from_table(self, caps: Sequence[Any], index: int | None) -> C_co: ...
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class CapabilityListBuilder(ListBuilder, Generic[C]):
+    """A List of an interface type: assign a client or server object per element; read
+    one back as a client of the interface (a new reference, as a reader gives)."""
+
+    __slots__ = ("_cls",)
+
+    def __init__(
+        self, builder: MessageBuilder, start: int, count: int, field: str, cls: Any = None
+    ) -> None:
+        super().__init__(builder, start, count, field)
+        self._cls = cls  # ClientClass[C]: the interface's client class (generated)
 
     def __setitem__(self, index: int, value: object) -> None:
         at = self._start + self._index(index)
         set_client(self._b, at, value, f"{self.field}[{index}]")
+
+    def __getitem__(self, index: int) -> C:
+        at = self._start + self._index(index)
+        word = _get_u64(self._b.buf, at << 3)[0]
+        if word != 0 and word & 0xFFFFFFFF != 3:  # (a list copied from elsewhere)
+            raise ValueError(f"{self.field}[{index}]: not a capability pointer")
+        cls: ClientClass[C] = self._cls
+        return cls._from_table(self._b.caps, None if word == 0 else word >> 32)
+
+    def __iter__(self) -> Iterator[C]:
+        return iter([self[index] for index in range(self._count)])
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -569,22 +607,40 @@ class StructBuilders(Generic[B]):
         return new_builder(self._cls, self._b, at)
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
-class ListListBuilder(ListBuilder):
-    """A list of lists: ``init(i, ...)`` allocates element i with the function the
-    generator chose for the inner type."""
+L = TypeVar("L")
 
-    __slots__ = ("_inner",)
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class ListListBuilder(ListBuilder, Generic[L]):
+    """A list of lists: ``init(i, n)`` puts a new list of n elements at element i, and
+    ``lst[i]`` is the list element i holds as built so far (a null one: empty), each
+    with the function the generator chose for the inner type."""
+
+    __slots__ = ("_inner", "_inner_at")
 
     def __init__(
-        self, builder: MessageBuilder, start: int, count: int, field: str, inner: Any
+        self,
+        builder: MessageBuilder,
+        start: int,
+        count: int,
+        field: str,
+        inner: Any,
+        inner_at: Any = None,
     ) -> None:
         super().__init__(builder, start, count, field)
-        self._inner = inner
+        self._inner = inner  # (builder, at, count, label) -> L: a new list at word ``at``
+        self._inner_at = inner_at  # (builder, at, label) -> L: the list already there
 
-    def init(self, index: int, count: object) -> Any:
+    def init(self, index: int, count: object) -> L:
         at = self._start + self._index(index)
-        return self._inner(self._b, at, count, f"{self.field}[{index}]")
+        return self._inner(self._b, at, count, f"{self.field}[{index}]")  # type: ignore[no-any-return]
+
+    def __getitem__(self, index: int) -> L:
+        at = self._start + self._index(index)
+        return self._inner_at(self._b, at, f"{self.field}[{index}]")  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[L]:
+        return iter([self[index] for index in range(self._count)])
 
 
 def init_primitive_list(
@@ -624,10 +680,10 @@ def init_bool_list(builder: MessageBuilder, at: int, count: object, field: str) 
     return BoolListBuilder(builder, start, n, field)
 
 
-def init_void_list(builder: MessageBuilder, at: int, count: object, field: str) -> ListBuilder:
+def init_void_list(builder: MessageBuilder, at: int, count: object, field: str) -> VoidListBuilder:
     n = _check_count(count, field)
     write_list_pointer(builder.buf, at, builder.alloc(0), 0, n)
-    return ListBuilder(builder, 0, n, field)
+    return VoidListBuilder(builder, 0, n, field)
 
 
 def _init_pointer_list(builder: MessageBuilder, at: int, count: int) -> int:
@@ -653,17 +709,17 @@ def init_data_list(builder: MessageBuilder, at: int, count: object, field: str) 
 
 
 def init_capability_list(
-    builder: MessageBuilder, at: int, count: object, field: str
-) -> CapabilityListBuilder:
+    builder: MessageBuilder, at: int, count: object, field: str, cls: Any = None
+) -> CapabilityListBuilder[Any]:
     n = _check_count(count, field)
-    return CapabilityListBuilder(builder, _init_pointer_list(builder, at, n), n, field)
+    return CapabilityListBuilder(builder, _init_pointer_list(builder, at, n), n, field, cls)
 
 
 def init_list_list(
-    builder: MessageBuilder, at: int, count: object, field: str, inner: Any
-) -> ListListBuilder:
+    builder: MessageBuilder, at: int, count: object, field: str, inner: Any, inner_at: Any = None
+) -> ListListBuilder[Any]:
     n = _check_count(count, field)
-    return ListListBuilder(builder, _init_pointer_list(builder, at, n), n, field, inner)
+    return ListListBuilder(builder, _init_pointer_list(builder, at, n), n, field, inner, inner_at)
 
 
 def init_struct_list(

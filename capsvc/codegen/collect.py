@@ -27,14 +27,17 @@ def collect(paths: list[str], import_dirs: list[str]) -> tuple[list[bytes], list
     """The nodes (as messages) of ``paths`` and of the files they import, and the requested
     files as (file ID, file name). Raises SchemaError with pycapnp's own message on a bad
     schema."""
-    request = json.dumps({"paths": paths, "imports": import_dirs})
-    done = subprocess.run(
-        [sys.executable, "-m", "capsvc.codegen.collect"],
-        input=request.encode(),
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
+    # The child may need a scratch directory (``_aliased``). It is made and removed here,
+    # since pycapnp may abort the child before it could clean up after itself.
+    with tempfile.TemporaryDirectory(prefix="capsvc-gen-") as scratch:
+        request = json.dumps({"paths": paths, "imports": import_dirs, "scratch": scratch})
+        done = subprocess.run(
+            [sys.executable, "-m", "capsvc.codegen.collect"],
+            input=request.encode(),
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
     if done.returncode != 0:
         detail = _schema_error(done.stderr.decode(errors="replace"))
         raise SchemaError(f"cannot parse {', '.join(paths)}: {detail}")
@@ -179,10 +182,9 @@ def _child() -> None:
     import_dirs = [os.path.abspath(d) for d in request["imports"]] + [pycapnp_dir]
     parser = capnp.SchemaParser()
     asked = [os.path.abspath(path) for path in request["paths"]]
-    with tempfile.TemporaryDirectory(prefix="capsvc-gen-") as scratch:
-        if any(_reaches_up(path) and _held(path, import_dirs) for path in asked):
-            import_dirs, asked = _aliased(import_dirs, asked, scratch)
-        _load_all(parser, import_dirs, asked)
+    if any(_reaches_up(path) and _held(path, import_dirs) for path in asked):
+        import_dirs, asked = _aliased(import_dirs, asked, request["scratch"])
+    _load_all(parser, import_dirs, asked)
 
 
 def _load_all(parser: Any, import_dirs: list[str], asked: list[str]) -> None:
@@ -264,7 +266,8 @@ def _aliased(import_dirs: list[str], asked: list[str], scratch: str) -> tuple[li
     as paths through them (a file that reaches up keeps its own path).
 
     pycapnp decides which import directory holds a file by its path's text, as kj's
-    ``parseDiskFile`` does, without following links. Through the aliases, a file that
+    ``parseDiskFile`` does, without following links. (``scratch`` is the parent's: see
+    ``collect``.) Through the aliases, a file that
     reaches up is held by none, so its ``..`` is allowed, while its absolute imports are
     still found in every import directory; every other file is held by the alias of the
     directory that held it, so each file is still keyed one way only (a file keyed two

@@ -1587,7 +1587,7 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
             out.add(f"return {_list_at(kind.element, pointer, label, names, list_default)}")
         out.add(f"@{name}.setter")
         accepted = _init_value_type(kind, names)
-        if kind.element.kind not in ("void", "list", "interface", "anyPointer"):
+        if kind.element.kind != "anyPointer":
             accepted += f" | {list_type}"  # (a list being built, iterable: copied)
         out.add(f"def {name}(self, value: {accepted}) -> None:")
         out.add('    """A new list of ``value``\'s elements, as ``new_message`` takes them."""')
@@ -1739,9 +1739,12 @@ def _list_builder_type(element: Type, names: _Names) -> str:
     if k == "struct":
         return f"_b.StructListBuilder[{names.of(element.target)}.Builder]"
     if k == "list":
-        return "_b.ListListBuilder"
+        assert element.element is not None
+        return f"_b.ListListBuilder[{_list_builder_type(element.element, names)}]"
     if k == "interface":
-        return "_b.CapabilityListBuilder"
+        return f"_b.CapabilityListBuilder[{names.of(element.target)}.Client]"
+    if k == "void":
+        return "_b.VoidListBuilder"
     return "_b.ListBuilder"
 
 
@@ -1763,12 +1766,13 @@ def _init_list(element: Type, at: str, count: str, label: str, names: _Names) ->
         return f'_b.init_struct_list(self._b, {at}, {count}, "{label}", {builder})'
     if k == "list":
         assert element.element is not None
-        inner = _inner_init(element.element, names)
+        inner = f"{_inner_init(element.element, names)}, {_inner_at(element.element, names)}"
         return f'_b.init_list_list(self._b, {at}, {count}, "{label}", {inner})'
     if k == "void":
         return f'_b.init_void_list(self._b, {at}, {count}, "{label}")'
     if k == "interface":
-        return f'_b.init_capability_list(self._b, {at}, {count}, "{label}")'
+        client = f"{names.of(element.target)}.Client"
+        return f'_b.init_capability_list(self._b, {at}, {count}, "{label}", {client})'
     return f'_b.init_pointer_list(self._b, {at}, {count}, "{label}")'
 
 
@@ -1791,15 +1795,17 @@ def _list_at(element: Type, at: str, label: str, names: _Names, default: str = "
             f"_b.StructListBuilder(self._b, {where.format(code=7, cls=', ' + builder)}, {builder})"
         )
     if k == "void":
-        return f"_b.ListBuilder(self._b, {where.format(code=0, cls='')})"
+        return f"_b.VoidListBuilder(self._b, {where.format(code=0, cls='')})"
     located = where.format(code=6, cls="")
     if k == "list":
         assert element.element is not None
-        return f"_b.ListListBuilder(self._b, {located}, {_inner_init(element.element, names)})"
-    cls = {"text": "TextListBuilder", "data": "DataListBuilder"}.get(k, "")
+        inner = f"{_inner_init(element.element, names)}, {_inner_at(element.element, names)}"
+        return f"_b.ListListBuilder(self._b, {located}, {inner})"
     if k == "interface":
-        cls = "CapabilityListBuilder"
-    return f"_b.{cls or 'ListBuilder'}(self._b, {located})"
+        client = f"{names.of(element.target)}.Client"
+        return f"_b.CapabilityListBuilder(self._b, {located}, {client})"
+    cls = {"text": "TextListBuilder", "data": "DataListBuilder"}.get(k, "ListBuilder")
+    return f"_b.{cls}(self._b, {located})"
 
 
 def _inner_init(element: Type, names: _Names) -> str:
@@ -1807,6 +1813,14 @@ def _inner_init(element: Type, names: _Names) -> str:
     body = _init_list(element, "at", "count", "{label}", names).replace("self._b", "builder")
     body = body.replace('"{label}"', "label")
     return f"lambda builder, at, count, label: {body}"
+
+
+def _inner_at(element: Type, names: _Names) -> str:
+    """A function (builder, at, label) -> list builder of the element list already at
+    word ``at`` (``_list_at``'s), for a list of lists' ``lst[i]``."""
+    body = _list_at(element, "at", "{{label}}", names).replace("self._b", "builder")
+    body = body.replace('"{label}"', "label")
+    return f"lambda builder, at, label: {body}"
 
 
 def _list_setter(element: Type, names: _Names | None = None) -> str:

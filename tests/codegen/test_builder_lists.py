@@ -138,3 +138,56 @@ def test_a_null_list_with_a_schema_default_gets_a_copy_of_it(generated: Generate
     assert list(defaults.as_reader().list) == [10, -2, 3]
     reference = generated.reference.Defaults.new_message()
     assert list(reference.list) == [1, -2, 3]  # pycapnp's builder: the same
+
+
+def test_lists_of_lists_void_lists_and_capability_lists_read_back_and_copy(
+    generated: Generated,
+) -> None:
+    """As pycapnp's builders: a list of lists gives its element lists by index (to read
+    and to set element by element), a List(Void) its Nones, and a capability list a
+    client per element; each of them, being built, can be assigned to another message's
+    field (copied)."""
+    k = generated.kitchen
+    lists = k.Lists.new_message()
+    nested = lists.init_nested(3)
+    nested.init(0, 2)
+    lists.nested[0][1] = 7  # the element list, through the getters
+    nested.init(2, 1)[0] = 9
+    assert [list(inner) for inner in lists.nested] == [[0, 7], [], [9]]
+    with pytest.raises(IndexError, match=r"^Lists\.nested: index 3 out of range for a list of 3"):
+        lists.nested[3]
+    lists.init_deep(2).init(1, 1).init(0, 2)[1] = 5
+    assert list(lists.deep[1][0]) == [0, 5]
+    lists.init_voids(3)
+    assert list(lists.voids) == [None, None, None]
+    with pytest.raises(IndexError, match=r"^Lists\.voids: index -4 out of range"):
+        lists.voids[-4]
+    copy = k.Lists.new_message()
+    copy.nested = lists.nested
+    copy.deep = lists.deep
+    copy.voids = lists.voids
+    got = copy.as_reader().to_dict()
+    assert (got["nested"], got["deep"], got["voids"]) == (
+        [[0, 7], [], [9]],
+        [[], [[0, 5]]],
+        [None] * 3,
+    )
+    lists.nested[0][0] = 1  # a copy, not a view of the other message
+    assert list(copy.nested[0]) == [0, 7]
+
+
+async def test_a_capability_list_being_built_gives_its_clients(generated: Generated) -> None:
+    k = generated.kitchen
+
+    class Shop(k.Shop.Server):  # type: ignore[misc, name-defined]
+        def list(self, params: Any, results: Any) -> None:
+            results.items = ["from the shop"]
+
+    holder = k.Anything.new_message(shops=[Shop(), None])
+    first, second = holder.shops
+    assert (await first.list()).items == ["from the shop"]
+    assert second._capsvc_hook().is_null
+    copy = k.Anything.new_message()
+    copy.shops = holder.shops  # a list being built: copied, capabilities and all
+    assert (await copy.as_reader().shops[0].list()).items == ["from the shop"]
+    assert copy.as_reader().shops[1]._capsvc_hook().is_null

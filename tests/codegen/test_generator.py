@@ -36,10 +36,13 @@ def test_output_is_deterministic(generated: Generated) -> None:
     assert sources(generated.schema) == sources(generated.schema)
 
 
-def capsvc(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def capsvc(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(VENV_BIN / "capsvc"), *args],
         cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -116,6 +119,10 @@ def lists(source: k.Lists.Builder, reader: k.Lists.Reader, tree: k.Tree.Builder)
     target.texts = source.texts
     target.datas = reader.datas
     target.nested = [[1], []]
+    target.nested = source.nested
+    target.voids = source.voids
+    deep: int = source.nested[0][0] + sum(source.deep[0][0]) + len(source.voids)
+    shop: k.Shop.Client = k.Anything.new_message().shops[0]
     tree.children = [{"value": 1}, tree.as_reader()]
     for child in tree.children:
         child.value += 1
@@ -190,6 +197,7 @@ def enums_and_lists(numbers: k.Numbers.Builder, lists: k.Lists.Builder) -> None:
     numbers.color = "bleu"
     k.Numbers.new_message(color="gren")
     lists.texts = ["a", 2]
+    lists.nested[0][0] = "x"
 """
 TYPE_ERRORS = {
     5: 'Incompatible types in assignment (expression has type "str"',
@@ -202,6 +210,7 @@ TYPE_ERRORS = {
     24: "expression has type \"Literal['bleu']\", variable has type \"Literal['red', 'green',",
     25: 'Argument "color" to "new_message" of "Numbers" has incompatible type "Literal[\'gren\']',
     26: 'List item 1 has incompatible type "int"; expected "str | None"',
+    27: 'Incompatible types in assignment (expression has type "str", target has type "int")',
 }
 
 

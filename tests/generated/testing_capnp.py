@@ -1111,17 +1111,17 @@ class Holder:
             return _b.init_struct(self, self._ptr + 2, Holder.Builder)
 
         @property
-        def caps(self) -> _b.CapabilityListBuilder:
+        def caps(self) -> _b.CapabilityListBuilder[Counter.Client]:
             """The caps list as built so far (null: its default, or an empty one)."""
-            return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Holder.caps", 6), "Holder.caps")
+            return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Holder.caps", 6), "Holder.caps", Counter.Client)
         @caps.setter
-        def caps(self, value: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None) -> None:
+        def caps(self, value: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None | _b.CapabilityListBuilder[Counter.Client]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Holder, "caps", value)
 
-        def init_caps(self, count: int) -> _b.CapabilityListBuilder:
+        def init_caps(self, count: int) -> _b.CapabilityListBuilder[Counter.Client]:
             """A new list of ``count`` elements in caps."""
-            return _b.init_capability_list(self._b, self._ptr + 3, count, "Holder.caps")
+            return _b.init_capability_list(self._b, self._ptr + 3, count, "Holder.caps", Counter.Client)
 
         def set_caps(self, values: list[Counter.Client | Counter.Server | None]) -> None:
             """caps from a sequence of values (as ``caps = values``)."""
@@ -3543,17 +3543,17 @@ class Tester(_t.Interface["Tester.Client"]):
             _POINTERS: ClassVar[int] = 1
 
             @property
-            def counters(self) -> _b.CapabilityListBuilder:
+            def counters(self) -> _b.CapabilityListBuilder[Counter.Client]:
                 """The counters list as built so far (null: its default, or an empty one)."""
-                return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Tester.sum$Params.counters", 6), "Tester.sum$Params.counters")
+                return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Tester.sum$Params.counters", 6), "Tester.sum$Params.counters", Counter.Client)
             @counters.setter
-            def counters(self, value: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None) -> None:
+            def counters(self, value: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None | _b.CapabilityListBuilder[Counter.Client]) -> None:
                 """A new list of ``value``'s elements, as ``new_message`` takes them."""
                 _e.set_pointer_value(self, _P_Tester_SumParams, "counters", value)
 
-            def init_counters(self, count: int) -> _b.CapabilityListBuilder:
+            def init_counters(self, count: int) -> _b.CapabilityListBuilder[Counter.Client]:
                 """A new list of ``count`` elements in counters."""
-                return _b.init_capability_list(self._b, self._ptr + 0, count, "Tester.sum$Params.counters")
+                return _b.init_capability_list(self._b, self._ptr + 0, count, "Tester.sum$Params.counters", Counter.Client)
 
             def set_counters(self, values: list[Counter.Client | Counter.Server | None]) -> None:
                 """counters from a sequence of values (as ``counters = values``)."""

@@ -142,17 +142,17 @@ class Anything:
             _b.set_client(self._b, self._ptr + 4, value, "Anything.shop")
 
         @property
-        def shops(self) -> _b.CapabilityListBuilder:
+        def shops(self) -> _b.CapabilityListBuilder[Shop.Client]:
             """The shops list as built so far (null: its default, or an empty one)."""
-            return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 5, "Anything.shops", 6), "Anything.shops")
+            return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 5, "Anything.shops", 6), "Anything.shops", Shop.Client)
         @shops.setter
-        def shops(self, value: Sequence[Shop.Client | Shop.Server | None] | _r.ListReader[Any] | None) -> None:
+        def shops(self, value: Sequence[Shop.Client | Shop.Server | None] | _r.ListReader[Any] | None | _b.CapabilityListBuilder[Shop.Client]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Anything, "shops", value)
 
-        def init_shops(self, count: int) -> _b.CapabilityListBuilder:
+        def init_shops(self, count: int) -> _b.CapabilityListBuilder[Shop.Client]:
             """A new list of ``count`` elements in shops."""
-            return _b.init_capability_list(self._b, self._ptr + 5, count, "Anything.shops")
+            return _b.init_capability_list(self._b, self._ptr + 5, count, "Anything.shops", Shop.Client)
 
         def set_shops(self, values: list[Shop.Client | Shop.Server | None]) -> None:
             """shops from a sequence of values (as ``shops = values``)."""
@@ -2776,15 +2776,15 @@ class Lists:
         _POINTERS: ClassVar[int] = 19
 
         @property
-        def voids(self) -> _b.ListBuilder:
+        def voids(self) -> _b.VoidListBuilder:
             """The voids list as built so far (null: its default, or an empty one)."""
-            return _b.ListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Lists.voids", 0), "Lists.voids")
+            return _b.VoidListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Lists.voids", 0), "Lists.voids")
         @voids.setter
-        def voids(self, value: Sequence[None] | _r.ListReader[Any] | None) -> None:
+        def voids(self, value: Sequence[None] | _r.ListReader[Any] | None | _b.VoidListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "voids", value)
 
-        def init_voids(self, count: int) -> _b.ListBuilder:
+        def init_voids(self, count: int) -> _b.VoidListBuilder:
             """A new list of ``count`` elements in voids."""
             return _b.init_void_list(self._b, self._ptr + 0, count, "Lists.voids")
 
@@ -3040,43 +3040,43 @@ class Lists:
             _e.set_pointer_value(self, _P_Lists, "colors", values)
 
         @property
-        def nested(self) -> _b.ListListBuilder:
+        def nested(self) -> _b.ListListBuilder[_b.PrimitiveListBuilder[int]]:
             """The nested list as built so far (null: its default, or an empty one)."""
-            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 16, "Lists.nested", 6), "Lists.nested", lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "i", 4, "Int32"))
+            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 16, "Lists.nested", 6), "Lists.nested", lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "i", 4, "Int32"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 4), label, "i", "Int32"))
         @nested.setter
-        def nested(self, value: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None) -> None:
+        def nested(self, value: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None | _b.ListListBuilder[_b.PrimitiveListBuilder[int]]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "nested", value)
 
-        def init_nested(self, count: int) -> _b.ListListBuilder:
+        def init_nested(self, count: int) -> _b.ListListBuilder[_b.PrimitiveListBuilder[int]]:
             """A new list of ``count`` elements in nested."""
-            return _b.init_list_list(self._b, self._ptr + 16, count, "Lists.nested", lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "i", 4, "Int32"))
+            return _b.init_list_list(self._b, self._ptr + 16, count, "Lists.nested", lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "i", 4, "Int32"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 4), label, "i", "Int32"))
 
         @property
-        def nestedTexts(self) -> _b.ListListBuilder:
+        def nestedTexts(self) -> _b.ListListBuilder[_b.TextListBuilder]:
             """The nestedTexts list as built so far (null: its default, or an empty one)."""
-            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 17, "Lists.nestedTexts", 6), "Lists.nestedTexts", lambda builder, at, count, label: _b.init_text_list(builder, at, count, label))
+            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 17, "Lists.nestedTexts", 6), "Lists.nestedTexts", lambda builder, at, count, label: _b.init_text_list(builder, at, count, label), lambda builder, at, label: _b.TextListBuilder(builder, *_b.list_at(builder, at, label, 6), label))
         @nestedTexts.setter
-        def nestedTexts(self, value: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None) -> None:
+        def nestedTexts(self, value: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None | _b.ListListBuilder[_b.TextListBuilder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "nestedTexts", value)
 
-        def init_nestedTexts(self, count: int) -> _b.ListListBuilder:
+        def init_nestedTexts(self, count: int) -> _b.ListListBuilder[_b.TextListBuilder]:
             """A new list of ``count`` elements in nestedTexts."""
-            return _b.init_list_list(self._b, self._ptr + 17, count, "Lists.nestedTexts", lambda builder, at, count, label: _b.init_text_list(builder, at, count, label))
+            return _b.init_list_list(self._b, self._ptr + 17, count, "Lists.nestedTexts", lambda builder, at, count, label: _b.init_text_list(builder, at, count, label), lambda builder, at, label: _b.TextListBuilder(builder, *_b.list_at(builder, at, label, 6), label))
 
         @property
-        def deep(self) -> _b.ListListBuilder:
+        def deep(self) -> _b.ListListBuilder[_b.ListListBuilder[_b.PrimitiveListBuilder[int]]]:
             """The deep list as built so far (null: its default, or an empty one)."""
-            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 18, "Lists.deep", 6), "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8")))
+            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 18, "Lists.deep", 6), "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 2), label, "B", "UInt8")), lambda builder, at, label: _b.ListListBuilder(builder, *_b.list_at(builder, at, label, 6), label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 2), label, "B", "UInt8")))
         @deep.setter
-        def deep(self, value: Sequence[Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None) -> None:
+        def deep(self, value: Sequence[Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None | _b.ListListBuilder[_b.ListListBuilder[_b.PrimitiveListBuilder[int]]]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "deep", value)
 
-        def init_deep(self, count: int) -> _b.ListListBuilder:
+        def init_deep(self, count: int) -> _b.ListListBuilder[_b.ListListBuilder[_b.PrimitiveListBuilder[int]]]:
             """A new list of ``count`` elements in deep."""
-            return _b.init_list_list(self._b, self._ptr + 18, count, "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8")))
+            return _b.init_list_list(self._b, self._ptr + 18, count, "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 2), label, "B", "UInt8")), lambda builder, at, label: _b.ListListBuilder(builder, *_b.list_at(builder, at, label, 6), label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 2), label, "B", "UInt8")))
 
         def assign(  # type: ignore[override]
             self,
