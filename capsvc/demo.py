@@ -354,7 +354,7 @@ class CalculatorImpl(Calculator.Server):
         self, params: Calculator.EvaluateParams.Reader, results: Calculator.EvaluateResults.Builder
     ) -> None:
         expr = read_expression(params.expression)
-        results.set_value(ValueImpl(await evaluate_expr(expr)))
+        results.value = ValueImpl(await evaluate_expr(expr))
 
     def defFunction(
         self,
@@ -364,7 +364,7 @@ class CalculatorImpl(Calculator.Server):
         count = params.paramCount
         if count < 0:
             raise Failed(f"paramCount must not be negative, got {count}.")
-        results.set_func(FunctionImpl(count, read_expression(params.body)))
+        results.func = FunctionImpl(count, read_expression(params.body))
 
     def getOperator(
         self,
@@ -374,7 +374,7 @@ class CalculatorImpl(Calculator.Server):
         op = params.op
         if op.name not in _OPERATORS:  # an enumerant this schema does not know
             raise Failed(f"Unknown operator {int(op)}.")
-        results.set_func(OperatorImpl(op.name))
+        results.func = OperatorImpl(op.name)
 
 
 def bootstrap() -> CalculatorImpl:

@@ -212,7 +212,7 @@ def typed_bench_echo(async_methods: bool = False) -> Any:
             results: BenchEcho.PingCapResults.Builder,
         ) -> None:
             results.reply = params.msg
-            results.set_cap(self)
+            results.cap = self
 
     return TypedBenchEcho()
 
@@ -239,7 +239,7 @@ def async_typed_bench_echo() -> Any:
             results: BenchEcho.PingCapResults.Builder,
         ) -> None:
             results.reply = params.msg
-            results.set_cap(self)
+            results.cap = self
 
     return AsyncTypedBenchEcho()
 

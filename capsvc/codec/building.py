@@ -336,6 +336,17 @@ def set_client(builder: MessageBuilder, at: int, value: object, field: str) -> N
     set_capability(builder, at, len(builder.caps) - 1)
 
 
+def client_at(builder: MessageBuilder, at: int, cls: ClientClass[C], field: str) -> C:
+    """A client (``cls``, a generated client class) of the capability that the pointer at
+    word ``at`` of a message being built names in its cap table: what a capability
+    field's or list element's getter reads (a new reference; null: a client whose calls
+    fail, as a reader gives)."""
+    word = _get_u64(builder.buf, at << 3)[0]
+    if word != 0 and word & 0xFFFFFFFF != 3:  # (another union member's, or a copied list)
+        raise ValueError(f"{field}: what this pointer holds is not a capability")
+    return cls._from_table(builder.caps, None if word == 0 else word >> 32)
+
+
 def set_any(parent: StructBuilder, at: int, value: object, field: str, structs_only: bool) -> None:
     """An AnyPointer (``structs_only``: an AnyStruct) field of ``parent``, pointer word
     ``at``: None is null; a struct reader or builder is deep-copied in (capabilities in it
@@ -542,11 +553,8 @@ class CapabilityListBuilder(ListBuilder, Generic[C]):
 
     def __getitem__(self, index: int) -> C:
         at = self._start + self._index(index)
-        word = _get_u64(self._b.buf, at << 3)[0]
-        if word != 0 and word & 0xFFFFFFFF != 3:  # (a list copied from elsewhere)
-            raise ValueError(f"{self.field}[{index}]: not a capability pointer")
         cls: ClientClass[C] = self._cls
-        return cls._from_table(self._b.caps, None if word == 0 else word >> 32)
+        return client_at(self._b, at, cls, f"{self.field}[{index}]")
 
     def __iter__(self) -> Iterator[C]:
         return iter([self[index] for index in range(self._count)])

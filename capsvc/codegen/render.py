@@ -1615,11 +1615,30 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
         return
     if k == "interface":
         target = names.of(kind.target)
+        accepted = f"{target}.Client | {target}.Server | None"
         out.add("")
+        out.add("@property")
+        out.add(f"def {name}(self) -> {target}.Client:")
         out.add(
-            f"def set_{field.name}(self, value: {target}.Client | {target}.Server | None) -> None:"
+            '    """The capability set here, as a client (a new reference; null: a client'
+            ' whose calls fail)."""'
         )
+        with out.indent():
+            if field.discriminant is not None:  # (its pointer may be another member's)
+                at = f"self._data + {node.discriminant_offset * 2}"
+                out.add(f"if get_u16(self._b.buf, {at})[0] != {field.discriminant}:")
+                out.add(f'    raise _b.member_not_set(self, "{label}")')
+            out.add(f'return _b.client_at(self._b, {pointer}, {target}.Client, "{label}")')
+        out.add(f"@{name}.setter")
+        out.add(f"def {name}(self, value: {accepted}) -> None:")
         out.add('    """Put a capability here: a client, or a server object (None: null)."""')
+        with out.indent():
+            for line in select:
+                out.add(line)
+            out.add(f'_b.set_client(self._b, {pointer}, value, "{label}")')
+        out.add("")
+        out.add(f"def set_{field.name}(self, value: {accepted}) -> None:")
+        out.add(f'    """Put a capability here (as ``{name} = value``)."""')
         with out.indent():
             for line in select:
                 out.add(line)

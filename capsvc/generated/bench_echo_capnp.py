@@ -208,8 +208,17 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
             reply = _d.text_property(0, '', "BenchEcho.pingCap$Results.reply")
 
-            def set_cap(self, value: BenchEcho.Client | BenchEcho.Server | None) -> None:
+            @property
+            def cap(self) -> BenchEcho.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 1, BenchEcho.Client, "BenchEcho.pingCap$Results.cap")
+            @cap.setter
+            def cap(self, value: BenchEcho.Client | BenchEcho.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 1, value, "BenchEcho.pingCap$Results.cap")
+
+            def set_cap(self, value: BenchEcho.Client | BenchEcho.Server | None) -> None:
+                """Put a capability here (as ``cap = value``)."""
                 _b.set_client(self._b, self._ptr + 1, value, "BenchEcho.pingCap$Results.cap")
 
             def assign(  # type: ignore[override]

@@ -89,8 +89,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 _DATA_WORDS: ClassVar[int] = 2
                 _POINTERS: ClassVar[int] = 2
 
-                def set_function(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
+                @property
+                def function(self) -> Calculator.Function.Client:
+                    """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                    return _b.client_at(self._b, self._ptr + 0, Calculator.Function.Client, "Calculator.Expression.call.function")
+                @function.setter
+                def function(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
                     """Put a capability here: a client, or a server object (None: null)."""
+                    _b.set_client(self._b, self._ptr + 0, value, "Calculator.Expression.call.function")
+
+                def set_function(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
+                    """Put a capability here (as ``function = value``)."""
                     _b.set_client(self._b, self._ptr + 0, value, "Calculator.Expression.call.function")
 
                 @property
@@ -195,8 +204,20 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             literal = _d.float_property(64, 0, 0x0, "Calculator.Expression.literal", "Float64", 8, 0)
 
-            def set_previousResult(self, value: Calculator.Value.Client | Calculator.Value.Server | None) -> None:
+            @property
+            def previousResult(self) -> Calculator.Value.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                if get_u16(self._b.buf, self._data + 8)[0] != 1:
+                    raise _b.member_not_set(self, "Calculator.Expression.previousResult")
+                return _b.client_at(self._b, self._ptr + 0, Calculator.Value.Client, "Calculator.Expression.previousResult")
+            @previousResult.setter
+            def previousResult(self, value: Calculator.Value.Client | Calculator.Value.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                set_u16(self._b.buf, self._data + 8, 1)
+                _b.set_client(self._b, self._ptr + 0, value, "Calculator.Expression.previousResult")
+
+            def set_previousResult(self, value: Calculator.Value.Client | Calculator.Value.Server | None) -> None:
+                """Put a capability here (as ``previousResult = value``)."""
                 set_u16(self._b.buf, self._data + 8, 1)
                 _b.set_client(self._b, self._ptr + 0, value, "Calculator.Expression.previousResult")
 
@@ -1064,8 +1085,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            def set_func(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
+            @property
+            def func(self) -> Calculator.Function.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, Calculator.Function.Client, "Calculator.defFunction$Results.func")
+            @func.setter
+            def func(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Calculator.defFunction$Results.func")
+
+            def set_func(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
+                """Put a capability here (as ``func = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Calculator.defFunction$Results.func")
 
             def assign(  # type: ignore[override]
@@ -1331,8 +1361,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            def set_value(self, value: Calculator.Value.Client | Calculator.Value.Server | None) -> None:
+            @property
+            def value(self) -> Calculator.Value.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, Calculator.Value.Client, "Calculator.evaluate$Results.value")
+            @value.setter
+            def value(self, value: Calculator.Value.Client | Calculator.Value.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Calculator.evaluate$Results.value")
+
+            def set_value(self, value: Calculator.Value.Client | Calculator.Value.Server | None) -> None:
+                """Put a capability here (as ``value = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Calculator.evaluate$Results.value")
 
             def assign(  # type: ignore[override]
@@ -1589,8 +1628,17 @@ class Calculator(_t.Interface["Calculator.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            def set_func(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
+            @property
+            def func(self) -> Calculator.Function.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, Calculator.Function.Client, "Calculator.getOperator$Results.func")
+            @func.setter
+            def func(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Calculator.getOperator$Results.func")
+
+            def set_func(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
+                """Put a capability here (as ``func = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Calculator.getOperator$Results.func")
 
             def assign(  # type: ignore[override]

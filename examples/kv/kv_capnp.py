@@ -200,8 +200,17 @@ class Directory(_t.Interface["Directory.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            def set_store(self, value: Store.Client | Store.Server | None) -> None:
+            @property
+            def store(self) -> Store.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, Store.Client, "Directory.open$Results.store")
+            @store.setter
+            def store(self, value: Store.Client | Store.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Directory.open$Results.store")
+
+            def set_store(self, value: Store.Client | Store.Server | None) -> None:
+                """Put a capability here (as ``store = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Directory.open$Results.store")
 
             def assign(  # type: ignore[override]
@@ -1263,8 +1272,17 @@ class Store(_t.Interface["Store.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            def set_watcher(self, value: Watcher.Client | Watcher.Server | None) -> None:
+            @property
+            def watcher(self) -> Watcher.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, Watcher.Client, "Store.watch$Params.watcher")
+            @watcher.setter
+            def watcher(self, value: Watcher.Client | Watcher.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Store.watch$Params.watcher")
+
+            def set_watcher(self, value: Watcher.Client | Watcher.Server | None) -> None:
+                """Put a capability here (as ``watcher = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Store.watch$Params.watcher")
 
             def assign(  # type: ignore[override]

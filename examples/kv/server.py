@@ -40,7 +40,7 @@ class Store(kv.Store.Server):
     def keys(
         self, params: kv.Store.KeysParams.Reader, results: kv.Store.KeysResults.Builder
     ) -> None:
-        results.set_keys(sorted(self.data))
+        results.keys = sorted(self.data)
 
     def watch(
         self, params: kv.Store.WatchParams.Reader, results: kv.Store.WatchResults.Builder
@@ -61,4 +61,4 @@ class Directory(kv.Directory.Server):
     def open(
         self, params: kv.Directory.OpenParams.Reader, results: kv.Directory.OpenResults.Builder
     ) -> None:
-        results.set_store(self.stores.setdefault(params.name, Store()))
+        results.store = self.stores.setdefault(params.name, Store())

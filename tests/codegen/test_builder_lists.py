@@ -191,3 +191,24 @@ async def test_a_capability_list_being_built_gives_its_clients(generated: Genera
     copy.shops = holder.shops  # a list being built: copied, capabilities and all
     assert (await copy.as_reader().shops[0].list()).items == ["from the shop"]
     assert copy.as_reader().shops[1]._capsvc_hook().is_null
+
+
+async def test_a_capability_field_is_a_property_as_in_pycapnp(generated: Generated) -> None:
+    """``builder.shop = Shop()`` as pycapnp's builders take it, and ``builder.shop`` reads
+    it back as a client (null: a client whose calls fail); ``set_shop`` still works."""
+    k = generated.kitchen
+
+    class Shop(k.Shop.Server):  # type: ignore[misc, name-defined]
+        def list(self, params: Any, results: Any) -> None:
+            results.items = ["from the shop"]
+
+    holder = k.Anything.new_message()
+    assert holder.shop._capsvc_hook().is_null
+    holder.shop = Shop()
+    assert (await holder.shop.list()).items == ["from the shop"]
+    assert (await holder.as_reader().shop.list()).items == ["from the shop"]
+    with pytest.raises(TypeError, match=r"^Anything\.shop: expected a capability"):
+        holder.shop = "not a capability"
+    holder.shop = None
+    assert holder.shop._capsvc_hook().is_null
+    assert not holder.as_reader()._has(4)

@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import capnp
+import pytest
 
 from tests.codegen.test_generator import TIMEOUT, VENV_BIN, capsvc, mypy
 
@@ -345,3 +346,26 @@ def test_a_null_list_union_member_given_by_keyword_is_the_member_set(tmp_path: P
     pycapnp = reference(tmp_path, "nullmember.capnp")
     with pycapnp.U.from_bytes(built.to_bytes()) as read:
         assert read.which() == "b"
+
+
+async def test_a_capability_union_member_is_a_property(tmp_path: Path) -> None:
+    """Assigning a capability union member selects it; reading it while another member
+    is set is an error naming the field, not a misread of the other member's pointer."""
+    text = "@0xa1b2c3d4e5f60014;\ninterface Ping { ping @0 () -> (n :Int32); }\n"
+    text += "struct Slot { union { name @0 :Text; ping @1 :Ping; } }\n"
+    m = load(generate(tmp_path, {"capunion.capnp": text}), "capunion_capnp")
+
+    class Pinger(m.Ping.Server):  # type: ignore[misc, name-defined]
+        def ping(self, params: Any, results: Any) -> None:
+            results.n = 7
+
+    slot = m.Slot.new_message(name="a name in the same pointer")
+    with pytest.raises(ValueError, match=r"^Slot\.ping: not the union member set \(which"):
+        slot.ping  # noqa: B018
+    slot.ping = Pinger()
+    assert slot.which() == "ping"
+    assert (await slot.ping.ping()).n == 7
+    assert (await slot.as_reader().ping.ping()).n == 7
+    slot.name = "again"
+    with pytest.raises(ValueError, match=r"\(which\(\) is 'name'\)"):
+        slot.ping  # noqa: B018

@@ -123,6 +123,10 @@ def lists(source: k.Lists.Builder, reader: k.Lists.Reader, tree: k.Tree.Builder)
     target.voids = source.voids
     deep: int = source.nested[0][0] + sum(source.deep[0][0]) + len(source.voids)
     shop: k.Shop.Client = k.Anything.new_message().shops[0]
+    holder = k.Anything.new_message()
+    holder.shop = shop
+    holder.shop = None
+    again: k.Shop.Client = holder.shop
     tree.children = [{"value": 1}, tree.as_reader()]
     for child in tree.children:
         child.value += 1

@@ -903,8 +903,20 @@ class Holder:
                 """Select the Void member none (assign None)."""
                 set_u16(self._b.buf, self._data + 0, 0)
 
-            def set_counter(self, value: Counter.Client | Counter.Server | None) -> None:
+            @property
+            def counter(self) -> Counter.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                if get_u16(self._b.buf, self._data + 0)[0] != 1:
+                    raise _b.member_not_set(self, "Holder.choice.counter")
+                return _b.client_at(self._b, self._ptr + 5, Counter.Client, "Holder.choice.counter")
+            @counter.setter
+            def counter(self, value: Counter.Client | Counter.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                set_u16(self._b.buf, self._data + 0, 1)
+                _b.set_client(self._b, self._ptr + 5, value, "Holder.choice.counter")
+
+            def set_counter(self, value: Counter.Client | Counter.Server | None) -> None:
+                """Put a capability here (as ``counter = value``)."""
                 set_u16(self._b.buf, self._data + 0, 1)
                 _b.set_client(self._b, self._ptr + 5, value, "Holder.choice.counter")
 
@@ -991,8 +1003,17 @@ class Holder:
 
             number = _d.int_property("i32", 4, 0, "Holder.extra.number", "Int32")
 
-            def set_callback(self, value: Callback.Client | Callback.Server | None) -> None:
+            @property
+            def callback(self) -> Callback.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 6, Callback.Client, "Holder.extra.callback")
+            @callback.setter
+            def callback(self, value: Callback.Client | Callback.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 6, value, "Holder.extra.callback")
+
+            def set_callback(self, value: Callback.Client | Callback.Server | None) -> None:
+                """Put a capability here (as ``callback = value``)."""
                 _b.set_client(self._b, self._ptr + 6, value, "Holder.extra.callback")
 
             def assign(  # type: ignore[override]
@@ -1093,8 +1114,17 @@ class Holder:
 
         name = _d.text_property(0, '', "Holder.name")
 
-        def set_cap(self, value: Counter.Client | Counter.Server | None) -> None:
+        @property
+        def cap(self) -> Counter.Client:
+            """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+            return _b.client_at(self._b, self._ptr + 1, Counter.Client, "Holder.cap")
+        @cap.setter
+        def cap(self, value: Counter.Client | Counter.Server | None) -> None:
             """Put a capability here: a client, or a server object (None: null)."""
+            _b.set_client(self._b, self._ptr + 1, value, "Holder.cap")
+
+        def set_cap(self, value: Counter.Client | Counter.Server | None) -> None:
+            """Put a capability here (as ``cap = value``)."""
             _b.set_client(self._b, self._ptr + 1, value, "Holder.cap")
 
         @property
@@ -1307,8 +1337,17 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            def set_cb(self, value: Callback.Client | Callback.Server | None) -> None:
+            @property
+            def cb(self) -> Callback.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, Callback.Client, "Tester.callBack$Params.cb")
+            @cb.setter
+            def cb(self, value: Callback.Client | Callback.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Tester.callBack$Params.cb")
+
+            def set_cb(self, value: Callback.Client | Callback.Server | None) -> None:
+                """Put a capability here (as ``cb = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.callBack$Params.cb")
 
             value = _d.int_property("i64", 0, 0, "Tester.callBack$Params.value", "Int64")
@@ -1567,8 +1606,17 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
 
-            def set_counter(self, value: Counter.Client | Counter.Server | None) -> None:
+            @property
+            def counter(self) -> Counter.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, Counter.Client, "Tester.callCounter$Params.counter")
+            @counter.setter
+            def counter(self, value: Counter.Client | Counter.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Tester.callCounter$Params.counter")
+
+            def set_counter(self, value: Counter.Client | Counter.Server | None) -> None:
+                """Put a capability here (as ``counter = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.callCounter$Params.counter")
 
             by = _d.int_property("i64", 0, 0, "Tester.callCounter$Params.by", "Int64")
@@ -2389,8 +2437,17 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            def set_self(self, value: Tester.Client | Tester.Server | None) -> None:
+            @property
+            def self_(self) -> Tester.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, Tester.Client, "Tester.getSelf$Results.self")
+            @self_.setter
+            def self_(self, value: Tester.Client | Tester.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Tester.getSelf$Results.self")
+
+            def set_self(self, value: Tester.Client | Tester.Server | None) -> None:
+                """Put a capability here (as ``self_ = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.getSelf$Results.self")
 
             def assign(  # type: ignore[override]
@@ -2912,8 +2969,17 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            def set_counter(self, value: Counter.Client | Counter.Server | None) -> None:
+            @property
+            def counter(self) -> Counter.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, Counter.Client, "Tester.newCounter$Results.counter")
+            @counter.setter
+            def counter(self, value: Counter.Client | Counter.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Tester.newCounter$Results.counter")
+
+            def set_counter(self, value: Counter.Client | Counter.Server | None) -> None:
+                """Put a capability here (as ``counter = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.newCounter$Results.counter")
 
             def assign(  # type: ignore[override]
@@ -3043,8 +3109,17 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            def set_cap(self, value: Counter.Client | Counter.Server | None) -> None:
+            @property
+            def cap(self) -> Counter.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, Counter.Client, "Tester.reflect$Params.cap")
+            @cap.setter
+            def cap(self, value: Counter.Client | Counter.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Tester.reflect$Params.cap")
+
+            def set_cap(self, value: Counter.Client | Counter.Server | None) -> None:
+                """Put a capability here (as ``cap = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.reflect$Params.cap")
 
             def assign(  # type: ignore[override]
@@ -3174,8 +3249,17 @@ class Tester(_t.Interface["Tester.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            def set_cap(self, value: Counter.Client | Counter.Server | None) -> None:
+            @property
+            def cap(self) -> Counter.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, Counter.Client, "Tester.reflect$Results.cap")
+            @cap.setter
+            def cap(self, value: Counter.Client | Counter.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Tester.reflect$Results.cap")
+
+            def set_cap(self, value: Counter.Client | Counter.Server | None) -> None:
+                """Put a capability here (as ``cap = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Tester.reflect$Results.cap")
 
             def assign(  # type: ignore[override]

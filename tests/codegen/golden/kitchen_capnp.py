@@ -133,12 +133,30 @@ class Anything:
             """Put a new struct of builder class ``cls`` in the AnyPointer anyStruct."""
             return _b.init_struct(self, self._ptr + 1, cls)
 
-        def set_capability(self, value: _t.Client | _t.Server | None) -> None:
+        @property
+        def capability(self) -> _t.Client:
+            """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+            return _b.client_at(self._b, self._ptr + 3, _t.Client, "Anything.capability")
+        @capability.setter
+        def capability(self, value: _t.Client | _t.Server | None) -> None:
             """Put a capability here: a client, or a server object (None: null)."""
             _b.set_client(self._b, self._ptr + 3, value, "Anything.capability")
 
-        def set_shop(self, value: Shop.Client | Shop.Server | None) -> None:
+        def set_capability(self, value: _t.Client | _t.Server | None) -> None:
+            """Put a capability here (as ``capability = value``)."""
+            _b.set_client(self._b, self._ptr + 3, value, "Anything.capability")
+
+        @property
+        def shop(self) -> Shop.Client:
+            """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+            return _b.client_at(self._b, self._ptr + 4, Shop.Client, "Anything.shop")
+        @shop.setter
+        def shop(self, value: Shop.Client | Shop.Server | None) -> None:
             """Put a capability here: a client, or a server object (None: null)."""
+            _b.set_client(self._b, self._ptr + 4, value, "Anything.shop")
+
+        def set_shop(self, value: Shop.Client | Shop.Server | None) -> None:
+            """Put a capability here (as ``shop = value``)."""
             _b.set_client(self._b, self._ptr + 4, value, "Anything.shop")
 
         @property
@@ -4240,8 +4258,17 @@ class Relay(_t.Interface["Relay.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            def set_cap(self, value: _t.Client | _t.Server | None) -> None:
+            @property
+            def cap(self) -> _t.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, _t.Client, "Relay.relay$Params.cap")
+            @cap.setter
+            def cap(self, value: _t.Client | _t.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Relay.relay$Params.cap")
+
+            def set_cap(self, value: _t.Client | _t.Server | None) -> None:
+                """Put a capability here (as ``cap = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Relay.relay$Params.cap")
 
             def assign(  # type: ignore[override]
@@ -4371,8 +4398,17 @@ class Relay(_t.Interface["Relay.Client"]):
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
 
-            def set_cap(self, value: _t.Client | _t.Server | None) -> None:
+            @property
+            def cap(self) -> _t.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 0, _t.Client, "Relay.relay$Results.cap")
+            @cap.setter
+            def cap(self, value: _t.Client | _t.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 0, value, "Relay.relay$Results.cap")
+
+            def set_cap(self, value: _t.Client | _t.Server | None) -> None:
+                """Put a capability here (as ``cap = value``)."""
                 _b.set_client(self._b, self._ptr + 0, value, "Relay.relay$Results.cap")
 
             def assign(  # type: ignore[override]
@@ -4966,8 +5002,17 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
             return_ = _d.text_property(0, '', "Diamond.tricky$Results.return")
 
-            def set_self(self, value: Diamond.Client | Diamond.Server | None) -> None:
+            @property
+            def self_(self) -> Diamond.Client:
+                """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+                return _b.client_at(self._b, self._ptr + 1, Diamond.Client, "Diamond.tricky$Results.self")
+            @self_.setter
+            def self_(self, value: Diamond.Client | Diamond.Server | None) -> None:
                 """Put a capability here: a client, or a server object (None: null)."""
+                _b.set_client(self._b, self._ptr + 1, value, "Diamond.tricky$Results.self")
+
+            def set_self(self, value: Diamond.Client | Diamond.Server | None) -> None:
+                """Put a capability here (as ``self_ = value``)."""
                 _b.set_client(self._b, self._ptr + 1, value, "Diamond.tricky$Results.self")
 
             def assign(  # type: ignore[override]
@@ -9056,8 +9101,17 @@ class Box_Shop:
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
 
-        def set_value(self, value: Shop.Client | Shop.Server | None) -> None:
+        @property
+        def value(self) -> Shop.Client:
+            """The capability set here, as a client (a new reference; null: a client whose calls fail)."""
+            return _b.client_at(self._b, self._ptr + 0, Shop.Client, "Box_Shop.value")
+        @value.setter
+        def value(self, value: Shop.Client | Shop.Server | None) -> None:
             """Put a capability here: a client, or a server object (None: null)."""
+            _b.set_client(self._b, self._ptr + 0, value, "Box_Shop.value")
+
+        def set_value(self, value: Shop.Client | Shop.Server | None) -> None:
+            """Put a capability here (as ``value = value``)."""
             _b.set_client(self._b, self._ptr + 0, value, "Box_Shop.value")
 
         @property
