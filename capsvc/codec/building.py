@@ -249,8 +249,61 @@ def struct_field(
             return init_struct(parent, at, cls)
         copy_default(default, parent._b, at)
         (word,) = _get_u64(buf, at << 3)
+    return struct_at(parent._b, at, word, cls)
+
+
+def struct_at(builder: MessageBuilder, at: int, word: int, cls: type[B]) -> B:
+    """A ``cls`` builder of the struct that pointer ``word`` (at word ``at``) leads to.
+
+    A struct copied in from a reader keeps the sizes its writer gave it (libcapnp's copy
+    does too). A larger one (a newer writer's) is built in place, its pointer section
+    where the pointer says; a smaller one (an older writer's) is first moved to a new
+    struct of the schema's size, as libcapnp's builders upgrade it
+    (``WireHelpers::getWritableStructPointer``), so that no field is set past its end."""
     offset = (((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2
-    return new_builder(cls, parent._b, at + 1 + offset)
+    start = at + 1 + offset
+    data_words = (word >> 32) & 0xFFFF
+    pointers = word >> 48
+    if data_words == cls._DATA_WORDS and pointers == cls._POINTERS:  # the common case
+        return new_builder(cls, builder, start)
+    if data_words < cls._DATA_WORDS or pointers < cls._POINTERS:
+        start = _upgrade_struct(builder, at, start, data_words, pointers, cls)
+        data_words = max(data_words, cls._DATA_WORDS)
+    view = new_builder(cls, builder, start)
+    view._ptr = start + data_words
+    return view
+
+
+def _upgrade_struct(
+    builder: MessageBuilder, at: int, start: int, data_words: int, pointers: int, cls: type[Any]
+) -> int:
+    """Move the struct at word ``start`` (``data_words``, ``pointers``) that the pointer at
+    ``at`` leads to into a new one at least the schema's size: its data copied, its
+    pointers moved (their offsets rewritten for their new place), its old words zeroed.
+    Returns the new struct's first word."""
+    new_data = max(data_words, cls._DATA_WORDS)
+    new_pointers = max(pointers, cls._POINTERS)
+    target = builder.alloc(new_data + new_pointers)
+    buf = builder.buf
+    buf[target << 3 : (target + data_words) << 3] = buf[start << 3 : (start + data_words) << 3]
+    for index in range(pointers):
+        _move_pointer(buf, start + data_words + index, target + new_data + index)
+    buf[start << 3 : (start + data_words + pointers) << 3] = bytes((data_words + pointers) << 3)
+    write_struct_pointer(buf, at, target, new_data, new_pointers)
+    return target
+
+
+def _move_pointer(buf: bytearray, source: int, dest: int) -> None:
+    """Copy the pointer word at ``source`` to ``dest``, re-aiming a struct or list pointer
+    at the same object from its new place (a capability pointer, or a far one, names its
+    target absolutely: copied as it is; a struct of no words keeps offset -1)."""
+    (word,) = _get_u64(buf, source << 3)
+    kind = word & 3
+    if word != 0 and kind < 2 and not (kind == 0 and word >> 32 == 0):
+        offset = (((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2
+        new_offset = source + 1 + offset - dest - 1
+        word = (word & ~0xFFFFFFFF) | ((new_offset << 2) & 0xFFFFFFFF) | kind
+    _set_u64(buf, dest << 3, word)
 
 
 #: The NUL and zero padding that end a Text of ``n`` bytes, by ``n & 7``.

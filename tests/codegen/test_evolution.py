@@ -366,3 +366,62 @@ def test_smaller_list_elements_read_as_larger(modules: tuple[ModuleType, ModuleT
     things[1].x = 4
     things[1].label = "four"
     assert [t.x for t in v1.Record.Reader.read(new.to_segments()).things] == [3, 4]
+
+
+def test_an_older_struct_copied_into_a_builder_is_upgraded_when_built_on(
+    modules: tuple[ModuleType, ModuleType],
+) -> None:
+    """A v1 Record copied into a v2 builder keeps v1's sizes, as libcapnp's copy does;
+    setting a field v1 has no room for first moves it to a struct of v2's size (libcapnp's
+    builders upgrade it so), the nested v1 child too: nothing is written past its end,
+    and pycapnp reads back every field."""
+    v1, v2 = modules
+    old = v2.Record.read(_v1_message(v1))
+    holder = v2.Record.new_message(id=1)
+    holder.child = old
+    holder.child.note = "set on the copy"
+    holder.child.count = 12
+    holder.child.child.flag = False  # the v1 grandchild, upgraded in turn
+    holder.child.child.child = {"id": 99}
+    holder.child.extra = {"x": 6, "label": "six"}
+    segments = holder.to_segments()
+    for got in (v2.Record.read(segments).to_dict(), _read(2, "Record", segments)):
+        child = got["child"]
+        assert (child["id"], child["name"], child["note"], child["count"]) == (
+            7,
+            "seven",
+            "set on the copy",
+            12,
+        )
+        assert child["extra"] == {"x": 6, "label": "six", "weight": 0.5}
+        assert child["child"]["id"] == 8
+        assert child["child"]["flag"] is False
+        assert child["child"]["child"] == {**V2_DATA_DEFAULTS, "id": 99}
+        assert [thing["x"] for thing in child["things"]] == [10, -11]
+
+
+def test_a_newer_struct_copied_into_a_builder_keeps_what_it_does_not_know(
+    modules: tuple[ModuleType, ModuleType],
+) -> None:
+    """A v2 Record copied into a v1 builder is built in place: v1's fields land where
+    the larger struct has them, and v2's fields survive the edits, as pycapnp's v2
+    reads it."""
+    v1, v2 = modules
+    new = v1.Record.read(_v2_message(v2))
+    holder = v1.Record.new_message(id=1)
+    holder.child = new
+    holder.child.id = 71
+    holder.child.name = "renamed"
+    holder.child.child = {"id": 81}
+    for got in (
+        v2.Record.read(holder.to_segments()).to_dict(),
+        _read(2, "Record", holder.to_segments()),
+    ):
+        child = got["child"]
+        assert (child["id"], child["name"], child["flag"], child["color"]) == (
+            71,
+            "renamed",
+            False,
+            "green",
+        )
+        assert child["child"]["id"] == 81
