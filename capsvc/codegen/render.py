@@ -14,9 +14,9 @@ Theory of operation (grpclib's split: a pure ``render`` and a thin CLI):
   per data field, values XOR their defaults (so a zeroed struct reads as defaults).
 - Names: a schema name that is a Python keyword, ``self``, or collides with what the
   generator defines in the same namespace (``RESERVED`` below: ``Reader``, ``Builder``,
-  ``Init``, ``Row``, ``from_row``, ``Client``, ``read``, ``which``, ``to_dict``, ``init``,
-  ...; and names starting ``init_``) gets a trailing underscore: ``return`` ->
-  ``return_``, ``self`` -> ``self_``.
+  ``Init``, ``Row``, ``from_row``, ``row``, ``select``, ``Client``, ``read``, ``which``,
+  ``to_dict``, ``init``, ...; and names starting ``init_``) gets a trailing underscore:
+  ``return`` -> ``return_``, ``self`` -> ``self_``.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ RESERVED = frozenset(
         "Init",
         "Row",
         "from_row",
+        "row",
+        "rows",
+        "select",
+        "METHODS",
         "init",
         "assign",
         "read",
