@@ -252,6 +252,16 @@ def struct_field(
     return struct_at(parent._b, at, word, cls)
 
 
+def copy_as_root(cls: type[B], value: object) -> B:
+    """A new message whose root is a copy of ``value`` (a struct reader, or builder),
+    capabilities too, as a ``cls`` builder: what a generated reader's ``as_builder()``
+    gives, as pycapnp's does."""
+    builder = MessageBuilder()
+    _values.copy_value(builder, 0, value)
+    (word,) = _get_u64(builder.buf, 0)
+    return struct_at(builder, 0, word, cls)
+
+
 def struct_at(builder: MessageBuilder, at: int, word: int, cls: type[B]) -> B:
     """A ``cls`` builder of the struct that pointer ``word`` (at word ``at``) leads to.
 

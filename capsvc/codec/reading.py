@@ -338,6 +338,14 @@ class StructReader:
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} {shown_fields(self)}>"
 
+    # ``with Car.from_bytes(data) as car:``, as pycapnp 2 has it (its from_bytes is a
+    # context manager that closes the message); a reader here holds nothing to close.
+    def __enter__(self: R) -> R:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
 
 #: The longest a struct's fields are shown in its repr (a repr of a large message would
 #: otherwise fill a terminal or a log line).
@@ -1144,16 +1152,56 @@ def read_segments(
     return read_struct(msg, 0, 0, cls, nesting_limit, None)
 
 
-def read_framed(cls: type[R], data: bytes | bytearray | memoryview) -> R:
-    """The root ``cls`` struct of one message in the standard stream framing, with the
-    default limits: what generated ``from_bytes`` calls."""
-    return read_segments(cls, unframe(data), DEFAULT_TRAVERSAL_LIMIT, DEFAULT_NESTING_LIMIT)
+def read_framed(
+    cls: type[R],
+    data: bytes | bytearray | memoryview,
+    traversal_limit_words: int = DEFAULT_TRAVERSAL_LIMIT,
+    nesting_limit: int = DEFAULT_NESTING_LIMIT,
+) -> R:
+    """The root ``cls`` struct of one message in the standard stream framing: what
+    generated ``from_bytes`` calls."""
+    return read_segments(cls, unframe(data), traversal_limit_words, nesting_limit)
 
 
-def read_packed(cls: type[R], data: bytes | bytearray | memoryview) -> R:
+def read_packed(
+    cls: type[R],
+    data: bytes | bytearray | memoryview,
+    traversal_limit_words: int = DEFAULT_TRAVERSAL_LIMIT,
+    nesting_limit: int = DEFAULT_NESTING_LIMIT,
+) -> R:
     """``read_framed`` of a packed message: what generated ``from_bytes_packed`` calls."""
     segments = unframe_packed(data)
-    return read_segments(cls, segments, DEFAULT_TRAVERSAL_LIMIT, DEFAULT_NESTING_LIMIT)
+    return read_segments(cls, segments, traversal_limit_words, nesting_limit)
+
+
+def read_multiple(
+    cls: type[R],
+    data: bytes | bytearray | memoryview,
+    packed: bool,
+    traversal_limit_words: int,
+    nesting_limit: int,
+) -> list[R]:
+    """The root ``cls`` struct of each message of ``data``, messages one after another in
+    the standard stream framing (``packed``: its packed encoding, as a packed stream
+    writes them): what generated ``read_multiple_bytes`` and ``read_multiple_bytes_packed``
+    call, as pycapnp's do. Each message has its own traversal budget. A message cut
+    short at the end is a DecodeError."""
+    from capsvc.codec.packing import unpack
+    from capsvc.errors import FramingError
+    from capsvc.framing import FrameDecoder
+
+    decoder = FrameDecoder()
+    decoder.feed(unpack(data) if packed else bytes(data))
+    decoder.feed_eof()
+    roots: list[R] = []
+    while True:
+        try:
+            segments = decoder.next_message()
+        except FramingError as error:
+            raise DecodeError(f"message {len(roots)}: {error}") from None
+        if segments is None:
+            return roots
+        roots.append(read_segments(cls, segments, traversal_limit_words, nesting_limit))
 
 
 def unframe(data: bytes | bytearray | memoryview) -> list[bytes | memoryview]:

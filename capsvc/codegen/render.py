@@ -897,17 +897,51 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
                 " traversal_limit_words, nesting_limit)"
             )
             out.add("")
-            out.add("@staticmethod")
-            out.add(f"def from_bytes(data: bytes | bytearray | memoryview) -> {path}.Reader:")
-            out.add('    """The root of a message in the standard stream framing."""')
-            out.add(f"    return _r.read_framed({path}.Reader, data)")
-            out.add("")
-            out.add("@staticmethod")
-            out.add(
-                f"def from_bytes_packed(data: bytes | bytearray | memoryview) -> {path}.Reader:"
-            )
-            out.add('    """The root of a packed message (the packed encoding of the framing)."""')
-            out.add(f"    return _r.read_packed({path}.Reader, data)")
+            for function, what, call in (
+                (
+                    "from_bytes",
+                    "The root of a message in the standard stream framing.",
+                    "read_framed",
+                ),
+                (
+                    "from_bytes_packed",
+                    "The root of a packed message (the packed encoding of the framing).",
+                    "read_packed",
+                ),
+            ):
+                out.add("@staticmethod")
+                out.add(f"def {function}(")
+                out.add("    data: bytes | bytearray | memoryview,")
+                _limit_keywords(out)
+                out.add(f") -> {path}.Reader:")
+                out.add(f'    """{what}"""')
+                arguments = "data, traversal_limit_words, nesting_limit"
+                out.add(f"    return _r.{call}({path}.Reader, {arguments})")
+                out.add("")
+            for function, packed in (
+                ("read_multiple_bytes", False),
+                ("read_multiple_bytes_packed", True),
+            ):
+                out.add("@staticmethod")
+                out.add(f"def {function}(")
+                out.add("    data: bytes | bytearray | memoryview,")
+                _limit_keywords(out)
+                out.add(f") -> list[{path}.Reader]:")
+                framing = "packed framing" if packed else "stream framing"
+                doc = f"The root of each message of ``data``, one after another in the {framing}."
+                out.add(f'    """{doc}"""')
+                out.add(
+                    f"    return _r.read_multiple({path}.Reader, data, {packed},"
+                    " traversal_limit_words, nesting_limit)"
+                )
+                out.add("")
+            out.lines.pop()
+
+
+def _limit_keywords(out: _Out) -> None:
+    out.add("    *,")
+    out.add("    traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,")
+    out.add("    nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,")
 
 
 def _init_type(out: _Out, node: Struct, path: str, names: _Names) -> None:
@@ -1040,6 +1074,14 @@ def _reader(out: _Out, node: Struct, path: str, names: _Names) -> None:
             _reader_which(out, node)
         out.add("")
         _to_dict(out, node, names)
+        if not node.is_group:
+            out.add("")
+            out.add(f"def as_builder(self) -> {path}.Builder:")
+            out.add(
+                '    """A new message holding a copy of this struct (capabilities too), to'
+                ' change: as pycapnp\'s ``as_builder``."""'
+            )
+            out.add(f"    return _b.copy_as_root({path}.Builder, self)")
 
 
 def _reader_which(out: _Out, node: Struct) -> None:

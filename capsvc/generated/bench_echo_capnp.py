@@ -71,6 +71,10 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
                     out['msg'] = self.msg
                 return out
 
+            def as_builder(self) -> BenchEcho.PingCapParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(BenchEcho.PingCapParams.Builder, self)
+
         class Builder(_b.StructBuilder):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -155,14 +159,44 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             return _r.read_segments(BenchEcho.PingCapParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> BenchEcho.PingCapParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> BenchEcho.PingCapParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(BenchEcho.PingCapParams.Reader, data)
+            return _r.read_framed(BenchEcho.PingCapParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> BenchEcho.PingCapParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> BenchEcho.PingCapParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(BenchEcho.PingCapParams.Reader, data)
+            return _r.read_packed(BenchEcho.PingCapParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[BenchEcho.PingCapParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(BenchEcho.PingCapParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[BenchEcho.PingCapParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(BenchEcho.PingCapParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class PingCapResults:
         """struct BenchEcho.pingCap$Results (0x9f590e4882f9b246)."""
@@ -200,6 +234,10 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
                 if self._has(1):
                     out['cap'] = self.cap
                 return out
+
+            def as_builder(self) -> BenchEcho.PingCapResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(BenchEcho.PingCapResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -305,14 +343,44 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             return _r.read_segments(BenchEcho.PingCapResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> BenchEcho.PingCapResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> BenchEcho.PingCapResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(BenchEcho.PingCapResults.Reader, data)
+            return _r.read_framed(BenchEcho.PingCapResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> BenchEcho.PingCapResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> BenchEcho.PingCapResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(BenchEcho.PingCapResults.Reader, data)
+            return _r.read_packed(BenchEcho.PingCapResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[BenchEcho.PingCapResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(BenchEcho.PingCapResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[BenchEcho.PingCapResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(BenchEcho.PingCapResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(echo_capnp.Echo.Client):
         """A capability typed as BenchEcho: call its methods."""

@@ -197,6 +197,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     out['call'] = self.call.to_dict()
                 return out
 
+            def as_builder(self) -> Calculator.Expression.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Calculator.Expression.Builder, self)
+
         class Builder(_b.StructBuilder):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
@@ -323,14 +327,44 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _r.read_segments(Calculator.Expression.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Expression.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.Expression.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Calculator.Expression.Reader, data)
+            return _r.read_framed(Calculator.Expression.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Expression.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.Expression.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Calculator.Expression.Reader, data)
+            return _r.read_packed(Calculator.Expression.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.Expression.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Calculator.Expression.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.Expression.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Calculator.Expression.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Function(_t.Interface["Calculator.Function.Client"]):
         """interface Calculator.Function (0xede83a3d96840394): its methods' params and results."""
@@ -366,6 +400,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     if self._has(0):
                         out['params'] = list(self.params)
                     return out
+
+                def as_builder(self) -> Calculator.Function.CallParams.Builder:
+                    """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                    return _b.copy_as_root(Calculator.Function.CallParams.Builder, self)
 
             class Builder(_b.StructBuilder):
                 __slots__ = ()
@@ -466,14 +504,44 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _r.read_segments(Calculator.Function.CallParams.Reader, segments, traversal_limit_words, nesting_limit)
 
             @staticmethod
-            def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Function.CallParams.Reader:
+            def from_bytes(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> Calculator.Function.CallParams.Reader:
                 """The root of a message in the standard stream framing."""
-                return _r.read_framed(Calculator.Function.CallParams.Reader, data)
+                return _r.read_framed(Calculator.Function.CallParams.Reader, data, traversal_limit_words, nesting_limit)
 
             @staticmethod
-            def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Function.CallParams.Reader:
+            def from_bytes_packed(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> Calculator.Function.CallParams.Reader:
                 """The root of a packed message (the packed encoding of the framing)."""
-                return _r.read_packed(Calculator.Function.CallParams.Reader, data)
+                return _r.read_packed(Calculator.Function.CallParams.Reader, data, traversal_limit_words, nesting_limit)
+
+            @staticmethod
+            def read_multiple_bytes(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> list[Calculator.Function.CallParams.Reader]:
+                """The root of each message of ``data``, one after another in the stream framing."""
+                return _r.read_multiple(Calculator.Function.CallParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+            @staticmethod
+            def read_multiple_bytes_packed(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> list[Calculator.Function.CallParams.Reader]:
+                """The root of each message of ``data``, one after another in the packed framing."""
+                return _r.read_multiple(Calculator.Function.CallParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
         class CallResults:
             """struct Calculator.Function.call$Results (0xc0e0abf76914dead)."""
@@ -501,6 +569,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     out: dict[str, Any] = {}
                     out['value'] = self.value
                     return out
+
+                def as_builder(self) -> Calculator.Function.CallResults.Builder:
+                    """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                    return _b.copy_as_root(Calculator.Function.CallResults.Builder, self)
 
             class Builder(_b.StructBuilder):
                 __slots__ = ()
@@ -586,14 +658,44 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _r.read_segments(Calculator.Function.CallResults.Reader, segments, traversal_limit_words, nesting_limit)
 
             @staticmethod
-            def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Function.CallResults.Reader:
+            def from_bytes(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> Calculator.Function.CallResults.Reader:
                 """The root of a message in the standard stream framing."""
-                return _r.read_framed(Calculator.Function.CallResults.Reader, data)
+                return _r.read_framed(Calculator.Function.CallResults.Reader, data, traversal_limit_words, nesting_limit)
 
             @staticmethod
-            def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Function.CallResults.Reader:
+            def from_bytes_packed(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> Calculator.Function.CallResults.Reader:
                 """The root of a packed message (the packed encoding of the framing)."""
-                return _r.read_packed(Calculator.Function.CallResults.Reader, data)
+                return _r.read_packed(Calculator.Function.CallResults.Reader, data, traversal_limit_words, nesting_limit)
+
+            @staticmethod
+            def read_multiple_bytes(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> list[Calculator.Function.CallResults.Reader]:
+                """The root of each message of ``data``, one after another in the stream framing."""
+                return _r.read_multiple(Calculator.Function.CallResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+            @staticmethod
+            def read_multiple_bytes_packed(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> list[Calculator.Function.CallResults.Reader]:
+                """The root of each message of ``data``, one after another in the packed framing."""
+                return _r.read_multiple(Calculator.Function.CallResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
         class Client(_t.Client):
             """A capability typed as Calculator.Function: call its methods."""
@@ -677,6 +779,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     out: dict[str, Any] = {}
                     return out
 
+                def as_builder(self) -> Calculator.Value.ReadParams.Builder:
+                    """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                    return _b.copy_as_root(Calculator.Value.ReadParams.Builder, self)
+
             class Builder(_b.StructBuilder):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 0
@@ -743,14 +849,44 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _r.read_segments(Calculator.Value.ReadParams.Reader, segments, traversal_limit_words, nesting_limit)
 
             @staticmethod
-            def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Value.ReadParams.Reader:
+            def from_bytes(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> Calculator.Value.ReadParams.Reader:
                 """The root of a message in the standard stream framing."""
-                return _r.read_framed(Calculator.Value.ReadParams.Reader, data)
+                return _r.read_framed(Calculator.Value.ReadParams.Reader, data, traversal_limit_words, nesting_limit)
 
             @staticmethod
-            def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Value.ReadParams.Reader:
+            def from_bytes_packed(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> Calculator.Value.ReadParams.Reader:
                 """The root of a packed message (the packed encoding of the framing)."""
-                return _r.read_packed(Calculator.Value.ReadParams.Reader, data)
+                return _r.read_packed(Calculator.Value.ReadParams.Reader, data, traversal_limit_words, nesting_limit)
+
+            @staticmethod
+            def read_multiple_bytes(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> list[Calculator.Value.ReadParams.Reader]:
+                """The root of each message of ``data``, one after another in the stream framing."""
+                return _r.read_multiple(Calculator.Value.ReadParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+            @staticmethod
+            def read_multiple_bytes_packed(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> list[Calculator.Value.ReadParams.Reader]:
+                """The root of each message of ``data``, one after another in the packed framing."""
+                return _r.read_multiple(Calculator.Value.ReadParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
         class ReadResults:
             """struct Calculator.Value.read$Results (0xe6be6723122ae822)."""
@@ -778,6 +914,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
                     out: dict[str, Any] = {}
                     out['value'] = self.value
                     return out
+
+                def as_builder(self) -> Calculator.Value.ReadResults.Builder:
+                    """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                    return _b.copy_as_root(Calculator.Value.ReadResults.Builder, self)
 
             class Builder(_b.StructBuilder):
                 __slots__ = ()
@@ -863,14 +1003,44 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _r.read_segments(Calculator.Value.ReadResults.Reader, segments, traversal_limit_words, nesting_limit)
 
             @staticmethod
-            def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.Value.ReadResults.Reader:
+            def from_bytes(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> Calculator.Value.ReadResults.Reader:
                 """The root of a message in the standard stream framing."""
-                return _r.read_framed(Calculator.Value.ReadResults.Reader, data)
+                return _r.read_framed(Calculator.Value.ReadResults.Reader, data, traversal_limit_words, nesting_limit)
 
             @staticmethod
-            def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.Value.ReadResults.Reader:
+            def from_bytes_packed(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> Calculator.Value.ReadResults.Reader:
                 """The root of a packed message (the packed encoding of the framing)."""
-                return _r.read_packed(Calculator.Value.ReadResults.Reader, data)
+                return _r.read_packed(Calculator.Value.ReadResults.Reader, data, traversal_limit_words, nesting_limit)
+
+            @staticmethod
+            def read_multiple_bytes(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> list[Calculator.Value.ReadResults.Reader]:
+                """The root of each message of ``data``, one after another in the stream framing."""
+                return _r.read_multiple(Calculator.Value.ReadResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+            @staticmethod
+            def read_multiple_bytes_packed(
+                data: bytes | bytearray | memoryview,
+                *,
+                traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+                nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+            ) -> list[Calculator.Value.ReadResults.Reader]:
+                """The root of each message of ``data``, one after another in the packed framing."""
+                return _r.read_multiple(Calculator.Value.ReadResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
         class Client(_t.Client):
             """A capability typed as Calculator.Value: call its methods."""
@@ -936,6 +1106,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 if self._has(0):
                     out['body'] = self.body.to_dict()
                 return out
+
+            def as_builder(self) -> Calculator.DefFunctionParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Calculator.DefFunctionParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1040,14 +1214,44 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _r.read_segments(Calculator.DefFunctionParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.DefFunctionParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.DefFunctionParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Calculator.DefFunctionParams.Reader, data)
+            return _r.read_framed(Calculator.DefFunctionParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.DefFunctionParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.DefFunctionParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Calculator.DefFunctionParams.Reader, data)
+            return _r.read_packed(Calculator.DefFunctionParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.DefFunctionParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Calculator.DefFunctionParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.DefFunctionParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Calculator.DefFunctionParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class DefFunctionResults:
         """struct Calculator.defFunction$Results (0x8d24f465047cd6c8)."""
@@ -1079,6 +1283,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 if self._has(0):
                     out['func'] = self.func
                 return out
+
+            def as_builder(self) -> Calculator.DefFunctionResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Calculator.DefFunctionResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1180,14 +1388,44 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _r.read_segments(Calculator.DefFunctionResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.DefFunctionResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.DefFunctionResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Calculator.DefFunctionResults.Reader, data)
+            return _r.read_framed(Calculator.DefFunctionResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.DefFunctionResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.DefFunctionResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Calculator.DefFunctionResults.Reader, data)
+            return _r.read_packed(Calculator.DefFunctionResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.DefFunctionResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Calculator.DefFunctionResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.DefFunctionResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Calculator.DefFunctionResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class EvaluateParams:
         """struct Calculator.evaluate$Params (0xbb0eaae1557a36d4)."""
@@ -1216,6 +1454,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 if self._has(0):
                     out['expression'] = self.expression.to_dict()
                 return out
+
+            def as_builder(self) -> Calculator.EvaluateParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Calculator.EvaluateParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1316,14 +1558,44 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _r.read_segments(Calculator.EvaluateParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.EvaluateParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.EvaluateParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Calculator.EvaluateParams.Reader, data)
+            return _r.read_framed(Calculator.EvaluateParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.EvaluateParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.EvaluateParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Calculator.EvaluateParams.Reader, data)
+            return _r.read_packed(Calculator.EvaluateParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.EvaluateParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Calculator.EvaluateParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.EvaluateParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Calculator.EvaluateParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class EvaluateResults:
         """struct Calculator.evaluate$Results (0x81b1a3f55887a611)."""
@@ -1355,6 +1627,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 if self._has(0):
                     out['value'] = self.value
                 return out
+
+            def as_builder(self) -> Calculator.EvaluateResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Calculator.EvaluateResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1456,14 +1732,44 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _r.read_segments(Calculator.EvaluateResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.EvaluateResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.EvaluateResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Calculator.EvaluateResults.Reader, data)
+            return _r.read_framed(Calculator.EvaluateResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.EvaluateResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.EvaluateResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Calculator.EvaluateResults.Reader, data)
+            return _r.read_packed(Calculator.EvaluateResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.EvaluateResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Calculator.EvaluateResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.EvaluateResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Calculator.EvaluateResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class GetOperatorParams:
         """struct Calculator.getOperator$Params (0x8a8dceb4f4a3c530)."""
@@ -1491,6 +1797,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 out: dict[str, Any] = {}
                 out['op'] = _r.enum_name(self.op)
                 return out
+
+            def as_builder(self) -> Calculator.GetOperatorParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Calculator.GetOperatorParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1583,14 +1893,44 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _r.read_segments(Calculator.GetOperatorParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.GetOperatorParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.GetOperatorParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Calculator.GetOperatorParams.Reader, data)
+            return _r.read_framed(Calculator.GetOperatorParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.GetOperatorParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.GetOperatorParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Calculator.GetOperatorParams.Reader, data)
+            return _r.read_packed(Calculator.GetOperatorParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.GetOperatorParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Calculator.GetOperatorParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.GetOperatorParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Calculator.GetOperatorParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class GetOperatorResults:
         """struct Calculator.getOperator$Results (0xd18fbb7763c08c20)."""
@@ -1622,6 +1962,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 if self._has(0):
                     out['func'] = self.func
                 return out
+
+            def as_builder(self) -> Calculator.GetOperatorResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Calculator.GetOperatorResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1723,14 +2067,44 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _r.read_segments(Calculator.GetOperatorResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Calculator.GetOperatorResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.GetOperatorResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Calculator.GetOperatorResults.Reader, data)
+            return _r.read_framed(Calculator.GetOperatorResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Calculator.GetOperatorResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Calculator.GetOperatorResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Calculator.GetOperatorResults.Reader, data)
+            return _r.read_packed(Calculator.GetOperatorResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.GetOperatorResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Calculator.GetOperatorResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Calculator.GetOperatorResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Calculator.GetOperatorResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Calculator: call its methods."""

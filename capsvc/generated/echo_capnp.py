@@ -70,6 +70,10 @@ class Echo(_t.Interface["Echo.Client"]):
                     out['msg'] = self.msg
                 return out
 
+            def as_builder(self) -> Echo.PingParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Echo.PingParams.Builder, self)
+
         class Builder(_b.StructBuilder):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -154,14 +158,44 @@ class Echo(_t.Interface["Echo.Client"]):
             return _r.read_segments(Echo.PingParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Echo.PingParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Echo.PingParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Echo.PingParams.Reader, data)
+            return _r.read_framed(Echo.PingParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Echo.PingParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Echo.PingParams.Reader, data)
+            return _r.read_packed(Echo.PingParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Echo.PingParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Echo.PingParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Echo.PingParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Echo.PingParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class PingResults:
         """struct Echo.ping$Results (0xb37b9e41b12a2677)."""
@@ -190,6 +224,10 @@ class Echo(_t.Interface["Echo.Client"]):
                 if self._has(0):
                     out['reply'] = self.reply
                 return out
+
+            def as_builder(self) -> Echo.PingResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Echo.PingResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -275,14 +313,44 @@ class Echo(_t.Interface["Echo.Client"]):
             return _r.read_segments(Echo.PingResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Echo.PingResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Echo.PingResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Echo.PingResults.Reader, data)
+            return _r.read_framed(Echo.PingResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Echo.PingResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Echo.PingResults.Reader, data)
+            return _r.read_packed(Echo.PingResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Echo.PingResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Echo.PingResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Echo.PingResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Echo.PingResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class PingDataParams:
         """struct Echo.pingData$Params (0xd7e37bd20ee55124)."""
@@ -314,6 +382,10 @@ class Echo(_t.Interface["Echo.Client"]):
                 if self._has(0):
                     out['data'] = self.data
                 return out
+
+            def as_builder(self) -> Echo.PingDataParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Echo.PingDataParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -404,14 +476,44 @@ class Echo(_t.Interface["Echo.Client"]):
             return _r.read_segments(Echo.PingDataParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Echo.PingDataParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Echo.PingDataParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Echo.PingDataParams.Reader, data)
+            return _r.read_framed(Echo.PingDataParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingDataParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Echo.PingDataParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Echo.PingDataParams.Reader, data)
+            return _r.read_packed(Echo.PingDataParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Echo.PingDataParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Echo.PingDataParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Echo.PingDataParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Echo.PingDataParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class PingDataResults:
         """struct Echo.pingData$Results (0xf98dcdb1b8b0c70c)."""
@@ -443,6 +545,10 @@ class Echo(_t.Interface["Echo.Client"]):
                 if self._has(0):
                     out['data'] = self.data
                 return out
+
+            def as_builder(self) -> Echo.PingDataResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Echo.PingDataResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -533,14 +639,44 @@ class Echo(_t.Interface["Echo.Client"]):
             return _r.read_segments(Echo.PingDataResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Echo.PingDataResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Echo.PingDataResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Echo.PingDataResults.Reader, data)
+            return _r.read_framed(Echo.PingDataResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Echo.PingDataResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Echo.PingDataResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Echo.PingDataResults.Reader, data)
+            return _r.read_packed(Echo.PingDataResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Echo.PingDataResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Echo.PingDataResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Echo.PingDataResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Echo.PingDataResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Echo: call its methods."""

@@ -70,6 +70,10 @@ class Health(_t.Interface["Health.Client"]):
                     out['service'] = self.service
                 return out
 
+            def as_builder(self) -> Health.CheckParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Health.CheckParams.Builder, self)
+
         class Builder(_b.StructBuilder):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -154,14 +158,44 @@ class Health(_t.Interface["Health.Client"]):
             return _r.read_segments(Health.CheckParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Health.CheckParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Health.CheckParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Health.CheckParams.Reader, data)
+            return _r.read_framed(Health.CheckParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Health.CheckParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Health.CheckParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Health.CheckParams.Reader, data)
+            return _r.read_packed(Health.CheckParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Health.CheckParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Health.CheckParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Health.CheckParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Health.CheckParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class CheckResults:
         """struct Health.check$Results (0xcff75b88dce15fb4)."""
@@ -189,6 +223,10 @@ class Health(_t.Interface["Health.Client"]):
                 out: dict[str, Any] = {}
                 out['status'] = _r.enum_name(self.status)
                 return out
+
+            def as_builder(self) -> Health.CheckResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Health.CheckResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -281,14 +319,44 @@ class Health(_t.Interface["Health.Client"]):
             return _r.read_segments(Health.CheckResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Health.CheckResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Health.CheckResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Health.CheckResults.Reader, data)
+            return _r.read_framed(Health.CheckResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Health.CheckResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Health.CheckResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Health.CheckResults.Reader, data)
+            return _r.read_packed(Health.CheckResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Health.CheckResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Health.CheckResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Health.CheckResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Health.CheckResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Health: call its methods."""

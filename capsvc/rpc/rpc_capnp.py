@@ -77,6 +77,10 @@ class Accept:
             out['embargo'] = self.embargo
             return out
 
+        def as_builder(self) -> Accept.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Accept.Builder, self)
+
     class Builder(_b.StructBuilder):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -175,14 +179,44 @@ class Accept:
         return _r.read_segments(Accept.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Accept.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Accept.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Accept.Reader, data)
+        return _r.read_framed(Accept.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Accept.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Accept.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Accept.Reader, data)
+        return _r.read_packed(Accept.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Accept.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Accept.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Accept.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Accept.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Bootstrap:
     """struct Bootstrap (0xe94ccf8031176ec4)."""
@@ -219,6 +253,10 @@ class Bootstrap:
             if self._has(0):
                 out['deprecatedObjectId'] = self.deprecatedObjectId
             return out
+
+        def as_builder(self) -> Bootstrap.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Bootstrap.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -314,14 +352,44 @@ class Bootstrap:
         return _r.read_segments(Bootstrap.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Bootstrap.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Bootstrap.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Bootstrap.Reader, data)
+        return _r.read_framed(Bootstrap.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Bootstrap.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Bootstrap.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Bootstrap.Reader, data)
+        return _r.read_packed(Bootstrap.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Bootstrap.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Bootstrap.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Bootstrap.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Bootstrap.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Call:
     """struct Call (0x836a53ce789d4cd4)."""
@@ -510,6 +578,10 @@ class Call:
             out['sendResultsTo'] = self.sendResultsTo.to_dict()
             return out
 
+        def as_builder(self) -> Call.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Call.Builder, self)
+
     class Builder(_b.StructBuilder):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 3
@@ -660,14 +732,44 @@ class Call:
         return _r.read_segments(Call.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Call.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Call.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Call.Reader, data)
+        return _r.read_framed(Call.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Call.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Call.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Call.Reader, data)
+        return _r.read_packed(Call.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Call.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Call.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Call.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Call.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class CapDescriptor:
     """struct CapDescriptor (0x8523ddc40b86b8b0)."""
@@ -746,6 +848,10 @@ class CapDescriptor:
                 else:
                     out['thirdPartyHosted'] = _r.default_dict(self.thirdPartyHosted)
             return out
+
+        def as_builder(self) -> CapDescriptor.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(CapDescriptor.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -903,14 +1009,44 @@ class CapDescriptor:
         return _r.read_segments(CapDescriptor.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> CapDescriptor.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> CapDescriptor.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(CapDescriptor.Reader, data)
+        return _r.read_framed(CapDescriptor.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> CapDescriptor.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> CapDescriptor.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(CapDescriptor.Reader, data)
+        return _r.read_packed(CapDescriptor.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[CapDescriptor.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(CapDescriptor.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[CapDescriptor.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(CapDescriptor.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Disembargo:
     """struct Disembargo (0xf964368b0fbd3711)."""
@@ -1053,6 +1189,10 @@ class Disembargo:
             out['context'] = self.context.to_dict()
             return out
 
+        def as_builder(self) -> Disembargo.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Disembargo.Builder, self)
+
     class Builder(_b.StructBuilder):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -1160,14 +1300,44 @@ class Disembargo:
         return _r.read_segments(Disembargo.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Disembargo.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Disembargo.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Disembargo.Reader, data)
+        return _r.read_framed(Disembargo.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Disembargo.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Disembargo.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Disembargo.Reader, data)
+        return _r.read_packed(Disembargo.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Disembargo.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Disembargo.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Disembargo.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Disembargo.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Exception:
     """struct Exception (0xd625b7063acf691a)."""
@@ -1235,6 +1405,10 @@ class Exception:
             if self._has(1):
                 out['trace'] = self.trace
             return out
+
+        def as_builder(self) -> Exception.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Exception.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -1343,14 +1517,44 @@ class Exception:
         return _r.read_segments(Exception.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Exception.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Exception.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Exception.Reader, data)
+        return _r.read_framed(Exception.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Exception.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Exception.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Exception.Reader, data)
+        return _r.read_packed(Exception.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Exception.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Exception.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Exception.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Exception.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Finish:
     """struct Finish (0xd37d2eb2c2f80e63)."""
@@ -1388,6 +1592,10 @@ class Finish:
             out['releaseResultCaps'] = self.releaseResultCaps
             out['requireEarlyCancellationWorkaround'] = self.requireEarlyCancellationWorkaround
             return out
+
+        def as_builder(self) -> Finish.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Finish.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -1481,14 +1689,44 @@ class Finish:
         return _r.read_segments(Finish.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Finish.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Finish.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Finish.Reader, data)
+        return _r.read_framed(Finish.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Finish.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Finish.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Finish.Reader, data)
+        return _r.read_packed(Finish.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Finish.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Finish.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Finish.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Finish.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Join:
     """struct Join (0xfbe1980490e001af)."""
@@ -1531,6 +1769,10 @@ class Join:
             if self._has(1):
                 out['keyPart'] = self.keyPart
             return out
+
+        def as_builder(self) -> Join.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Join.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -1645,14 +1887,44 @@ class Join:
         return _r.read_segments(Join.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Join.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Join.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Join.Reader, data)
+        return _r.read_framed(Join.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Join.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Join.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Join.Reader, data)
+        return _r.read_packed(Join.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Join.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Join.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Join.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Join.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Message:
     """struct Message (0x91b79f1f808db032)."""
@@ -1808,6 +2080,10 @@ class Message:
                 else:
                     out['join'] = _r.default_dict(self.join)
             return out
+
+        def as_builder(self) -> Message.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Message.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -2183,14 +2459,44 @@ class Message:
         return _r.read_segments(Message.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Message.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Message.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Message.Reader, data)
+        return _r.read_framed(Message.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Message.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Message.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Message.Reader, data)
+        return _r.read_packed(Message.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Message.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Message.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Message.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Message.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class MessageTarget:
     """struct MessageTarget (0x95bc14545813fbc1)."""
@@ -2235,6 +2541,10 @@ class MessageTarget:
                 else:
                     out['promisedAnswer'] = _r.default_dict(self.promisedAnswer)
             return out
+
+        def as_builder(self) -> MessageTarget.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(MessageTarget.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -2348,14 +2658,44 @@ class MessageTarget:
         return _r.read_segments(MessageTarget.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> MessageTarget.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> MessageTarget.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(MessageTarget.Reader, data)
+        return _r.read_framed(MessageTarget.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> MessageTarget.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> MessageTarget.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(MessageTarget.Reader, data)
+        return _r.read_packed(MessageTarget.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[MessageTarget.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(MessageTarget.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[MessageTarget.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(MessageTarget.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Payload:
     """struct Payload (0x9a0e61223d96743b)."""
@@ -2393,6 +2733,10 @@ class Payload:
             if self._has(1):
                 out['capTable'] = [item.to_dict() for item in self.capTable]
             return out
+
+        def as_builder(self) -> Payload.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Payload.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -2499,14 +2843,44 @@ class Payload:
         return _r.read_segments(Payload.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Payload.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Payload.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Payload.Reader, data)
+        return _r.read_framed(Payload.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Payload.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Payload.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Payload.Reader, data)
+        return _r.read_packed(Payload.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Payload.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Payload.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Payload.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Payload.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class PromisedAnswer:
     """struct PromisedAnswer (0xd800b1d6cd6f1ca0)."""
@@ -2555,6 +2929,10 @@ class PromisedAnswer:
                 if which == "getPointerField":
                     out['getPointerField'] = self.getPointerField
                 return out
+
+            def as_builder(self) -> PromisedAnswer.Op.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(PromisedAnswer.Op.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -2656,14 +3034,44 @@ class PromisedAnswer:
             return _r.read_segments(PromisedAnswer.Op.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> PromisedAnswer.Op.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> PromisedAnswer.Op.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(PromisedAnswer.Op.Reader, data)
+            return _r.read_framed(PromisedAnswer.Op.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> PromisedAnswer.Op.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> PromisedAnswer.Op.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(PromisedAnswer.Op.Reader, data)
+            return _r.read_packed(PromisedAnswer.Op.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[PromisedAnswer.Op.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(PromisedAnswer.Op.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[PromisedAnswer.Op.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(PromisedAnswer.Op.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Init(TypedDict, total=False):
         """PromisedAnswer as plain values: what ``new_message`` and ``assign`` take."""
@@ -2692,6 +3100,10 @@ class PromisedAnswer:
             if self._has(0):
                 out['transform'] = [item.to_dict() for item in self.transform]
             return out
+
+        def as_builder(self) -> PromisedAnswer.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(PromisedAnswer.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -2792,14 +3204,44 @@ class PromisedAnswer:
         return _r.read_segments(PromisedAnswer.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> PromisedAnswer.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> PromisedAnswer.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(PromisedAnswer.Reader, data)
+        return _r.read_framed(PromisedAnswer.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> PromisedAnswer.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> PromisedAnswer.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(PromisedAnswer.Reader, data)
+        return _r.read_packed(PromisedAnswer.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[PromisedAnswer.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(PromisedAnswer.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[PromisedAnswer.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(PromisedAnswer.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Provide:
     """struct Provide (0x9c6a046bfbc1ac5a)."""
@@ -2842,6 +3284,10 @@ class Provide:
             if self._has(1):
                 out['recipient'] = self.recipient
             return out
+
+        def as_builder(self) -> Provide.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Provide.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -2956,14 +3402,44 @@ class Provide:
         return _r.read_segments(Provide.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Provide.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Provide.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Provide.Reader, data)
+        return _r.read_framed(Provide.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Provide.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Provide.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Provide.Reader, data)
+        return _r.read_packed(Provide.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Provide.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Provide.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Provide.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Provide.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Release:
     """struct Release (0xad1a6c0d7dd07497)."""
@@ -2996,6 +3472,10 @@ class Release:
             out['id'] = self.id
             out['referenceCount'] = self.referenceCount
             return out
+
+        def as_builder(self) -> Release.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Release.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -3085,14 +3565,44 @@ class Release:
         return _r.read_segments(Release.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Release.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Release.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Release.Reader, data)
+        return _r.read_framed(Release.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Release.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Release.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Release.Reader, data)
+        return _r.read_packed(Release.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Release.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Release.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Release.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Release.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Resolve:
     """struct Resolve (0xbbc29655fa89086e)."""
@@ -3145,6 +3655,10 @@ class Resolve:
                 else:
                     out['exception'] = _r.default_dict(self.exception)
             return out
+
+        def as_builder(self) -> Resolve.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Resolve.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -3280,14 +3794,44 @@ class Resolve:
         return _r.read_segments(Resolve.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Resolve.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Resolve.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Resolve.Reader, data)
+        return _r.read_framed(Resolve.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Resolve.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Resolve.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Resolve.Reader, data)
+        return _r.read_packed(Resolve.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Resolve.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Resolve.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Resolve.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Resolve.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Return:
     """struct Return (0x9e19b28d3db3573a)."""
@@ -3381,6 +3925,10 @@ class Return:
             if which == "acceptFromThirdParty":
                 out['acceptFromThirdParty'] = self.acceptFromThirdParty
             return out
+
+        def as_builder(self) -> Return.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Return.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -3560,14 +4108,44 @@ class Return:
         return _r.read_segments(Return.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Return.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Return.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Return.Reader, data)
+        return _r.read_framed(Return.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Return.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Return.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Return.Reader, data)
+        return _r.read_packed(Return.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Return.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Return.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Return.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Return.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class ThirdPartyCapDescriptor:
     """struct ThirdPartyCapDescriptor (0xd37007fde1f0027d)."""
@@ -3604,6 +4182,10 @@ class ThirdPartyCapDescriptor:
                 out['id'] = self.id
             out['vineId'] = self.vineId
             return out
+
+        def as_builder(self) -> ThirdPartyCapDescriptor.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(ThirdPartyCapDescriptor.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -3699,14 +4281,44 @@ class ThirdPartyCapDescriptor:
         return _r.read_segments(ThirdPartyCapDescriptor.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> ThirdPartyCapDescriptor.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> ThirdPartyCapDescriptor.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(ThirdPartyCapDescriptor.Reader, data)
+        return _r.read_framed(ThirdPartyCapDescriptor.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> ThirdPartyCapDescriptor.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> ThirdPartyCapDescriptor.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(ThirdPartyCapDescriptor.Reader, data)
+        return _r.read_packed(ThirdPartyCapDescriptor.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[ThirdPartyCapDescriptor.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(ThirdPartyCapDescriptor.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[ThirdPartyCapDescriptor.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(ThirdPartyCapDescriptor.Reader, data, True, traversal_limit_words, nesting_limit)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

@@ -71,6 +71,10 @@ class Directory(_t.Interface["Directory.Client"]):
                     out['name'] = self.name
                 return out
 
+            def as_builder(self) -> Directory.OpenParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Directory.OpenParams.Builder, self)
+
         class Builder(_b.StructBuilder):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -155,14 +159,44 @@ class Directory(_t.Interface["Directory.Client"]):
             return _r.read_segments(Directory.OpenParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Directory.OpenParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Directory.OpenParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Directory.OpenParams.Reader, data)
+            return _r.read_framed(Directory.OpenParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Directory.OpenParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Directory.OpenParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Directory.OpenParams.Reader, data)
+            return _r.read_packed(Directory.OpenParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Directory.OpenParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Directory.OpenParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Directory.OpenParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Directory.OpenParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class OpenResults:
         """struct Directory.open$Results (0xba8460afbafa67bd)."""
@@ -194,6 +228,10 @@ class Directory(_t.Interface["Directory.Client"]):
                 if self._has(0):
                     out['store'] = self.store
                 return out
+
+            def as_builder(self) -> Directory.OpenResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Directory.OpenResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -295,14 +333,44 @@ class Directory(_t.Interface["Directory.Client"]):
             return _r.read_segments(Directory.OpenResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Directory.OpenResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Directory.OpenResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Directory.OpenResults.Reader, data)
+            return _r.read_framed(Directory.OpenResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Directory.OpenResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Directory.OpenResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Directory.OpenResults.Reader, data)
+            return _r.read_packed(Directory.OpenResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Directory.OpenResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Directory.OpenResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Directory.OpenResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Directory.OpenResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Directory: call its methods."""
@@ -373,6 +441,10 @@ class Store(_t.Interface["Store.Client"]):
                 if self._has(0):
                     out['key'] = self.key
                 return out
+
+            def as_builder(self) -> Store.GetParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.GetParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -458,14 +530,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.GetParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.GetParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.GetParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.GetParams.Reader, data)
+            return _r.read_framed(Store.GetParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.GetParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.GetParams.Reader, data)
+            return _r.read_packed(Store.GetParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.GetParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.GetParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.GetParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.GetParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class GetResults:
         """struct Store.get$Results (0xbd30083ac7e02037)."""
@@ -502,6 +604,10 @@ class Store(_t.Interface["Store.Client"]):
                     out['value'] = self.value
                 out['found'] = self.found
                 return out
+
+            def as_builder(self) -> Store.GetResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.GetResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -596,14 +702,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.GetResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.GetResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.GetResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.GetResults.Reader, data)
+            return _r.read_framed(Store.GetResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.GetResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.GetResults.Reader, data)
+            return _r.read_packed(Store.GetResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.GetResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.GetResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.GetResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.GetResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class KeysParams:
         """struct Store.keys$Params (0xa22fd3ba558f27d6)."""
@@ -626,6 +762,10 @@ class Store(_t.Interface["Store.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Store.KeysParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.KeysParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -693,14 +833,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.KeysParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.KeysParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.KeysParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.KeysParams.Reader, data)
+            return _r.read_framed(Store.KeysParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.KeysParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.KeysParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.KeysParams.Reader, data)
+            return _r.read_packed(Store.KeysParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.KeysParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.KeysParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.KeysParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.KeysParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class KeysResults:
         """struct Store.keys$Results (0x847bd1b3dfc50463)."""
@@ -729,6 +899,10 @@ class Store(_t.Interface["Store.Client"]):
                 if self._has(0):
                     out['keys'] = list(self.keys)
                 return out
+
+            def as_builder(self) -> Store.KeysResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.KeysResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -829,14 +1003,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.KeysResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.KeysResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.KeysResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.KeysResults.Reader, data)
+            return _r.read_framed(Store.KeysResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.KeysResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.KeysResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.KeysResults.Reader, data)
+            return _r.read_packed(Store.KeysResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.KeysResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.KeysResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.KeysResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.KeysResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class LoadParams:
         """struct Store.load$Params (0xf59f8bc1cee72ee9)."""
@@ -874,6 +1078,10 @@ class Store(_t.Interface["Store.Client"]):
                 if self._has(1):
                     out['value'] = self.value
                 return out
+
+            def as_builder(self) -> Store.LoadParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.LoadParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -968,14 +1176,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.LoadParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.LoadParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.LoadParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.LoadParams.Reader, data)
+            return _r.read_framed(Store.LoadParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.LoadParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.LoadParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.LoadParams.Reader, data)
+            return _r.read_packed(Store.LoadParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.LoadParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.LoadParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.LoadParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.LoadParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class PutParams:
         """struct Store.put$Params (0xfc2cc970b7db031e)."""
@@ -1013,6 +1251,10 @@ class Store(_t.Interface["Store.Client"]):
                 if self._has(1):
                     out['value'] = self.value
                 return out
+
+            def as_builder(self) -> Store.PutParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.PutParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1107,14 +1349,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.PutParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.PutParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.PutParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.PutParams.Reader, data)
+            return _r.read_framed(Store.PutParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.PutParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.PutParams.Reader, data)
+            return _r.read_packed(Store.PutParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.PutParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.PutParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.PutParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.PutParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class PutResults:
         """struct Store.put$Results (0xd0886cc273a391c9)."""
@@ -1142,6 +1414,10 @@ class Store(_t.Interface["Store.Client"]):
                 out: dict[str, Any] = {}
                 out['replaced'] = self.replaced
                 return out
+
+            def as_builder(self) -> Store.PutResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.PutResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1227,14 +1503,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.PutResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.PutResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.PutResults.Reader, data)
+            return _r.read_framed(Store.PutResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.PutResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.PutResults.Reader, data)
+            return _r.read_packed(Store.PutResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.PutResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.PutResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.PutResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.PutResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class WatchParams:
         """struct Store.watch$Params (0xa776010c3373d561)."""
@@ -1266,6 +1572,10 @@ class Store(_t.Interface["Store.Client"]):
                 if self._has(0):
                     out['watcher'] = self.watcher
                 return out
+
+            def as_builder(self) -> Store.WatchParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.WatchParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1367,14 +1677,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.WatchParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.WatchParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.WatchParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.WatchParams.Reader, data)
+            return _r.read_framed(Store.WatchParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.WatchParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.WatchParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.WatchParams.Reader, data)
+            return _r.read_packed(Store.WatchParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.WatchParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.WatchParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.WatchParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.WatchParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class WatchResults:
         """struct Store.watch$Results (0xc2bacf4a9b95dbe5)."""
@@ -1397,6 +1737,10 @@ class Store(_t.Interface["Store.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Store.WatchResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.WatchResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1464,14 +1808,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.WatchResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.WatchResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.WatchResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.WatchResults.Reader, data)
+            return _r.read_framed(Store.WatchResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.WatchResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.WatchResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.WatchResults.Reader, data)
+            return _r.read_packed(Store.WatchResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.WatchResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.WatchResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.WatchResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.WatchResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Store: call its methods."""
@@ -1642,6 +2016,10 @@ class Watcher(_t.Interface["Watcher.Client"]):
                     out['value'] = self.value
                 return out
 
+            def as_builder(self) -> Watcher.ChangedParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Watcher.ChangedParams.Builder, self)
+
         class Builder(_b.StructBuilder):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -1735,14 +2113,44 @@ class Watcher(_t.Interface["Watcher.Client"]):
             return _r.read_segments(Watcher.ChangedParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Watcher.ChangedParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Watcher.ChangedParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Watcher.ChangedParams.Reader, data)
+            return _r.read_framed(Watcher.ChangedParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Watcher.ChangedParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Watcher.ChangedParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Watcher.ChangedParams.Reader, data)
+            return _r.read_packed(Watcher.ChangedParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Watcher.ChangedParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Watcher.ChangedParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Watcher.ChangedParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Watcher.ChangedParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class ChangedResults:
         """struct Watcher.changed$Results (0xf5858af62119185c)."""
@@ -1765,6 +2173,10 @@ class Watcher(_t.Interface["Watcher.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Watcher.ChangedResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Watcher.ChangedResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1832,14 +2244,44 @@ class Watcher(_t.Interface["Watcher.Client"]):
             return _r.read_segments(Watcher.ChangedResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Watcher.ChangedResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Watcher.ChangedResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Watcher.ChangedResults.Reader, data)
+            return _r.read_framed(Watcher.ChangedResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Watcher.ChangedResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Watcher.ChangedResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Watcher.ChangedResults.Reader, data)
+            return _r.read_packed(Watcher.ChangedResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Watcher.ChangedResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Watcher.ChangedResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Watcher.ChangedResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Watcher.ChangedResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Watcher: call its methods."""

@@ -138,6 +138,12 @@ def tree_total(tree: k.Tree.Reader) -> int:
         total += left[0]
     return total
 
+def pycapnp_idioms(data: bytes) -> int:
+    with k.Tree.from_bytes(data, traversal_limit_words=1 << 20) as tree:
+        copy: k.Tree.Builder = tree.as_builder()
+        copy.value += 1
+    return sum(t.value for t in k.Tree.read_multiple_bytes_packed(data)) + copy.value
+
 def which(shape: k.Shapes.Reader) -> str:
     member = shape.which()
     if member is None:

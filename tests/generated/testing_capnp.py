@@ -69,6 +69,10 @@ class Callback(_t.Interface["Callback.Client"]):
                 out['value'] = self.value
                 return out
 
+            def as_builder(self) -> Callback.NotifyParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Callback.NotifyParams.Builder, self)
+
         class Builder(_b.StructBuilder):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
@@ -153,14 +157,44 @@ class Callback(_t.Interface["Callback.Client"]):
             return _r.read_segments(Callback.NotifyParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Callback.NotifyParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Callback.NotifyParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Callback.NotifyParams.Reader, data)
+            return _r.read_framed(Callback.NotifyParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Callback.NotifyParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Callback.NotifyParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Callback.NotifyParams.Reader, data)
+            return _r.read_packed(Callback.NotifyParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Callback.NotifyParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Callback.NotifyParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Callback.NotifyParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Callback.NotifyParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class NotifyResults:
         """struct Callback.notify$Results (0x81ac18c2b77a7e34)."""
@@ -188,6 +222,10 @@ class Callback(_t.Interface["Callback.Client"]):
                 out: dict[str, Any] = {}
                 out['ack'] = self.ack
                 return out
+
+            def as_builder(self) -> Callback.NotifyResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Callback.NotifyResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -273,14 +311,44 @@ class Callback(_t.Interface["Callback.Client"]):
             return _r.read_segments(Callback.NotifyResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Callback.NotifyResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Callback.NotifyResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Callback.NotifyResults.Reader, data)
+            return _r.read_framed(Callback.NotifyResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Callback.NotifyResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Callback.NotifyResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Callback.NotifyResults.Reader, data)
+            return _r.read_packed(Callback.NotifyResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Callback.NotifyResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Callback.NotifyResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Callback.NotifyResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Callback.NotifyResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Callback: call its methods."""
@@ -344,6 +412,10 @@ class Counter(_t.Interface["Counter.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Counter.GetParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Counter.GetParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -411,14 +483,44 @@ class Counter(_t.Interface["Counter.Client"]):
             return _r.read_segments(Counter.GetParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Counter.GetParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Counter.GetParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Counter.GetParams.Reader, data)
+            return _r.read_framed(Counter.GetParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.GetParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Counter.GetParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Counter.GetParams.Reader, data)
+            return _r.read_packed(Counter.GetParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Counter.GetParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Counter.GetParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Counter.GetParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Counter.GetParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class GetResults:
         """struct Counter.get$Results (0x9ab7683552ae458d)."""
@@ -446,6 +548,10 @@ class Counter(_t.Interface["Counter.Client"]):
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
+
+            def as_builder(self) -> Counter.GetResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Counter.GetResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -531,14 +637,44 @@ class Counter(_t.Interface["Counter.Client"]):
             return _r.read_segments(Counter.GetResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Counter.GetResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Counter.GetResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Counter.GetResults.Reader, data)
+            return _r.read_framed(Counter.GetResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.GetResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Counter.GetResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Counter.GetResults.Reader, data)
+            return _r.read_packed(Counter.GetResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Counter.GetResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Counter.GetResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Counter.GetResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Counter.GetResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class IncrementParams:
         """struct Counter.increment$Params (0xa8c575b575277d8d)."""
@@ -566,6 +702,10 @@ class Counter(_t.Interface["Counter.Client"]):
                 out: dict[str, Any] = {}
                 out['by'] = self.by
                 return out
+
+            def as_builder(self) -> Counter.IncrementParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Counter.IncrementParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -651,14 +791,44 @@ class Counter(_t.Interface["Counter.Client"]):
             return _r.read_segments(Counter.IncrementParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Counter.IncrementParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Counter.IncrementParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Counter.IncrementParams.Reader, data)
+            return _r.read_framed(Counter.IncrementParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.IncrementParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Counter.IncrementParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Counter.IncrementParams.Reader, data)
+            return _r.read_packed(Counter.IncrementParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Counter.IncrementParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Counter.IncrementParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Counter.IncrementParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Counter.IncrementParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class IncrementResults:
         """struct Counter.increment$Results (0x85db5a634a971712)."""
@@ -686,6 +856,10 @@ class Counter(_t.Interface["Counter.Client"]):
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
+
+            def as_builder(self) -> Counter.IncrementResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Counter.IncrementResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -771,14 +945,44 @@ class Counter(_t.Interface["Counter.Client"]):
             return _r.read_segments(Counter.IncrementResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Counter.IncrementResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Counter.IncrementResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Counter.IncrementResults.Reader, data)
+            return _r.read_framed(Counter.IncrementResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Counter.IncrementResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Counter.IncrementResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Counter.IncrementResults.Reader, data)
+            return _r.read_packed(Counter.IncrementResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Counter.IncrementResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Counter.IncrementResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Counter.IncrementResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Counter.IncrementResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Counter: call its methods."""
@@ -1107,6 +1311,10 @@ class Holder:
             out['extra'] = self.extra.to_dict()
             return out
 
+        def as_builder(self) -> Holder.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Holder.Builder, self)
+
     class Builder(_b.StructBuilder):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -1280,14 +1488,44 @@ class Holder:
         return _r.read_segments(Holder.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Holder.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Holder.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Holder.Reader, data)
+        return _r.read_framed(Holder.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Holder.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Holder.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Holder.Reader, data)
+        return _r.read_packed(Holder.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Holder.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Holder.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Holder.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Holder.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Tester(_t.Interface["Tester.Client"]):
     """interface Tester (0xbc77724eeece5aa5): its methods' params and results."""
@@ -1331,6 +1569,10 @@ class Tester(_t.Interface["Tester.Client"]):
                     out['cb'] = self.cb
                 out['value'] = self.value
                 return out
+
+            def as_builder(self) -> Tester.CallBackParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.CallBackParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1436,14 +1678,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.CallBackParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.CallBackParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.CallBackParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.CallBackParams.Reader, data)
+            return _r.read_framed(Tester.CallBackParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallBackParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.CallBackParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.CallBackParams.Reader, data)
+            return _r.read_packed(Tester.CallBackParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.CallBackParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.CallBackParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.CallBackParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.CallBackParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class CallBackResults:
         """struct Tester.callBack$Results (0xb24675892cd51330)."""
@@ -1471,6 +1743,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 out: dict[str, Any] = {}
                 out['ack'] = self.ack
                 return out
+
+            def as_builder(self) -> Tester.CallBackResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.CallBackResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1556,14 +1832,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.CallBackResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.CallBackResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.CallBackResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.CallBackResults.Reader, data)
+            return _r.read_framed(Tester.CallBackResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallBackResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.CallBackResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.CallBackResults.Reader, data)
+            return _r.read_packed(Tester.CallBackResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.CallBackResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.CallBackResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.CallBackResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.CallBackResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class CallCounterParams:
         """struct Tester.callCounter$Params (0xd19b10f34cac012c)."""
@@ -1600,6 +1906,10 @@ class Tester(_t.Interface["Tester.Client"]):
                     out['counter'] = self.counter
                 out['by'] = self.by
                 return out
+
+            def as_builder(self) -> Tester.CallCounterParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.CallCounterParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1705,14 +2015,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.CallCounterParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.CallCounterParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.CallCounterParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.CallCounterParams.Reader, data)
+            return _r.read_framed(Tester.CallCounterParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallCounterParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.CallCounterParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.CallCounterParams.Reader, data)
+            return _r.read_packed(Tester.CallCounterParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.CallCounterParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.CallCounterParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.CallCounterParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.CallCounterParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class CallCounterResults:
         """struct Tester.callCounter$Results (0x97d6bf729d37e846)."""
@@ -1740,6 +2080,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 out: dict[str, Any] = {}
                 out['value'] = self.value
                 return out
+
+            def as_builder(self) -> Tester.CallCounterResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.CallCounterResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1825,14 +2169,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.CallCounterResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.CallCounterResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.CallCounterResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.CallCounterResults.Reader, data)
+            return _r.read_framed(Tester.CallCounterResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.CallCounterResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.CallCounterResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.CallCounterResults.Reader, data)
+            return _r.read_packed(Tester.CallCounterResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.CallCounterResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.CallCounterResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.CallCounterResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.CallCounterResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class EchoParams:
         """struct Tester.echo$Params (0xfeb89576b4aa96d5)."""
@@ -1861,6 +2235,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 if self._has(0):
                     out['msg'] = self.msg
                 return out
+
+            def as_builder(self) -> Tester.EchoParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.EchoParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1946,14 +2324,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.EchoParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.EchoParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.EchoParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.EchoParams.Reader, data)
+            return _r.read_framed(Tester.EchoParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.EchoParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.EchoParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.EchoParams.Reader, data)
+            return _r.read_packed(Tester.EchoParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.EchoParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.EchoParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.EchoParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.EchoParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class EchoResults:
         """struct Tester.echo$Results (0xa1618b735ff79130)."""
@@ -1982,6 +2390,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 if self._has(0):
                     out['reply'] = self.reply
                 return out
+
+            def as_builder(self) -> Tester.EchoResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.EchoResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -2067,14 +2479,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.EchoResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.EchoResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.EchoResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.EchoResults.Reader, data)
+            return _r.read_framed(Tester.EchoResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.EchoResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.EchoResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.EchoResults.Reader, data)
+            return _r.read_packed(Tester.EchoResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.EchoResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.EchoResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.EchoResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.EchoResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class FailParams:
         """struct Tester.fail$Params (0xcde840d305c8a7d4)."""
@@ -2109,6 +2551,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 if self._has(1):
                     out['reason'] = self.reason
                 return out
+
+            def as_builder(self) -> Tester.FailParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.FailParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -2198,14 +2644,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.FailParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.FailParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.FailParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.FailParams.Reader, data)
+            return _r.read_framed(Tester.FailParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.FailParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.FailParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.FailParams.Reader, data)
+            return _r.read_packed(Tester.FailParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.FailParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.FailParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.FailParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.FailParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class FailResults:
         """struct Tester.fail$Results (0xad21451d070befe4)."""
@@ -2228,6 +2704,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Tester.FailResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.FailResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -2295,14 +2775,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.FailResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.FailResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.FailResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.FailResults.Reader, data)
+            return _r.read_framed(Tester.FailResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.FailResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.FailResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.FailResults.Reader, data)
+            return _r.read_packed(Tester.FailResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.FailResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.FailResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.FailResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.FailResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class GetSelfParams:
         """struct Tester.getSelf$Params (0x869121cbdec18493)."""
@@ -2325,6 +2835,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Tester.GetSelfParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.GetSelfParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -2392,14 +2906,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.GetSelfParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.GetSelfParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.GetSelfParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.GetSelfParams.Reader, data)
+            return _r.read_framed(Tester.GetSelfParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.GetSelfParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.GetSelfParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.GetSelfParams.Reader, data)
+            return _r.read_packed(Tester.GetSelfParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.GetSelfParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.GetSelfParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.GetSelfParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.GetSelfParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class GetSelfResults:
         """struct Tester.getSelf$Results (0xf8d6fa4604497259)."""
@@ -2431,6 +2975,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 if self._has(0):
                     out['self'] = self.self_
                 return out
+
+            def as_builder(self) -> Tester.GetSelfResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.GetSelfResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -2532,14 +3080,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.GetSelfResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.GetSelfResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.GetSelfResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.GetSelfResults.Reader, data)
+            return _r.read_framed(Tester.GetSelfResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.GetSelfResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.GetSelfResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.GetSelfResults.Reader, data)
+            return _r.read_packed(Tester.GetSelfResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.GetSelfResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.GetSelfResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.GetSelfResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.GetSelfResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class HoldCapsParams:
         """struct Tester.holdCaps$Params (0x905081c282e88fc4)."""
@@ -2568,6 +3146,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 if self._has(0):
                     out['holder'] = self.holder.to_dict()
                 return out
+
+            def as_builder(self) -> Tester.HoldCapsParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.HoldCapsParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -2668,14 +3250,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.HoldCapsParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.HoldCapsParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.HoldCapsParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.HoldCapsParams.Reader, data)
+            return _r.read_framed(Tester.HoldCapsParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.HoldCapsParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.HoldCapsParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.HoldCapsParams.Reader, data)
+            return _r.read_packed(Tester.HoldCapsParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.HoldCapsParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.HoldCapsParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.HoldCapsParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.HoldCapsParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class HoldCapsResults:
         """struct Tester.holdCaps$Results (0xcd5986ceafb6230b)."""
@@ -2704,6 +3316,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 if self._has(0):
                     out['holder'] = self.holder.to_dict()
                 return out
+
+            def as_builder(self) -> Tester.HoldCapsResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.HoldCapsResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -2804,14 +3420,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.HoldCapsResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.HoldCapsResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.HoldCapsResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.HoldCapsResults.Reader, data)
+            return _r.read_framed(Tester.HoldCapsResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.HoldCapsResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.HoldCapsResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.HoldCapsResults.Reader, data)
+            return _r.read_packed(Tester.HoldCapsResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.HoldCapsResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.HoldCapsResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.HoldCapsResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.HoldCapsResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class NewCounterParams:
         """struct Tester.newCounter$Params (0x9582a54ceffea06e)."""
@@ -2839,6 +3485,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 out: dict[str, Any] = {}
                 out['start'] = self.start
                 return out
+
+            def as_builder(self) -> Tester.NewCounterParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.NewCounterParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -2924,14 +3574,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.NewCounterParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.NewCounterParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.NewCounterParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.NewCounterParams.Reader, data)
+            return _r.read_framed(Tester.NewCounterParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.NewCounterParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.NewCounterParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.NewCounterParams.Reader, data)
+            return _r.read_packed(Tester.NewCounterParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.NewCounterParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.NewCounterParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.NewCounterParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.NewCounterParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class NewCounterResults:
         """struct Tester.newCounter$Results (0x8e5e606c0c82db77)."""
@@ -2963,6 +3643,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 if self._has(0):
                     out['counter'] = self.counter
                 return out
+
+            def as_builder(self) -> Tester.NewCounterResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.NewCounterResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -3064,14 +3748,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.NewCounterResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.NewCounterResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.NewCounterResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.NewCounterResults.Reader, data)
+            return _r.read_framed(Tester.NewCounterResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.NewCounterResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.NewCounterResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.NewCounterResults.Reader, data)
+            return _r.read_packed(Tester.NewCounterResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.NewCounterResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.NewCounterResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.NewCounterResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.NewCounterResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class ReflectParams:
         """struct Tester.reflect$Params (0xa4d00b24343acc07)."""
@@ -3103,6 +3817,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 if self._has(0):
                     out['cap'] = self.cap
                 return out
+
+            def as_builder(self) -> Tester.ReflectParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.ReflectParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -3204,14 +3922,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.ReflectParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.ReflectParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.ReflectParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.ReflectParams.Reader, data)
+            return _r.read_framed(Tester.ReflectParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.ReflectParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.ReflectParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.ReflectParams.Reader, data)
+            return _r.read_packed(Tester.ReflectParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.ReflectParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.ReflectParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.ReflectParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.ReflectParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class ReflectResults:
         """struct Tester.reflect$Results (0xacc791a6e349f4c1)."""
@@ -3243,6 +3991,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 if self._has(0):
                     out['cap'] = self.cap
                 return out
+
+            def as_builder(self) -> Tester.ReflectResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.ReflectResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -3344,14 +4096,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.ReflectResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.ReflectResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.ReflectResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.ReflectResults.Reader, data)
+            return _r.read_framed(Tester.ReflectResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.ReflectResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.ReflectResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.ReflectResults.Reader, data)
+            return _r.read_packed(Tester.ReflectResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.ReflectResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.ReflectResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.ReflectResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.ReflectResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class SlowParams:
         """struct Tester.slow$Params (0x89d5c0e939a9303e)."""
@@ -3379,6 +4161,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 out: dict[str, Any] = {}
                 out['ms'] = self.ms
                 return out
+
+            def as_builder(self) -> Tester.SlowParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.SlowParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -3464,14 +4250,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.SlowParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.SlowParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.SlowParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.SlowParams.Reader, data)
+            return _r.read_framed(Tester.SlowParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SlowParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.SlowParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.SlowParams.Reader, data)
+            return _r.read_packed(Tester.SlowParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.SlowParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.SlowParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.SlowParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.SlowParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class SlowResults:
         """struct Tester.slow$Results (0x834d56595ae9a958)."""
@@ -3499,6 +4315,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 out: dict[str, Any] = {}
                 out['done'] = self.done
                 return out
+
+            def as_builder(self) -> Tester.SlowResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.SlowResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -3584,14 +4404,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.SlowResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.SlowResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.SlowResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.SlowResults.Reader, data)
+            return _r.read_framed(Tester.SlowResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SlowResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.SlowResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.SlowResults.Reader, data)
+            return _r.read_packed(Tester.SlowResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.SlowResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.SlowResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.SlowResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.SlowResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class SumParams:
         """struct Tester.sum$Params (0xe8e9c239995dc3da)."""
@@ -3620,6 +4470,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 if self._has(0):
                     out['counters'] = list(self.counters)
                 return out
+
+            def as_builder(self) -> Tester.SumParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.SumParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -3720,14 +4574,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.SumParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.SumParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.SumParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.SumParams.Reader, data)
+            return _r.read_framed(Tester.SumParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SumParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.SumParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.SumParams.Reader, data)
+            return _r.read_packed(Tester.SumParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.SumParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.SumParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.SumParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.SumParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class SumResults:
         """struct Tester.sum$Results (0xf773ed2b61584dac)."""
@@ -3755,6 +4639,10 @@ class Tester(_t.Interface["Tester.Client"]):
                 out: dict[str, Any] = {}
                 out['total'] = self.total
                 return out
+
+            def as_builder(self) -> Tester.SumResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tester.SumResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -3840,14 +4728,44 @@ class Tester(_t.Interface["Tester.Client"]):
             return _r.read_segments(Tester.SumResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tester.SumResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.SumResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tester.SumResults.Reader, data)
+            return _r.read_framed(Tester.SumResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tester.SumResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tester.SumResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tester.SumResults.Reader, data)
+            return _r.read_packed(Tester.SumResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.SumResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tester.SumResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tester.SumResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tester.SumResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Tester: call its methods."""
@@ -4110,6 +5028,10 @@ class Unknown(_t.Interface["Unknown.Client"]):
                 out: dict[str, Any] = {}
                 return out
 
+            def as_builder(self) -> Unknown.NothingParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Unknown.NothingParams.Builder, self)
+
         class Builder(_b.StructBuilder):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -4176,14 +5098,44 @@ class Unknown(_t.Interface["Unknown.Client"]):
             return _r.read_segments(Unknown.NothingParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Unknown.NothingParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Unknown.NothingParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Unknown.NothingParams.Reader, data)
+            return _r.read_framed(Unknown.NothingParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Unknown.NothingParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Unknown.NothingParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Unknown.NothingParams.Reader, data)
+            return _r.read_packed(Unknown.NothingParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Unknown.NothingParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Unknown.NothingParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Unknown.NothingParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Unknown.NothingParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class NothingResults:
         """struct Unknown.nothing$Results (0xb6685db13a2858eb)."""
@@ -4206,6 +5158,10 @@ class Unknown(_t.Interface["Unknown.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Unknown.NothingResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Unknown.NothingResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -4273,14 +5229,44 @@ class Unknown(_t.Interface["Unknown.Client"]):
             return _r.read_segments(Unknown.NothingResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Unknown.NothingResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Unknown.NothingResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Unknown.NothingResults.Reader, data)
+            return _r.read_framed(Unknown.NothingResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Unknown.NothingResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Unknown.NothingResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Unknown.NothingResults.Reader, data)
+            return _r.read_packed(Unknown.NothingResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Unknown.NothingResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Unknown.NothingResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Unknown.NothingResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Unknown.NothingResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Unknown: call its methods."""

@@ -150,6 +150,10 @@ class Car:
             out['hasNavSystem'] = self.hasNavSystem
             return out
 
+        def as_builder(self) -> Car.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Car.Builder, self)
+
     class Builder(_b.StructBuilder):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 3
@@ -335,14 +339,44 @@ class Car:
         return _r.read_segments(Car.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Car.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Car.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Car.Reader, data)
+        return _r.read_framed(Car.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Car.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Car.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Car.Reader, data)
+        return _r.read_packed(Car.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Car.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Car.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Car.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Car.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Color(enum.IntEnum):
     """enum Color (0xc99bce43eaa3adbd). Codes unknown to this schema (from a
@@ -413,6 +447,10 @@ class Engine:
             out['usesGas'] = self.usesGas
             out['usesElectric'] = self.usesElectric
             return out
+
+        def as_builder(self) -> Engine.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Engine.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -514,14 +552,44 @@ class Engine:
         return _r.read_segments(Engine.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Engine.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Engine.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Engine.Reader, data)
+        return _r.read_framed(Engine.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Engine.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Engine.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Engine.Reader, data)
+        return _r.read_packed(Engine.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Engine.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Engine.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Engine.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Engine.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class ParkingLot:
     """struct ParkingLot (0xf4c6b753280d6022)."""
@@ -550,6 +618,10 @@ class ParkingLot:
             if self._has(0):
                 out['cars'] = [item.to_dict() for item in self.cars]
             return out
+
+        def as_builder(self) -> ParkingLot.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(ParkingLot.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -646,14 +718,44 @@ class ParkingLot:
         return _r.read_segments(ParkingLot.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> ParkingLot.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> ParkingLot.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(ParkingLot.Reader, data)
+        return _r.read_framed(ParkingLot.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> ParkingLot.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> ParkingLot.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(ParkingLot.Reader, data)
+        return _r.read_packed(ParkingLot.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[ParkingLot.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(ParkingLot.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[ParkingLot.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(ParkingLot.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class TotalValue:
     """struct TotalValue (0xc1e8687b69be8e0b)."""
@@ -681,6 +783,10 @@ class TotalValue:
             out: dict[str, Any] = {}
             out['amount'] = self.amount
             return out
+
+        def as_builder(self) -> TotalValue.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(TotalValue.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -766,14 +872,44 @@ class TotalValue:
         return _r.read_segments(TotalValue.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> TotalValue.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> TotalValue.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(TotalValue.Reader, data)
+        return _r.read_framed(TotalValue.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> TotalValue.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> TotalValue.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(TotalValue.Reader, data)
+        return _r.read_packed(TotalValue.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[TotalValue.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(TotalValue.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[TotalValue.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(TotalValue.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Wheel:
     """struct Wheel (0xd7323be6aaee753c)."""
@@ -811,6 +947,10 @@ class Wheel:
             out['airPressure'] = self.airPressure
             out['snowTires'] = self.snowTires
             return out
+
+        def as_builder(self) -> Wheel.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Wheel.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -904,14 +1044,44 @@ class Wheel:
         return _r.read_segments(Wheel.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Wheel.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Wheel.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Wheel.Reader, data)
+        return _r.read_framed(Wheel.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Wheel.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Wheel.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Wheel.Reader, data)
+        return _r.read_packed(Wheel.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Wheel.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Wheel.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Wheel.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Wheel.Reader, data, True, traversal_limit_words, nesting_limit)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

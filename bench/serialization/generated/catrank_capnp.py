@@ -73,6 +73,10 @@ class SearchResult:
                 out['snippet'] = self.snippet
             return out
 
+        def as_builder(self) -> SearchResult.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(SearchResult.Builder, self)
+
     class Builder(_b.StructBuilder):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -165,14 +169,44 @@ class SearchResult:
         return _r.read_segments(SearchResult.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> SearchResult.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> SearchResult.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(SearchResult.Reader, data)
+        return _r.read_framed(SearchResult.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> SearchResult.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> SearchResult.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(SearchResult.Reader, data)
+        return _r.read_packed(SearchResult.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[SearchResult.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(SearchResult.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[SearchResult.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(SearchResult.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class SearchResultList:
     """struct SearchResultList (0x9e10f22b24271858)."""
@@ -201,6 +235,10 @@ class SearchResultList:
             if self._has(0):
                 out['results'] = [item.to_dict() for item in self.results]
             return out
+
+        def as_builder(self) -> SearchResultList.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(SearchResultList.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -297,14 +335,44 @@ class SearchResultList:
         return _r.read_segments(SearchResultList.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> SearchResultList.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> SearchResultList.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(SearchResultList.Reader, data)
+        return _r.read_framed(SearchResultList.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> SearchResultList.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> SearchResultList.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(SearchResultList.Reader, data)
+        return _r.read_packed(SearchResultList.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[SearchResultList.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(SearchResultList.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[SearchResultList.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(SearchResultList.Reader, data, True, traversal_limit_words, nesting_limit)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

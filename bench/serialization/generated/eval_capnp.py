@@ -61,6 +61,10 @@ class EvaluationResult:
             out['value'] = self.value
             return out
 
+        def as_builder(self) -> EvaluationResult.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(EvaluationResult.Builder, self)
+
     class Builder(_b.StructBuilder):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
@@ -145,14 +149,44 @@ class EvaluationResult:
         return _r.read_segments(EvaluationResult.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> EvaluationResult.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> EvaluationResult.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(EvaluationResult.Reader, data)
+        return _r.read_framed(EvaluationResult.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> EvaluationResult.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> EvaluationResult.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(EvaluationResult.Reader, data)
+        return _r.read_packed(EvaluationResult.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[EvaluationResult.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(EvaluationResult.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[EvaluationResult.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(EvaluationResult.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Expression:
     """struct Expression (0x81d32418aae320bf)."""
@@ -397,6 +431,10 @@ class Expression:
             out['right'] = self.right.to_dict()
             return out
 
+        def as_builder(self) -> Expression.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Expression.Builder, self)
+
     class Builder(_b.StructBuilder):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 2
@@ -504,14 +542,44 @@ class Expression:
         return _r.read_segments(Expression.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Expression.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Expression.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Expression.Reader, data)
+        return _r.read_framed(Expression.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Expression.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Expression.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Expression.Reader, data)
+        return _r.read_packed(Expression.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Expression.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Expression.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Expression.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Expression.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Operation(enum.IntEnum):
     """enum Operation (0xacf353ef75773376). Codes unknown to this schema (from a

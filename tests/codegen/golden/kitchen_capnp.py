@@ -112,6 +112,10 @@ class Anything:
                 out['shops'] = list(self.shops)
             return out
 
+        def as_builder(self) -> Anything.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Anything.Builder, self)
+
     class Builder(_b.StructBuilder):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
@@ -273,14 +277,44 @@ class Anything:
         return _r.read_segments(Anything.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Anything.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Anything.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Anything.Reader, data)
+        return _r.read_framed(Anything.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Anything.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Anything.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Anything.Reader, data)
+        return _r.read_packed(Anything.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Anything.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Anything.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Anything.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Anything.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Base(_t.Interface["Base.Client"]):
     """interface Base (0x96a03f741085f21b): its methods' params and results."""
@@ -310,6 +344,10 @@ class Base(_t.Interface["Base.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Base.DepthParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Base.DepthParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -377,14 +415,44 @@ class Base(_t.Interface["Base.Client"]):
             return _r.read_segments(Base.DepthParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Base.DepthParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Base.DepthParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Base.DepthParams.Reader, data)
+            return _r.read_framed(Base.DepthParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Base.DepthParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Base.DepthParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Base.DepthParams.Reader, data)
+            return _r.read_packed(Base.DepthParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Base.DepthParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Base.DepthParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Base.DepthParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Base.DepthParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class DepthResults:
         """struct Base.depth$Results (0xedb2f1aace87baaf)."""
@@ -412,6 +480,10 @@ class Base(_t.Interface["Base.Client"]):
                 out: dict[str, Any] = {}
                 out['depth'] = self.depth
                 return out
+
+            def as_builder(self) -> Base.DepthResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Base.DepthResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -497,14 +569,44 @@ class Base(_t.Interface["Base.Client"]):
             return _r.read_segments(Base.DepthResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Base.DepthResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Base.DepthResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Base.DepthResults.Reader, data)
+            return _r.read_framed(Base.DepthResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Base.DepthResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Base.DepthResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Base.DepthResults.Reader, data)
+            return _r.read_packed(Base.DepthResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Base.DepthResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Base.DepthResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Base.DepthResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Base.DepthResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Base: call its methods."""
@@ -580,6 +682,10 @@ class Box:
             if self._has(2):
                 out['label'] = self.label
             return out
+
+        def as_builder(self) -> Box.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Box.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -694,14 +800,44 @@ class Box:
         return _r.read_segments(Box.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Box.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Box.Reader, data)
+        return _r.read_framed(Box.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Box.Reader, data)
+        return _r.read_packed(Box.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Box.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Box.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Box.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Box.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Boxes:
     """struct Boxes (0x9e6b4f98c502f78f)."""
@@ -760,6 +896,10 @@ class Boxes:
             if self._has(5):
                 out['bare'] = self.bare.to_dict()
             return out
+
+        def as_builder(self) -> Boxes.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Boxes.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -955,14 +1095,44 @@ class Boxes:
         return _r.read_segments(Boxes.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Boxes.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Boxes.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Boxes.Reader, data)
+        return _r.read_framed(Boxes.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Boxes.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Boxes.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Boxes.Reader, data)
+        return _r.read_packed(Boxes.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Boxes.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Boxes.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Boxes.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Boxes.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Builtins:
     """struct Builtins (0xd3074f24e76b6651)."""
@@ -1021,6 +1191,10 @@ class Builtins:
                 out['list'] = list(self.list)
             out['type'] = self.type
             return out
+
+        def as_builder(self) -> Builtins.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Builtins.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -1146,14 +1320,44 @@ class Builtins:
         return _r.read_segments(Builtins.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Builtins.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Builtins.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Builtins.Reader, data)
+        return _r.read_framed(Builtins.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Builtins.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Builtins.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Builtins.Reader, data)
+        return _r.read_packed(Builtins.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Builtins.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Builtins.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Builtins.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Builtins.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Choice:
     """struct Choice (0x8037fdb2ed77f6b6)."""
@@ -1204,6 +1408,10 @@ class Choice:
             if which == "count":
                 out['count'] = self.count
             return out
+
+        def as_builder(self) -> Choice.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Choice.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -1321,14 +1529,44 @@ class Choice:
         return _r.read_segments(Choice.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Choice.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Choice.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Choice.Reader, data)
+        return _r.read_framed(Choice.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Choice.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Choice.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Choice.Reader, data)
+        return _r.read_packed(Choice.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Choice.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Choice.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Choice.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Choice.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Color(enum.IntEnum):
     """enum Color (0xcf8e5d676c9f70d3). Codes unknown to this schema (from a
@@ -1380,6 +1618,10 @@ class Converter(_t.Interface["Converter.Client"]):
                 out: dict[str, Any] = {}
                 out['int'] = self.int
                 return out
+
+            def as_builder(self) -> Converter.StrParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Converter.StrParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1465,14 +1707,44 @@ class Converter(_t.Interface["Converter.Client"]):
             return _r.read_segments(Converter.StrParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Converter.StrParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Converter.StrParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Converter.StrParams.Reader, data)
+            return _r.read_framed(Converter.StrParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Converter.StrParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Converter.StrParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Converter.StrParams.Reader, data)
+            return _r.read_packed(Converter.StrParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Converter.StrParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Converter.StrParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Converter.StrParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Converter.StrParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class StrResults:
         """struct Converter.str$Results (0x995547025a9b5e10)."""
@@ -1501,6 +1773,10 @@ class Converter(_t.Interface["Converter.Client"]):
                 if self._has(0):
                     out['str'] = self.str
                 return out
+
+            def as_builder(self) -> Converter.StrResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Converter.StrResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -1586,14 +1862,44 @@ class Converter(_t.Interface["Converter.Client"]):
             return _r.read_segments(Converter.StrResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Converter.StrResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Converter.StrResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Converter.StrResults.Reader, data)
+            return _r.read_framed(Converter.StrResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Converter.StrResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Converter.StrResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Converter.StrResults.Reader, data)
+            return _r.read_packed(Converter.StrResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Converter.StrResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Converter.StrResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Converter.StrResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Converter.StrResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Converter: call its methods."""
@@ -1673,6 +1979,10 @@ class Crate:
             out: dict[str, Any] = {}
             out['weight'] = self.weight
             return out
+
+        def as_builder(self) -> Crate.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Crate.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -1758,14 +2068,44 @@ class Crate:
         return _r.read_segments(Crate.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Crate.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Crate.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Crate.Reader, data)
+        return _r.read_framed(Crate.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Crate.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Crate.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Crate.Reader, data)
+        return _r.read_packed(Crate.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Crate.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Crate.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Crate.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Crate.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Defaults:
     """struct Defaults (0xa5a498ef8c7964a4)."""
@@ -1887,6 +2227,10 @@ class Defaults:
             if self._has(4):
                 out['texts'] = list(self.texts)
             return out
+
+        def as_builder(self) -> Defaults.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Defaults.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -2093,14 +2437,44 @@ class Defaults:
         return _r.read_segments(Defaults.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Defaults.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Defaults.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Defaults.Reader, data)
+        return _r.read_framed(Defaults.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Defaults.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Defaults.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Defaults.Reader, data)
+        return _r.read_packed(Defaults.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Defaults.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Defaults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Defaults.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Defaults.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Keywords:
     """struct Keywords (0xda50319eebd3ccb9)."""
@@ -2149,6 +2523,10 @@ class Keywords:
             out['which'] = self.which_
             out['async'] = self.async_
             return out
+
+        def as_builder(self) -> Keywords.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Keywords.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -2250,14 +2628,44 @@ class Keywords:
         return _r.read_segments(Keywords.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Keywords.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Keywords.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Keywords.Reader, data)
+        return _r.read_framed(Keywords.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Keywords.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Keywords.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Keywords.Reader, data)
+        return _r.read_packed(Keywords.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Keywords.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Keywords.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Keywords.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Keywords.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Layered:
     """struct Layered (0x9e4121db29f423d7)."""
@@ -2286,6 +2694,10 @@ class Layered:
             if self._has(0):
                 out['outer'] = self.outer.to_dict()
             return out
+
+        def as_builder(self) -> Layered.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Layered.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -2386,14 +2798,44 @@ class Layered:
         return _r.read_segments(Layered.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Layered.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Layered.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Layered.Reader, data)
+        return _r.read_framed(Layered.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Layered.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Layered.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Layered.Reader, data)
+        return _r.read_packed(Layered.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Layered.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Layered.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Layered.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Layered.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Left(_t.Interface["Left.Client"]):
     """interface Left (0xf473790c0ad00ffa): its methods' params and results."""
@@ -2423,6 +2865,10 @@ class Left(_t.Interface["Left.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Left.LeftParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Left.LeftParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -2490,14 +2936,44 @@ class Left(_t.Interface["Left.Client"]):
             return _r.read_segments(Left.LeftParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Left.LeftParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Left.LeftParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Left.LeftParams.Reader, data)
+            return _r.read_framed(Left.LeftParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Left.LeftParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Left.LeftParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Left.LeftParams.Reader, data)
+            return _r.read_packed(Left.LeftParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Left.LeftParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Left.LeftParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Left.LeftParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Left.LeftParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class LeftResults:
         """struct Left.left$Results (0xe560cb21678a29d7)."""
@@ -2526,6 +3002,10 @@ class Left(_t.Interface["Left.Client"]):
                 if self._has(0):
                     out['side'] = self.side
                 return out
+
+            def as_builder(self) -> Left.LeftResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Left.LeftResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -2611,14 +3091,44 @@ class Left(_t.Interface["Left.Client"]):
             return _r.read_segments(Left.LeftResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Left.LeftResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Left.LeftResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Left.LeftResults.Reader, data)
+            return _r.read_framed(Left.LeftResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Left.LeftResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Left.LeftResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Left.LeftResults.Reader, data)
+            return _r.read_packed(Left.LeftResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Left.LeftResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Left.LeftResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Left.LeftResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Left.LeftResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(Base.Client):
         """A capability typed as Left: call its methods."""
@@ -2787,6 +3297,10 @@ class Lists:
             if self._has(18):
                 out['deep'] = [[list(item) for item in item] for item in self.deep]
             return out
+
+        def as_builder(self) -> Lists.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Lists.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -3209,14 +3723,44 @@ class Lists:
         return _r.read_segments(Lists.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Lists.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Lists.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Lists.Reader, data)
+        return _r.read_framed(Lists.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Lists.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Lists.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Lists.Reader, data)
+        return _r.read_packed(Lists.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Lists.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Lists.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Lists.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Lists.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Loud(_t.Interface["Loud.Client"]):
     """interface Loud (0xb0faafd60c50a451): its methods' params and results."""
@@ -3251,6 +3795,10 @@ class Loud(_t.Interface["Loud.Client"]):
                 out: dict[str, Any] = {}
                 out['volume'] = self.volume
                 return out
+
+            def as_builder(self) -> Loud.LeftParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Loud.LeftParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -3336,14 +3884,44 @@ class Loud(_t.Interface["Loud.Client"]):
             return _r.read_segments(Loud.LeftParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Loud.LeftParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Loud.LeftParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Loud.LeftParams.Reader, data)
+            return _r.read_framed(Loud.LeftParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Loud.LeftParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Loud.LeftParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Loud.LeftParams.Reader, data)
+            return _r.read_packed(Loud.LeftParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Loud.LeftParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Loud.LeftParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Loud.LeftParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Loud.LeftParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class LeftResults:
         """struct Loud.left$Results (0xc12d13397ef1ef12)."""
@@ -3372,6 +3950,10 @@ class Loud(_t.Interface["Loud.Client"]):
                 if self._has(0):
                     out['side'] = self.side
                 return out
+
+            def as_builder(self) -> Loud.LeftResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Loud.LeftResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -3457,14 +4039,44 @@ class Loud(_t.Interface["Loud.Client"]):
             return _r.read_segments(Loud.LeftResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Loud.LeftResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Loud.LeftResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Loud.LeftResults.Reader, data)
+            return _r.read_framed(Loud.LeftResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Loud.LeftResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Loud.LeftResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Loud.LeftResults.Reader, data)
+            return _r.read_packed(Loud.LeftResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Loud.LeftResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Loud.LeftResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Loud.LeftResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Loud.LeftResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(Left.Client):
         """A capability typed as Loud: call its methods."""
@@ -3610,6 +4222,10 @@ class Numbers:
             out['v'] = self.v
             return out
 
+        def as_builder(self) -> Numbers.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Numbers.Builder, self)
+
     class Builder(_b.StructBuilder):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 6
@@ -3751,14 +4367,44 @@ class Numbers:
         return _r.read_segments(Numbers.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Numbers.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Numbers.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Numbers.Reader, data)
+        return _r.read_framed(Numbers.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Numbers.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Numbers.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Numbers.Reader, data)
+        return _r.read_packed(Numbers.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Numbers.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Numbers.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Numbers.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Numbers.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Pair:
     """struct Pair (0xa47fe1974073d1ed)."""
@@ -3799,6 +4445,10 @@ class Pair:
             if self._has(1):
                 out['value'] = self.value
             return out
+
+        def as_builder(self) -> Pair.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Pair.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -3900,14 +4550,44 @@ class Pair:
         return _r.read_segments(Pair.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Pair.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Pair.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Pair.Reader, data)
+        return _r.read_framed(Pair.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Pair.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Pair.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Pair.Reader, data)
+        return _r.read_packed(Pair.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Pair.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Pair.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Pair.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Pair.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Parcel:
     """struct Parcel (0xb41ed0dc566d19cf)."""
@@ -3936,6 +4616,10 @@ class Parcel:
             if self._has(0):
                 out['contents'] = self.contents.to_dict()
             return out
+
+        def as_builder(self) -> Parcel.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Parcel.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -4036,14 +4720,44 @@ class Parcel:
         return _r.read_segments(Parcel.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Parcel.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Parcel.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Parcel.Reader, data)
+        return _r.read_framed(Parcel.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Parcel.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Parcel.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Parcel.Reader, data)
+        return _r.read_packed(Parcel.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Parcel.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Parcel.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Parcel.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Parcel.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Recurring:
     """struct Recurring (0xf082a26b4d34c7c8)."""
@@ -4087,6 +4801,10 @@ class Recurring:
             if self._has(2):
                 out['many'] = [item.to_dict() for item in self.many]
             return out
+
+        def as_builder(self) -> Recurring.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Recurring.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -4206,14 +4924,44 @@ class Recurring:
         return _r.read_segments(Recurring.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Recurring.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Recurring.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Recurring.Reader, data)
+        return _r.read_framed(Recurring.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Recurring.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Recurring.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Recurring.Reader, data)
+        return _r.read_packed(Recurring.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Recurring.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Recurring.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Recurring.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Recurring.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Relay(_t.Interface["Relay.Client"]):
     """interface Relay (0xfe87f54a120f0ed5): its methods' params and results."""
@@ -4252,6 +5000,10 @@ class Relay(_t.Interface["Relay.Client"]):
                 if self._has(0):
                     out['cap'] = self.cap
                 return out
+
+            def as_builder(self) -> Relay.RelayParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Relay.RelayParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -4353,14 +5105,44 @@ class Relay(_t.Interface["Relay.Client"]):
             return _r.read_segments(Relay.RelayParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Relay.RelayParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Relay.RelayParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Relay.RelayParams.Reader, data)
+            return _r.read_framed(Relay.RelayParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Relay.RelayParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Relay.RelayParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Relay.RelayParams.Reader, data)
+            return _r.read_packed(Relay.RelayParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Relay.RelayParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Relay.RelayParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Relay.RelayParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Relay.RelayParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class RelayResults:
         """struct Relay.relay$Results (0x9167aadfb4bad43f)."""
@@ -4392,6 +5174,10 @@ class Relay(_t.Interface["Relay.Client"]):
                 if self._has(0):
                     out['cap'] = self.cap
                 return out
+
+            def as_builder(self) -> Relay.RelayResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Relay.RelayResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -4493,14 +5279,44 @@ class Relay(_t.Interface["Relay.Client"]):
             return _r.read_segments(Relay.RelayResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Relay.RelayResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Relay.RelayResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Relay.RelayResults.Reader, data)
+            return _r.read_framed(Relay.RelayResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Relay.RelayResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Relay.RelayResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Relay.RelayResults.Reader, data)
+            return _r.read_packed(Relay.RelayResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Relay.RelayResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Relay.RelayResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Relay.RelayResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Relay.RelayResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Relay: call its methods."""
@@ -4565,6 +5381,10 @@ class Right(_t.Interface["Right.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Right.RightParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Right.RightParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -4632,14 +5452,44 @@ class Right(_t.Interface["Right.Client"]):
             return _r.read_segments(Right.RightParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Right.RightParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Right.RightParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Right.RightParams.Reader, data)
+            return _r.read_framed(Right.RightParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Right.RightParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Right.RightParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Right.RightParams.Reader, data)
+            return _r.read_packed(Right.RightParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Right.RightParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Right.RightParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Right.RightParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Right.RightParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class RightResults:
         """struct Right.right$Results (0xf8584f0bc4aad1d1)."""
@@ -4668,6 +5518,10 @@ class Right(_t.Interface["Right.Client"]):
                 if self._has(0):
                     out['side'] = self.side
                 return out
+
+            def as_builder(self) -> Right.RightResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Right.RightResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -4753,14 +5607,44 @@ class Right(_t.Interface["Right.Client"]):
             return _r.read_segments(Right.RightResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Right.RightResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Right.RightResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Right.RightResults.Reader, data)
+            return _r.read_framed(Right.RightResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Right.RightResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Right.RightResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Right.RightResults.Reader, data)
+            return _r.read_packed(Right.RightResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Right.RightResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Right.RightResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Right.RightResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Right.RightResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(Base.Client):
         """A capability typed as Right: call its methods."""
@@ -4848,6 +5732,10 @@ class Diamond(_t.Interface["Diamond.Client"]):
                 out['unknown'] = self.unknown
                 out['from'] = self.from_
                 return out
+
+            def as_builder(self) -> Diamond.TrickyParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Diamond.TrickyParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -4949,14 +5837,44 @@ class Diamond(_t.Interface["Diamond.Client"]):
             return _r.read_segments(Diamond.TrickyParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Diamond.TrickyParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Diamond.TrickyParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Diamond.TrickyParams.Reader, data)
+            return _r.read_framed(Diamond.TrickyParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Diamond.TrickyParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Diamond.TrickyParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Diamond.TrickyParams.Reader, data)
+            return _r.read_packed(Diamond.TrickyParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Diamond.TrickyParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Diamond.TrickyParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Diamond.TrickyParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Diamond.TrickyParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class TrickyResults:
         """struct Diamond.tricky$Results (0xaa19950e7806feaf)."""
@@ -4994,6 +5912,10 @@ class Diamond(_t.Interface["Diamond.Client"]):
                 if self._has(1):
                     out['self'] = self.self_
                 return out
+
+            def as_builder(self) -> Diamond.TrickyResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Diamond.TrickyResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -5099,14 +6021,44 @@ class Diamond(_t.Interface["Diamond.Client"]):
             return _r.read_segments(Diamond.TrickyResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Diamond.TrickyResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Diamond.TrickyResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Diamond.TrickyResults.Reader, data)
+            return _r.read_framed(Diamond.TrickyResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Diamond.TrickyResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Diamond.TrickyResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Diamond.TrickyResults.Reader, data)
+            return _r.read_packed(Diamond.TrickyResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Diamond.TrickyResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Diamond.TrickyResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Diamond.TrickyResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Diamond.TrickyResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(Left.Client, Right.Client):
         """A capability typed as Diamond: call its methods."""
@@ -5175,6 +6127,10 @@ class Settings:
             out: dict[str, Any] = {}
             out['mood'] = _r.enum_name(self.mood)
             return out
+
+        def as_builder(self) -> Settings.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Settings.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -5267,14 +6223,44 @@ class Settings:
         return _r.read_segments(Settings.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Settings.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Settings.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Settings.Reader, data)
+        return _r.read_framed(Settings.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Settings.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Settings.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Settings.Reader, data)
+        return _r.read_packed(Settings.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Settings.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Settings.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Settings.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Settings.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Shapes:
     """struct Shapes (0x9f02ca7d05a0b039)."""
@@ -5672,6 +6658,10 @@ class Shapes:
                 out['points'] = list(self.points)
             return out
 
+        def as_builder(self) -> Shapes.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Shapes.Builder, self)
+
     class Builder(_b.StructBuilder):
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 3
@@ -5816,14 +6806,44 @@ class Shapes:
         return _r.read_segments(Shapes.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Shapes.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Shapes.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Shapes.Reader, data)
+        return _r.read_framed(Shapes.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shapes.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Shapes.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Shapes.Reader, data)
+        return _r.read_packed(Shapes.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Shapes.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Shapes.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Shapes.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Shapes.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Shelf:
     """struct Shelf (0xd3f02015eafa750f)."""
@@ -5869,6 +6889,10 @@ class Shelf:
                 if self._has(1):
                     out['extra'] = self.extra
                 return out
+
+            def as_builder(self) -> Shelf.Slot.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Shelf.Slot.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -5970,14 +6994,44 @@ class Shelf:
             return _r.read_segments(Shelf.Slot.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Shelf.Slot.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shelf.Slot.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Shelf.Slot.Reader, data)
+            return _r.read_framed(Shelf.Slot.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelf.Slot.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shelf.Slot.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Shelf.Slot.Reader, data)
+            return _r.read_packed(Shelf.Slot.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shelf.Slot.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Shelf.Slot.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shelf.Slot.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Shelf.Slot.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Init(TypedDict, total=False):
         """Shelf as plain values: what ``new_message`` and ``assign`` take."""
@@ -5995,6 +7049,10 @@ class Shelf:
             its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             return out
+
+        def as_builder(self) -> Shelf.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Shelf.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -6062,14 +7120,44 @@ class Shelf:
         return _r.read_segments(Shelf.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Shelf.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Shelf.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Shelf.Reader, data)
+        return _r.read_framed(Shelf.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelf.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Shelf.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Shelf.Reader, data)
+        return _r.read_packed(Shelf.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Shelf.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Shelf.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Shelf.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Shelf.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Shelves:
     """struct Shelves (0xc248111320a01136)."""
@@ -6110,6 +7198,10 @@ class Shelves:
             if self._has(2):
                 out['aliased'] = self.aliased.to_dict()
             return out
+
+        def as_builder(self) -> Shelves.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Shelves.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -6248,14 +7340,44 @@ class Shelves:
         return _r.read_segments(Shelves.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Shelves.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Shelves.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Shelves.Reader, data)
+        return _r.read_framed(Shelves.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelves.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Shelves.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Shelves.Reader, data)
+        return _r.read_packed(Shelves.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Shelves.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Shelves.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Shelves.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Shelves.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Shop(_t.Interface["Shop.Client"]):
     """interface Shop (0xf2d5bf22d7bcc8c3): its methods' params and results."""
@@ -6296,6 +7418,10 @@ class Shop(_t.Interface["Shop.Client"]):
                     out['item'] = self.item
                 out['count'] = self.count
                 return out
+
+            def as_builder(self) -> Shop.BuyParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Shop.BuyParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -6385,14 +7511,44 @@ class Shop(_t.Interface["Shop.Client"]):
             return _r.read_segments(Shop.BuyParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Shop.BuyParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.BuyParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Shop.BuyParams.Reader, data)
+            return _r.read_framed(Shop.BuyParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.BuyParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.BuyParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Shop.BuyParams.Reader, data)
+            return _r.read_packed(Shop.BuyParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.BuyParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Shop.BuyParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.BuyParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Shop.BuyParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class BuyResults:
         """struct Shop.buy$Results (0xb5b0feede3958f34)."""
@@ -6426,6 +7582,10 @@ class Shop(_t.Interface["Shop.Client"]):
                 if self._has(0):
                     out['receipt'] = self.receipt.to_dict()
                 return out
+
+            def as_builder(self) -> Shop.BuyResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Shop.BuyResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -6530,14 +7690,44 @@ class Shop(_t.Interface["Shop.Client"]):
             return _r.read_segments(Shop.BuyResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Shop.BuyResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.BuyResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Shop.BuyResults.Reader, data)
+            return _r.read_framed(Shop.BuyResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.BuyResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.BuyResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Shop.BuyResults.Reader, data)
+            return _r.read_packed(Shop.BuyResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.BuyResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Shop.BuyResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.BuyResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Shop.BuyResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class ListParams:
         """struct Shop.list$Params (0x87f34b5c15e689d4)."""
@@ -6560,6 +7750,10 @@ class Shop(_t.Interface["Shop.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Shop.ListParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Shop.ListParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -6627,14 +7821,44 @@ class Shop(_t.Interface["Shop.Client"]):
             return _r.read_segments(Shop.ListParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Shop.ListParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.ListParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Shop.ListParams.Reader, data)
+            return _r.read_framed(Shop.ListParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.ListParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.ListParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Shop.ListParams.Reader, data)
+            return _r.read_packed(Shop.ListParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.ListParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Shop.ListParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.ListParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Shop.ListParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class ListResults:
         """struct Shop.list$Results (0xcb1c936d4236d062)."""
@@ -6663,6 +7887,10 @@ class Shop(_t.Interface["Shop.Client"]):
                 if self._has(0):
                     out['items'] = list(self.items)
                 return out
+
+            def as_builder(self) -> Shop.ListResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Shop.ListResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -6763,14 +7991,44 @@ class Shop(_t.Interface["Shop.Client"]):
             return _r.read_segments(Shop.ListResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Shop.ListResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.ListResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Shop.ListResults.Reader, data)
+            return _r.read_framed(Shop.ListResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.ListResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.ListResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Shop.ListResults.Reader, data)
+            return _r.read_packed(Shop.ListResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.ListResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Shop.ListResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.ListResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Shop.ListResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class PeekParams:
         """struct Shop.peek$Params (0xb9891045ff38eb55)."""
@@ -6799,6 +8057,10 @@ class Shop(_t.Interface["Shop.Client"]):
                 if self._has(0):
                     out['tree'] = self.tree.to_dict()
                 return out
+
+            def as_builder(self) -> Shop.PeekParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Shop.PeekParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -6899,14 +8161,44 @@ class Shop(_t.Interface["Shop.Client"]):
             return _r.read_segments(Shop.PeekParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Shop.PeekParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.PeekParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Shop.PeekParams.Reader, data)
+            return _r.read_framed(Shop.PeekParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.PeekParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.PeekParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Shop.PeekParams.Reader, data)
+            return _r.read_packed(Shop.PeekParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.PeekParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Shop.PeekParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.PeekParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Shop.PeekParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class PeekResults:
         """struct Shop.peek$Results (0xfbf3e7a2ef3a4eef)."""
@@ -6929,6 +8221,10 @@ class Shop(_t.Interface["Shop.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Shop.PeekResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Shop.PeekResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -6996,14 +8292,44 @@ class Shop(_t.Interface["Shop.Client"]):
             return _r.read_segments(Shop.PeekResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Shop.PeekResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.PeekResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Shop.PeekResults.Reader, data)
+            return _r.read_framed(Shop.PeekResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shop.PeekResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shop.PeekResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Shop.PeekResults.Reader, data)
+            return _r.read_packed(Shop.PeekResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.PeekResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Shop.PeekResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shop.PeekResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Shop.PeekResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Shop: call its methods."""
@@ -7111,6 +8437,10 @@ class Sink(_t.Interface["Sink.Client"]):
                 out: dict[str, Any] = {}
                 return out
 
+            def as_builder(self) -> Sink.TotalParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Sink.TotalParams.Builder, self)
+
         class Builder(_b.StructBuilder):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -7177,14 +8507,44 @@ class Sink(_t.Interface["Sink.Client"]):
             return _r.read_segments(Sink.TotalParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Sink.TotalParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Sink.TotalParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Sink.TotalParams.Reader, data)
+            return _r.read_framed(Sink.TotalParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Sink.TotalParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Sink.TotalParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Sink.TotalParams.Reader, data)
+            return _r.read_packed(Sink.TotalParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Sink.TotalParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Sink.TotalParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Sink.TotalParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Sink.TotalParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class TotalResults:
         """struct Sink.total$Results (0xae978cf066dcffc6)."""
@@ -7217,6 +8577,10 @@ class Sink(_t.Interface["Sink.Client"]):
                 out['bytes'] = self.bytes
                 out['writes'] = self.writes
                 return out
+
+            def as_builder(self) -> Sink.TotalResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Sink.TotalResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -7306,14 +8670,44 @@ class Sink(_t.Interface["Sink.Client"]):
             return _r.read_segments(Sink.TotalResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Sink.TotalResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Sink.TotalResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Sink.TotalResults.Reader, data)
+            return _r.read_framed(Sink.TotalResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Sink.TotalResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Sink.TotalResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Sink.TotalResults.Reader, data)
+            return _r.read_packed(Sink.TotalResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Sink.TotalResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Sink.TotalResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Sink.TotalResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Sink.TotalResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class WriteParams:
         """struct Sink.write$Params (0x9862afb0c9fed47b)."""
@@ -7345,6 +8739,10 @@ class Sink(_t.Interface["Sink.Client"]):
                 if self._has(0):
                     out['chunk'] = self.chunk
                 return out
+
+            def as_builder(self) -> Sink.WriteParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Sink.WriteParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -7435,14 +8833,44 @@ class Sink(_t.Interface["Sink.Client"]):
             return _r.read_segments(Sink.WriteParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Sink.WriteParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Sink.WriteParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Sink.WriteParams.Reader, data)
+            return _r.read_framed(Sink.WriteParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Sink.WriteParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Sink.WriteParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Sink.WriteParams.Reader, data)
+            return _r.read_packed(Sink.WriteParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Sink.WriteParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Sink.WriteParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Sink.WriteParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Sink.WriteParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Sink: call its methods."""
@@ -7528,6 +8956,10 @@ class Store(_t.Interface["Store.Client"]):
                 out: dict[str, Any] = {}
                 return out
 
+            def as_builder(self) -> Store.GetParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.GetParams.Builder, self)
+
         class Builder(_b.StructBuilder):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -7594,14 +9026,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.GetParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.GetParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.GetParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.GetParams.Reader, data)
+            return _r.read_framed(Store.GetParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.GetParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.GetParams.Reader, data)
+            return _r.read_packed(Store.GetParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.GetParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.GetParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.GetParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.GetParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class GetResults:
         """struct Store.get$Results (0xd36be23475e9cc90)."""
@@ -7639,6 +9101,10 @@ class Store(_t.Interface["Store.Client"]):
                 if self._has(1):
                     out['box'] = self.box.to_dict()
                 return out
+
+            def as_builder(self) -> Store.GetResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.GetResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -7749,14 +9215,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.GetResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.GetResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.GetResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.GetResults.Reader, data)
+            return _r.read_framed(Store.GetResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.GetResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.GetResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.GetResults.Reader, data)
+            return _r.read_packed(Store.GetResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.GetResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.GetResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.GetResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.GetResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class PutParams:
         """struct Store.put$Params (0xa6180aa386969846)."""
@@ -7788,6 +9284,10 @@ class Store(_t.Interface["Store.Client"]):
                 if self._has(0):
                     out['value'] = self.value
                 return out
+
+            def as_builder(self) -> Store.PutParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.PutParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -7879,14 +9379,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.PutParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.PutParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.PutParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.PutParams.Reader, data)
+            return _r.read_framed(Store.PutParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.PutParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.PutParams.Reader, data)
+            return _r.read_packed(Store.PutParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.PutParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.PutParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.PutParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.PutParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class PutResults:
         """struct Store.put$Results (0xd7873a365413a4bc)."""
@@ -7909,6 +9439,10 @@ class Store(_t.Interface["Store.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Store.PutResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store.PutResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -7976,14 +9510,44 @@ class Store(_t.Interface["Store.Client"]):
             return _r.read_segments(Store.PutResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.PutResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store.PutResults.Reader, data)
+            return _r.read_framed(Store.PutResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store.PutResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store.PutResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store.PutResults.Reader, data)
+            return _r.read_packed(Store.PutResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.PutResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store.PutResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store.PutResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store.PutResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Store: call its methods."""
@@ -8067,6 +9631,10 @@ class Tree:
                 out: dict[str, Any] = {}
                 out['x'] = self.x
                 return out
+
+            def as_builder(self) -> Tree.Reader_.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Tree.Reader_.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -8152,14 +9720,44 @@ class Tree:
             return _r.read_segments(Tree.Reader_.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Tree.Reader_.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tree.Reader_.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Tree.Reader_.Reader, data)
+            return _r.read_framed(Tree.Reader_.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tree.Reader_.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Tree.Reader_.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Tree.Reader_.Reader, data)
+            return _r.read_packed(Tree.Reader_.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tree.Reader_.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Tree.Reader_.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Tree.Reader_.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Tree.Reader_.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Init(TypedDict, total=False):
         """Tree as plain values: what ``new_message`` and ``assign`` take."""
@@ -8209,6 +9807,10 @@ class Tree:
             if self._has(3):
                 out['anything'] = self.anything
             return out
+
+        def as_builder(self) -> Tree.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Tree.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -8357,14 +9959,44 @@ class Tree:
         return _r.read_segments(Tree.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Tree.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Tree.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Tree.Reader, data)
+        return _r.read_framed(Tree.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Tree.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Tree.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Tree.Reader, data)
+        return _r.read_packed(Tree.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Tree.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Tree.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Tree.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Tree.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Wrapper:
     """struct Wrapper (0xd3afbe57cb0910f9)."""
@@ -8405,6 +10037,10 @@ class Wrapper:
             if self._has(2):
                 out['tags'] = list(self.tags)
             return out
+
+        def as_builder(self) -> Wrapper.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Wrapper.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -8528,14 +10164,44 @@ class Wrapper:
         return _r.read_segments(Wrapper.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Wrapper.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Wrapper.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Wrapper.Reader, data)
+        return _r.read_framed(Wrapper.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Wrapper.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Wrapper.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Wrapper.Reader, data)
+        return _r.read_packed(Wrapper.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Wrapper.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Wrapper.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Wrapper.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Wrapper.Reader, data, True, traversal_limit_words, nesting_limit)
 
 answer: int = 42
 
@@ -8594,6 +10260,10 @@ class Box_Text:
             if self._has(2):
                 out['label'] = self.label
             return out
+
+        def as_builder(self) -> Box_Text.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Box_Text.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -8702,14 +10372,44 @@ class Box_Text:
         return _r.read_segments(Box_Text.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Box_Text.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_Text.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Box_Text.Reader, data)
+        return _r.read_framed(Box_Text.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_Text.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_Text.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Box_Text.Reader, data)
+        return _r.read_packed(Box_Text.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Box_Text.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Box_Text.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Box_Text.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Box_Text.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Box_List_Int32:
     """struct Box_List_Int32: a generic bound to (List(Int32)) (0xf26089fe5b3a8bb4)."""
@@ -8750,6 +10450,10 @@ class Box_List_Int32:
             if self._has(2):
                 out['label'] = self.label
             return out
+
+        def as_builder(self) -> Box_List_Int32.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Box_List_Int32.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -8873,14 +10577,44 @@ class Box_List_Int32:
         return _r.read_segments(Box_List_Int32.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Box_List_Int32.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_List_Int32.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Box_List_Int32.Reader, data)
+        return _r.read_framed(Box_List_Int32.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_List_Int32.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_List_Int32.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Box_List_Int32.Reader, data)
+        return _r.read_packed(Box_List_Int32.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Box_List_Int32.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Box_List_Int32.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Box_List_Int32.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Box_List_Int32.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Box_Tree:
     """struct Box_Tree: a generic bound to (Tree) (0xf26089fe5b3a8bb4)."""
@@ -8921,6 +10655,10 @@ class Box_Tree:
             if self._has(2):
                 out['label'] = self.label
             return out
+
+        def as_builder(self) -> Box_Tree.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Box_Tree.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -9044,14 +10782,44 @@ class Box_Tree:
         return _r.read_segments(Box_Tree.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Box_Tree.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_Tree.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Box_Tree.Reader, data)
+        return _r.read_framed(Box_Tree.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_Tree.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_Tree.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Box_Tree.Reader, data)
+        return _r.read_packed(Box_Tree.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Box_Tree.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Box_Tree.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Box_Tree.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Box_Tree.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Box_Shop:
     """struct Box_Shop: a generic bound to (Shop) (0xf26089fe5b3a8bb4)."""
@@ -9095,6 +10863,10 @@ class Box_Shop:
             if self._has(2):
                 out['label'] = self.label
             return out
+
+        def as_builder(self) -> Box_Shop.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Box_Shop.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -9219,14 +10991,44 @@ class Box_Shop:
         return _r.read_segments(Box_Shop.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Box_Shop.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_Shop.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Box_Shop.Reader, data)
+        return _r.read_framed(Box_Shop.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Box_Shop.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Box_Shop.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Box_Shop.Reader, data)
+        return _r.read_packed(Box_Shop.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Box_Shop.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Box_Shop.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Box_Shop.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Box_Shop.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Pair_Text_Box_Text:
     """struct Pair_Text_Box_Text: a generic bound to (Text, Box_Text) (0xa47fe1974073d1ed)."""
@@ -9261,6 +11063,10 @@ class Pair_Text_Box_Text:
             if self._has(1):
                 out['value'] = self.value.to_dict()
             return out
+
+        def as_builder(self) -> Pair_Text_Box_Text.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Pair_Text_Box_Text.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -9365,14 +11171,44 @@ class Pair_Text_Box_Text:
         return _r.read_segments(Pair_Text_Box_Text.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Pair_Text_Box_Text.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Pair_Text_Box_Text.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Pair_Text_Box_Text.Reader, data)
+        return _r.read_framed(Pair_Text_Box_Text.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Pair_Text_Box_Text.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Pair_Text_Box_Text.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Pair_Text_Box_Text.Reader, data)
+        return _r.read_packed(Pair_Text_Box_Text.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Pair_Text_Box_Text.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Pair_Text_Box_Text.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Pair_Text_Box_Text.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Pair_Text_Box_Text.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Shelf_Tree:
     """struct Shelf_Tree: a generic bound to (Tree) (0xd3f02015eafa750f)."""
@@ -9412,6 +11248,10 @@ class Shelf_Tree:
                 if self._has(1):
                     out['extra'] = self.extra
                 return out
+
+            def as_builder(self) -> Shelf_Tree.Slot_Text.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Shelf_Tree.Slot_Text.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -9516,14 +11356,44 @@ class Shelf_Tree:
             return _r.read_segments(Shelf_Tree.Slot_Text.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Shelf_Tree.Slot_Text.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shelf_Tree.Slot_Text.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Shelf_Tree.Slot_Text.Reader, data)
+            return _r.read_framed(Shelf_Tree.Slot_Text.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelf_Tree.Slot_Text.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shelf_Tree.Slot_Text.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Shelf_Tree.Slot_Text.Reader, data)
+            return _r.read_packed(Shelf_Tree.Slot_Text.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shelf_Tree.Slot_Text.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Shelf_Tree.Slot_Text.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shelf_Tree.Slot_Text.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Shelf_Tree.Slot_Text.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Slot_List_Int32:
         """struct Shelf_Tree.Slot_List_Int32: a generic bound to (Tree, List(Int32)) (0xf9997ae00faddc4f)."""
@@ -9558,6 +11428,10 @@ class Shelf_Tree:
                 if self._has(1):
                     out['extra'] = list(self.extra)
                 return out
+
+            def as_builder(self) -> Shelf_Tree.Slot_List_Int32.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Shelf_Tree.Slot_List_Int32.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -9677,14 +11551,44 @@ class Shelf_Tree:
             return _r.read_segments(Shelf_Tree.Slot_List_Int32.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Shelf_Tree.Slot_List_Int32.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shelf_Tree.Slot_List_Int32.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Shelf_Tree.Slot_List_Int32.Reader, data)
+            return _r.read_framed(Shelf_Tree.Slot_List_Int32.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelf_Tree.Slot_List_Int32.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Shelf_Tree.Slot_List_Int32.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Shelf_Tree.Slot_List_Int32.Reader, data)
+            return _r.read_packed(Shelf_Tree.Slot_List_Int32.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shelf_Tree.Slot_List_Int32.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Shelf_Tree.Slot_List_Int32.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Shelf_Tree.Slot_List_Int32.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Shelf_Tree.Slot_List_Int32.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Init(TypedDict, total=False):
         """Shelf_Tree as plain values: what ``new_message`` and ``assign`` take."""
@@ -9702,6 +11606,10 @@ class Shelf_Tree:
             its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
             out: dict[str, Any] = {}
             return out
+
+        def as_builder(self) -> Shelf_Tree.Builder:
+            """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+            return _b.copy_as_root(Shelf_Tree.Builder, self)
 
     class Builder(_b.StructBuilder):
         __slots__ = ()
@@ -9769,14 +11677,44 @@ class Shelf_Tree:
         return _r.read_segments(Shelf_Tree.Reader, segments, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes(data: bytes | bytearray | memoryview) -> Shelf_Tree.Reader:
+    def from_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Shelf_Tree.Reader:
         """The root of a message in the standard stream framing."""
-        return _r.read_framed(Shelf_Tree.Reader, data)
+        return _r.read_framed(Shelf_Tree.Reader, data, traversal_limit_words, nesting_limit)
 
     @staticmethod
-    def from_bytes_packed(data: bytes | bytearray | memoryview) -> Shelf_Tree.Reader:
+    def from_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> Shelf_Tree.Reader:
         """The root of a packed message (the packed encoding of the framing)."""
-        return _r.read_packed(Shelf_Tree.Reader, data)
+        return _r.read_packed(Shelf_Tree.Reader, data, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Shelf_Tree.Reader]:
+        """The root of each message of ``data``, one after another in the stream framing."""
+        return _r.read_multiple(Shelf_Tree.Reader, data, False, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def read_multiple_bytes_packed(
+        data: bytes | bytearray | memoryview,
+        *,
+        traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+        nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+    ) -> list[Shelf_Tree.Reader]:
+        """The root of each message of ``data``, one after another in the packed framing."""
+        return _r.read_multiple(Shelf_Tree.Reader, data, True, traversal_limit_words, nesting_limit)
 
 class Store_Text(_t.Interface["Store_Text.Client"]):
     """interface Store_Text: a generic bound to (Text) (0xe9b2d9a153c56bd4): its methods' params and results."""
@@ -9812,6 +11750,10 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
                 if self._has(0):
                     out['value'] = self.value
                 return out
+
+            def as_builder(self) -> Store_Text.PutParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store_Text.PutParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -9897,14 +11839,44 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _r.read_segments(Store_Text.PutParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.PutParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.PutParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store_Text.PutParams.Reader, data)
+            return _r.read_framed(Store_Text.PutParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.PutParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.PutParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store_Text.PutParams.Reader, data)
+            return _r.read_packed(Store_Text.PutParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store_Text.PutParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store_Text.PutParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store_Text.PutParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store_Text.PutParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class PutResults:
         """struct Store_Text.put$Results: a generic bound to (Text) (0xd7873a365413a4bc)."""
@@ -9927,6 +11899,10 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Store_Text.PutResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store_Text.PutResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -9994,14 +11970,44 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _r.read_segments(Store_Text.PutResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.PutResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.PutResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store_Text.PutResults.Reader, data)
+            return _r.read_framed(Store_Text.PutResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.PutResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.PutResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store_Text.PutResults.Reader, data)
+            return _r.read_packed(Store_Text.PutResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store_Text.PutResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store_Text.PutResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store_Text.PutResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store_Text.PutResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class GetParams:
         """struct Store_Text.get$Params: a generic bound to (Text) (0xd2b215c21fe35105)."""
@@ -10024,6 +12030,10 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
                 its client, an AnyPointer as its reader: what ``new_message`` takes back)."""
                 out: dict[str, Any] = {}
                 return out
+
+            def as_builder(self) -> Store_Text.GetParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store_Text.GetParams.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -10091,14 +12101,44 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _r.read_segments(Store_Text.GetParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.GetParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.GetParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store_Text.GetParams.Reader, data)
+            return _r.read_framed(Store_Text.GetParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.GetParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.GetParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store_Text.GetParams.Reader, data)
+            return _r.read_packed(Store_Text.GetParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store_Text.GetParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store_Text.GetParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store_Text.GetParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store_Text.GetParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class GetResults:
         """struct Store_Text.get$Results: a generic bound to (Text) (0xd36be23475e9cc90)."""
@@ -10133,6 +12173,10 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
                 if self._has(1):
                     out['box'] = self.box.to_dict()
                 return out
+
+            def as_builder(self) -> Store_Text.GetResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(Store_Text.GetResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -10237,14 +12281,44 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _r.read_segments(Store_Text.GetResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> Store_Text.GetResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.GetResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(Store_Text.GetResults.Reader, data)
+            return _r.read_framed(Store_Text.GetResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> Store_Text.GetResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> Store_Text.GetResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(Store_Text.GetResults.Reader, data)
+            return _r.read_packed(Store_Text.GetResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store_Text.GetResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(Store_Text.GetResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[Store_Text.GetResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(Store_Text.GetResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(_t.Client):
         """A capability typed as Store_Text: call its methods."""
@@ -10329,6 +12403,10 @@ class TextStore(_t.Interface["TextStore.Client"]):
                 out: dict[str, Any] = {}
                 return out
 
+            def as_builder(self) -> TextStore.SizeParams.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(TextStore.SizeParams.Builder, self)
+
         class Builder(_b.StructBuilder):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
@@ -10395,14 +12473,44 @@ class TextStore(_t.Interface["TextStore.Client"]):
             return _r.read_segments(TextStore.SizeParams.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> TextStore.SizeParams.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> TextStore.SizeParams.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(TextStore.SizeParams.Reader, data)
+            return _r.read_framed(TextStore.SizeParams.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> TextStore.SizeParams.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> TextStore.SizeParams.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(TextStore.SizeParams.Reader, data)
+            return _r.read_packed(TextStore.SizeParams.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[TextStore.SizeParams.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(TextStore.SizeParams.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[TextStore.SizeParams.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(TextStore.SizeParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class SizeResults:
         """struct TextStore.size$Results (0x8d8deed2c4474a6d)."""
@@ -10430,6 +12538,10 @@ class TextStore(_t.Interface["TextStore.Client"]):
                 out: dict[str, Any] = {}
                 out['count'] = self.count
                 return out
+
+            def as_builder(self) -> TextStore.SizeResults.Builder:
+                """A new message holding a copy of this struct (capabilities too), to change: as pycapnp's ``as_builder``."""
+                return _b.copy_as_root(TextStore.SizeResults.Builder, self)
 
         class Builder(_b.StructBuilder):
             __slots__ = ()
@@ -10515,14 +12627,44 @@ class TextStore(_t.Interface["TextStore.Client"]):
             return _r.read_segments(TextStore.SizeResults.Reader, segments, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes(data: bytes | bytearray | memoryview) -> TextStore.SizeResults.Reader:
+        def from_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> TextStore.SizeResults.Reader:
             """The root of a message in the standard stream framing."""
-            return _r.read_framed(TextStore.SizeResults.Reader, data)
+            return _r.read_framed(TextStore.SizeResults.Reader, data, traversal_limit_words, nesting_limit)
 
         @staticmethod
-        def from_bytes_packed(data: bytes | bytearray | memoryview) -> TextStore.SizeResults.Reader:
+        def from_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> TextStore.SizeResults.Reader:
             """The root of a packed message (the packed encoding of the framing)."""
-            return _r.read_packed(TextStore.SizeResults.Reader, data)
+            return _r.read_packed(TextStore.SizeResults.Reader, data, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[TextStore.SizeResults.Reader]:
+            """The root of each message of ``data``, one after another in the stream framing."""
+            return _r.read_multiple(TextStore.SizeResults.Reader, data, False, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def read_multiple_bytes_packed(
+            data: bytes | bytearray | memoryview,
+            *,
+            traversal_limit_words: int = _r.DEFAULT_TRAVERSAL_LIMIT,
+            nesting_limit: int = _r.DEFAULT_NESTING_LIMIT,
+        ) -> list[TextStore.SizeResults.Reader]:
+            """The root of each message of ``data``, one after another in the packed framing."""
+            return _r.read_multiple(TextStore.SizeResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
     class Client(Store_Text.Client):
         """A capability typed as TextStore: call its methods."""
