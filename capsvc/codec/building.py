@@ -616,6 +616,8 @@ class CapabilityListBuilder(ListBuilder, Generic[C]):
 
     def __getitem__(self, index: int) -> C:
         at = self._start + self._index(index)
+        if self._cls is None:  # (a module generated before capability lists read back)
+            raise TypeError(f"{self.field}: regenerate this module to read its elements")
         cls: ClientClass[C] = self._cls
         return client_at(self._b, at, cls, f"{self.field}[{index}]")
 
@@ -708,6 +710,8 @@ class ListListBuilder(ListBuilder, Generic[L]):
 
     def __getitem__(self, index: int) -> L:
         at = self._start + self._index(index)
+        if self._inner_at is None:  # (a module generated before lists of lists read back)
+            raise TypeError(f"{self.field}: regenerate this module to read its elements")
         return self._inner_at(self._b, at, f"{self.field}[{index}]")  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[L]:
