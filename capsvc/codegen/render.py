@@ -1626,10 +1626,7 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
         )
         list_default = _default_name(path, field) if field.default is not None else ""
         with out.indent():
-            if field.discriminant is not None:  # (its pointer may be another member's)
-                at = f"self._data + {node.discriminant_offset * 2}"
-                out.add(f"if get_u16(self._b.buf, {at})[0] != {field.discriminant}:")
-                out.add(f'    raise _b.member_not_set(self, "{label}")')
+            _member_guard(out, node, field, label)
             out.add(f"return {_list_at(kind.element, pointer, label, names, list_default)}")
         out.add(f"@{name}.setter")
         accepted = _init_value_type(kind, names)
@@ -1670,10 +1667,7 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
             ' whose calls fail)."""'
         )
         with out.indent():
-            if field.discriminant is not None:  # (its pointer may be another member's)
-                at = f"self._data + {node.discriminant_offset * 2}"
-                out.add(f"if get_u16(self._b.buf, {at})[0] != {field.discriminant}:")
-                out.add(f'    raise _b.member_not_set(self, "{label}")')
+            _member_guard(out, node, field, label)
             out.add(f'return _b.client_at(self._b, {pointer}, {target}.Client, "{label}")')
         out.add(f"@{name}.setter")
         out.add(f"def {name}(self, value: {accepted}) -> None:")
@@ -1723,6 +1717,15 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
         for line in select:
             out.add(line)
         out.add(f"return _b.init_struct(self, {pointer}, cls)")
+
+
+def _member_guard(out: _Out, node: Struct, field: Field, label: str) -> None:
+    """A union member's pointer getter refuses while another member is set: the pointer
+    may be that member's (as pycapnp's builders refuse it)."""
+    if field.discriminant is not None:
+        at = f"self._data + {node.discriminant_offset * 2}"
+        out.add(f"if get_u16(self._b.buf, {at})[0] != {field.discriminant}:")
+        out.add(f'    raise _b.member_not_set(self, "{label}")')
 
 
 def _number_accessor(out: _Out, node: Struct, field: Field, label: str, names: _Names) -> None:
