@@ -485,7 +485,11 @@ C_co = TypeVar("C_co", covariant=True)
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class PrimitiveListBuilder(ListBuilder, Generic[T]):
-    __slots__ = ("_fmt", "_packer", "_type")
+    """A list of numbers, or of an enum (``enum``: its class): an enum list's elements
+    read as members (as a reader's do) and take a member, a code or a name, as an enum
+    field does."""
+
+    __slots__ = ("_enum", "_fmt", "_packer", "_type")
 
     def __init__(
         self,
@@ -495,22 +499,32 @@ class PrimitiveListBuilder(ListBuilder, Generic[T]):
         field: str,
         fmt: str,
         schema_type: str,
+        enum: Any = None,
     ) -> None:
         super().__init__(builder, start, count, field)
         self._fmt = fmt
         self._packer = struct.Struct("<" + fmt)
         self._type = schema_type
+        self._enum = enum
 
     def __setitem__(self, index: int, value: T) -> None:
         offset = (self._start << 3) + self._index(index) * self._packer.size
+        enum = self._enum
+        code: object = value
+        if enum is not None and not (type(code) is int and 0 <= code < len(enum)):
+            code = enum_code(value, enum, f"{self.field}[{index}]")
         try:
-            self._packer.pack_into(self._b.buf, offset, value)
+            self._packer.pack_into(self._b.buf, offset, code)
         except struct.error:
             raise bad_value(value, f"{self.field}[{index}]", self._type, self._fmt) from None
 
     def __getitem__(self, index: int) -> T:
         offset = (self._start << 3) + self._index(index) * self._packer.size
-        return self._packer.unpack_from(self._b.buf, offset)[0]  # type: ignore[no-any-return]
+        value = self._packer.unpack_from(self._b.buf, offset)[0]
+        enum = self._enum
+        if enum is not None:  # (a code the schema does not know: the enum's pseudo-member)
+            return enum(value)  # type: ignore[no-any-return]
+        return value  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[T]:  # (a compiled class is not iterable by __getitem__)
         return iter([self[index] for index in range(self._count)])
@@ -523,8 +537,10 @@ class PrimitiveListBuilder(ListBuilder, Generic[T]):
             struct.pack_into(f"<{self._count}{self._fmt}", self._b.buf, self._start << 3, *values)
         except struct.error:
             for index, value in enumerate(values):
-                self[index] = value
-            raise
+                self[index] = value  # the first refused element's own error
+            if self._enum is None:
+                raise
+            # (an enum list given names or members: each was written as its code)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -726,12 +742,13 @@ def init_primitive_list(
     fmt: str,
     code: int,
     schema_type: str,
+    enum: Any = None,
 ) -> PrimitiveListBuilder[Any]:
     n = _check_count(count, field)
     size = struct.calcsize("<" + fmt)
     start = builder.alloc((n * size + 7) >> 3)
     write_list_pointer(builder.buf, at, start, code, n)
-    return PrimitiveListBuilder(builder, start, n, field, fmt, schema_type)
+    return PrimitiveListBuilder(builder, start, n, field, fmt, schema_type, enum)
 
 
 def set_primitive_list(

@@ -308,7 +308,10 @@ class StructReader:
         is the one put in)."""
         msg = MessageReader([bytes(builder._b.buf)], caps=builder._b.caps)
         start = builder._data >> 3
-        return new_reader(cls, msg, 0, start, cls._DATA_WORDS, cls._POINTERS, DEFAULT_NESTING_LIMIT)
+        # The builder's own data size: a struct copied in from a newer writer has more
+        # data words than the schema (capsvc.codec.building.struct_at).
+        data_words = builder._ptr - start
+        return new_reader(cls, msg, 0, start, data_words, cls._POINTERS, DEFAULT_NESTING_LIMIT)
 
     #: Where the struct's union discriminant is (a byte offset in the data section; -1:
     #: no union) and its members' names by discriminant value (generated readers set it).

@@ -1824,6 +1824,8 @@ def _init_list(element: Type, at: str, count: str, label: str, names: _Names) ->
         fmt, _, code = NUMBERS.get(k, ("H", 16, 3))
         schema_type = names.of(element.target) if k == "enum" else SCHEMA_NAMES[k]
         arguments = f'"{label}", "{fmt}", {code}, "{schema_type}"'
+        if k == "enum":
+            arguments += f", {schema_type}"  # (the class: elements read as its members)
         return f"_b.init_primitive_list(self._b, {at}, {count}, {arguments})"
     if k == "text":
         return f'_b.init_text_list(self._b, {at}, {count}, "{label}")'
@@ -1856,7 +1858,8 @@ def _list_at(element: Type, at: str, label: str, names: _Names, default: str = "
         fmt, _, code = NUMBERS.get(k, ("H", 16, 3))
         schema_type = names.of(element.target) if k == "enum" else SCHEMA_NAMES[k]
         located = where.format(code=code, cls="")
-        return f'_b.PrimitiveListBuilder(self._b, {located}, "{fmt}", "{schema_type}")'
+        enum = f", {schema_type}" if k == "enum" else ""
+        return f'_b.PrimitiveListBuilder(self._b, {located}, "{fmt}", "{schema_type}"{enum})'
     if k == "struct":
         builder = f"{names.of(element.target)}.Builder"
         return (

@@ -212,3 +212,21 @@ async def test_a_capability_field_is_a_property_as_in_pycapnp(generated: Generat
     holder.shop = None
     assert holder.shop._capsvc_hook().is_null
     assert not holder.as_reader()._has(4)
+
+
+def test_an_enum_list_being_built_reads_members_and_takes_names(generated: Generated) -> None:
+    """As an enum field (and a reader's enum list): elements read as the enum's members
+    and take a member, a code or a name; a refused one is an error naming the element
+    and changes nothing."""
+    k = generated.kitchen
+    lists = k.Lists.new_message(colors=["red", 2])
+    assert list(lists.colors) == [k.Color.red, k.Color.blue]
+    lists.colors[0] = "green"
+    lists.colors[1] = k.Color.red
+    assert lists.as_reader().to_dict()["colors"] == ["green", "red"]
+    with pytest.raises(ValueError, match=r"^Lists\.colors\[0\]: Color has no enumerant 'mauve'"):
+        lists.colors[0] = "mauve"
+    assert lists.colors[0] is k.Color.green
+    copy = k.Lists.new_message()
+    copy.colors = lists.colors  # members, copied
+    assert list(copy.as_reader().colors) == [k.Color.green, k.Color.red]

@@ -413,6 +413,10 @@ def test_a_newer_struct_copied_into_a_builder_keeps_what_it_does_not_know(
     holder.child.id = 71
     holder.child.name = "renamed"
     holder.child.child = {"id": 81}
+    # The builder's own view reads the larger struct where its pointers are.
+    assert holder.child.as_reader().name == "renamed"
+    assert holder.to_dict()["child"]["child"] == {"id": 81}
+    assert new.as_builder().to_dict() == new.to_dict()
     for got in (
         v2.Record.read(holder.to_segments()).to_dict(),
         _read(2, "Record", holder.to_segments()),

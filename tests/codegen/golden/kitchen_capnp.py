@@ -3557,7 +3557,7 @@ class Lists:
         @property
         def colors(self) -> _b.PrimitiveListBuilder[Color]:
             """The colors list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 15, "Lists.colors", 3), "Lists.colors", "H", "Color")
+            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 15, "Lists.colors", 3), "Lists.colors", "H", "Color", Color)
         @colors.setter
         def colors(self, value: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[Color]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3565,7 +3565,7 @@ class Lists:
 
         def init_colors(self, count: int) -> _b.PrimitiveListBuilder[Color]:
             """A new list of ``count`` elements in colors."""
-            return _b.init_primitive_list(self._b, self._ptr + 15, count, "Lists.colors", "H", 3, "Color")
+            return _b.init_primitive_list(self._b, self._ptr + 15, count, "Lists.colors", "H", 3, "Color", Color)
 
         def set_colors(self, values: list[int] | tuple[int, ...]) -> None:
             """colors from a sequence of values (as ``colors = values``)."""
