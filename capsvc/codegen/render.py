@@ -14,9 +14,10 @@ Theory of operation (grpclib's split: a pure ``render`` and a thin CLI):
   per data field, values XOR their defaults (so a zeroed struct reads as defaults).
 - Names: a schema name that is a Python keyword, ``self``, or collides with what the
   generator defines in the same namespace (``RESERVED`` below: ``Reader``, ``Builder``,
-  ``Init``, ``Row``, ``from_row``, ``row``, ``select``, ``Client``, ``read``, ``which``,
-  ``to_dict``, ``init``, ...; and names starting ``init_``) gets a trailing underscore:
-  ``return`` -> ``return_``, ``self`` -> ``self_``.
+  ``Init``, ``Row``, ``from_row``, ``Client``, ``read``, ``which``, ``to_dict``, ``init``,
+  ...; and names starting ``init_``; a type or constant named ``row``, ``rows``,
+  ``select`` or ``METHODS``) gets a trailing underscore: ``return`` -> ``return_``,
+  ``self`` -> ``self_``.
 """
 
 from __future__ import annotations
@@ -58,10 +59,6 @@ RESERVED = frozenset(
         "Init",
         "Row",
         "from_row",
-        "row",
-        "rows",
-        "select",
-        "METHODS",
         "init",
         "assign",
         "read",
@@ -79,6 +76,11 @@ RESERVED = frozenset(
     }
 )
 _NO_DEFAULT_TEXT = ""
+
+#: Names the generator defines in a type's namespace only (a struct's row functions, an
+#: interface's method table): a nested type or a constant named so is renamed, a field
+#: (an attribute of readers and builders) keeps its name.
+TYPE_RESERVED = frozenset({"row", "rows", "select", "METHODS"})
 
 #: Names a generated module imports for itself (its header): a type, a group's class or a
 #: constant named so would shadow the import in the module or in its class's body (where
@@ -176,7 +178,8 @@ def _path(scope: str, groups: set[str]) -> str:
             part = method[:1].upper() + method[1:] + kind
         elif prefix in groups:
             part = part[:1].upper() + part[1:]
-        out.append(part + "_" if part in MODULE_NAMES else python_name(part))
+        renamed = part in MODULE_NAMES or part in TYPE_RESERVED
+        out.append(part + "_" if renamed else python_name(part))
     return ".".join(out)
 
 
