@@ -267,7 +267,9 @@ UNLIMITED = 1 << 62
 
 
 def main() -> None:
-    runner = pyperf.Runner()
+    # Workers run this module as ``python -m bench.codec`` from the same directory (pyperf
+    # would otherwise run the file as a script, where ``bench`` is not importable).
+    runner = pyperf.Runner(program_args=("-m", "bench.codec"))
     for key, value in machine_state().items():
         runner.metadata[key] = value
     # The field-read loops read one message millions of times: both readers get a

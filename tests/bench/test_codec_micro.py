@@ -35,3 +35,26 @@ def test_the_timed_functions_run() -> None:
         "capsvc_build",
     }
     assert state["capsvc_build"] == ("compiled" if capsvc.COMPILED else "pure")
+
+
+def test_the_suite_runs_under_pyperf_workers() -> None:
+    """``./dev bench codec`` spawns pyperf workers, which get a minimal environment (no
+    PYTHONPATH): each must import ``bench`` by running as ``-m bench.codec`` from the
+    repository. (A single value per benchmark: a few seconds.)"""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "codec", "--debug-single-value"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "decode + row" in done.stdout
