@@ -1682,10 +1682,7 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
         out.add("")
         out.add(f"def set_{field.name}(self, value: {accepted}) -> None:")
         out.add(f'    """Put a capability here (as ``{name} = value``)."""')
-        with out.indent():
-            for line in select:
-                out.add(line)
-            out.add(f'_b.set_client(self._b, {pointer}, value, "{label}")')
+        out.add(f"    self.{name} = value")
         return
     if kind.any == "list":
         return  # an AnyList holds no struct: nothing to initialise it as or copy in

@@ -257,7 +257,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
             def set_cap(self, value: BenchEcho.Client | BenchEcho.Server | None) -> None:
                 """Put a capability here (as ``cap = value``)."""
-                _b.set_client(self._b, self._ptr + 1, value, "BenchEcho.pingCap$Results.cap")
+                self.cap = value
 
             def assign(  # type: ignore[override]
                 self,

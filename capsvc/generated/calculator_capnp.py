@@ -100,7 +100,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def set_function(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
                     """Put a capability here (as ``function = value``)."""
-                    _b.set_client(self._b, self._ptr + 0, value, "Calculator.Expression.call.function")
+                    self.function = value
 
                 @property
                 def params(self) -> _b.StructListBuilder[Calculator.Expression.Builder]:
@@ -222,8 +222,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def set_previousResult(self, value: Calculator.Value.Client | Calculator.Value.Server | None) -> None:
                 """Put a capability here (as ``previousResult = value``)."""
-                set_u16(self._b.buf, self._data + 8, 1)
-                _b.set_client(self._b, self._ptr + 0, value, "Calculator.Expression.previousResult")
+                self.previousResult = value
 
             parameter = _d.int_property("u32", 0, 0, "Calculator.Expression.parameter", "UInt32", 8, 2)
 
@@ -1304,7 +1303,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def set_func(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
                 """Put a capability here (as ``func = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Calculator.defFunction$Results.func")
+                self.func = value
 
             def assign(  # type: ignore[override]
                 self,
@@ -1648,7 +1647,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def set_value(self, value: Calculator.Value.Client | Calculator.Value.Server | None) -> None:
                 """Put a capability here (as ``value = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Calculator.evaluate$Results.value")
+                self.value = value
 
             def assign(  # type: ignore[override]
                 self,
@@ -1983,7 +1982,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def set_func(self, value: Calculator.Function.Client | Calculator.Function.Server | None) -> None:
                 """Put a capability here (as ``func = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Calculator.getOperator$Results.func")
+                self.func = value
 
             def assign(  # type: ignore[override]
                 self,

@@ -249,7 +249,7 @@ class Directory(_t.Interface["Directory.Client"]):
 
             def set_store(self, value: Store.Client | Store.Server | None) -> None:
                 """Put a capability here (as ``store = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Directory.open$Results.store")
+                self.store = value
 
             def assign(  # type: ignore[override]
                 self,
@@ -1593,7 +1593,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def set_watcher(self, value: Watcher.Client | Watcher.Server | None) -> None:
                 """Put a capability here (as ``watcher = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Store.watch$Params.watcher")
+                self.watcher = value
 
             def assign(  # type: ignore[override]
                 self,

@@ -1121,8 +1121,7 @@ class Holder:
 
             def set_counter(self, value: Counter.Client | Counter.Server | None) -> None:
                 """Put a capability here (as ``counter = value``)."""
-                set_u16(self._b.buf, self._data + 0, 1)
-                _b.set_client(self._b, self._ptr + 5, value, "Holder.choice.counter")
+                self.counter = value
 
             text = _d.text_property(5, '', "Holder.choice.text", 0, 2)
 
@@ -1218,7 +1217,7 @@ class Holder:
 
             def set_callback(self, value: Callback.Client | Callback.Server | None) -> None:
                 """Put a capability here (as ``callback = value``)."""
-                _b.set_client(self._b, self._ptr + 6, value, "Holder.extra.callback")
+                self.callback = value
 
             def assign(  # type: ignore[override]
                 self,
@@ -1333,7 +1332,7 @@ class Holder:
 
         def set_cap(self, value: Counter.Client | Counter.Server | None) -> None:
             """Put a capability here (as ``cap = value``)."""
-            _b.set_client(self._b, self._ptr + 1, value, "Holder.cap")
+            self.cap = value
 
         @property
         def inner(self) -> Holder.Builder:
@@ -1590,7 +1589,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def set_cb(self, value: Callback.Client | Callback.Server | None) -> None:
                 """Put a capability here (as ``cb = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Tester.callBack$Params.cb")
+                self.cb = value
 
             value = _d.int_property("i64", 0, 0, "Tester.callBack$Params.value", "Int64")
 
@@ -1927,7 +1926,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def set_counter(self, value: Counter.Client | Counter.Server | None) -> None:
                 """Put a capability here (as ``counter = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Tester.callCounter$Params.counter")
+                self.counter = value
 
             by = _d.int_property("i64", 0, 0, "Tester.callCounter$Params.by", "Int64")
 
@@ -2996,7 +2995,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def set_self(self, value: Tester.Client | Tester.Server | None) -> None:
                 """Put a capability here (as ``self_ = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Tester.getSelf$Results.self")
+                self.self_ = value
 
             def assign(  # type: ignore[override]
                 self,
@@ -3664,7 +3663,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def set_counter(self, value: Counter.Client | Counter.Server | None) -> None:
                 """Put a capability here (as ``counter = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Tester.newCounter$Results.counter")
+                self.counter = value
 
             def assign(  # type: ignore[override]
                 self,
@@ -3838,7 +3837,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def set_cap(self, value: Counter.Client | Counter.Server | None) -> None:
                 """Put a capability here (as ``cap = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Tester.reflect$Params.cap")
+                self.cap = value
 
             def assign(  # type: ignore[override]
                 self,
@@ -4012,7 +4011,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def set_cap(self, value: Counter.Client | Counter.Server | None) -> None:
                 """Put a capability here (as ``cap = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Tester.reflect$Results.cap")
+                self.cap = value
 
             def assign(  # type: ignore[override]
                 self,

@@ -148,7 +148,7 @@ class Anything:
 
         def set_capability(self, value: _t.Client | _t.Server | None) -> None:
             """Put a capability here (as ``capability = value``)."""
-            _b.set_client(self._b, self._ptr + 3, value, "Anything.capability")
+            self.capability = value
 
         @property
         def shop(self) -> Shop.Client:
@@ -161,7 +161,7 @@ class Anything:
 
         def set_shop(self, value: Shop.Client | Shop.Server | None) -> None:
             """Put a capability here (as ``shop = value``)."""
-            _b.set_client(self._b, self._ptr + 4, value, "Anything.shop")
+            self.shop = value
 
         @property
         def shops(self) -> _b.CapabilityListBuilder[Shop.Client]:
@@ -5021,7 +5021,7 @@ class Relay(_t.Interface["Relay.Client"]):
 
             def set_cap(self, value: _t.Client | _t.Server | None) -> None:
                 """Put a capability here (as ``cap = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Relay.relay$Params.cap")
+                self.cap = value
 
             def assign(  # type: ignore[override]
                 self,
@@ -5195,7 +5195,7 @@ class Relay(_t.Interface["Relay.Client"]):
 
             def set_cap(self, value: _t.Client | _t.Server | None) -> None:
                 """Put a capability here (as ``cap = value``)."""
-                _b.set_client(self._b, self._ptr + 0, value, "Relay.relay$Results.cap")
+                self.cap = value
 
             def assign(  # type: ignore[override]
                 self,
@@ -5935,7 +5935,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
             def set_self(self, value: Diamond.Client | Diamond.Server | None) -> None:
                 """Put a capability here (as ``self_ = value``)."""
-                _b.set_client(self._b, self._ptr + 1, value, "Diamond.tricky$Results.self")
+                self.self_ = value
 
             def assign(  # type: ignore[override]
                 self,
@@ -10884,7 +10884,7 @@ class Box_Shop:
 
         def set_value(self, value: Shop.Client | Shop.Server | None) -> None:
             """Put a capability here (as ``value = value``)."""
-            _b.set_client(self._b, self._ptr + 0, value, "Box_Shop.value")
+            self.value = value
 
         @property
         def next(self) -> Box_Shop.Builder:
