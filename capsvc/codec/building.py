@@ -544,6 +544,17 @@ class PrimitiveListBuilder(ListBuilder, Generic[T]):
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
+class EnumListBuilder(PrimitiveListBuilder[T]):
+    """A list of an enum being built (``PrimitiveListBuilder`` with its enum): an element
+    reads as a member and takes a member, a code or a name, as an enum field does."""
+
+    __slots__ = ()
+
+    def __setitem__(self, index: int, value: T | int | str) -> None:
+        super().__setitem__(index, value)  # type: ignore[assignment]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
 class BoolListBuilder(ListBuilder):
     __slots__ = ()
 
@@ -742,13 +753,22 @@ def init_primitive_list(
     fmt: str,
     code: int,
     schema_type: str,
-    enum: Any = None,
 ) -> PrimitiveListBuilder[Any]:
     n = _check_count(count, field)
     size = struct.calcsize("<" + fmt)
     start = builder.alloc((n * size + 7) >> 3)
     write_list_pointer(builder.buf, at, start, code, n)
-    return PrimitiveListBuilder(builder, start, n, field, fmt, schema_type, enum)
+    return PrimitiveListBuilder(builder, start, n, field, fmt, schema_type)
+
+
+def init_enum_list(
+    builder: MessageBuilder, at: int, count: object, field: str, enum: Any
+) -> EnumListBuilder[Any]:
+    """A new list of ``count`` elements of ``enum`` (UInt16 codes) at pointer ``at``."""
+    n = _check_count(count, field)
+    start = builder.alloc((n * 2 + 7) >> 3)
+    write_list_pointer(builder.buf, at, start, 3, n)
+    return EnumListBuilder(builder, start, n, field, "H", enum.__qualname__, enum)
 
 
 def set_primitive_list(

@@ -1798,7 +1798,9 @@ def _list_builder_type(element: Type, names: _Names) -> str:
     k = element.kind
     if k == "bool":
         return "_b.BoolListBuilder"
-    if k in NUMBERS or k == "enum":
+    if k == "enum":
+        return f"_b.EnumListBuilder[{_reader_type(element, names)}]"
+    if k in NUMBERS:
         return f"_b.PrimitiveListBuilder[{_reader_type(element, names)}]"
     if k == "text":
         return "_b.TextListBuilder"
@@ -1820,12 +1822,12 @@ def _init_list(element: Type, at: str, count: str, label: str, names: _Names) ->
     k = element.kind
     if k == "bool":
         return f'_b.init_bool_list(self._b, {at}, {count}, "{label}")'
-    if k in NUMBERS or k == "enum":
-        fmt, _, code = NUMBERS.get(k, ("H", 16, 3))
-        schema_type = names.of(element.target) if k == "enum" else SCHEMA_NAMES[k]
-        arguments = f'"{label}", "{fmt}", {code}, "{schema_type}"'
-        if k == "enum":
-            arguments += f", {schema_type}"  # (the class: elements read as its members)
+    if k == "enum":
+        enum = names.of(element.target)
+        return f'_b.init_enum_list(self._b, {at}, {count}, "{label}", {enum})'
+    if k in NUMBERS:
+        fmt, _, code = NUMBERS[k]
+        arguments = f'"{label}", "{fmt}", {code}, "{SCHEMA_NAMES[k]}"'
         return f"_b.init_primitive_list(self._b, {at}, {count}, {arguments})"
     if k == "text":
         return f'_b.init_text_list(self._b, {at}, {count}, "{label}")'
@@ -1858,8 +1860,9 @@ def _list_at(element: Type, at: str, label: str, names: _Names, default: str = "
         fmt, _, code = NUMBERS.get(k, ("H", 16, 3))
         schema_type = names.of(element.target) if k == "enum" else SCHEMA_NAMES[k]
         located = where.format(code=code, cls="")
-        enum = f", {schema_type}" if k == "enum" else ""
-        return f'_b.PrimitiveListBuilder(self._b, {located}, "{fmt}", "{schema_type}"{enum})'
+        if k == "enum":  # (the class too: elements read as its members)
+            return f'_b.EnumListBuilder(self._b, {located}, "H", "{schema_type}", {schema_type})'
+        return f'_b.PrimitiveListBuilder(self._b, {located}, "{fmt}", "{schema_type}")'
     if k == "struct":
         builder = f"{names.of(element.target)}.Builder"
         return (

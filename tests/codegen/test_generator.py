@@ -123,6 +123,9 @@ def lists(source: k.Lists.Builder, reader: k.Lists.Reader, tree: k.Tree.Builder)
     target.voids = source.voids
     deep: int = source.nested[0][0] + sum(source.deep[0][0]) + len(source.voids)
     shop: k.Shop.Client = k.Anything.new_message().shops[0]
+    source.colors[0] = "green"
+    source.colors[1] = 2
+    color: k.Color = source.colors[0]
     holder = k.Anything.new_message()
     holder.shop = shop
     holder.shop = None

@@ -3555,17 +3555,17 @@ class Lists:
             return _b.init_struct_list(self._b, self._ptr + 14, count, "Lists.structs", Numbers.Builder)
 
         @property
-        def colors(self) -> _b.PrimitiveListBuilder[Color]:
+        def colors(self) -> _b.EnumListBuilder[Color]:
             """The colors list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 15, "Lists.colors", 3), "Lists.colors", "H", "Color", Color)
+            return _b.EnumListBuilder(self._b, *_b.list_at(self._b, self._ptr + 15, "Lists.colors", 3), "Lists.colors", "H", "Color", Color)
         @colors.setter
-        def colors(self, value: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[Color]) -> None:
+        def colors(self, value: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None | _b.EnumListBuilder[Color]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
             _e.set_pointer_value(self, _P_Lists, "colors", value)
 
-        def init_colors(self, count: int) -> _b.PrimitiveListBuilder[Color]:
+        def init_colors(self, count: int) -> _b.EnumListBuilder[Color]:
             """A new list of ``count`` elements in colors."""
-            return _b.init_primitive_list(self._b, self._ptr + 15, count, "Lists.colors", "H", 3, "Color", Color)
+            return _b.init_enum_list(self._b, self._ptr + 15, count, "Lists.colors", Color)
 
         def set_colors(self, values: list[int] | tuple[int, ...]) -> None:
             """colors from a sequence of values (as ``colors = values``)."""
