@@ -886,9 +886,9 @@ def list_at(
     a message being built leads to: what a list field's getter reads. A null pointer is
     an empty list, or given the field's schema ``default``, a copy of it put there (as
     libcapnp's builders do). ``code`` is the field's element size (7: a composite list of
-    ``cls``); a list of any other layout there (another union member's pointer, or a list
-    copied in from a reader of another version of the schema) is a ValueError naming the
-    field."""
+    ``cls``; one of smaller structs, an older writer's, is upgraded to the schema's size);
+    a list of any other layout there (another union member's pointer, or a list copied in
+    from a reader of another version of the schema) is a ValueError naming the field."""
     buf = builder.buf
     word = int.from_bytes(buf[at << 3 : (at + 1) << 3], "little")
     if word == 0 and default is not None:
@@ -901,13 +901,50 @@ def list_at(
         if code != 7:
             return start, word >> 35
         tag = int.from_bytes(buf[start << 3 : (start + 1) << 3], "little")
-        if (tag >> 32) & 0xFFFF == cls._DATA_WORDS and tag >> 48 == cls._POINTERS:
-            return start + 1, (tag & 0xFFFFFFFF) >> 2
+        data_words = (tag >> 32) & 0xFFFF
+        pointers = tag >> 48
+        count = (tag & 0xFFFFFFFF) >> 2
+        if data_words == cls._DATA_WORDS and pointers == cls._POINTERS:
+            return start + 1, count
+        if data_words <= cls._DATA_WORDS and pointers <= cls._POINTERS:
+            # An older writer's elements (copied in from its reader): upgraded to the
+            # schema's size first, as libcapnp's builders do (getWritableStructListPointer).
+            return _upgrade_struct_list(builder, at, start, count, data_words, pointers, cls), count
     raise ValueError(
         f"{field}: what this field's pointer holds is not a list of its type as this schema"
-        " lays it out (another union member's value, or a list copied from another version"
-        " of the schema): set the field anew"
+        " lays it out (another union member's value, or a list of larger structs copied from"
+        " a newer version of the schema): set the field anew"
     )
+
+
+def _upgrade_struct_list(
+    builder: MessageBuilder,
+    at: int,
+    start: int,
+    count: int,
+    data_words: int,
+    pointers: int,
+    cls: type[Any],
+) -> int:
+    """Move the composite list at word ``start`` (its tag), whose ``count`` elements are
+    ``data_words`` and ``pointers`` in size, to a new one whose elements are the schema's
+    size (each element's data copied, its pointers moved), zero the old one and point
+    word ``at`` at the new one. Returns its first element's word."""
+    new_data, new_pointers = cls._DATA_WORDS, cls._POINTERS
+    size = new_data + new_pointers
+    target = builder.alloc(1 + count * size)
+    buf = builder.buf
+    _set_u64(buf, target << 3, count << 2 | new_data << 32 | new_pointers << 48)
+    old_size = data_words + pointers
+    for index in range(count):
+        source = start + 1 + index * old_size
+        dest = target + 1 + index * size
+        buf[dest << 3 : (dest + data_words) << 3] = buf[source << 3 : (source + data_words) << 3]
+        for slot in range(pointers):
+            _move_pointer(buf, source + data_words + slot, dest + new_data + slot)
+    buf[start << 3 : (start + 1 + count * old_size) << 3] = bytes((1 + count * old_size) << 3)
+    write_list_pointer(buf, at, target, 7, count * size)
+    return target + 1
 
 
 def _check_count(count: object, field: str) -> int:

@@ -373,8 +373,8 @@ def test_an_older_struct_copied_into_a_builder_is_upgraded_when_built_on(
 ) -> None:
     """A v1 Record copied into a v2 builder keeps v1's sizes, as libcapnp's copy does;
     setting a field v1 has no room for first moves it to a struct of v2's size (libcapnp's
-    builders upgrade it so), the nested v1 child too: nothing is written past its end,
-    and pycapnp reads back every field."""
+    builders upgrade it so), the nested v1 child and a list of v1 structs too: nothing is
+    written past its end, and pycapnp reads back every field."""
     v1, v2 = modules
     old = v2.Record.read(_v1_message(v1))
     holder = v2.Record.new_message(id=1)
@@ -384,6 +384,9 @@ def test_an_older_struct_copied_into_a_builder_is_upgraded_when_built_on(
     holder.child.child.flag = False  # the v1 grandchild, upgraded in turn
     holder.child.child.child = {"id": 99}
     holder.child.extra = {"x": 6, "label": "six"}
+    things = holder.child.things  # v1's one-word Items: upgraded to v2's size first
+    things[0].label = "ten"
+    things[1].weight = 2.0
     segments = holder.to_segments()
     for got in (v2.Record.read(segments).to_dict(), _read(2, "Record", segments)):
         child = got["child"]
@@ -397,7 +400,10 @@ def test_an_older_struct_copied_into_a_builder_is_upgraded_when_built_on(
         assert child["child"]["id"] == 8
         assert child["child"]["flag"] is False
         assert child["child"]["child"] == {**V2_DATA_DEFAULTS, "id": 99}
-        assert [thing["x"] for thing in child["things"]] == [10, -11]
+        assert child["things"] == [
+            {"x": 10, "label": "ten", "weight": 0.5},
+            {"x": -11, "weight": 2.0},
+        ]
 
 
 def test_a_newer_struct_copied_into_a_builder_keeps_what_it_does_not_know(
