@@ -656,25 +656,42 @@ class CapabilityListBuilder(ListBuilder, Generic[C]):
 class StructListBuilder(ListBuilder, Generic[B]):
     """A composite list: ``lst[i]`` is the builder of element i (already allocated)."""
 
-    __slots__ = ("_cls",)
+    __slots__ = ("_cls", "_data_words", "_step")
 
     def __init__(
-        self, builder: MessageBuilder, start: int, count: int, field: str, cls: type[B]
+        self,
+        builder: MessageBuilder,
+        start: int,
+        count: int,
+        field: str,
+        cls: type[B],
+        data_words: int = -1,
+        pointers: int = -1,
     ) -> None:
         super().__init__(builder, start, count, field)
         self._cls = cls
+        # The elements' sizes: the schema's, or larger (a newer writer's list copied in
+        # from its reader: struct_list_at).
+        self._data_words = cls._DATA_WORDS if data_words < 0 else data_words
+        self._step = self._data_words + (cls._POINTERS if pointers < 0 else pointers)
 
     def __getitem__(self, index: int) -> B:
         cls = self._cls
         if not 0 <= index < self._count:
             index = self._index(index)
-        return new_builder(cls, self._b, self._start + index * (cls._DATA_WORDS + cls._POINTERS))
+        at = self._start + index * self._step
+        view = new_builder(cls, self._b, at)
+        if self._data_words != cls._DATA_WORDS:
+            view._ptr = at + self._data_words
+        return view
 
     def __iter__(self) -> Iterator[B]:
         cls, builder = self._cls, self._b
-        step = cls._DATA_WORDS + cls._POINTERS
+        step = self._step
         if step == 0:  # structs of no words: every element is the same (empty) place
             return iter([new_builder(cls, builder, self._start) for _ in range(self._count)])
+        if self._data_words != cls._DATA_WORDS or step != cls._DATA_WORDS + cls._POINTERS:
+            return iter([self[index] for index in range(self._count)])
         if self._count <= SHORT_LIST:  # all at once: see reading.StructList.__iter__
             start = self._start
             stop = start + self._count * step
@@ -692,7 +709,7 @@ class StructBuilders(Generic[B]):
         cls = elements._cls
         self._cls = cls
         self._b = elements._b
-        self._step = cls._DATA_WORDS + cls._POINTERS
+        self._step = elements._step
         self._at = elements._start
         self._stop = elements._start + elements._count * self._step
 
@@ -900,16 +917,9 @@ def list_at(
         start = at + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
         if code != 7:
             return start, word >> 35
-        tag = int.from_bytes(buf[start << 3 : (start + 1) << 3], "little")
-        data_words = (tag >> 32) & 0xFFFF
-        pointers = tag >> 48
-        count = (tag & 0xFFFFFFFF) >> 2
+        first, count, data_words, pointers = _composite_at(builder, at, start, cls)
         if data_words == cls._DATA_WORDS and pointers == cls._POINTERS:
-            return start + 1, count
-        if data_words <= cls._DATA_WORDS and pointers <= cls._POINTERS:
-            # An older writer's elements (copied in from its reader): upgraded to the
-            # schema's size first, as libcapnp's builders do (getWritableStructListPointer).
-            return _upgrade_struct_list(builder, at, start, count, data_words, pointers, cls), count
+            return first, count
     raise ValueError(
         f"{field}: what this field's pointer holds is not a list of its type as this schema"
         " lays it out (another union member's value, or a list of larger structs copied from"
@@ -917,20 +927,61 @@ def list_at(
     )
 
 
-def _upgrade_struct_list(
+def struct_list_at(
     builder: MessageBuilder,
     at: int,
-    start: int,
-    count: int,
-    data_words: int,
-    pointers: int,
-    cls: type[Any],
+    field: str,
+    cls: type[B],
+    default: Sequence[bytes] | None = None,
+) -> StructListBuilder[B]:
+    """The list of ``cls`` structs that the pointer at word ``at`` leads to, as built so
+    far: what a generated struct-list getter gives. A null pointer is an empty list, or
+    a copy of the field's schema ``default``. Elements of another version's size, copied
+    in from its reader: smaller ones are first moved to the schema's size (libcapnp's
+    ``getWritableStructListPointer``), larger ones built in place. Any other layout is
+    ``list_at``'s ValueError."""
+    buf = builder.buf
+    (word,) = _get_u64(buf, at << 3)
+    if word == 0 and default is not None:
+        copy_default(default, builder, at)
+        (word,) = _get_u64(buf, at << 3)
+    if word == 0:
+        return StructListBuilder(builder, 0, 0, field, cls)
+    if word & 3 == 1 and (word >> 32) & 7 == 7:
+        start = at + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
+        first, count, data_words, pointers = _composite_at(builder, at, start, cls)
+        return StructListBuilder(builder, first, count, field, cls, data_words, pointers)
+    list_at(builder, at, field, 7, cls)  # (raises the ValueError naming the field)
+    raise AssertionError("unreachable")
+
+
+def _composite_at(
+    builder: MessageBuilder, at: int, start: int, cls: type[Any]
+) -> tuple[int, int, int, int]:
+    """(first element word, count, data words, pointers) of the composite list whose tag
+    is at word ``start`` (the pointer to it at ``at``): one whose elements are smaller
+    than the schema's in either section is first upgraded (``_upgrade_struct_list``)."""
+    (tag,) = _get_u64(builder.buf, start << 3)
+    data_words = (tag >> 32) & 0xFFFF
+    pointers = tag >> 48
+    count = (tag & 0xFFFFFFFF) >> 2
+    if data_words < cls._DATA_WORDS or pointers < cls._POINTERS:
+        data_words = max(data_words, cls._DATA_WORDS)
+        pointers = max(pointers, cls._POINTERS)
+        start = _upgrade_struct_list(builder, at, start, count, data_words, pointers) - 1
+    return start + 1, count, data_words, pointers
+
+
+def _upgrade_struct_list(
+    builder: MessageBuilder, at: int, start: int, count: int, new_data: int, new_pointers: int
 ) -> int:
-    """Move the composite list at word ``start`` (its tag), whose ``count`` elements are
-    ``data_words`` and ``pointers`` in size, to a new one whose elements are the schema's
-    size (each element's data copied, its pointers moved), zero the old one and point
-    word ``at`` at the new one. Returns its first element's word."""
-    new_data, new_pointers = cls._DATA_WORDS, cls._POINTERS
+    """Move the composite list whose tag is at word ``start`` to a new one whose elements
+    are ``new_data`` and ``new_pointers`` in size (each element's data copied, its
+    pointers moved), zero the old one and point word ``at`` at the new one. Returns its
+    first element's word."""
+    (tag,) = _get_u64(builder.buf, start << 3)
+    data_words = (tag >> 32) & 0xFFFF
+    pointers = tag >> 48
     size = new_data + new_pointers
     target = builder.alloc(1 + count * size)
     buf = builder.buf

@@ -1863,11 +1863,10 @@ def _list_at(element: Type, at: str, label: str, names: _Names, default: str = "
         if k == "enum":  # (the class too: elements read as its members)
             return f'_b.EnumListBuilder(self._b, {located}, "H", "{schema_type}", {schema_type})'
         return f'_b.PrimitiveListBuilder(self._b, {located}, "{fmt}", "{schema_type}")'
-    if k == "struct":
+    if k == "struct":  # (its own function: elements of another version's size too)
         builder = f"{names.of(element.target)}.Builder"
-        return (
-            f"_b.StructListBuilder(self._b, {where.format(code=7, cls=', ' + builder)}, {builder})"
-        )
+        call = f'_b.struct_list_at(self._b, {at}, "{label}", {builder}{tail})'
+        return call.format()  # (as ``where``: a brace-quoted label becomes one)
     if k == "void":
         return f"_b.VoidListBuilder(self._b, {where.format(code=0, cls='')})"
     located = where.format(code=6, cls="")

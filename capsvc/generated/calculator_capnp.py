@@ -105,7 +105,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 @property
                 def params(self) -> _b.StructListBuilder[Calculator.Expression.Builder]:
                     """The params list as built so far (null: its default, or an empty one)."""
-                    return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Calculator.Expression.call.params", 7, Calculator.Expression.Builder), "Calculator.Expression.call.params", Calculator.Expression.Builder)
+                    return _b.struct_list_at(self._b, self._ptr + 1, "Calculator.Expression.call.params", Calculator.Expression.Builder)
                 @params.setter
                 def params(self, value: Sequence[Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[Calculator.Expression.Builder]) -> None:
                     """A new list of ``value``'s elements, as ``new_message`` takes them."""

@@ -2754,7 +2754,7 @@ class Payload:
         @property
         def capTable(self) -> _b.StructListBuilder[CapDescriptor.Builder]:
             """The capTable list as built so far (null: its default, or an empty one)."""
-            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Payload.capTable", 7, CapDescriptor.Builder), "Payload.capTable", CapDescriptor.Builder)
+            return _b.struct_list_at(self._b, self._ptr + 1, "Payload.capTable", CapDescriptor.Builder)
         @capTable.setter
         def capTable(self, value: Sequence[CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[CapDescriptor.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3115,7 +3115,7 @@ class PromisedAnswer:
         @property
         def transform(self) -> _b.StructListBuilder[PromisedAnswer.Op.Builder]:
             """The transform list as built so far (null: its default, or an empty one)."""
-            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "PromisedAnswer.transform", 7, PromisedAnswer.Op.Builder), "PromisedAnswer.transform", PromisedAnswer.Op.Builder)
+            return _b.struct_list_at(self._b, self._ptr + 0, "PromisedAnswer.transform", PromisedAnswer.Op.Builder)
         @transform.setter
         def transform(self, value: Sequence[PromisedAnswer.Op.Init | PromisedAnswer.Op.Row | PromisedAnswer.Op.Reader | PromisedAnswer.Op.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[PromisedAnswer.Op.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""

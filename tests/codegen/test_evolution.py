@@ -410,8 +410,8 @@ def test_a_newer_struct_copied_into_a_builder_keeps_what_it_does_not_know(
     modules: tuple[ModuleType, ModuleType],
 ) -> None:
     """A v2 Record copied into a v1 builder is built in place: v1's fields land where
-    the larger struct has them, and v2's fields survive the edits, as pycapnp's v2
-    reads it."""
+    the larger struct (and its list of larger Items) has them, and v2's fields survive
+    the edits, as pycapnp's v2 reads it."""
     v1, v2 = modules
     new = v1.Record.read(_v2_message(v2))
     holder = v1.Record.new_message(id=1)
@@ -419,6 +419,9 @@ def test_a_newer_struct_copied_into_a_builder_keeps_what_it_does_not_know(
     holder.child.id = 71
     holder.child.name = "renamed"
     holder.child.child = {"id": 81}
+    things = holder.child.things  # v2's larger Items, built in place
+    things[0].x = 101
+    assert [thing.x for thing in things] == [101]
     # The builder's own view reads the larger struct where its pointers are.
     assert holder.child.as_reader().name == "renamed"
     assert holder.to_dict()["child"]["child"] == {"id": 81}
@@ -435,3 +438,4 @@ def test_a_newer_struct_copied_into_a_builder_keeps_what_it_does_not_know(
             "green",
         )
         assert child["child"]["id"] == 81
+        assert child["things"] == [{"x": 101, "label": "hundred", "weight": 0.5}]

@@ -1367,7 +1367,7 @@ class Holder:
         @property
         def items(self) -> _b.StructListBuilder[Holder.Builder]:
             """The items list as built so far (null: its default, or an empty one)."""
-            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Holder.items", 7, Holder.Builder), "Holder.items", Holder.Builder)
+            return _b.struct_list_at(self._b, self._ptr + 4, "Holder.items", Holder.Builder)
         @items.setter
         def items(self, value: Sequence[Holder.Init | Holder.Row | Holder.Reader | Holder.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[Holder.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""

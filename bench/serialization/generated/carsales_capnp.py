@@ -179,7 +179,7 @@ class Car:
         @property
         def wheels(self) -> _b.StructListBuilder[Wheel.Builder]:
             """The wheels list as built so far (null: its default, or an empty one)."""
-            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Car.wheels", 7, Wheel.Builder), "Car.wheels", Wheel.Builder)
+            return _b.struct_list_at(self._b, self._ptr + 2, "Car.wheels", Wheel.Builder)
         @wheels.setter
         def wheels(self, value: Sequence[Wheel.Init | Wheel.Row | Wheel.Reader | Wheel.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[Wheel.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -631,7 +631,7 @@ class ParkingLot:
         @property
         def cars(self) -> _b.StructListBuilder[Car.Builder]:
             """The cars list as built so far (null: its default, or an empty one)."""
-            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "ParkingLot.cars", 7, Car.Builder), "ParkingLot.cars", Car.Builder)
+            return _b.struct_list_at(self._b, self._ptr + 0, "ParkingLot.cars", Car.Builder)
         @cars.setter
         def cars(self, value: Sequence[Car.Init | Car.Row | Car.Reader | Car.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[Car.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""

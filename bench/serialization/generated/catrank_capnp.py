@@ -248,7 +248,7 @@ class SearchResultList:
         @property
         def results(self) -> _b.StructListBuilder[SearchResult.Builder]:
             """The results list as built so far (null: its default, or an empty one)."""
-            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "SearchResultList.results", 7, SearchResult.Builder), "SearchResultList.results", SearchResult.Builder)
+            return _b.struct_list_at(self._b, self._ptr + 0, "SearchResultList.results", SearchResult.Builder)
         @results.setter
         def results(self, value: Sequence[SearchResult.Init | SearchResult.Row | SearchResult.Reader | SearchResult.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[SearchResult.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""

@@ -3544,7 +3544,7 @@ class Lists:
         @property
         def structs(self) -> _b.StructListBuilder[Numbers.Builder]:
             """The structs list as built so far (null: its default, or an empty one)."""
-            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 14, "Lists.structs", 7, Numbers.Builder), "Lists.structs", Numbers.Builder)
+            return _b.struct_list_at(self._b, self._ptr + 14, "Lists.structs", Numbers.Builder)
         @structs.setter
         def structs(self, value: Sequence[Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[Numbers.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -4829,7 +4829,7 @@ class Recurring:
         @property
         def many(self) -> _b.StructListBuilder[Recurring.Builder]:
             """The many list as built so far (null: its default, or an empty one)."""
-            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Recurring.many", 7, Recurring.Builder, default=_D_Recurring_many), "Recurring.many", Recurring.Builder)
+            return _b.struct_list_at(self._b, self._ptr + 2, "Recurring.many", Recurring.Builder, default=_D_Recurring_many)
         @many.setter
         def many(self, value: Sequence[Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[Recurring.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -9822,7 +9822,7 @@ class Tree:
         @property
         def children(self) -> _b.StructListBuilder[Tree.Builder]:
             """The children list as built so far (null: its default, or an empty one)."""
-            return _b.StructListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Tree.children", 7, Tree.Builder), "Tree.children", Tree.Builder)
+            return _b.struct_list_at(self._b, self._ptr + 0, "Tree.children", Tree.Builder)
         @children.setter
         def children(self, value: Sequence[Tree.Init | Tree.Row | Tree.Reader | Tree.Builder] | _r.ListReader[Any] | None | _b.StructListBuilder[Tree.Builder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
