@@ -938,8 +938,9 @@ def struct_list_at(
     far: what a generated struct-list getter gives. A null pointer is an empty list, or
     a copy of the field's schema ``default``. Elements of another version's size, copied
     in from its reader: smaller ones are first moved to the schema's size (libcapnp's
-    ``getWritableStructListPointer``), larger ones built in place. Any other layout is
-    ``list_at``'s ValueError."""
+    ``getWritableStructListPointer``), larger ones built in place; a list of numbers,
+    pointers or Voids (the schema's older element type) becomes one of structs. A bit
+    list is ``list_at``'s ValueError."""
     buf = builder.buf
     (word,) = _get_u64(buf, at << 3)
     if word == 0 and default is not None:
@@ -947,12 +948,48 @@ def struct_list_at(
         (word,) = _get_u64(buf, at << 3)
     if word == 0:
         return StructListBuilder(builder, 0, 0, field, cls)
-    if word & 3 == 1 and (word >> 32) & 7 == 7:
+    code = (word >> 32) & 7
+    if word & 3 == 1 and code != 1:  # (a bit list is not upgraded: libcapnp refuses it too)
         start = at + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
+        if code != 7:  # a primitive list where the schema now has structs
+            start = _structs_of_primitives(builder, at, start, word >> 35, code, cls)
         first, count, data_words, pointers = _composite_at(builder, at, start, cls)
         return StructListBuilder(builder, first, count, field, cls, data_words, pointers)
     list_at(builder, at, field, 7, cls)  # (raises the ValueError naming the field)
     raise AssertionError("unreachable")
+
+
+#: Bytes per element of a primitive list, by element size code (Void: 0; 6: pointers).
+_ELEMENT_BYTES = (0, 0, 1, 2, 4, 8, 8)
+
+
+def _structs_of_primitives(
+    builder: MessageBuilder, at: int, start: int, count: int, code: int, cls: type[Any]
+) -> int:
+    """Move a list of ``count`` primitives (element size ``code``: Void, a number or a
+    pointer) at word ``start`` to a composite list of the schema's ``cls`` structs, each
+    holding its element where the encoding spec puts it (a number at the start of the
+    data section, a pointer in the first pointer slot), as libcapnp's builders upgrade
+    it; zero the old list and point word ``at`` at the new one. Returns the new list's
+    tag word."""
+    new_data = max(cls._DATA_WORDS, 1 if 2 <= code <= 5 else 0)
+    new_pointers = max(cls._POINTERS, 1 if code == 6 else 0)
+    size = new_data + new_pointers
+    target = builder.alloc(1 + count * size)
+    buf = builder.buf
+    _set_u64(buf, target << 3, count << 2 | new_data << 32 | new_pointers << 48)
+    width = _ELEMENT_BYTES[code]
+    for index in range(count):
+        dest = target + 1 + index * size
+        if code == 6:
+            _move_pointer(buf, start + index, dest + new_data)
+        elif width:
+            source = (start << 3) + index * width
+            buf[dest << 3 : (dest << 3) + width] = buf[source : source + width]
+    old_words = (count * width + 7) >> 3
+    buf[start << 3 : (start + old_words) << 3] = bytes(old_words << 3)
+    write_list_pointer(buf, at, target, 7, count * size)
+    return target
 
 
 def _composite_at(

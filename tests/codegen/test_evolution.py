@@ -387,6 +387,8 @@ def test_an_older_struct_copied_into_a_builder_is_upgraded_when_built_on(
     things = holder.child.things  # v1's one-word Items: upgraded to v2's size first
     things[0].label = "ten"
     things[1].weight = 2.0
+    holder.child.values[0].label = "one"  # v1's List(Int32): now v2's Items, x kept
+    holder.child.words[2].n = 9  # v1's List(Text): now v2's Words, text kept
     segments = holder.to_segments()
     for got in (v2.Record.read(segments).to_dict(), _read(2, "Record", segments)):
         child = got["child"]
@@ -404,6 +406,10 @@ def test_an_older_struct_copied_into_a_builder_is_upgraded_when_built_on(
             {"x": 10, "label": "ten", "weight": 0.5},
             {"x": -11, "weight": 2.0},
         ]
+        assert [value["x"] for value in child["values"]] == [1, -2, 2**31 - 1, -(2**31)]
+        assert child["values"][0]["label"] == "one"
+        assert child["words"][2] == {"text": "gamma", "n": 9}
+        assert child["words"][0] == {"text": "alpha", "n": 3}
 
 
 def test_a_newer_struct_copied_into_a_builder_keeps_what_it_does_not_know(
