@@ -485,11 +485,9 @@ C_co = TypeVar("C_co", covariant=True)
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class PrimitiveListBuilder(ListBuilder, Generic[T]):
-    """A list of numbers, or of an enum (``enum``: its class): an enum list's elements
-    read as members (as a reader's do) and take a member, a code or a name, as an enum
-    field does."""
+    """A list of numbers (``fmt``: a struct format letter) being built."""
 
-    __slots__ = ("_enum", "_fmt", "_packer", "_type")
+    __slots__ = ("_fmt", "_packer", "_type")
 
     def __init__(
         self,
@@ -499,32 +497,22 @@ class PrimitiveListBuilder(ListBuilder, Generic[T]):
         field: str,
         fmt: str,
         schema_type: str,
-        enum: Any = None,
     ) -> None:
         super().__init__(builder, start, count, field)
         self._fmt = fmt
         self._packer = struct.Struct("<" + fmt)
         self._type = schema_type
-        self._enum = enum
 
     def __setitem__(self, index: int, value: T) -> None:
         offset = (self._start << 3) + self._index(index) * self._packer.size
-        enum = self._enum
-        code: object = value
-        if enum is not None and not (type(code) is int and 0 <= code < len(enum)):
-            code = enum_code(value, enum, f"{self.field}[{index}]")
         try:
-            self._packer.pack_into(self._b.buf, offset, code)
+            self._packer.pack_into(self._b.buf, offset, value)
         except struct.error:
             raise bad_value(value, f"{self.field}[{index}]", self._type, self._fmt) from None
 
     def __getitem__(self, index: int) -> T:
         offset = (self._start << 3) + self._index(index) * self._packer.size
-        value = self._packer.unpack_from(self._b.buf, offset)[0]
-        enum = self._enum
-        if enum is not None:  # (a code the schema does not know: the enum's pseudo-member)
-            return enum(value)  # type: ignore[no-any-return]
-        return value  # type: ignore[no-any-return]
+        return self._packer.unpack_from(self._b.buf, offset)[0]  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[T]:  # (a compiled class is not iterable by __getitem__)
         return iter([self[index] for index in range(self._count)])
@@ -538,20 +526,38 @@ class PrimitiveListBuilder(ListBuilder, Generic[T]):
         except struct.error:
             for index, value in enumerate(values):
                 self[index] = value  # the first refused element's own error
-            if self._enum is None:
-                raise
-            # (an enum list given names or members: each was written as its code)
+            raise
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class EnumListBuilder(PrimitiveListBuilder[T]):
-    """A list of an enum being built (``PrimitiveListBuilder`` with its enum): an element
-    reads as a member and takes a member, a code or a name, as an enum field does."""
+    """A list of an enum (``enum``: its class; UInt16 codes) being built: an element
+    reads as a member (as a reader's do; a code the schema does not know, as the enum's
+    pseudo-member) and takes a member, a code or a name, as an enum field does."""
 
-    __slots__ = ()
+    __slots__ = ("_enum",)
+
+    def __init__(
+        self, builder: MessageBuilder, start: int, count: int, field: str, enum: Any
+    ) -> None:
+        super().__init__(builder, start, count, field, "H", enum.__qualname__)
+        self._enum = enum
 
     def __setitem__(self, index: int, value: T | int | str) -> None:
-        super().__setitem__(index, value)  # type: ignore[assignment]
+        enum = self._enum
+        code: object = value
+        if not (type(code) is int and 0 <= code < len(enum)):  # (else: a code, as it is)
+            code = enum_code(value, enum, f"{self.field}[{index}]")
+        super().__setitem__(index, code)  # type: ignore[assignment]
+
+    def __getitem__(self, index: int) -> T:
+        return self._enum(super().__getitem__(index))  # type: ignore[no-any-return]
+
+    def set_all(self, values: Sequence[T | int | str]) -> None:
+        if len(values) != self._count:
+            raise ValueError(f"{self.field}: {len(values)} values for a list of {self._count}")
+        for index, value in enumerate(values):
+            self[index] = value
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -785,7 +791,7 @@ def init_enum_list(
     n = _check_count(count, field)
     start = builder.alloc((n * 2 + 7) >> 3)
     write_list_pointer(builder.buf, at, start, 3, n)
-    return EnumListBuilder(builder, start, n, field, "H", enum.__qualname__, enum)
+    return EnumListBuilder(builder, start, n, field, enum)
 
 
 def set_primitive_list(

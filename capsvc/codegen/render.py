@@ -1853,23 +1853,22 @@ def _list_at(element: Type, at: str, label: str, names: _Names, default: str = "
     ``default``: the name of the field's schema default, which a null pointer gets."""
     k = element.kind
     tail = f", default={default}" if default else ""
-    where = f'*_b.list_at(self._b, {at}, "{label}", {{code}}{{cls}}{tail}), "{label}"'
+    where = f'*_b.list_at(self._b, {at}, "{label}", {{code}}{tail}), "{label}"'
     if k == "bool":
-        return f"_b.BoolListBuilder(self._b, {where.format(code=1, cls='')})"
-    if k in NUMBERS or k == "enum":
-        fmt, _, code = NUMBERS.get(k, ("H", 16, 3))
-        schema_type = names.of(element.target) if k == "enum" else SCHEMA_NAMES[k]
-        located = where.format(code=code, cls="")
-        if k == "enum":  # (the class too: elements read as its members)
-            return f'_b.EnumListBuilder(self._b, {located}, "H", "{schema_type}", {schema_type})'
-        return f'_b.PrimitiveListBuilder(self._b, {located}, "{fmt}", "{schema_type}")'
+        return f"_b.BoolListBuilder(self._b, {where.format(code=1)})"
+    if k == "enum":  # (the class: elements read as its members)
+        return f"_b.EnumListBuilder(self._b, {where.format(code=3)}, {names.of(element.target)})"
+    if k in NUMBERS:
+        fmt, _, code = NUMBERS[k]
+        located = where.format(code=code)
+        return f'_b.PrimitiveListBuilder(self._b, {located}, "{fmt}", "{SCHEMA_NAMES[k]}")'
     if k == "struct":  # (its own function: elements of another version's size too)
         builder = f"{names.of(element.target)}.Builder"
         call = f'_b.struct_list_at(self._b, {at}, "{label}", {builder}{tail})'
         return call.format()  # (as ``where``: a brace-quoted label becomes one)
     if k == "void":
-        return f"_b.VoidListBuilder(self._b, {where.format(code=0, cls='')})"
-    located = where.format(code=6, cls="")
+        return f"_b.VoidListBuilder(self._b, {where.format(code=0)})"
+    located = where.format(code=6)
     if k == "list":
         assert element.element is not None
         inner = f"{_inner_init(element.element, names)}, {_inner_at(element.element, names)}"

@@ -3557,7 +3557,7 @@ class Lists:
         @property
         def colors(self) -> _b.EnumListBuilder[Color]:
             """The colors list as built so far (null: its default, or an empty one)."""
-            return _b.EnumListBuilder(self._b, *_b.list_at(self._b, self._ptr + 15, "Lists.colors", 3), "Lists.colors", "H", "Color", Color)
+            return _b.EnumListBuilder(self._b, *_b.list_at(self._b, self._ptr + 15, "Lists.colors", 3), "Lists.colors", Color)
         @colors.setter
         def colors(self, value: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None | _b.EnumListBuilder[Color]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
