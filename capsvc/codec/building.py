@@ -295,12 +295,21 @@ def _upgrade_struct(
     new_pointers = max(pointers, cls._POINTERS)
     target = builder.alloc(new_data + new_pointers)
     buf = builder.buf
-    buf[target << 3 : (target + data_words) << 3] = buf[start << 3 : (start + data_words) << 3]
-    for index in range(pointers):
-        _move_pointer(buf, start + data_words + index, target + new_data + index)
+    _move_struct(buf, start, data_words, pointers, target, new_data)
     buf[start << 3 : (start + data_words + pointers) << 3] = bytes((data_words + pointers) << 3)
     write_struct_pointer(buf, at, target, new_data, new_pointers)
     return target
+
+
+def _move_struct(
+    buf: bytearray, source: int, data_words: int, pointers: int, dest: int, dest_data: int
+) -> None:
+    """Copy the struct at word ``source`` (``data_words``, ``pointers``) to word ``dest``
+    of a struct whose data section is ``dest_data`` words (at least as many): its data,
+    then its pointers re-aimed from their new place (``_move_pointer``)."""
+    buf[dest << 3 : (dest + data_words) << 3] = buf[source << 3 : (source + data_words) << 3]
+    for slot in range(pointers):
+        _move_pointer(buf, source + data_words + slot, dest + dest_data + slot)
 
 
 def _move_pointer(buf: bytearray, source: int, dest: int) -> None:
@@ -912,11 +921,7 @@ def list_at(
     ``cls``; one of smaller structs, an older writer's, is upgraded to the schema's size);
     a list of any other layout there (another union member's pointer, or a list copied in
     from a reader of another version of the schema) is a ValueError naming the field."""
-    buf = builder.buf
-    word = int.from_bytes(buf[at << 3 : (at + 1) << 3], "little")
-    if word == 0 and default is not None:
-        copy_default(default, builder, at)
-        word = int.from_bytes(buf[at << 3 : (at + 1) << 3], "little")
+    word = _list_word(builder, at, default)
     if word == 0:
         return 0, 0
     if word & 3 == 1 and (word >> 32) & 7 == code:
@@ -933,6 +938,16 @@ def list_at(
     )
 
 
+def _list_word(builder: MessageBuilder, at: int, default: Sequence[bytes] | None) -> int:
+    """The pointer word at ``at`` of a list field; a null one with a schema ``default``
+    first gets a copy of it (as libcapnp's builders do)."""
+    (word,) = _get_u64(builder.buf, at << 3)
+    if word == 0 and default is not None:
+        copy_default(default, builder, at)
+        (word,) = _get_u64(builder.buf, at << 3)
+    return word
+
+
 def struct_list_at(
     builder: MessageBuilder,
     at: int,
@@ -947,11 +962,7 @@ def struct_list_at(
     ``getWritableStructListPointer``), larger ones built in place; a list of numbers,
     pointers or Voids (the schema's older element type) becomes one of structs. A bit
     list is ``list_at``'s ValueError."""
-    buf = builder.buf
-    (word,) = _get_u64(buf, at << 3)
-    if word == 0 and default is not None:
-        copy_default(default, builder, at)
-        (word,) = _get_u64(buf, at << 3)
+    word = _list_word(builder, at, default)
     if word == 0:
         return StructListBuilder(builder, 0, 0, field, cls)
     code = (word >> 32) & 7
@@ -1009,22 +1020,29 @@ def _composite_at(
     pointers = tag >> 48
     count = (tag & 0xFFFFFFFF) >> 2
     if data_words < cls._DATA_WORDS or pointers < cls._POINTERS:
-        data_words = max(data_words, cls._DATA_WORDS)
-        pointers = max(pointers, cls._POINTERS)
-        start = _upgrade_struct_list(builder, at, start, count, data_words, pointers) - 1
+        new_data = max(data_words, cls._DATA_WORDS)
+        new_pointers = max(pointers, cls._POINTERS)
+        start = _upgrade_struct_list(
+            builder, at, start, count, (data_words, pointers), (new_data, new_pointers)
+        )
+        data_words, pointers = new_data, new_pointers
     return start + 1, count, data_words, pointers
 
 
 def _upgrade_struct_list(
-    builder: MessageBuilder, at: int, start: int, count: int, new_data: int, new_pointers: int
+    builder: MessageBuilder,
+    at: int,
+    start: int,
+    count: int,
+    sizes: tuple[int, int],
+    new_sizes: tuple[int, int],
 ) -> int:
-    """Move the composite list whose tag is at word ``start`` to a new one whose elements
-    are ``new_data`` and ``new_pointers`` in size (each element's data copied, its
-    pointers moved), zero the old one and point word ``at`` at the new one. Returns its
-    first element's word."""
-    (tag,) = _get_u64(builder.buf, start << 3)
-    data_words = (tag >> 32) & 0xFFFF
-    pointers = tag >> 48
+    """Move the composite list whose tag is at word ``start``, ``count`` elements of
+    ``sizes`` (data words, pointers), to a new one of elements of ``new_sizes`` (each
+    moved by ``_move_struct``), zero the old one and point word ``at`` at the new one.
+    Returns the new list's tag word."""
+    data_words, pointers = sizes
+    new_data, new_pointers = new_sizes
     size = new_data + new_pointers
     target = builder.alloc(1 + count * size)
     buf = builder.buf
@@ -1032,13 +1050,10 @@ def _upgrade_struct_list(
     old_size = data_words + pointers
     for index in range(count):
         source = start + 1 + index * old_size
-        dest = target + 1 + index * size
-        buf[dest << 3 : (dest + data_words) << 3] = buf[source << 3 : (source + data_words) << 3]
-        for slot in range(pointers):
-            _move_pointer(buf, source + data_words + slot, dest + new_data + slot)
+        _move_struct(buf, source, data_words, pointers, target + 1 + index * size, new_data)
     buf[start << 3 : (start + 1 + count * old_size) << 3] = bytes((1 + count * old_size) << 3)
     write_list_pointer(buf, at, target, 7, count * size)
-    return target + 1
+    return target
 
 
 def _check_count(count: object, field: str) -> int:
