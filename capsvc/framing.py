@@ -50,17 +50,26 @@ coalescing writer can send many messages with one ``send_all`` (§1 send side).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterable, Sequence
+from typing import Final, TypeAlias
 
 from capsvc._build import COMPILED
 from capsvc.errors import FramingError, LocalProtocolError
 from capsvc.limits import FramingLimits, Limits
 
-#: The C split of the common message (capsvc/codec/_native.c), in the compiled build only.
-_native: Any = None
-if COMPILED:
+
+def _native_split() -> Callable[[bytearray, int, int], bytes | None] | None:
+    """The C split of the common message (capsvc/codec/_native.c), in the compiled build
+    only."""
+    if not COMPILED:
+        return None
     from capsvc.codec import _native
+
+    return _native.one_segment
+
+
+# Final: the compiled build keeps these in C statics, with no dict lookup per use.
+_SPLIT_ONE: Final = _native_split()
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -76,10 +85,10 @@ __all__ = [
 Segment: TypeAlias = bytes | bytearray | memoryview
 """Anything holding one segment's bytes (a whole number of 8-byte words)."""
 
-_WORD = 8
-_FIRST_WORD = struct.Struct("<II")  # segment count - 1, size of segment 0 (§1 items 1-2)
-_SMALL_BODY = 4096  # bodies up to this size are copied out through a bytearray slice
-_LARGE_BODY = 65536  # bodies from this size on are collected in parts while they arrive
+_WORD: Final = 8
+_FIRST_WORD: Final = struct.Struct("<II")  # segment count - 1, size of segment 0 (§1 items 1-2)
+_SMALL_BODY: Final = 4096  # bodies up to this size are copied out through a bytearray slice
+_LARGE_BODY: Final = 65536  # bodies from this size on are collected in parts while they arrive
 
 
 DEFAULT_LIMITS = Limits()
@@ -179,10 +188,11 @@ class FrameDecoder:
         if self._error is not None:
             raise self._error
         header = self._header
-        if header is None and _native is not None:
+        one_segment = _SPLIT_ONE
+        if header is None and one_segment is not None:
             # The common case in one C call: a whole one-segment message within the limit
             # is here (a new bytes body). Anything else goes the way below.
-            body = _native.one_segment(self._buf, self._pos, self._max_words)
+            body = one_segment(self._buf, self._pos, self._max_words)
             if body is not None:
                 self._consume(self._pos + _WORD + len(body))
                 return [body]
@@ -348,7 +358,7 @@ def _append_framed(parts: list[Segment], segments: Sequence[Segment]) -> None:
     parts.extend(segments)
 
 
-_ONE_SEGMENT = struct.Struct("<II")
+_ONE_SEGMENT: Final = struct.Struct("<II")
 
 
 def encode_message(segments: Sequence[Segment]) -> bytes:

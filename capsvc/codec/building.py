@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Protocol, TypeVar
 
 from capsvc._mypyc import mypyc_attr
 from capsvc.codec.reading import SHORT_LIST, enum_name, shown_fields
@@ -33,17 +33,17 @@ if TYPE_CHECKING:
 
 B = TypeVar("B", bound="StructBuilder")
 
-_set_u64 = struct.Struct("<Q").pack_into
+_set_u64: Final = struct.Struct("<Q").pack_into
 #: A pointer word as its two 32-bit halves: the values stay small ints (a whole word with
 #: bits 62 and up set would be a Python long, made and freed per pointer written).
-_set_halves = struct.Struct("<II").pack_into
+_set_halves: Final = struct.Struct("<II").pack_into
 #: A one-segment message's table (rpc-protocol.md §1): segment count - 1 (0), its words.
-_ONE_SEGMENT_TABLE: Callable[[int, int], bytes] = struct.Struct("<II").pack
-_ZERO_WORD = bytes(8)
-_get_u64: Callable[[Any, int], tuple[int]] = struct.Struct("<Q").unpack_from
+_ONE_SEGMENT_TABLE: Final[Callable[[int, int], bytes]] = struct.Struct("<II").pack
+_ZERO_WORD: Final = bytes(8)
+_get_u64: Final[Callable[[Any, int], tuple[int]]] = struct.Struct("<Q").unpack_from
 
 #: (struct format letter, Cap'n Proto name) of each number type, for the messages of errors.
-_RANGES = {
+_RANGES: Final = {
     "b": (-(1 << 7), (1 << 7) - 1),
     "B": (0, (1 << 8) - 1),
     "h": (-(1 << 15), (1 << 15) - 1),
@@ -105,7 +105,7 @@ def write_struct_pointer(
 #: The offset of a pointer to a struct of no words: -1, as C++ writes it
 #: (layout.c++, setKindAndTargetForEmptyStruct). Its target would be the word just after
 #: the pointer, offset 0, and a struct pointer of offset 0 and no sizes is the null word.
-EMPTY_STRUCT_OFFSET = -1
+EMPTY_STRUCT_OFFSET: Final = -1
 
 
 def write_list_pointer(buf: bytearray, at: int, target: int, code: int, count: int) -> None:
@@ -326,7 +326,7 @@ def _move_pointer(buf: bytearray, source: int, dest: int) -> None:
 
 
 #: The NUL and zero padding that end a Text of ``n`` bytes, by ``n & 7``.
-_TEXT_ENDS = tuple(bytes(8 - n) for n in range(8))
+_TEXT_ENDS: Final = tuple(bytes(8 - n) for n in range(8))
 
 
 def set_text(builder: MessageBuilder, at: int, value: object, field: str) -> None:
@@ -881,7 +881,7 @@ def init_struct_list(
 
 
 #: Each generated enum's codes by schema name (and so by Python name: check_enum).
-_ENUM_CODES: dict[Any, dict[str, int]] = {}
+_ENUM_CODES: Final[dict[Any, dict[str, int]]] = {}
 
 
 def enum_code(value: object, enum: Any, field: str) -> int:
@@ -977,7 +977,7 @@ def struct_list_at(
 
 
 #: Bytes per element of a primitive list, by element size code (Void: 0; 6: pointers).
-_ELEMENT_BYTES = (0, 0, 1, 2, 4, 8, 8)
+_ELEMENT_BYTES: Final = (0, 0, 1, 2, 4, 8, 8)
 
 
 def _structs_of_primitives(

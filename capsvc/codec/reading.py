@@ -163,9 +163,10 @@ def new_reader(
     section sizes (a module function, so compiled callers reach it with no Python call).
     A data section shorter than the schema's (an older writer) is read from a zero-padded
     copy."""
-    if data_words >= cls._DATA_WORDS:
+    schema_words = cls._DATA_WORDS  # (a type attribute: looked up once)
+    if data_words >= schema_words:
         return fitting_reader(cls, msg, msg.segments[si], si, start, data_words, pointers, depth)
-    padded = padded_data(msg.segments[si], start, data_words, cls._DATA_WORDS)
+    padded = padded_data(msg.segments[si], start, data_words, schema_words)
     reader = fitting_reader(cls, msg, padded, si, start, data_words, pointers, depth)
     reader._data = 0
     return reader

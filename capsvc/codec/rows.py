@@ -115,8 +115,9 @@ def struct_row(reader: object, plan: StructPlan) -> tuple[Any, ...]:
             f"{plan.name}.row() takes a {plan.name} reader or builder,"
             f" not {type(reader).__qualname__}"
         )
-    if _native is not None:
-        row = _native.struct_row(
+    native = _native
+    if native is not None:
+        row = native.struct_row(
             native_program(plan),
             reader._msg,
             reader._si,
@@ -125,7 +126,7 @@ def struct_row(reader: object, plan: StructPlan) -> tuple[Any, ...]:
             reader._ptr,
             reader._pend,
             reader._depth,
-            _via_reader,
+            _VIA_READER,
         )
         if row is not None:
             return row  # type: ignore[no-any-return]
@@ -311,8 +312,9 @@ def _list_of_rows(
     depth: int,
 ) -> list[tuple[Any, ...]]:
     """``_element_rows`` (the same arguments), in C where the compiled build can."""
-    if _native is not None:
-        rows = _native.element_rows(
+    native = _native
+    if native is not None:
+        rows = native.element_rows(
             native_program(plan),
             msg,
             si,
@@ -322,7 +324,7 @@ def _list_of_rows(
             data_words,
             pointers,
             depth,
-            _via_reader,
+            _VIA_READER,
         )
         if rows is not None:
             return rows  # type: ignore[no-any-return]
@@ -691,3 +693,8 @@ def _row_value(
         assert isinstance(value, ListReader)
         return [_row_value(item, element.kind, element.target, element.element) for item in value]
     return value
+
+
+#: ``_via_reader`` for the C reader's calls: a Final is a C static in the compiled build
+#: (a function named as a value is a dict lookup per call).
+_VIA_READER: Final = _via_reader

@@ -198,7 +198,8 @@ def _new_root(
     """A message whose root struct is ``plan``'s, from ``given``: values in the plan's order
     (a list, with ``unknown`` keywords to place), or a mapping of fields, or a row."""
     native = rows._native
-    if native is not None and not unknown and type(given) in (list, tuple, dict):
+    kind = type(given)  # (``is`` tests: ``in`` a tuple of types compares them with ``==``)
+    if native is not None and not unknown and (kind is list or kind is tuple or kind is dict):
         # The compiled build's C encoder (capsvc/codec/_native.c): the common case, laid
         # out as below byte for byte; None for anything it leaves to this module.
         program = plan.native
