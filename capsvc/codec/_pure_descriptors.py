@@ -126,15 +126,33 @@ def Group() -> _Late:
     return _Late(get, bound)
 
 
+class _LateGroup(_Late):
+    """A builder's group (accessors.BuilderGroup, which see): ``init`` clears it."""
+
+    def __init__(self, fget: Callable[[Any], Any], bound: list[Any], disc_at: int, disc: int):
+        super().__init__(fget, bound)
+        self._disc_at = disc_at
+        self._disc = disc
+
+    def init(self, obj: Any) -> Any:
+        view = building_group_view(self._bound[0], obj)
+        view.assign()
+        if self._disc_at >= 0:
+            _U16.pack_into(obj._b.buf, obj._data + self._disc_at, self._disc)
+        return view
+
+
 def BuilderGroup(disc_at: int = -1, disc: int = 0) -> _Late:
     bound: list[Any] = [StructBuilder]
 
     def get(self: Any) -> Any:
-        if disc_at >= 0:
+        view = building_group_view(bound[0], self)
+        if disc_at >= 0 and _U16.unpack_from(self._b.buf, self._data + disc_at)[0] != disc:
+            view.assign()  # another member's bits and pointers are not this group's
             _U16.pack_into(self._b.buf, self._data + disc_at, disc)
-        return building_group_view(bound[0], self)
+        return view
 
-    return _Late(get, bound)
+    return _LateGroup(get, bound, disc_at, disc)
 
 
 def Enum(offset: int, xor: int = 0) -> _Late:

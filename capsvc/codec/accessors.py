@@ -279,7 +279,12 @@ class Group:
 
 class BuilderGroup:
     """A group of a builder; a group that is a union member is selected by the access, as
-    generated setters select theirs (``disc_at`` < 0: not a union member)."""
+    generated setters select theirs (``disc_at`` < 0: not a union member).
+
+    Union members share their struct's space, so a group selected while another member is
+    set would read that member's bits and pointers as its own fields: the switch clears
+    the group's fields first, as C++'s ``init<Group>()`` does. Once selected, access
+    changes nothing. ``init`` (generated ``init_<group>()``) always clears."""
 
     __slots__ = ("cls", "disc", "disc_at")
 
@@ -294,8 +299,20 @@ class BuilderGroup:
     def __get__(self, obj: StructBuilder | None, owner: object = None) -> object:
         if obj is None:
             return self
+        view = building_group_view(self.cls, obj)
+        disc_at = self.disc_at
+        if disc_at >= 0 and _U16.unpack_from(obj._b.buf, obj._data + disc_at)[0] != self.disc:
+            view.assign()  # every field of the group to its default (capsvc.codec.values)
+            _select(obj, disc_at, self.disc)
+        return view
+
+    def init(self, obj: StructBuilder) -> Any:
+        """The group of ``obj`` with every field at its default, selected if it is a union
+        member: what generated ``init_<group>()`` returns."""
+        view = building_group_view(self.cls, obj)
+        view.assign()
         _select(obj, self.disc_at, self.disc)
-        return building_group_view(self.cls, obj)
+        return view
 
 
 class Enum:

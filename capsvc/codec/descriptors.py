@@ -111,6 +111,9 @@ if TYPE_CHECKING:
         def bind(self, cls: type[T]) -> None:
             raise NotImplementedError
 
+        def init(self, obj: object) -> T:
+            raise NotImplementedError
+
     class Enum(_ReaderField[T]):
         def __init__(self, offset: int, xor: int = 0) -> None:
             raise NotImplementedError

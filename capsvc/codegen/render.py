@@ -1526,6 +1526,11 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
             where = f"{node.discriminant_offset * 2}, {field.discriminant}"
         out.add("")
         out.add(f"{name}: _d.BuilderGroup[{group}.Builder] = _d.BuilderGroup({where})")
+        selected = ", selected" if field.discriminant is not None else ""
+        out.add("")
+        out.add(f"def init_{field.name}(self) -> {group}.Builder:")
+        out.add(f'    """The group {field.name} with every field at its default{selected}."""')
+        out.add(f"    return type(self).{name}.init(self)")
         return
     kind = field.type
     assert kind is not None

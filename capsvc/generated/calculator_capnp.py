@@ -228,6 +228,10 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             call: _d.BuilderGroup[Calculator.Expression.Call.Builder] = _d.BuilderGroup(8, 3)
 
+            def init_call(self) -> Calculator.Expression.Call.Builder:
+                """The group call with every field at its default, selected."""
+                return type(self).call.init(self)
+
             def which(self) -> Literal["literal", "previousResult", "parameter", "call"] | None:
                 """The union member that is set (None: one this schema does not know)."""
                 d = get_u16(self._b.buf, self._data + 8)[0]

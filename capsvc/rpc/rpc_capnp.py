@@ -627,6 +627,10 @@ class Call:
 
         sendResultsTo: _d.BuilderGroup[Call.SendResultsTo.Builder] = _d.BuilderGroup()
 
+        def init_sendResultsTo(self) -> Call.SendResultsTo.Builder:
+            """The group sendResultsTo with every field at its default."""
+            return type(self).sendResultsTo.init(self)
+
         def assign(  # type: ignore[override]
             self,
             /,
@@ -1212,6 +1216,10 @@ class Disembargo:
             return _b.init_struct(self, self._ptr + 0, MessageTarget.Builder)
 
         context: _d.BuilderGroup[Disembargo.Context.Builder] = _d.BuilderGroup()
+
+        def init_context(self) -> Disembargo.Context.Builder:
+            """The group context with every field at its default."""
+            return type(self).context.init(self)
 
         def assign(  # type: ignore[override]
             self,

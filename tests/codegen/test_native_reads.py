@@ -126,6 +126,38 @@ def test_groups_read_and_select_through_descriptors(generated: Generated) -> Non
     assert reader.style.fill.gradient.to is kitchen.Color.green
 
 
+def test_a_union_group_reached_while_another_member_is_set_starts_cleared(
+    generated: Generated,
+) -> None:
+    """Union members share their struct's space: reaching ``square`` while ``circle`` and
+    then ``points`` were set reads neither the Float64's bits as its side nor the list as
+    its label. The switch clears the group, as C++'s ``initSquare()`` does; reaching it
+    again keeps what it holds; ``init("square")`` (pycapnp's spelling) and
+    ``init_square()`` clear it whatever is set."""
+    kitchen = generated.kitchen
+    builder = kitchen.Shapes.new_message(name="s")
+    builder.circle = -1.5
+    builder.points = [1, 2, 3]
+    square = builder.square
+    assert (square.side, square.label) == (0.0, "")
+    reference = generated.reference.Shapes.from_segments(segments_of(builder))
+    assert reference.which() == "square"
+    assert (reference.square.side, reference.square.label) == (0.0, "")
+    square.side, square.label = 2.5, "big"
+    assert (builder.square.side, builder.square.label) == (2.5, "big")
+    assert (builder.init("square").side, builder.square.label) == (0.0, "")
+    builder.square.label = "again"
+    assert builder.init_square().label == ""
+    builder.style.fill.pattern = "stripes"
+    gradient = builder.style.fill.gradient
+    assert (gradient.from_, gradient.to) == (kitchen.Color.red, kitchen.Color.red)
+    assert generated.reference.Shapes.from_segments(segments_of(builder)).to_dict() == {
+        "name": "s",
+        "square": {"side": 0.0},
+        "style": {"color": "red", "fill": {"gradient": {"from": "red", "to": "red"}}},
+    }
+
+
 def test_struct_and_enum_defaults_through_descriptors(generated: Generated) -> None:
     reader = generated.kitchen.Defaults.read(
         segments_of(generated.reference.Defaults.new_message())

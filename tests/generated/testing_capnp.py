@@ -1379,7 +1379,15 @@ class Holder:
 
         choice: _d.BuilderGroup[Holder.Choice.Builder] = _d.BuilderGroup()
 
+        def init_choice(self) -> Holder.Choice.Builder:
+            """The group choice with every field at its default."""
+            return type(self).choice.init(self)
+
         extra: _d.BuilderGroup[Holder.Extra.Builder] = _d.BuilderGroup()
+
+        def init_extra(self) -> Holder.Extra.Builder:
+            """The group extra with every field at its default."""
+            return type(self).extra.init(self)
 
         def assign(  # type: ignore[override]
             self,

@@ -451,7 +451,15 @@ class Expression:
 
         left: _d.BuilderGroup[Expression.Left.Builder] = _d.BuilderGroup()
 
+        def init_left(self) -> Expression.Left.Builder:
+            """The group left with every field at its default."""
+            return type(self).left.init(self)
+
         right: _d.BuilderGroup[Expression.Right.Builder] = _d.BuilderGroup()
+
+        def init_right(self) -> Expression.Right.Builder:
+            """The group right with every field at its default."""
+            return type(self).right.init(self)
 
         def assign(  # type: ignore[override]
             self,

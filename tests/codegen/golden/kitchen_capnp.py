@@ -6487,6 +6487,10 @@ class Shapes:
 
                 gradient: _d.BuilderGroup[Shapes.Style.Fill.Gradient.Builder] = _d.BuilderGroup(12, 2)
 
+                def init_gradient(self) -> Shapes.Style.Fill.Gradient.Builder:
+                    """The group gradient with every field at its default, selected."""
+                    return type(self).gradient.init(self)
+
                 def which(self) -> Literal["solid", "pattern", "gradient"] | None:
                     """The union member that is set (None: one this schema does not know)."""
                     d = get_u16(self._b.buf, self._data + 12)[0]
@@ -6566,6 +6570,10 @@ class Shapes:
                 set_u16(self._b.buf, self._data + 10, value)
 
             fill: _d.BuilderGroup[Shapes.Style.Fill.Builder] = _d.BuilderGroup()
+
+            def init_fill(self) -> Shapes.Style.Fill.Builder:
+                """The group fill with every field at its default."""
+                return type(self).fill.init(self)
 
             def assign(  # type: ignore[override]
                 self,
@@ -6673,6 +6681,10 @@ class Shapes:
 
         square: _d.BuilderGroup[Shapes.Square.Builder] = _d.BuilderGroup(8, 1)
 
+        def init_square(self) -> Shapes.Square.Builder:
+            """The group square with every field at its default, selected."""
+            return type(self).square.init(self)
+
         @property
         def nothing(self) -> None:
             return None
@@ -6704,6 +6716,10 @@ class Shapes:
             set_u16(self._b.buf, self._data + 8, 3)
 
         style: _d.BuilderGroup[Shapes.Style.Builder] = _d.BuilderGroup()
+
+        def init_style(self) -> Shapes.Style.Builder:
+            """The group style with every field at its default."""
+            return type(self).style.init(self)
 
         def which(self) -> Literal["circle", "square", "nothing", "points"] | None:
             """The union member that is set (None: one this schema does not know)."""
