@@ -20,7 +20,7 @@ Theory of operation (the encoding: capnproto.org/encoding.html; specs/codegen.md
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Protocol, TypeVar
 
 from capsvc._mypyc import mypyc_attr
@@ -41,6 +41,8 @@ _set_halves: Final = struct.Struct("<II").pack_into
 _ONE_SEGMENT_TABLE: Final[Callable[[int, int], bytes]] = struct.Struct("<II").pack
 _ZERO_WORD: Final = bytes(8)
 _get_u64: Final[Callable[[Any, int], tuple[int]]] = struct.Struct("<Q").unpack_from
+_U16_INTO: Final = struct.Struct("<H").pack_into
+_U16_FROM: Final = struct.Struct("<H").unpack_from
 
 #: (struct format letter, Cap'n Proto name) of each number type, for the messages of errors.
 _RANGES: Final = {
@@ -898,6 +900,18 @@ def enum_code(value: object, enum: Any, field: str) -> int:
     return check_enum(value, codes, field, enum.__name__)
 
 
+def switch_member(parent: StructBuilder, disc_at: int, disc: int, slot: int) -> None:
+    """Select the union member ``disc`` (discriminant at byte ``disc_at``) whose value is
+    the pointer in ``slot``; if another member was set, the slot is nulled first (it may
+    hold that member's pointer): what a generated getter of a struct union member runs."""
+    buf = parent._b.buf
+    at = parent._data + disc_at
+    if buf[at] | buf[at + 1] << 8 != disc:
+        buf[at] = disc & 0xFF
+        buf[at + 1] = disc >> 8
+        _set_u64(buf, (parent._ptr + slot) << 3, 0)
+
+
 def member_not_set(builder: StructBuilder, field: str) -> ValueError:
     """The error of reading union member ``field`` of ``builder`` while another is set
     (pycapnp's builders refuse it too): what a generated list getter raises."""
@@ -1176,19 +1190,30 @@ class _ReaderView(Protocol):
 
 
 def copy_struct(
-    parent: StructBuilder, slot: int, value: Any, cls: Any = None, label: str = ""
+    parent: StructBuilder,
+    slot: int,
+    value: Any,
+    cls: Any = None,
+    label: str = "",
+    default: Sequence[bytes] | None = None,
+    disc_at: int = -1,
+    disc: int = 0,
 ) -> None:
     """Set pointer ``slot`` of ``parent`` to a deep copy of ``value``, a generated reader
     or builder of the field's struct type (capabilities in it join this message's cap
     table); or, given the field's builder class ``cls``, to a struct of it holding
-    ``value``, a dict of its fields (as pycapnp takes ``builder.field = {...}``) or its
-    row, checked whole before anything changes. ``label`` names the field in errors."""
+    ``value``, its row, or a dict of some of its fields: as pycapnp's
+    ``builder.field = {...}``, those fields change and the others keep what the struct
+    holds (its schema ``default``, encoded, when the slot is null). Checked whole before
+    anything changes; then the union member ``disc`` is selected (discriminant at byte
+    ``disc_at``, if any). ``label`` names the field in errors."""
     from capsvc.codec.reading import StructReader
 
     if isinstance(value, StructBuilder):
         value = value.as_reader()
     elif cls is not None and isinstance(value, dict):
-        value = new_builder(cls, _values.new_message_from(cls._PLAN, value), 1).as_reader()
+        fields = _fields_over(parent, slot, value, cls, default, disc_at, disc)
+        value = new_builder(cls, _values.new_message_from(cls._PLAN, fields), 1).as_reader()
     elif cls is not None and isinstance(value, tuple):
         value = _values.new_message_row(cls, cls._PLAN, value).as_reader()
     if not isinstance(value, StructReader):
@@ -1216,6 +1241,61 @@ def copy_struct(
             target + data_words + index,
             source._depth,
         )
+    if disc_at >= 0:
+        _U16_INTO(buf, parent._data + disc_at, disc)
+
+
+def _fields_over(
+    parent: StructBuilder,
+    slot: int,
+    given: dict[str, Any],
+    cls: Any,
+    default: Sequence[bytes] | None,
+    disc_at: int,
+    disc: int,
+) -> dict[str, Any]:
+    """``given`` over what the struct field in ``slot`` holds now (its ``default`` if it is
+    null, or another union member is set), as ``to_dict()`` gives it."""
+    from capsvc.codec.reading import DEFAULT_NESTING_LIMIT, default_location, read_struct
+
+    buf = parent._b.buf
+    at = parent._ptr + slot
+    (word,) = _get_u64(buf, at << 3)
+    here = disc_at < 0 or _U16_FROM(buf, parent._data + disc_at)[0] == disc
+    plan = cls._PLAN
+    if here and word != 0:
+        base = struct_at(parent._b, at, word, cls).to_dict()
+    elif default is not None and plan.reader is not None:
+        msg, si, w = default_location(default)
+        base = read_struct(msg, si, w, plan.reader, DEFAULT_NESTING_LIMIT, None).to_dict()
+    else:
+        return given
+    return merge_fields(plan, base, given)
+
+
+def merge_fields(
+    plan: StructPlan, base: dict[str, Any], given: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``base`` (fields by schema name, as ``to_dict()`` gives them) with ``given`` (by either
+    name) set over it, as pycapnp's ``from_dict`` sets them on a struct: a union member
+    given replaces the member ``base`` holds, and a dict given for a struct or group that
+    ``base`` holds as a dict is set over that one."""
+    merged = dict(base)
+    for key, value in given.items():
+        field = plan.fields.get(key)
+        if field is None:
+            merged[key] = value  # (the encoder names it: no such field)
+            continue
+        if field.disc >= 0:
+            for other in plan.order:
+                if other.disc >= 0 and other is not field:
+                    merged.pop(other.name, None)
+        held = merged.get(field.name)
+        target = field.target
+        if target is not None and isinstance(value, dict) and isinstance(held, dict):
+            value = merge_fields(target, held, value)
+        merged[field.name] = value
+    return merged
 
 
 # The value encoder builds on this module (MessageBuilder, the copies): imported last, so

@@ -1602,19 +1602,30 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
         out.add(f"def {name}(self) -> {target}.Builder:")
         out.add(f'    """The {field.name} struct (allocated on first use)."""')
         with out.indent():
-            for line in select:
-                out.add(line)
+            if field.discriminant is not None:
+                # Selected by the access, as a group is; the slot may hold another member's
+                # pointer, which is not this struct: the switch starts from a null slot.
+                at = node.discriminant_offset * 2
+                out.add(f"_b.switch_member(self, {at}, {field.discriminant}, {field.offset})")
             copy = f", {_default_name(path, field)}" if field.default is not None else ""
             out.add(f"return _b.struct_field(self, {field.offset}, {target}.Builder{copy})")
         out.add(f"@{name}.setter")
         accepted = f"{target}.Init | {target}.Row | {target}.Reader | {target}.Builder"
         out.add(f"def {name}(self, value: {accepted}) -> None:")
-        out.add('    """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""')
+        out.add(
+            '    """A copy of ``value`` (capabilities too), its row, or a dict of fields to set'
+        )
+        out.add('    over what the struct holds (its default, if null), as pycapnp does."""')
         with out.indent():
-            for line in select:
-                out.add(line)
             label = f"{node.scope}.{field.name}"
-            out.add(f'_b.copy_struct(self, {field.offset}, value, {target}.Builder, "{label}")')
+            extra = f", {_default_name(path, field)}" if field.default is not None else ", None"
+            if field.discriminant is not None:
+                extra += f", {node.discriminant_offset * 2}, {field.discriminant}"
+            elif field.default is None:
+                extra = ""
+            out.add(
+                f'_b.copy_struct(self, {field.offset}, value, {target}.Builder, "{label}"{extra})'
+            )
         out.add("")
         out.add(f"def init_{field.name}(self) -> {target}.Builder:")
         out.add(f'    """A new, empty {field.name} struct."""')

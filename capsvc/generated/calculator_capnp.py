@@ -1127,7 +1127,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _b.struct_field(self, 0, Calculator.Expression.Builder)
             @body.setter
             def body(self, value: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
                 _b.copy_struct(self, 0, value, Calculator.Expression.Builder, "Calculator.defFunction$Params.body")
 
             def init_body(self) -> Calculator.Expression.Builder:
@@ -1473,7 +1474,8 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _b.struct_field(self, 0, Calculator.Expression.Builder)
             @expression.setter
             def expression(self, value: Calculator.Expression.Init | Calculator.Expression.Row | Calculator.Expression.Reader | Calculator.Expression.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
                 _b.copy_struct(self, 0, value, Calculator.Expression.Builder, "Calculator.evaluate$Params.expression")
 
             def init_expression(self) -> Calculator.Expression.Builder:

@@ -595,7 +595,8 @@ class Call:
             return _b.struct_field(self, 0, MessageTarget.Builder)
         @target.setter
         def target(self, value: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 0, value, MessageTarget.Builder, "Call.target")
 
         def init_target(self) -> MessageTarget.Builder:
@@ -618,7 +619,8 @@ class Call:
             return _b.struct_field(self, 1, Payload.Builder)
         @params.setter
         def params(self, value: Payload.Init | Payload.Row | Payload.Reader | Payload.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 1, value, Payload.Builder, "Call.params")
 
         def init_params(self) -> Payload.Builder:
@@ -879,13 +881,13 @@ class CapDescriptor:
         @property
         def receiverAnswer(self) -> PromisedAnswer.Builder:
             """The receiverAnswer struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 4)
+            _b.switch_member(self, 0, 4, 0)
             return _b.struct_field(self, 0, PromisedAnswer.Builder)
         @receiverAnswer.setter
         def receiverAnswer(self, value: PromisedAnswer.Init | PromisedAnswer.Row | PromisedAnswer.Reader | PromisedAnswer.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 4)
-            _b.copy_struct(self, 0, value, PromisedAnswer.Builder, "CapDescriptor.receiverAnswer")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, PromisedAnswer.Builder, "CapDescriptor.receiverAnswer", None, 0, 4)
 
         def init_receiverAnswer(self) -> PromisedAnswer.Builder:
             """A new, empty receiverAnswer struct."""
@@ -895,13 +897,13 @@ class CapDescriptor:
         @property
         def thirdPartyHosted(self) -> ThirdPartyCapDescriptor.Builder:
             """The thirdPartyHosted struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 5)
+            _b.switch_member(self, 0, 5, 0)
             return _b.struct_field(self, 0, ThirdPartyCapDescriptor.Builder)
         @thirdPartyHosted.setter
         def thirdPartyHosted(self, value: ThirdPartyCapDescriptor.Init | ThirdPartyCapDescriptor.Row | ThirdPartyCapDescriptor.Reader | ThirdPartyCapDescriptor.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 5)
-            _b.copy_struct(self, 0, value, ThirdPartyCapDescriptor.Builder, "CapDescriptor.thirdPartyHosted")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, ThirdPartyCapDescriptor.Builder, "CapDescriptor.thirdPartyHosted", None, 0, 5)
 
         def init_thirdPartyHosted(self) -> ThirdPartyCapDescriptor.Builder:
             """A new, empty thirdPartyHosted struct."""
@@ -1208,7 +1210,8 @@ class Disembargo:
             return _b.struct_field(self, 0, MessageTarget.Builder)
         @target.setter
         def target(self, value: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 0, value, MessageTarget.Builder, "Disembargo.target")
 
         def init_target(self) -> MessageTarget.Builder:
@@ -1795,7 +1798,8 @@ class Join:
             return _b.struct_field(self, 0, MessageTarget.Builder)
         @target.setter
         def target(self, value: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 0, value, MessageTarget.Builder, "Join.target")
 
         def init_target(self) -> MessageTarget.Builder:
@@ -2101,13 +2105,13 @@ class Message:
         @property
         def unimplemented(self) -> Message.Builder:
             """The unimplemented struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 0)
+            _b.switch_member(self, 0, 0, 0)
             return _b.struct_field(self, 0, Message.Builder)
         @unimplemented.setter
         def unimplemented(self, value: Message.Init | Message.Row | Message.Reader | Message.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 0)
-            _b.copy_struct(self, 0, value, Message.Builder, "Message.unimplemented")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Message.Builder, "Message.unimplemented", None, 0, 0)
 
         def init_unimplemented(self) -> Message.Builder:
             """A new, empty unimplemented struct."""
@@ -2117,13 +2121,13 @@ class Message:
         @property
         def abort(self) -> Exception.Builder:
             """The abort struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 1)
+            _b.switch_member(self, 0, 1, 0)
             return _b.struct_field(self, 0, Exception.Builder)
         @abort.setter
         def abort(self, value: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 1)
-            _b.copy_struct(self, 0, value, Exception.Builder, "Message.abort")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Exception.Builder, "Message.abort", None, 0, 1)
 
         def init_abort(self) -> Exception.Builder:
             """A new, empty abort struct."""
@@ -2133,13 +2137,13 @@ class Message:
         @property
         def bootstrap(self) -> Bootstrap.Builder:
             """The bootstrap struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 8)
+            _b.switch_member(self, 0, 8, 0)
             return _b.struct_field(self, 0, Bootstrap.Builder)
         @bootstrap.setter
         def bootstrap(self, value: Bootstrap.Init | Bootstrap.Row | Bootstrap.Reader | Bootstrap.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 8)
-            _b.copy_struct(self, 0, value, Bootstrap.Builder, "Message.bootstrap")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Bootstrap.Builder, "Message.bootstrap", None, 0, 8)
 
         def init_bootstrap(self) -> Bootstrap.Builder:
             """A new, empty bootstrap struct."""
@@ -2149,13 +2153,13 @@ class Message:
         @property
         def call(self) -> Call.Builder:
             """The call struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 2)
+            _b.switch_member(self, 0, 2, 0)
             return _b.struct_field(self, 0, Call.Builder)
         @call.setter
         def call(self, value: Call.Init | Call.Row | Call.Reader | Call.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 2)
-            _b.copy_struct(self, 0, value, Call.Builder, "Message.call")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Call.Builder, "Message.call", None, 0, 2)
 
         def init_call(self) -> Call.Builder:
             """A new, empty call struct."""
@@ -2165,13 +2169,13 @@ class Message:
         @property
         def return_(self) -> Return.Builder:
             """The return struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 3)
+            _b.switch_member(self, 0, 3, 0)
             return _b.struct_field(self, 0, Return.Builder)
         @return_.setter
         def return_(self, value: Return.Init | Return.Row | Return.Reader | Return.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 3)
-            _b.copy_struct(self, 0, value, Return.Builder, "Message.return")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Return.Builder, "Message.return", None, 0, 3)
 
         def init_return(self) -> Return.Builder:
             """A new, empty return struct."""
@@ -2181,13 +2185,13 @@ class Message:
         @property
         def finish(self) -> Finish.Builder:
             """The finish struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 4)
+            _b.switch_member(self, 0, 4, 0)
             return _b.struct_field(self, 0, Finish.Builder)
         @finish.setter
         def finish(self, value: Finish.Init | Finish.Row | Finish.Reader | Finish.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 4)
-            _b.copy_struct(self, 0, value, Finish.Builder, "Message.finish")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Finish.Builder, "Message.finish", None, 0, 4)
 
         def init_finish(self) -> Finish.Builder:
             """A new, empty finish struct."""
@@ -2197,13 +2201,13 @@ class Message:
         @property
         def resolve(self) -> Resolve.Builder:
             """The resolve struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 5)
+            _b.switch_member(self, 0, 5, 0)
             return _b.struct_field(self, 0, Resolve.Builder)
         @resolve.setter
         def resolve(self, value: Resolve.Init | Resolve.Row | Resolve.Reader | Resolve.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 5)
-            _b.copy_struct(self, 0, value, Resolve.Builder, "Message.resolve")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Resolve.Builder, "Message.resolve", None, 0, 5)
 
         def init_resolve(self) -> Resolve.Builder:
             """A new, empty resolve struct."""
@@ -2213,13 +2217,13 @@ class Message:
         @property
         def release(self) -> Release.Builder:
             """The release struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 6)
+            _b.switch_member(self, 0, 6, 0)
             return _b.struct_field(self, 0, Release.Builder)
         @release.setter
         def release(self, value: Release.Init | Release.Row | Release.Reader | Release.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 6)
-            _b.copy_struct(self, 0, value, Release.Builder, "Message.release")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Release.Builder, "Message.release", None, 0, 6)
 
         def init_release(self) -> Release.Builder:
             """A new, empty release struct."""
@@ -2229,13 +2233,13 @@ class Message:
         @property
         def disembargo(self) -> Disembargo.Builder:
             """The disembargo struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 13)
+            _b.switch_member(self, 0, 13, 0)
             return _b.struct_field(self, 0, Disembargo.Builder)
         @disembargo.setter
         def disembargo(self, value: Disembargo.Init | Disembargo.Row | Disembargo.Reader | Disembargo.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 13)
-            _b.copy_struct(self, 0, value, Disembargo.Builder, "Message.disembargo")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Disembargo.Builder, "Message.disembargo", None, 0, 13)
 
         def init_disembargo(self) -> Disembargo.Builder:
             """A new, empty disembargo struct."""
@@ -2265,13 +2269,13 @@ class Message:
         @property
         def provide(self) -> Provide.Builder:
             """The provide struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 10)
+            _b.switch_member(self, 0, 10, 0)
             return _b.struct_field(self, 0, Provide.Builder)
         @provide.setter
         def provide(self, value: Provide.Init | Provide.Row | Provide.Reader | Provide.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 10)
-            _b.copy_struct(self, 0, value, Provide.Builder, "Message.provide")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Provide.Builder, "Message.provide", None, 0, 10)
 
         def init_provide(self) -> Provide.Builder:
             """A new, empty provide struct."""
@@ -2281,13 +2285,13 @@ class Message:
         @property
         def accept(self) -> Accept.Builder:
             """The accept struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 11)
+            _b.switch_member(self, 0, 11, 0)
             return _b.struct_field(self, 0, Accept.Builder)
         @accept.setter
         def accept(self, value: Accept.Init | Accept.Row | Accept.Reader | Accept.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 11)
-            _b.copy_struct(self, 0, value, Accept.Builder, "Message.accept")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Accept.Builder, "Message.accept", None, 0, 11)
 
         def init_accept(self) -> Accept.Builder:
             """A new, empty accept struct."""
@@ -2297,13 +2301,13 @@ class Message:
         @property
         def join(self) -> Join.Builder:
             """The join struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 12)
+            _b.switch_member(self, 0, 12, 0)
             return _b.struct_field(self, 0, Join.Builder)
         @join.setter
         def join(self, value: Join.Init | Join.Row | Join.Reader | Join.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 12)
-            _b.copy_struct(self, 0, value, Join.Builder, "Message.join")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Join.Builder, "Message.join", None, 0, 12)
 
         def init_join(self) -> Join.Builder:
             """A new, empty join struct."""
@@ -2564,13 +2568,13 @@ class MessageTarget:
         @property
         def promisedAnswer(self) -> PromisedAnswer.Builder:
             """The promisedAnswer struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 4, 1)
+            _b.switch_member(self, 4, 1, 0)
             return _b.struct_field(self, 0, PromisedAnswer.Builder)
         @promisedAnswer.setter
         def promisedAnswer(self, value: PromisedAnswer.Init | PromisedAnswer.Row | PromisedAnswer.Reader | PromisedAnswer.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 4, 1)
-            _b.copy_struct(self, 0, value, PromisedAnswer.Builder, "MessageTarget.promisedAnswer")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, PromisedAnswer.Builder, "MessageTarget.promisedAnswer", None, 4, 1)
 
         def init_promisedAnswer(self) -> PromisedAnswer.Builder:
             """A new, empty promisedAnswer struct."""
@@ -3310,7 +3314,8 @@ class Provide:
             return _b.struct_field(self, 0, MessageTarget.Builder)
         @target.setter
         def target(self, value: MessageTarget.Init | MessageTarget.Row | MessageTarget.Reader | MessageTarget.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 0, value, MessageTarget.Builder, "Provide.target")
 
         def init_target(self) -> MessageTarget.Builder:
@@ -3678,13 +3683,13 @@ class Resolve:
         @property
         def cap(self) -> CapDescriptor.Builder:
             """The cap struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 4, 0)
+            _b.switch_member(self, 4, 0, 0)
             return _b.struct_field(self, 0, CapDescriptor.Builder)
         @cap.setter
         def cap(self, value: CapDescriptor.Init | CapDescriptor.Row | CapDescriptor.Reader | CapDescriptor.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 4, 0)
-            _b.copy_struct(self, 0, value, CapDescriptor.Builder, "Resolve.cap")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, CapDescriptor.Builder, "Resolve.cap", None, 4, 0)
 
         def init_cap(self) -> CapDescriptor.Builder:
             """A new, empty cap struct."""
@@ -3694,13 +3699,13 @@ class Resolve:
         @property
         def exception(self) -> Exception.Builder:
             """The exception struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 4, 1)
+            _b.switch_member(self, 4, 1, 0)
             return _b.struct_field(self, 0, Exception.Builder)
         @exception.setter
         def exception(self, value: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 4, 1)
-            _b.copy_struct(self, 0, value, Exception.Builder, "Resolve.exception")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Exception.Builder, "Resolve.exception", None, 4, 1)
 
         def init_exception(self) -> Exception.Builder:
             """A new, empty exception struct."""
@@ -3952,13 +3957,13 @@ class Return:
         @property
         def results(self) -> Payload.Builder:
             """The results struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 6, 0)
+            _b.switch_member(self, 6, 0, 0)
             return _b.struct_field(self, 0, Payload.Builder)
         @results.setter
         def results(self, value: Payload.Init | Payload.Row | Payload.Reader | Payload.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 6, 0)
-            _b.copy_struct(self, 0, value, Payload.Builder, "Return.results")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Payload.Builder, "Return.results", None, 6, 0)
 
         def init_results(self) -> Payload.Builder:
             """A new, empty results struct."""
@@ -3968,13 +3973,13 @@ class Return:
         @property
         def exception(self) -> Exception.Builder:
             """The exception struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 6, 1)
+            _b.switch_member(self, 6, 1, 0)
             return _b.struct_field(self, 0, Exception.Builder)
         @exception.setter
         def exception(self, value: Exception.Init | Exception.Row | Exception.Reader | Exception.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 6, 1)
-            _b.copy_struct(self, 0, value, Exception.Builder, "Return.exception")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Exception.Builder, "Return.exception", None, 6, 1)
 
         def init_exception(self) -> Exception.Builder:
             """A new, empty exception struct."""

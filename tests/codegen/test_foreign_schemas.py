@@ -389,3 +389,66 @@ def test_constants_named_like_the_generated_row_functions_are_renamed(tmp_path: 
     assert set(m.I.METHODS) == {"ping"}
     checked = mypy(tmp_path, str(out / "rownames_capnp.py"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+_DICTS = """@0x{id};
+struct Inner { a @0 :Int32 = 7; b @1 :Text; flag @2 :Bool = true; }
+struct Outer {
+  inner @0 :Inner = (a = 11, b = "from the default");
+  plain @1 :Inner;
+  union {
+    words @2 :List(Text);
+    member @3 :Inner;
+    count @4 :UInt64;
+  }
+}
+"""
+
+
+def test_a_dict_set_on_a_struct_field_sets_its_fields_over_what_it_holds(tmp_path: Path) -> None:
+    """``builder.inner = {...}`` as pycapnp does it (found by a sweep of capnproto-rust's
+    test.capnp): the fields given are set over the struct the field holds (its schema
+    default while null), the others keep theirs; a union member set so while another is
+    set starts from its default, never from the other member's pointer."""
+    out = generate(tmp_path, {"dicts.capnp": _DICTS.replace("{id}", "a1b2c3d4e5f60016")})
+    m = load(out, "dicts_capnp")
+    ref = reference(tmp_path, "dicts.capnp")
+    ours = m.Outer.new_message()
+    theirs = ref.Outer.new_message()
+    for side in (ours, theirs):
+        side.inner = {"b": "set"}
+        side.plain = {"a": 1, "b": "one"}
+        side.plain = {"b": "two"}
+        side.words = ["not", "a", "struct"]
+    ours.member = {"b": "member"}
+    theirs.init("member").b = "member"  # (pycapnp refuses a dict for a member not set)
+    expected = theirs.to_dict()
+    assert expected["inner"] == {"a": 11, "b": "set", "flag": True}
+    assert expected["plain"] == {"a": 1, "b": "two", "flag": True}
+    assert ours.to_dict() == expected
+    assert ref.Outer.from_bytes_packed(ours.to_bytes_packed()).to_dict() == expected
+    ours.member = {"a": 3}  # the member set: over it
+    assert ours.to_dict()["member"] == {"a": 3, "b": "member", "flag": True}
+    with pytest.raises(TypeError, match=r"Inner\.a"):
+        ours.plain = {"a": "text"}
+    assert ours.to_dict()["plain"] == {"a": 1, "b": "two", "flag": True}  # refused: unchanged
+
+
+def test_reaching_a_struct_union_member_while_another_is_set_starts_it_afresh(
+    tmp_path: Path,
+) -> None:
+    """The getter of a struct union member selects it (as a group's does); the pointer slot
+    may hold another member's list, which must not be read (and resized) as this struct."""
+    out = generate(tmp_path, {"unions.capnp": _DICTS.replace("{id}", "a1b2c3d4e5f60017")})
+    m = load(out, "unions_capnp")
+    ref = reference(tmp_path, "unions.capnp")
+    ours = m.Outer.new_message(words=["x" * 40, "y"])
+    member = ours.member
+    assert (member.a, member.b, ours.which()) == (7, "", "member")
+    member.b = "kept"
+    assert ours.member.b == "kept"  # selected now: reaching it again keeps it
+    assert ref.Outer.from_bytes_packed(ours.to_bytes_packed()).to_dict()["member"] == {
+        "a": 7,
+        "b": "kept",
+        "flag": True,
+    }

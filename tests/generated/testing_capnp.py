@@ -1340,7 +1340,8 @@ class Holder:
             return _b.struct_field(self, 2, Holder.Builder)
         @inner.setter
         def inner(self, value: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 2, value, Holder.Builder, "Holder.inner")
 
         def init_inner(self) -> Holder.Builder:
@@ -3169,7 +3170,8 @@ class Tester(_t.Interface["Tester.Client"]):
                 return _b.struct_field(self, 0, Holder.Builder)
             @holder.setter
             def holder(self, value: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
                 _b.copy_struct(self, 0, value, Holder.Builder, "Tester.holdCaps$Params.holder")
 
             def init_holder(self) -> Holder.Builder:
@@ -3339,7 +3341,8 @@ class Tester(_t.Interface["Tester.Client"]):
                 return _b.struct_field(self, 0, Holder.Builder)
             @holder.setter
             def holder(self, value: Holder.Init | Holder.Row | Holder.Reader | Holder.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
                 _b.copy_struct(self, 0, value, Holder.Builder, "Tester.holdCaps$Results.holder")
 
             def init_holder(self) -> Holder.Builder:

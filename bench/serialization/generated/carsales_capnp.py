@@ -203,7 +203,8 @@ class Car:
             return _b.struct_field(self, 3, Engine.Builder)
         @engine.setter
         def engine(self, value: Engine.Init | Engine.Row | Engine.Reader | Engine.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 3, value, Engine.Builder, "Car.engine")
 
         def init_engine(self) -> Engine.Builder:

@@ -247,13 +247,13 @@ class Expression:
             @property
             def expression(self) -> Expression.Builder:
                 """The expression struct (allocated on first use)."""
-                set_u16(self._b.buf, self._data + 2, 1)
+                _b.switch_member(self, 2, 1, 0)
                 return _b.struct_field(self, 0, Expression.Builder)
             @expression.setter
             def expression(self, value: Expression.Init | Expression.Row | Expression.Reader | Expression.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-                set_u16(self._b.buf, self._data + 2, 1)
-                _b.copy_struct(self, 0, value, Expression.Builder, "Expression.left.expression")
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
+                _b.copy_struct(self, 0, value, Expression.Builder, "Expression.left.expression", None, 2, 1)
 
             def init_expression(self) -> Expression.Builder:
                 """A new, empty expression struct."""
@@ -350,13 +350,13 @@ class Expression:
             @property
             def expression(self) -> Expression.Builder:
                 """The expression struct (allocated on first use)."""
-                set_u16(self._b.buf, self._data + 12, 1)
+                _b.switch_member(self, 12, 1, 1)
                 return _b.struct_field(self, 1, Expression.Builder)
             @expression.setter
             def expression(self, value: Expression.Init | Expression.Row | Expression.Reader | Expression.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-                set_u16(self._b.buf, self._data + 12, 1)
-                _b.copy_struct(self, 1, value, Expression.Builder, "Expression.right.expression")
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
+                _b.copy_struct(self, 1, value, Expression.Builder, "Expression.right.expression", None, 12, 1)
 
             def init_expression(self) -> Expression.Builder:
                 """A new, empty expression struct."""

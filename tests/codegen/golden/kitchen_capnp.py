@@ -706,7 +706,8 @@ class Box:
             return _b.struct_field(self, 1, Box.Builder)
         @next.setter
         def next(self, value: Box.Init | Box.Row | Box.Reader | Box.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 1, value, Box.Builder, "Box.next")
 
         def init_next(self) -> Box.Builder:
@@ -912,7 +913,8 @@ class Boxes:
             return _b.struct_field(self, 0, Box_Text.Builder)
         @texts.setter
         def texts(self, value: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 0, value, Box_Text.Builder, "Boxes.texts")
 
         def init_texts(self) -> Box_Text.Builder:
@@ -925,7 +927,8 @@ class Boxes:
             return _b.struct_field(self, 1, Box_List_Int32.Builder)
         @numbers.setter
         def numbers(self, value: Box_List_Int32.Init | Box_List_Int32.Row | Box_List_Int32.Reader | Box_List_Int32.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 1, value, Box_List_Int32.Builder, "Boxes.numbers")
 
         def init_numbers(self) -> Box_List_Int32.Builder:
@@ -938,7 +941,8 @@ class Boxes:
             return _b.struct_field(self, 2, Box_Tree.Builder)
         @trees.setter
         def trees(self, value: Box_Tree.Init | Box_Tree.Row | Box_Tree.Reader | Box_Tree.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 2, value, Box_Tree.Builder, "Boxes.trees")
 
         def init_trees(self) -> Box_Tree.Builder:
@@ -951,7 +955,8 @@ class Boxes:
             return _b.struct_field(self, 3, Box_Shop.Builder)
         @shops.setter
         def shops(self, value: Box_Shop.Init | Box_Shop.Row | Box_Shop.Reader | Box_Shop.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 3, value, Box_Shop.Builder, "Boxes.shops")
 
         def init_shops(self) -> Box_Shop.Builder:
@@ -964,7 +969,8 @@ class Boxes:
             return _b.struct_field(self, 4, Pair_Text_Box_Text.Builder)
         @pair.setter
         def pair(self, value: Pair_Text_Box_Text.Init | Pair_Text_Box_Text.Row | Pair_Text_Box_Text.Reader | Pair_Text_Box_Text.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 4, value, Pair_Text_Box_Text.Builder, "Boxes.pair")
 
         def init_pair(self) -> Pair_Text_Box_Text.Builder:
@@ -977,7 +983,8 @@ class Boxes:
             return _b.struct_field(self, 5, Box.Builder)
         @bare.setter
         def bare(self, value: Box.Init | Box.Row | Box.Reader | Box.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 5, value, Box.Builder, "Boxes.bare")
 
         def init_bare(self) -> Box.Builder:
@@ -1423,13 +1430,13 @@ class Choice:
         @property
         def numbers(self) -> Numbers.Builder:
             """The numbers struct (allocated on first use)."""
-            set_u16(self._b.buf, self._data + 0, 1)
+            _b.switch_member(self, 0, 1, 0)
             return _b.struct_field(self, 0, Numbers.Builder)
         @numbers.setter
         def numbers(self, value: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            set_u16(self._b.buf, self._data + 0, 1)
-            _b.copy_struct(self, 0, value, Numbers.Builder, "Choice.numbers")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Numbers.Builder, "Choice.numbers", None, 0, 1)
 
         def init_numbers(self) -> Numbers.Builder:
             """A new, empty numbers struct."""
@@ -2283,8 +2290,9 @@ class Defaults:
             return _b.struct_field(self, 2, Numbers.Builder, _D_Defaults_numbers)
         @numbers.setter
         def numbers(self, value: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            _b.copy_struct(self, 2, value, Numbers.Builder, "Defaults.numbers")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 2, value, Numbers.Builder, "Defaults.numbers", _D_Defaults_numbers)
 
         def init_numbers(self) -> Numbers.Builder:
             """A new, empty numbers struct."""
@@ -2710,8 +2718,9 @@ class Layered:
             return _b.struct_field(self, 0, Wrapper.Builder, _D_Layered_outer)
         @outer.setter
         def outer(self, value: Wrapper.Init | Wrapper.Row | Wrapper.Reader | Wrapper.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            _b.copy_struct(self, 0, value, Wrapper.Builder, "Layered.outer")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 0, value, Wrapper.Builder, "Layered.outer", _D_Layered_outer)
 
         def init_outer(self) -> Wrapper.Builder:
             """A new, empty outer struct."""
@@ -4632,7 +4641,8 @@ class Parcel:
             return _b.struct_field(self, 0, Crate.Builder)
         @contents.setter
         def contents(self, value: Crate.Init | Crate.Row | Crate.Reader | Crate.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 0, value, Crate.Builder, "Parcel.contents")
 
         def init_contents(self) -> Crate.Builder:
@@ -4819,8 +4829,9 @@ class Recurring:
             return _b.struct_field(self, 1, Recurring.Builder, _D_Recurring_again)
         @again.setter
         def again(self, value: Recurring.Init | Recurring.Row | Recurring.Reader | Recurring.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            _b.copy_struct(self, 1, value, Recurring.Builder, "Recurring.again")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 1, value, Recurring.Builder, "Recurring.again", _D_Recurring_again)
 
         def init_again(self) -> Recurring.Builder:
             """A new, empty again struct."""
@@ -7230,7 +7241,8 @@ class Shelves:
             return _b.struct_field(self, 0, Shelf_Tree.Slot_Text.Builder)
         @texts.setter
         def texts(self, value: Shelf_Tree.Slot_Text.Init | Shelf_Tree.Slot_Text.Row | Shelf_Tree.Slot_Text.Reader | Shelf_Tree.Slot_Text.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 0, value, Shelf_Tree.Slot_Text.Builder, "Shelves.texts")
 
         def init_texts(self) -> Shelf_Tree.Slot_Text.Builder:
@@ -7243,7 +7255,8 @@ class Shelves:
             return _b.struct_field(self, 1, Shelf_Tree.Slot_List_Int32.Builder)
         @numbers.setter
         def numbers(self, value: Shelf_Tree.Slot_List_Int32.Init | Shelf_Tree.Slot_List_Int32.Row | Shelf_Tree.Slot_List_Int32.Reader | Shelf_Tree.Slot_List_Int32.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 1, value, Shelf_Tree.Slot_List_Int32.Builder, "Shelves.numbers")
 
         def init_numbers(self) -> Shelf_Tree.Slot_List_Int32.Builder:
@@ -7256,8 +7269,9 @@ class Shelves:
             return _b.struct_field(self, 2, Shelf_Tree.Slot_Text.Builder, _D_Shelves_aliased)
         @aliased.setter
         def aliased(self, value: Shelf_Tree.Slot_Text.Init | Shelf_Tree.Slot_Text.Row | Shelf_Tree.Slot_Text.Reader | Shelf_Tree.Slot_Text.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
-            _b.copy_struct(self, 2, value, Shelf_Tree.Slot_Text.Builder, "Shelves.aliased")
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
+            _b.copy_struct(self, 2, value, Shelf_Tree.Slot_Text.Builder, "Shelves.aliased", _D_Shelves_aliased)
 
         def init_aliased(self) -> Shelf_Tree.Slot_Text.Builder:
             """A new, empty aliased struct."""
@@ -7616,7 +7630,8 @@ class Shop(_t.Interface["Shop.Client"]):
                 return _b.struct_field(self, 0, Numbers.Builder)
             @receipt.setter
             def receipt(self, value: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
                 _b.copy_struct(self, 0, value, Numbers.Builder, "Shop.buy$Results.receipt")
 
             def init_receipt(self) -> Numbers.Builder:
@@ -8089,7 +8104,8 @@ class Shop(_t.Interface["Shop.Client"]):
                 return _b.struct_field(self, 0, Tree.Builder)
             @tree.setter
             def tree(self, value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
                 _b.copy_struct(self, 0, value, Tree.Builder, "Shop.peek$Params.tree")
 
             def init_tree(self) -> Tree.Builder:
@@ -9141,7 +9157,8 @@ class Store(_t.Interface["Store.Client"]):
                 return _b.struct_field(self, 1, Box.Builder)
             @box.setter
             def box(self, value: Box.Init | Box.Row | Box.Reader | Box.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
                 _b.copy_struct(self, 1, value, Box.Builder, "Store.get$Results.box")
 
             def init_box(self) -> Box.Builder:
@@ -9854,7 +9871,8 @@ class Tree:
             return _b.struct_field(self, 1, Tree.Builder)
         @left.setter
         def left(self, value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 1, value, Tree.Builder, "Tree.left")
 
         def init_left(self) -> Tree.Builder:
@@ -9867,7 +9885,8 @@ class Tree:
             return _b.struct_field(self, 2, kitchen_other_capnp.Thing.Builder)
         @other.setter
         def other(self, value: kitchen_other_capnp.Thing.Init | kitchen_other_capnp.Thing.Row | kitchen_other_capnp.Thing.Reader | kitchen_other_capnp.Thing.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 2, value, kitchen_other_capnp.Thing.Builder, "Tree.other")
 
         def init_other(self) -> kitchen_other_capnp.Thing.Builder:
@@ -10071,7 +10090,8 @@ class Wrapper:
             return _b.struct_field(self, 1, Numbers.Builder)
         @numbers.setter
         def numbers(self, value: Numbers.Init | Numbers.Row | Numbers.Reader | Numbers.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 1, value, Numbers.Builder, "Wrapper.numbers")
 
         def init_numbers(self) -> Numbers.Builder:
@@ -10294,7 +10314,8 @@ class Box_Text:
             return _b.struct_field(self, 1, Box_Text.Builder)
         @next.setter
         def next(self, value: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 1, value, Box_Text.Builder, "Box_Text.next")
 
         def init_next(self) -> Box_Text.Builder:
@@ -10499,7 +10520,8 @@ class Box_List_Int32:
             return _b.struct_field(self, 1, Box_List_Int32.Builder)
         @next.setter
         def next(self, value: Box_List_Int32.Init | Box_List_Int32.Row | Box_List_Int32.Reader | Box_List_Int32.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 1, value, Box_List_Int32.Builder, "Box_List_Int32.next")
 
         def init_next(self) -> Box_List_Int32.Builder:
@@ -10687,7 +10709,8 @@ class Box_Tree:
             return _b.struct_field(self, 0, Tree.Builder)
         @value.setter
         def value(self, value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 0, value, Tree.Builder, "Box_Tree.value")
 
         def init_value(self) -> Tree.Builder:
@@ -10700,7 +10723,8 @@ class Box_Tree:
             return _b.struct_field(self, 1, Box_Tree.Builder)
         @next.setter
         def next(self, value: Box_Tree.Init | Box_Tree.Row | Box_Tree.Reader | Box_Tree.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 1, value, Box_Tree.Builder, "Box_Tree.next")
 
         def init_next(self) -> Box_Tree.Builder:
@@ -10908,7 +10932,8 @@ class Box_Shop:
             return _b.struct_field(self, 1, Box_Shop.Builder)
         @next.setter
         def next(self, value: Box_Shop.Init | Box_Shop.Row | Box_Shop.Reader | Box_Shop.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 1, value, Box_Shop.Builder, "Box_Shop.next")
 
         def init_next(self) -> Box_Shop.Builder:
@@ -11097,7 +11122,8 @@ class Pair_Text_Box_Text:
             return _b.struct_field(self, 1, Box_Text.Builder)
         @value.setter
         def value(self, value: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder) -> None:
-            """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+            """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+            over what the struct holds (its default, if null), as pycapnp does."""
             _b.copy_struct(self, 1, value, Box_Text.Builder, "Pair_Text_Box_Text.value")
 
         def init_value(self) -> Box_Text.Builder:
@@ -11280,7 +11306,8 @@ class Shelf_Tree:
                 return _b.struct_field(self, 0, Tree.Builder)
             @item.setter
             def item(self, value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
                 _b.copy_struct(self, 0, value, Tree.Builder, "Shelf_Tree.Slot_Text.item")
 
             def init_item(self) -> Tree.Builder:
@@ -11460,7 +11487,8 @@ class Shelf_Tree:
                 return _b.struct_field(self, 0, Tree.Builder)
             @item.setter
             def item(self, value: Tree.Init | Tree.Row | Tree.Reader | Tree.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
                 _b.copy_struct(self, 0, value, Tree.Builder, "Shelf_Tree.Slot_List_Int32.item")
 
             def init_item(self) -> Tree.Builder:
@@ -12207,7 +12235,8 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
                 return _b.struct_field(self, 1, Box_Text.Builder)
             @box.setter
             def box(self, value: Box_Text.Init | Box_Text.Row | Box_Text.Reader | Box_Text.Builder) -> None:
-                """A copy of ``value`` (capabilities too), or its fields (a dict, a row)."""
+                """A copy of ``value`` (capabilities too), its row, or a dict of fields to set
+                over what the struct holds (its default, if null), as pycapnp does."""
                 _b.copy_struct(self, 1, value, Box_Text.Builder, "Store_Text.get$Results.box")
 
             def init_box(self) -> Box_Text.Builder:
