@@ -121,7 +121,8 @@ def new_builder(cls: type[B], builder: MessageBuilder, start: int) -> B:
     view = cls()
     view._b = builder
     view._data = start << 3
-    view._ptr = start + cls._DATA_WORDS
+    view._ptr = ptr = start + cls._DATA_WORDS
+    view._pend = ptr + cls._POINTERS
     return view
 
 
@@ -131,6 +132,7 @@ def group_view(cls: type[B], parent: StructBuilder) -> B:
     view._b = parent._b
     view._data = parent._data
     view._ptr = parent._ptr
+    view._pend = parent._pend
     return view
 
 
@@ -138,7 +140,7 @@ def group_view(cls: type[B], parent: StructBuilder) -> B:
 class StructBuilder:
     """A struct being built. Generated subclasses add one property per field."""
 
-    __slots__ = ("_b", "_data", "_ptr")
+    __slots__ = ("_b", "_data", "_pend", "_ptr")
 
     _DATA_WORDS: ClassVar[int] = 0
     _POINTERS: ClassVar[int] = 0
@@ -146,6 +148,9 @@ class StructBuilder:
     _b: MessageBuilder
     _data: int
     _ptr: int
+    #: The end of the pointer section (a word index): the schema's pointers, or a newer
+    #: writer's more (a struct copied in keeps them, and a copy of this one keeps them).
+    _pend: int
 
     @classmethod
     def _at(cls: type[B], builder: MessageBuilder, start: int) -> B:
@@ -235,6 +240,7 @@ def init_struct(parent: StructBuilder | ListBuilder, at: int, cls: type[B]) -> B
     view._b = builder
     view._data = start << 3
     view._ptr = start + data_words
+    view._pend = start + data_words + pointers
     return view
 
 
@@ -283,6 +289,7 @@ def struct_at(builder: MessageBuilder, at: int, word: int, cls: type[B]) -> B:
         data_words = max(data_words, cls._DATA_WORDS)
     view = new_builder(cls, builder, start)
     view._ptr = start + data_words
+    view._pend = start + data_words + max(pointers, cls._POINTERS)
     return view
 
 
@@ -631,6 +638,12 @@ class VoidListBuilder(ListBuilder):
     def __getitem__(self, index: int) -> None:
         self._index(index)
 
+    def __setitem__(self, index: int, value: object) -> None:
+        """Only None: there is nothing to store (as pycapnp takes ``voids[0] = None``)."""
+        self._index(index)
+        if value is not None:
+            raise bad_type(value, f"{self.field}[{index}]", "None (Void)")
+
     def __iter__(self) -> Iterator[None]:
         return iter([None] * self._count)
 
@@ -698,8 +711,9 @@ class StructListBuilder(ListBuilder, Generic[B]):
             index = self._index(index)
         at = self._start + index * self._step
         view = new_builder(cls, self._b, at)
-        if self._data_words != cls._DATA_WORDS:
+        if self._step != cls._DATA_WORDS + cls._POINTERS or self._data_words != cls._DATA_WORDS:
             view._ptr = at + self._data_words
+            view._pend = at + self._step
         return view
 
     def __iter__(self) -> Iterator[B]:

@@ -312,7 +312,8 @@ class StructReader:
         # The builder's own data size: a struct copied in from a newer writer has more
         # data words than the schema (capsvc.codec.building.struct_at).
         data_words = builder._ptr - start
-        return new_reader(cls, msg, 0, start, data_words, cls._POINTERS, DEFAULT_NESTING_LIMIT)
+        pointers = builder._pend - builder._ptr  # (and its own pointers: a newer writer's)
+        return new_reader(cls, msg, 0, start, data_words, pointers, DEFAULT_NESTING_LIMIT)
 
     #: Where the struct's union discriminant is (a byte offset in the data section; -1:
     #: no union) and its members' names by discriminant value (generated readers set it).

@@ -1537,17 +1537,21 @@ def _builder_field(out: _Out, node: Struct, field: Field, path: str, names: _Nam
     k = kind.kind
     select = _select(node, field)
     if k == "void":
+        out.add("")
+        out.add("@property")
+        out.add(f"def {name}(self) -> None:")
+        out.add("    return None")
+        out.add(f"@{name}.setter")
+        out.add(f"def {name}(self, value: None) -> None:")
         if select:
-            out.add("")
-            out.add("@property")
-            out.add(f"def {name}(self) -> None:")
-            out.add("    return None")
-            out.add(f"@{name}.setter")
-            out.add(f"def {name}(self, value: None) -> None:")
             out.add(f'    """Select the Void member {field.name} (assign None)."""')
-            with out.indent():
-                for line in select:
-                    out.add(line)
+        else:
+            out.add('    """Only None: a Void holds nothing (as pycapnp takes it)."""')
+        with out.indent():
+            out.add("if value is not None:")
+            out.add(f'    raise _b.bad_type(value, "{label}", "None (Void)")')
+            for line in select:
+                out.add(line)
         return
     builder_descriptor = _builder_descriptor(node, field, label)
     if builder_descriptor is not None:

@@ -461,6 +461,8 @@ class Call:
             @caller.setter
             def caller(self, value: None) -> None:
                 """Select the Void member caller (assign None)."""
+                if value is not None:
+                    raise _b.bad_type(value, "Call.sendResultsTo.caller", "None (Void)")
                 set_u16(self._b.buf, self._data + 6, 0)
 
             @property
@@ -469,6 +471,8 @@ class Call:
             @yourself.setter
             def yourself(self, value: None) -> None:
                 """Select the Void member yourself (assign None)."""
+                if value is not None:
+                    raise _b.bad_type(value, "Call.sendResultsTo.yourself", "None (Void)")
                 set_u16(self._b.buf, self._data + 6, 1)
 
             def set_thirdParty(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
@@ -870,6 +874,8 @@ class CapDescriptor:
         @none.setter
         def none(self, value: None) -> None:
             """Select the Void member none (assign None)."""
+            if value is not None:
+                raise _b.bad_type(value, "CapDescriptor.none", "None (Void)")
             set_u16(self._b.buf, self._data + 0, 0)
 
         senderHosted = _d.int_property("u32", 4, 0, "CapDescriptor.senderHosted", "UInt32", 0, 1)
@@ -1129,6 +1135,8 @@ class Disembargo:
             @accept.setter
             def accept(self, value: None) -> None:
                 """Select the Void member accept (assign None)."""
+                if value is not None:
+                    raise _b.bad_type(value, "Disembargo.context.accept", "None (Void)")
                 set_u16(self._b.buf, self._data + 4, 2)
 
             provide = _d.int_property("u32", 0, 0, "Disembargo.context.provide", "UInt32", 4, 3)
@@ -2957,6 +2965,8 @@ class PromisedAnswer:
             @noop.setter
             def noop(self, value: None) -> None:
                 """Select the Void member noop (assign None)."""
+                if value is not None:
+                    raise _b.bad_type(value, "PromisedAnswer.Op.noop", "None (Void)")
                 set_u16(self._b.buf, self._data + 0, 0)
 
             getPointerField = _d.int_property("u16", 2, 0, "PromisedAnswer.Op.getPointerField", "UInt16", 0, 1)
@@ -3992,6 +4002,8 @@ class Return:
         @canceled.setter
         def canceled(self, value: None) -> None:
             """Select the Void member canceled (assign None)."""
+            if value is not None:
+                raise _b.bad_type(value, "Return.canceled", "None (Void)")
             set_u16(self._b.buf, self._data + 6, 2)
 
         @property
@@ -4000,6 +4012,8 @@ class Return:
         @resultsSentElsewhere.setter
         def resultsSentElsewhere(self, value: None) -> None:
             """Select the Void member resultsSentElsewhere (assign None)."""
+            if value is not None:
+                raise _b.bad_type(value, "Return.resultsSentElsewhere", "None (Void)")
             set_u16(self._b.buf, self._data + 6, 3)
 
         takeFromOtherQuestion = _d.int_property("u32", 8, 0, "Return.takeFromOtherQuestion", "UInt32", 6, 4)

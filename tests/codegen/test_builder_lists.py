@@ -176,6 +176,24 @@ def test_lists_of_lists_void_lists_and_capability_lists_read_back_and_copy(
     assert list(copy.nested[0]) == [0, 7]
 
 
+def test_void_fields_and_void_list_elements_take_none(generated: Generated) -> None:
+    """As pycapnp's builders: a Void field reads None and takes None, and so does a
+    List(Void) element; anything else is a TypeError naming the field."""
+    k = generated.kitchen
+    numbers = k.Numbers.new_message()
+    assert numbers.v is None
+    numbers.v = None
+    with pytest.raises(TypeError, match=r"Numbers\.v"):
+        numbers.v = 0  # type: ignore[assignment]
+    voids = k.Lists.new_message().init_voids(2)
+    voids[1] = None
+    voids[-2] = None
+    with pytest.raises(TypeError, match=r"Lists\.voids\[0\]"):
+        voids[0] = 0
+    with pytest.raises(IndexError, match=r"index 2 out of range"):
+        voids[2] = None
+
+
 async def test_a_capability_list_being_built_gives_its_clients(generated: Generated) -> None:
     k = generated.kitchen
 

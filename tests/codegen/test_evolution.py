@@ -445,3 +445,22 @@ def test_a_newer_struct_copied_into_a_builder_keeps_what_it_does_not_know(
         )
         assert child["child"]["id"] == 81
         assert child["things"] == [{"x": 101, "label": "hundred", "weight": 0.5}]
+
+
+def test_a_newer_struct_held_by_a_builder_is_copied_whole(
+    modules: tuple[ModuleType, ModuleType],
+) -> None:
+    """Copying from a v1 builder that holds a v2 struct (``dst.child = builder.child``,
+    or its ``as_reader()``) keeps v2's pointer fields, as libcapnp's copy keeps them: the
+    builder knows where its pointer section ends (found by a sweep against pycapnp)."""
+    v1, v2 = modules
+    original = v2.Record.read(_v2_message(v2)).to_dict()
+    holder = v1.Record.new_message()
+    holder.child = v1.Record.read(_v2_message(v2))
+    for copied in (holder.child, holder.child.as_reader()):
+        dst = v1.Record.new_message()
+        dst.child = copied
+        assert v2.Record.read(dst.to_segments()).to_dict()["child"] == original
+        assert _read(2, "Record", v1.Record.new_message(child=copied).to_segments())[
+            "child"
+        ] == _read(2, "Record", _v2_message(v2))

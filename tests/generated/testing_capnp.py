@@ -1105,6 +1105,8 @@ class Holder:
             @none.setter
             def none(self, value: None) -> None:
                 """Select the Void member none (assign None)."""
+                if value is not None:
+                    raise _b.bad_type(value, "Holder.choice.none", "None (Void)")
                 set_u16(self._b.buf, self._data + 0, 0)
 
             @property

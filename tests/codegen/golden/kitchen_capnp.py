@@ -4273,6 +4273,15 @@ class Numbers:
 
         b2 = _d.bool_property(0, 1, False, "Numbers.b2")
 
+        @property
+        def v(self) -> None:
+            return None
+        @v.setter
+        def v(self, value: None) -> None:
+            """Only None: a Void holds nothing (as pycapnp takes it)."""
+            if value is not None:
+                raise _b.bad_type(value, "Numbers.v", "None (Void)")
+
         def assign(  # type: ignore[override]
             self,
             /,
@@ -6492,6 +6501,8 @@ class Shapes:
                 @solid.setter
                 def solid(self, value: None) -> None:
                     """Select the Void member solid (assign None)."""
+                    if value is not None:
+                        raise _b.bad_type(value, "Shapes.style.fill.solid", "None (Void)")
                     set_u16(self._b.buf, self._data + 12, 0)
 
                 pattern = _d.text_property(2, '', "Shapes.style.fill.pattern", 12, 1)
@@ -6702,6 +6713,8 @@ class Shapes:
         @nothing.setter
         def nothing(self, value: None) -> None:
             """Select the Void member nothing (assign None)."""
+            if value is not None:
+                raise _b.bad_type(value, "Shapes.nothing", "None (Void)")
             set_u16(self._b.buf, self._data + 8, 2)
 
         @property
