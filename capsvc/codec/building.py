@@ -475,15 +475,34 @@ def set_capability(builder: MessageBuilder, at: int, index: int) -> None:
 # ---------------------------------------------------------------------- lists
 @mypyc_attr(allow_interpreted_subclasses=True)
 class ListBuilder:
-    """A list being built: ``len()``, and element access by index."""
+    """A list being built: ``len()``, and element access by index.
 
-    __slots__ = ("_b", "_count", "_start", "field")
+    ``_step`` is 0 for a list laid out as its type says. A list of structs that a newer
+    writer made of a list of numbers or pointers (the encoding lets a List(T) become a
+    List(S) whose first field is T) is used in place, as libcapnp's builders use it: each
+    element is the first data bits, or the first pointer (``_start`` is then the first
+    element's pointer section), of a struct ``_step`` words long (``list_view``)."""
+
+    __slots__ = ("_b", "_count", "_start", "_step", "field")
 
     def __init__(self, builder: MessageBuilder, start: int, count: int, field: str) -> None:
         self._b = builder
         self._start = start  # first element, in words
         self._count = count
+        self._step = 0
         self.field = field
+
+    def _word(self, index: int) -> int:
+        """The word of element ``index`` (checked) of a list of pointers."""
+        at = self._index(index)
+        step = self._step
+        return self._start + (at * step if step else at)
+
+    def _byte(self, index: int, size: int) -> int:
+        """The first byte of element ``index`` (checked) of a list of ``size``-byte numbers."""
+        at = self._index(index)
+        step = self._step
+        return (self._start + at * step) << 3 if step else (self._start << 3) + at * size
 
     def __len__(self) -> int:
         return self._count
@@ -522,14 +541,14 @@ class PrimitiveListBuilder(ListBuilder, Generic[T]):
         self._type = schema_type
 
     def __setitem__(self, index: int, value: T) -> None:
-        offset = (self._start << 3) + self._index(index) * self._packer.size
+        offset = self._byte(index, self._packer.size)
         try:
             self._packer.pack_into(self._b.buf, offset, value)
         except struct.error:
             raise bad_value(value, f"{self.field}[{index}]", self._type, self._fmt) from None
 
     def __getitem__(self, index: int) -> T:
-        offset = (self._start << 3) + self._index(index) * self._packer.size
+        offset = self._byte(index, self._packer.size)
         return self._packer.unpack_from(self._b.buf, offset)[0]  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[T]:  # (a compiled class is not iterable by __getitem__)
@@ -539,6 +558,10 @@ class PrimitiveListBuilder(ListBuilder, Generic[T]):
         """Every element at once (one ``pack_into``): ``len(values)`` must be ``len(self)``."""
         if len(values) != self._count:
             raise ValueError(f"{self.field}: {len(values)} values for a list of {self._count}")
+        if self._step:  # (elements apart: one at a time)
+            for index, value in enumerate(values):
+                self[index] = value
+            return
         try:
             struct.pack_into(f"<{self._count}{self._fmt}", self._b.buf, self._start << 3, *values)
         except struct.error:
@@ -604,11 +627,11 @@ class TextListBuilder(ListBuilder):
     __slots__ = ()
 
     def __setitem__(self, index: int, value: object) -> None:
-        at = self._start + self._index(index)
+        at = self._word(index)
         set_text(self._b, at, value, f"{self.field}[{index}]")
 
     def __getitem__(self, index: int) -> str:
-        return get_text(self._b, self._start + self._index(index), "")
+        return get_text(self._b, self._word(index), "")
 
     def __iter__(self) -> Iterator[str]:
         return iter([self[index] for index in range(self._count)])
@@ -619,11 +642,11 @@ class DataListBuilder(ListBuilder):
     __slots__ = ()
 
     def __setitem__(self, index: int, value: object) -> None:
-        at = self._start + self._index(index)
+        at = self._word(index)
         set_data(self._b, at, value, f"{self.field}[{index}]")
 
     def __getitem__(self, index: int) -> bytes:
-        return get_data(self._b, self._start + self._index(index), b"")
+        return get_data(self._b, self._word(index), b"")
 
     def __iter__(self) -> Iterator[bytes]:
         return iter([self[index] for index in range(self._count)])
@@ -668,11 +691,11 @@ class CapabilityListBuilder(ListBuilder, Generic[C]):
         self._cls = cls  # ClientClass[C]: the interface's client class (generated)
 
     def __setitem__(self, index: int, value: object) -> None:
-        at = self._start + self._index(index)
+        at = self._word(index)
         set_client(self._b, at, value, f"{self.field}[{index}]")
 
     def __getitem__(self, index: int) -> C:
-        at = self._start + self._index(index)
+        at = self._word(index)
         if self._cls is None:  # (a module generated before capability lists read back)
             raise TypeError(f"{self.field}: regenerate this module to read its elements")
         cls: ClientClass[C] = self._cls
@@ -780,11 +803,11 @@ class ListListBuilder(ListBuilder, Generic[L]):
         self._inner_at = inner_at  # (builder, at, label) -> L: the list already there
 
     def init(self, index: int, count: object) -> L:
-        at = self._start + self._index(index)
+        at = self._word(index)
         return self._inner(self._b, at, count, f"{self.field}[{index}]")  # type: ignore[no-any-return]
 
     def __getitem__(self, index: int) -> L:
-        at = self._start + self._index(index)
+        at = self._word(index)
         if self._inner_at is None:  # (a module generated before lists of lists read back)
             raise TypeError(f"{self.field}: regenerate this module to read its elements")
         return self._inner_at(self._b, at, f"{self.field}[{index}]")  # type: ignore[no-any-return]
@@ -949,7 +972,13 @@ def list_at(
     ``cls``; one of smaller structs, an older writer's, is upgraded to the schema's size);
     a list of any other layout there (another union member's pointer, or a list copied in
     from a reader of another version of the schema) is a ValueError naming the field."""
-    word = _list_word(builder, at, default)
+    return _list_of_word(builder, at, _list_word(builder, at, default), field, code, cls)
+
+
+def _list_of_word(
+    builder: MessageBuilder, at: int, word: int, field: str, code: int, cls: Any
+) -> tuple[int, int]:
+    """``list_at`` of the pointer ``word`` at word ``at``."""
     if word == 0:
         return 0, 0
     if word & 3 == 1 and (word >> 32) & 7 == code:
@@ -964,6 +993,50 @@ def list_at(
         " lays it out (another union member's value, or a list of larger structs copied from"
         " a newer version of the schema): set the field anew"
     )
+
+
+L_ = TypeVar("L_", bound="ListBuilder")
+
+
+def list_view(
+    cls: Callable[..., L_],
+    builder: MessageBuilder,
+    at: int,
+    field: str,
+    code: int,
+    default: Sequence[bytes] | None,
+    *args: Any,
+) -> L_:
+    """A ``cls`` builder (its constructor's ``args`` after the field's name) of the list of
+    element size ``code`` (not 7) at pointer word ``at``, as ``list_at`` finds it, or in
+    place over a list of structs a newer writer made of it (``ListBuilder``'s ``_step``):
+    each element its struct's first data bits, or first pointer, as libcapnp's
+    ``getWritableListPointer`` takes a larger list. What a generated list getter returns."""
+    word = _list_word(builder, at, default)
+    if word & 3 == 1 and (word >> 32) & 7 == 7 and code != 7:
+        start = at + 1 + ((((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2)
+        total = word >> 35
+        buf = builder.buf
+        if start >= 0 and start + 1 + total <= len(buf) >> 3:
+            (tag,) = _get_u64(buf, start << 3)
+            count = (tag & 0xFFFFFFFF) >> 2
+            data_words = (tag >> 32) & 0xFFFF
+            pointers = tag >> 48
+            step = data_words + pointers
+            if tag & 3 == 0 and count * step <= total and step:
+                # A pointer list's element is each struct's first pointer; a number's,
+                # the start of its data section; a Void has nothing; a Bool is refused
+                # (as libcapnp refuses it: a bit is not the first bit of a struct).
+                if code == 6 and pointers:
+                    view = cls(builder, start + 1 + data_words, count, field, *args)
+                elif (code in (2, 3, 4, 5) and data_words) or code == 0:
+                    view = cls(builder, start + 1, count, field, *args)
+                else:
+                    view = None
+                if view is not None:
+                    view._step = step
+                    return view
+    return cls(builder, *_list_of_word(builder, at, word, field, code, None), field, *args)
 
 
 def _list_word(builder: MessageBuilder, at: int, default: Sequence[bytes] | None) -> int:

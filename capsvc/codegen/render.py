@@ -1870,34 +1870,35 @@ def _init_list(element: Type, at: str, count: str, label: str, names: _Names) ->
 
 def _list_at(element: Type, at: str, label: str, names: _Names, default: str = "") -> str:
     """A builder of the list already at pointer word ``at`` (``_init_list``'s classes);
-    ``default``: the name of the field's schema default, which a null pointer gets."""
+    ``default``: the name of the field's schema default, which a null pointer gets. A list
+    of structs a newer writer made of it is used in place (``_b.list_view``)."""
     k = element.kind
-    tail = f", default={default}" if default else ""
-    where = f'*_b.list_at(self._b, {at}, "{label}", {{code}}{tail}), "{label}"'
-    if k == "bool":
-        return f"_b.BoolListBuilder(self._b, {where.format(code=1)})"
-    if k == "enum":  # (the class: elements read as its members)
-        return f"_b.EnumListBuilder(self._b, {where.format(code=3)}, {names.of(element.target)})"
-    if k in NUMBERS:
-        fmt, _, code = NUMBERS[k]
-        located = where.format(code=code)
-        return f'_b.PrimitiveListBuilder(self._b, {located}, "{fmt}", "{SCHEMA_NAMES[k]}")'
     if k == "struct":  # (its own function: elements of another version's size too)
         builder = f"{names.of(element.target)}.Builder"
+        tail = f", default={default}" if default else ""
         call = f'_b.struct_list_at(self._b, {at}, "{label}", {builder}{tail})'
-        return call.format()  # (as ``where``: a brace-quoted label becomes one)
-    if k == "void":
-        return f"_b.VoidListBuilder(self._b, {where.format(code=0)})"
-    located = where.format(code=6)
-    if k == "list":
+        return call.format()  # (as below: a brace-quoted label becomes one)
+    extra = ""
+    if k == "bool":
+        cls, code = "BoolListBuilder", 1
+    elif k == "enum":  # (the class: elements read as its members)
+        cls, code, extra = "EnumListBuilder", 3, f", {names.of(element.target)}"
+    elif k in NUMBERS:
+        fmt, _, code = NUMBERS[k]
+        cls, extra = "PrimitiveListBuilder", f', "{fmt}", "{SCHEMA_NAMES[k]}"'
+    elif k == "void":
+        cls, code = "VoidListBuilder", 0
+    elif k == "list":
         assert element.element is not None
         inner = f"{_inner_init(element.element, names)}, {_inner_at(element.element, names)}"
-        return f"_b.ListListBuilder(self._b, {located}, {inner})"
-    if k == "interface":
-        client = f"{names.of(element.target)}.Client"
-        return f"_b.CapabilityListBuilder(self._b, {located}, {client})"
-    cls = {"text": "TextListBuilder", "data": "DataListBuilder"}.get(k, "ListBuilder")
-    return f"_b.{cls}(self._b, {located})"
+        cls, code, extra = "ListListBuilder", 6, f", {inner}"
+    elif k == "interface":
+        cls, code, extra = "CapabilityListBuilder", 6, f", {names.of(element.target)}.Client"
+    else:
+        cls = {"text": "TextListBuilder", "data": "DataListBuilder"}.get(k, "ListBuilder")
+        code = 6
+    label = label.replace("{{", "{").replace("}}", "}")  # (as ``format`` reads a label)
+    return f'_b.list_view(_b.{cls}, self._b, {at}, "{label}", {code}, {default or None}{extra})'
 
 
 def _inner_init(element: Type, names: _Names) -> str:

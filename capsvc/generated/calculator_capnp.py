@@ -416,7 +416,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 @property
                 def params(self) -> _b.PrimitiveListBuilder[float]:
                     """The params list as built so far (null: its default, or an empty one)."""
-                    return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Calculator.Function.call$Params.params", 5), "Calculator.Function.call$Params.params", "d", "Float64")
+                    return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 0, "Calculator.Function.call$Params.params", 5, None, "d", "Float64")
                 @params.setter
                 def params(self, value: Sequence[float] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[float]) -> None:
                     """A new list of ``value``'s elements, as ``new_message`` takes them."""

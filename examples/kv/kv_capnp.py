@@ -912,7 +912,7 @@ class Store(_t.Interface["Store.Client"]):
             @property
             def keys(self) -> _b.TextListBuilder:
                 """The keys list as built so far (null: its default, or an empty one)."""
-                return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Store.keys$Results.keys", 6), "Store.keys$Results.keys")
+                return _b.list_view(_b.TextListBuilder, self._b, self._ptr + 0, "Store.keys$Results.keys", 6, None)
             @keys.setter
             def keys(self, value: Sequence[str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
                 """A new list of ``value``'s elements, as ``new_message`` takes them."""

@@ -464,3 +464,32 @@ def test_a_newer_struct_held_by_a_builder_is_copied_whole(
         assert _read(2, "Record", v1.Record.new_message(child=copied).to_segments())[
             "child"
         ] == _read(2, "Record", _v2_message(v2))
+
+
+def test_an_older_builder_edits_lists_a_newer_writer_upgraded_to_structs(
+    modules: tuple[ModuleType, ModuleType],
+) -> None:
+    """v2 made List(Int32) and List(Text) lists of structs whose first field is the old
+    element: a v1 builder uses them in place, as libcapnp's does (each element its
+    struct's first data bits, or first pointer), and v2's other fields survive the edits
+    (found by a sweep against pycapnp: it raised ValueError before)."""
+    v1, v2 = modules
+    builder = v1.Record.read(_v2_message(v2)).as_builder()
+    assert list(builder.values) == [1, -2, 2**31 - 1]
+    assert list(builder.words) == ["alpha", "beta"]
+    builder.values[1] = 40
+    builder.values.set_all([7, 40, -9])
+    builder.words[-1] = "gamma"
+    assert (list(builder.values), builder.words[1]) == ([7, 40, -9], "gamma")
+    for got in (
+        v2.Record.read(builder.to_segments()).to_dict(),
+        _read(2, "Record", builder.to_segments()),
+    ):
+        assert got["values"] == [
+            {"x": 7, "label": "one", "weight": 0.25},
+            {"x": 40, "label": "minus two", "weight": 1.25},
+            {"x": -9, "label": "", "weight": 2.25},
+        ]
+        assert got["words"] == [{"text": "alpha", "n": 1}, {"text": "gamma", "n": 0}]
+    with pytest.raises(IndexError, match=r"Record\.values: index 3 out of range"):
+        builder.values[3] = 1

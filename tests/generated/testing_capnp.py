@@ -1353,7 +1353,7 @@ class Holder:
         @property
         def caps(self) -> _b.CapabilityListBuilder[Counter.Client]:
             """The caps list as built so far (null: its default, or an empty one)."""
-            return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Holder.caps", 6), "Holder.caps", Counter.Client)
+            return _b.list_view(_b.CapabilityListBuilder, self._b, self._ptr + 3, "Holder.caps", 6, None, Counter.Client)
         @caps.setter
         def caps(self, value: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None | _b.CapabilityListBuilder[Counter.Client]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -4495,7 +4495,7 @@ class Tester(_t.Interface["Tester.Client"]):
             @property
             def counters(self) -> _b.CapabilityListBuilder[Counter.Client]:
                 """The counters list as built so far (null: its default, or an empty one)."""
-                return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Tester.sum$Params.counters", 6), "Tester.sum$Params.counters", Counter.Client)
+                return _b.list_view(_b.CapabilityListBuilder, self._b, self._ptr + 0, "Tester.sum$Params.counters", 6, None, Counter.Client)
             @counters.setter
             def counters(self, value: Sequence[Counter.Client | Counter.Server | None] | _r.ListReader[Any] | None | _b.CapabilityListBuilder[Counter.Client]) -> None:
                 """A new list of ``value``'s elements, as ``new_message`` takes them."""

@@ -166,7 +166,7 @@ class Anything:
         @property
         def shops(self) -> _b.CapabilityListBuilder[Shop.Client]:
             """The shops list as built so far (null: its default, or an empty one)."""
-            return _b.CapabilityListBuilder(self._b, *_b.list_at(self._b, self._ptr + 5, "Anything.shops", 6), "Anything.shops", Shop.Client)
+            return _b.list_view(_b.CapabilityListBuilder, self._b, self._ptr + 5, "Anything.shops", 6, None, Shop.Client)
         @shops.setter
         def shops(self, value: Sequence[Shop.Client | Shop.Server | None] | _r.ListReader[Any] | None | _b.CapabilityListBuilder[Shop.Client]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -1224,7 +1224,7 @@ class Builtins:
         @property
         def list(self) -> _b.TextListBuilder:
             """The list list as built so far (null: its default, or an empty one)."""
-            return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Builtins.list", 6), "Builtins.list")
+            return _b.list_view(_b.TextListBuilder, self._b, self._ptr + 2, "Builtins.list", 6, None)
         @list.setter
         def list(self, value: Sequence[_builtins.str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -2301,7 +2301,7 @@ class Defaults:
         @property
         def list(self) -> _b.PrimitiveListBuilder[int]:
             """The list list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Defaults.list", 3, default=_D_Defaults_list), "Defaults.list", "h", "Int16")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 3, "Defaults.list", 3, _D_Defaults_list, "h", "Int16")
         @list.setter
         def list(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -2318,7 +2318,7 @@ class Defaults:
         @property
         def texts(self) -> _b.TextListBuilder:
             """The texts list as built so far (null: its default, or an empty one)."""
-            return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Defaults.texts", 6, default=_D_Defaults_texts), "Defaults.texts")
+            return _b.list_view(_b.TextListBuilder, self._b, self._ptr + 4, "Defaults.texts", 6, _D_Defaults_texts)
         @texts.setter
         def texts(self, value: Sequence[str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3319,7 +3319,7 @@ class Lists:
         @property
         def voids(self) -> _b.VoidListBuilder:
             """The voids list as built so far (null: its default, or an empty one)."""
-            return _b.VoidListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Lists.voids", 0), "Lists.voids")
+            return _b.list_view(_b.VoidListBuilder, self._b, self._ptr + 0, "Lists.voids", 0, None)
         @voids.setter
         def voids(self, value: Sequence[None] | _r.ListReader[Any] | None | _b.VoidListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3332,7 +3332,7 @@ class Lists:
         @property
         def bools(self) -> _b.BoolListBuilder:
             """The bools list as built so far (null: its default, or an empty one)."""
-            return _b.BoolListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Lists.bools", 1), "Lists.bools")
+            return _b.list_view(_b.BoolListBuilder, self._b, self._ptr + 1, "Lists.bools", 1, None)
         @bools.setter
         def bools(self, value: Sequence[bool] | _r.ListReader[Any] | None | _b.BoolListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3349,7 +3349,7 @@ class Lists:
         @property
         def i8s(self) -> _b.PrimitiveListBuilder[int]:
             """The i8s list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Lists.i8s", 2), "Lists.i8s", "b", "Int8")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 2, "Lists.i8s", 2, None, "b", "Int8")
         @i8s.setter
         def i8s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3366,7 +3366,7 @@ class Lists:
         @property
         def i16s(self) -> _b.PrimitiveListBuilder[int]:
             """The i16s list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 3, "Lists.i16s", 3), "Lists.i16s", "h", "Int16")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 3, "Lists.i16s", 3, None, "h", "Int16")
         @i16s.setter
         def i16s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3383,7 +3383,7 @@ class Lists:
         @property
         def i32s(self) -> _b.PrimitiveListBuilder[int]:
             """The i32s list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 4, "Lists.i32s", 4), "Lists.i32s", "i", "Int32")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 4, "Lists.i32s", 4, None, "i", "Int32")
         @i32s.setter
         def i32s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3400,7 +3400,7 @@ class Lists:
         @property
         def i64s(self) -> _b.PrimitiveListBuilder[int]:
             """The i64s list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 5, "Lists.i64s", 5), "Lists.i64s", "q", "Int64")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 5, "Lists.i64s", 5, None, "q", "Int64")
         @i64s.setter
         def i64s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3417,7 +3417,7 @@ class Lists:
         @property
         def u8s(self) -> _b.PrimitiveListBuilder[int]:
             """The u8s list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 6, "Lists.u8s", 2), "Lists.u8s", "B", "UInt8")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 6, "Lists.u8s", 2, None, "B", "UInt8")
         @u8s.setter
         def u8s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3434,7 +3434,7 @@ class Lists:
         @property
         def u16s(self) -> _b.PrimitiveListBuilder[int]:
             """The u16s list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 7, "Lists.u16s", 3), "Lists.u16s", "H", "UInt16")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 7, "Lists.u16s", 3, None, "H", "UInt16")
         @u16s.setter
         def u16s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3451,7 +3451,7 @@ class Lists:
         @property
         def u32s(self) -> _b.PrimitiveListBuilder[int]:
             """The u32s list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 8, "Lists.u32s", 4), "Lists.u32s", "I", "UInt32")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 8, "Lists.u32s", 4, None, "I", "UInt32")
         @u32s.setter
         def u32s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3468,7 +3468,7 @@ class Lists:
         @property
         def u64s(self) -> _b.PrimitiveListBuilder[int]:
             """The u64s list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 9, "Lists.u64s", 5), "Lists.u64s", "Q", "UInt64")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 9, "Lists.u64s", 5, None, "Q", "UInt64")
         @u64s.setter
         def u64s(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3485,7 +3485,7 @@ class Lists:
         @property
         def f32s(self) -> _b.PrimitiveListBuilder[float]:
             """The f32s list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 10, "Lists.f32s", 4), "Lists.f32s", "f", "Float32")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 10, "Lists.f32s", 4, None, "f", "Float32")
         @f32s.setter
         def f32s(self, value: Sequence[float] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[float]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3502,7 +3502,7 @@ class Lists:
         @property
         def f64s(self) -> _b.PrimitiveListBuilder[float]:
             """The f64s list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 11, "Lists.f64s", 5), "Lists.f64s", "d", "Float64")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 11, "Lists.f64s", 5, None, "d", "Float64")
         @f64s.setter
         def f64s(self, value: Sequence[float] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[float]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3519,7 +3519,7 @@ class Lists:
         @property
         def texts(self) -> _b.TextListBuilder:
             """The texts list as built so far (null: its default, or an empty one)."""
-            return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 12, "Lists.texts", 6), "Lists.texts")
+            return _b.list_view(_b.TextListBuilder, self._b, self._ptr + 12, "Lists.texts", 6, None)
         @texts.setter
         def texts(self, value: Sequence[str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3536,7 +3536,7 @@ class Lists:
         @property
         def datas(self) -> _b.DataListBuilder:
             """The datas list as built so far (null: its default, or an empty one)."""
-            return _b.DataListBuilder(self._b, *_b.list_at(self._b, self._ptr + 13, "Lists.datas", 6), "Lists.datas")
+            return _b.list_view(_b.DataListBuilder, self._b, self._ptr + 13, "Lists.datas", 6, None)
         @datas.setter
         def datas(self, value: Sequence[bytes | bytearray | memoryview | None] | _r.ListReader[Any] | None | _b.DataListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3566,7 +3566,7 @@ class Lists:
         @property
         def colors(self) -> _b.EnumListBuilder[Color]:
             """The colors list as built so far (null: its default, or an empty one)."""
-            return _b.EnumListBuilder(self._b, *_b.list_at(self._b, self._ptr + 15, "Lists.colors", 3), "Lists.colors", Color)
+            return _b.list_view(_b.EnumListBuilder, self._b, self._ptr + 15, "Lists.colors", 3, None, Color)
         @colors.setter
         def colors(self, value: Sequence[int | Literal['red', 'green', 'blue']] | _r.ListReader[Any] | None | _b.EnumListBuilder[Color]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3583,7 +3583,7 @@ class Lists:
         @property
         def nested(self) -> _b.ListListBuilder[_b.PrimitiveListBuilder[int]]:
             """The nested list as built so far (null: its default, or an empty one)."""
-            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 16, "Lists.nested", 6), "Lists.nested", lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "i", 4, "Int32"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 4), label, "i", "Int32"))
+            return _b.list_view(_b.ListListBuilder, self._b, self._ptr + 16, "Lists.nested", 6, None, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "i", 4, "Int32"), lambda builder, at, label: _b.list_view(_b.PrimitiveListBuilder, builder, at, label, 4, None, "i", "Int32"))
         @nested.setter
         def nested(self, value: Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None | _b.ListListBuilder[_b.PrimitiveListBuilder[int]]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3591,12 +3591,12 @@ class Lists:
 
         def init_nested(self, count: int) -> _b.ListListBuilder[_b.PrimitiveListBuilder[int]]:
             """A new list of ``count`` elements in nested."""
-            return _b.init_list_list(self._b, self._ptr + 16, count, "Lists.nested", lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "i", 4, "Int32"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 4), label, "i", "Int32"))
+            return _b.init_list_list(self._b, self._ptr + 16, count, "Lists.nested", lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "i", 4, "Int32"), lambda builder, at, label: _b.list_view(_b.PrimitiveListBuilder, builder, at, label, 4, None, "i", "Int32"))
 
         @property
         def nestedTexts(self) -> _b.ListListBuilder[_b.TextListBuilder]:
             """The nestedTexts list as built so far (null: its default, or an empty one)."""
-            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 17, "Lists.nestedTexts", 6), "Lists.nestedTexts", lambda builder, at, count, label: _b.init_text_list(builder, at, count, label), lambda builder, at, label: _b.TextListBuilder(builder, *_b.list_at(builder, at, label, 6), label))
+            return _b.list_view(_b.ListListBuilder, self._b, self._ptr + 17, "Lists.nestedTexts", 6, None, lambda builder, at, count, label: _b.init_text_list(builder, at, count, label), lambda builder, at, label: _b.list_view(_b.TextListBuilder, builder, at, label, 6, None))
         @nestedTexts.setter
         def nestedTexts(self, value: Sequence[Sequence[str | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None | _b.ListListBuilder[_b.TextListBuilder]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3604,12 +3604,12 @@ class Lists:
 
         def init_nestedTexts(self, count: int) -> _b.ListListBuilder[_b.TextListBuilder]:
             """A new list of ``count`` elements in nestedTexts."""
-            return _b.init_list_list(self._b, self._ptr + 17, count, "Lists.nestedTexts", lambda builder, at, count, label: _b.init_text_list(builder, at, count, label), lambda builder, at, label: _b.TextListBuilder(builder, *_b.list_at(builder, at, label, 6), label))
+            return _b.init_list_list(self._b, self._ptr + 17, count, "Lists.nestedTexts", lambda builder, at, count, label: _b.init_text_list(builder, at, count, label), lambda builder, at, label: _b.list_view(_b.TextListBuilder, builder, at, label, 6, None))
 
         @property
         def deep(self) -> _b.ListListBuilder[_b.ListListBuilder[_b.PrimitiveListBuilder[int]]]:
             """The deep list as built so far (null: its default, or an empty one)."""
-            return _b.ListListBuilder(self._b, *_b.list_at(self._b, self._ptr + 18, "Lists.deep", 6), "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 2), label, "B", "UInt8")), lambda builder, at, label: _b.ListListBuilder(builder, *_b.list_at(builder, at, label, 6), label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 2), label, "B", "UInt8")))
+            return _b.list_view(_b.ListListBuilder, self._b, self._ptr + 18, "Lists.deep", 6, None, lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.list_view(_b.PrimitiveListBuilder, builder, at, label, 2, None, "B", "UInt8")), lambda builder, at, label: _b.list_view(_b.ListListBuilder, builder, at, label, 6, None, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.list_view(_b.PrimitiveListBuilder, builder, at, label, 2, None, "B", "UInt8")))
         @deep.setter
         def deep(self, value: Sequence[Sequence[Sequence[int] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None] | _r.ListReader[Any] | None | _b.ListListBuilder[_b.ListListBuilder[_b.PrimitiveListBuilder[int]]]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -3617,7 +3617,7 @@ class Lists:
 
         def init_deep(self, count: int) -> _b.ListListBuilder[_b.ListListBuilder[_b.PrimitiveListBuilder[int]]]:
             """A new list of ``count`` elements in deep."""
-            return _b.init_list_list(self._b, self._ptr + 18, count, "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 2), label, "B", "UInt8")), lambda builder, at, label: _b.ListListBuilder(builder, *_b.list_at(builder, at, label, 6), label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.PrimitiveListBuilder(builder, *_b.list_at(builder, at, label, 2), label, "B", "UInt8")))
+            return _b.init_list_list(self._b, self._ptr + 18, count, "Lists.deep", lambda builder, at, count, label: _b.init_list_list(builder, at, count, label, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.list_view(_b.PrimitiveListBuilder, builder, at, label, 2, None, "B", "UInt8")), lambda builder, at, label: _b.list_view(_b.ListListBuilder, builder, at, label, 6, None, lambda builder, at, count, label: _b.init_primitive_list(builder, at, count, label, "B", 2, "UInt8"), lambda builder, at, label: _b.list_view(_b.PrimitiveListBuilder, builder, at, label, 2, None, "B", "UInt8")))
 
         def assign(  # type: ignore[override]
             self,
@@ -6722,7 +6722,7 @@ class Shapes:
             """The points list as built so far (null: its default, or an empty one)."""
             if get_u16(self._b.buf, self._data + 8)[0] != 3:
                 raise _b.member_not_set(self, "Shapes.points")
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Shapes.points", 4), "Shapes.points", "i", "Int32")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 1, "Shapes.points", 4, None, "i", "Int32")
         @points.setter
         def points(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -7944,7 +7944,7 @@ class Shop(_t.Interface["Shop.Client"]):
             @property
             def items(self) -> _b.TextListBuilder:
                 """The items list as built so far (null: its default, or an empty one)."""
-                return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Shop.list$Results.items", 6), "Shop.list$Results.items")
+                return _b.list_view(_b.TextListBuilder, self._b, self._ptr + 0, "Shop.list$Results.items", 6, None)
             @items.setter
             def items(self, value: Sequence[str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
                 """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -10114,7 +10114,7 @@ class Wrapper:
         @property
         def tags(self) -> _b.TextListBuilder:
             """The tags list as built so far (null: its default, or an empty one)."""
-            return _b.TextListBuilder(self._b, *_b.list_at(self._b, self._ptr + 2, "Wrapper.tags", 6), "Wrapper.tags")
+            return _b.list_view(_b.TextListBuilder, self._b, self._ptr + 2, "Wrapper.tags", 6, None)
         @tags.setter
         def tags(self, value: Sequence[str | None] | _r.ListReader[Any] | None | _b.TextListBuilder) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -10513,7 +10513,7 @@ class Box_List_Int32:
         @property
         def value(self) -> _b.PrimitiveListBuilder[int]:
             """The value list as built so far (null: its default, or an empty one)."""
-            return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 0, "Box_List_Int32.value", 4), "Box_List_Int32.value", "i", "Int32")
+            return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 0, "Box_List_Int32.value", 4, None, "i", "Int32")
         @value.setter
         def value(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
             """A new list of ``value``'s elements, as ``new_message`` takes them."""
@@ -11511,7 +11511,7 @@ class Shelf_Tree:
             @property
             def extra(self) -> _b.PrimitiveListBuilder[int]:
                 """The extra list as built so far (null: its default, or an empty one)."""
-                return _b.PrimitiveListBuilder(self._b, *_b.list_at(self._b, self._ptr + 1, "Shelf_Tree.Slot_List_Int32.extra", 4), "Shelf_Tree.Slot_List_Int32.extra", "i", "Int32")
+                return _b.list_view(_b.PrimitiveListBuilder, self._b, self._ptr + 1, "Shelf_Tree.Slot_List_Int32.extra", 4, None, "i", "Int32")
             @extra.setter
             def extra(self, value: Sequence[int] | _r.ListReader[Any] | None | _b.PrimitiveListBuilder[int]) -> None:
                 """A new list of ``value``'s elements, as ``new_message`` takes them."""
