@@ -658,9 +658,10 @@ def _list(
     if kind == STRUCT:
         target = plan.target
         assert target is not None
-        size = target.data_words + target.pointers
+        data_words, pointers = _element_sizes(target, items)
+        size = data_words + pointers
         patch(w, rel, (((start - at - 1) << 2) & 0xFFFFFFFF) | 1, (count * size) << 3 | 7)
-        _composite(enc, target, items, label)
+        _composite(enc, target, items, label, data_words, pointers)
         return
     patch(w, rel, (((start - at - 1) << 2) & 0xFFFFFFFF) | 1, count << 3 | plan.code)
     if kind == VOID:
@@ -679,22 +680,47 @@ def _list(
         _pointer_list(enc, plan, items, label, start)
 
 
-def _composite(enc: _Encoder, plan: StructPlan, items: Sequence[object], label: str) -> None:
-    """A composite list: its tag word, every element's sections, then the elements'
-    pointer targets (after all the elements)."""
-    out = enc.w
+def _element_sizes(plan: StructPlan, items: Sequence[object]) -> tuple[int, int]:
+    """The sections of a composite list of ``items``: ``plan``'s, or larger where a struct
+    reader or builder among them is larger (a newer writer's, its unknown fields kept in
+    the copy, as libcapnp's copy of such a list keeps them)."""
     data_words = plan.data_words
-    size = data_words + plan.pointers
+    pointers = plan.pointers
+    for item in items:
+        if isinstance(item, StructBuilder):
+            data_words = max(data_words, item._ptr - (item._data >> 3))
+            pointers = max(pointers, item._pend - item._ptr)
+        elif isinstance(item, StructReader):
+            if item._seg is item._msg.segments[item._si]:  # (else a padded, older one)
+                data_words = max(data_words, item._ptr - (item._data >> 3))
+            pointers = max(pointers, item._pend - item._ptr)
+    return data_words, pointers
+
+
+def _composite(
+    enc: _Encoder,
+    plan: StructPlan,
+    items: Sequence[object],
+    label: str,
+    data_words: int,
+    pointers: int,
+) -> None:
+    """A composite list: its tag word, every element's sections (``data_words`` and
+    ``pointers``: ``_element_sizes``), then the elements' pointer targets (after all the
+    elements)."""
+    out = enc.w
+    size = data_words + pointers
+    in_order = plan.in_order and size == plan.data_words + plan.pointers
     first = enc.end() + 1
     tag = len(out)
     out.write(zero_words(1))
-    patch(out, tag, (len(items) << 2) & 0xFFFFFFFF, data_words | plan.pointers << 16)
+    patch(out, tag, (len(items) << 2) & 0xFFFFFFFF, data_words | pointers << 16)
     element_values: list[list[object] | None] = []
     for index, item in enumerate(items):
         if type(item) is not dict and type(item) is not tuple:
             if isinstance(item, StructReader) or isinstance(item, StructBuilder):
                 out.write(zero_words(size))
-                enc.copy_element_later(first + index * size, data_words, plan.pointers, item)
+                enc.copy_element_later(first + index * size, data_words, pointers, item)
                 element_values.append(None)
                 continue
             if not isinstance(item, Mapping):
@@ -702,7 +728,7 @@ def _composite(enc: _Encoder, plan: StructPlan, items: Sequence[object], label: 
                 raise bad_type(item, f"{label}[{index}]", expected)
         values = _values_of(enc, plan, item)
         element_values.append(values)
-        if plan.in_order:
+        if in_order:
             _sections_in_order(plan, values, out)
         else:
             out.write(zero_words(size))
@@ -711,7 +737,7 @@ def _composite(enc: _Encoder, plan: StructPlan, items: Sequence[object], label: 
         if element is None:
             continue
         start = first + index * size
-        if plan.in_order:
+        if in_order:
             if plan.pointer_fields:
                 _pointers_in_order(enc, plan, element, out, base, start + data_words)
         else:

@@ -493,3 +493,22 @@ def test_an_older_builder_edits_lists_a_newer_writer_upgraded_to_structs(
         assert got["words"] == [{"text": "alpha", "n": 1}, {"text": "gamma", "n": 0}]
     with pytest.raises(IndexError, match=r"Record\.values: index 3 out of range"):
         builder.values[3] = 1
+
+
+def test_a_list_of_newer_structs_is_copied_at_their_size(
+    modules: tuple[ModuleType, ModuleType],
+) -> None:
+    """A list of v2's larger Items given to a v1 field (a list reader, a list being
+    built, or its elements among dicts) is written at the larger size, so v2's fields
+    survive the copy, as libcapnp's copy of the list keeps them."""
+    v1, v2 = modules
+    reader = v1.Record.read(_v2_message(v2))
+    builder = reader.as_builder()
+    for value in (reader.things, builder.things, [builder.things[0], {"x": 3}]):
+        dst = v1.Record.new_message(things=value)
+        copied = v2.Record.read(dst.to_segments()).to_dict()["things"]
+        assert copied[0] == {"x": 100, "label": "hundred", "weight": 0.5}
+        assert copied[1:] in ([], [{"x": 3, "weight": 0.5}])
+        assert _read(2, "Record", dst.to_segments())["things"] == copied
+        dst.things = value  # (the setter: the same encoder)
+        assert v2.Record.read(dst.to_segments()).to_dict()["things"] == copied
