@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Protocol, TypeVar
 
 from capsvc._mypyc import mypyc_attr
+from capsvc.codec.plans import ANY, DATA, GROUP, STRUCT, TEXT
 from capsvc.codec.reading import SHORT_LIST, enum_name, shown_fields
 from capsvc.errors import DecodeError
 
@@ -278,6 +279,14 @@ def struct_at(builder: MessageBuilder, at: int, word: int, cls: type[B]) -> B:
     where the pointer says; a smaller one (an older writer's) is first moved to a new
     struct of the schema's size, as libcapnp's builders upgrade it
     (``WireHelpers::getWritableStructPointer``), so that no field is set past its end."""
+    if word & 3 != 0:
+        # Not a struct pointer (a list or a capability: another union member's value, or
+        # a peer's message of another schema): its words must not be taken as a struct's.
+        kinds = ("a struct", "a list", "a far pointer", "a capability")
+        raise ValueError(
+            f"{cls.__qualname__.rsplit('.', 1)[0]}: the field's pointer holds {kinds[word & 3]},"
+            " not a struct: set the field anew"
+        )
     offset = (((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2
     start = at + 1 + offset
     data_words = (word >> 32) & 0xFFFF
@@ -1023,7 +1032,7 @@ def list_view(
             data_words = (tag >> 32) & 0xFFFF
             pointers = tag >> 48
             step = data_words + pointers
-            if tag & 3 == 0 and count * step <= total and step:
+            if tag & 3 == 0 and count * step <= total and (step or code == 0):
                 # A pointer list's element is each struct's first pointer; a number's,
                 # the start of its data section; a Void has nothing; a Bool is refused
                 # (as libcapnp refuses it: a bit is not the first bit of a struct).
@@ -1299,8 +1308,8 @@ def copy_struct(
     if isinstance(value, StructBuilder):
         value = value.as_reader()
     elif cls is not None and isinstance(value, dict):
-        fields = _fields_over(parent, slot, value, cls, default, disc_at, disc)
-        value = new_builder(cls, _values.new_message_from(cls._PLAN, fields), 1).as_reader()
+        _set_over(parent, slot, value, cls, default, disc_at, disc)
+        return
     elif cls is not None and isinstance(value, tuple):
         value = _values.new_message_row(cls, cls._PLAN, value).as_reader()
     if not isinstance(value, StructReader):
@@ -1332,7 +1341,7 @@ def copy_struct(
         _U16_INTO(buf, parent._data + disc_at, disc)
 
 
-def _fields_over(
+def _set_over(
     parent: StructBuilder,
     slot: int,
     given: dict[str, Any],
@@ -1340,49 +1349,46 @@ def _fields_over(
     default: Sequence[bytes] | None,
     disc_at: int,
     disc: int,
-) -> dict[str, Any]:
-    """``given`` over what the struct field in ``slot`` holds now (its ``default`` if it is
-    null, or another union member is set), as ``to_dict()`` gives it."""
-    from capsvc.codec.reading import DEFAULT_NESTING_LIMIT, default_location, read_struct
-
+) -> None:
+    """``given`` set on the struct in pointer ``slot`` of ``parent`` in place, as pycapnp's
+    ``from_dict`` sets it (the struct there; a copy of the field's ``default``, or a new
+    one, if the slot is null or another union member was set), checked whole first."""
+    plan = cls._PLAN
+    new_message_check(plan, given)
     buf = parent._b.buf
     at = parent._ptr + slot
-    (word,) = _get_u64(buf, at << 3)
-    here = disc_at < 0 or _U16_FROM(buf, parent._data + disc_at)[0] == disc
-    plan = cls._PLAN
-    if here and word != 0:
-        base = struct_at(parent._b, at, word, cls).to_dict()
-    elif default is not None and plan.reader is not None:
-        msg, si, w = default_location(default)
-        base = read_struct(msg, si, w, plan.reader, DEFAULT_NESTING_LIMIT, None).to_dict()
-    else:
-        return given
-    return merge_fields(plan, base, given)
+    if disc_at >= 0 and _U16_FROM(buf, parent._data + disc_at)[0] != disc:
+        _set_u64(buf, at << 3, 0)  # another member's pointer: not this struct
+        _U16_INTO(buf, parent._data + disc_at, disc)
+    set_fields(struct_field(parent, slot, cls, default), plan, given)
 
 
-def merge_fields(
-    plan: StructPlan, base: dict[str, Any], given: Mapping[str, Any]
-) -> dict[str, Any]:
-    """``base`` (fields by schema name, as ``to_dict()`` gives them) with ``given`` (by either
-    name) set over it, as pycapnp's ``from_dict`` sets them on a struct: a union member
-    given replaces the member ``base`` holds, and a dict given for a struct or group that
-    ``base`` holds as a dict is set over that one."""
-    merged = dict(base)
+def new_message_check(plan: StructPlan, given: Mapping[str, Any]) -> None:
+    """Raise what encoding ``given`` as a ``plan`` struct raises (a name it has not, a
+    value of the wrong type, two members of a union), writing nothing anywhere."""
+    _values.new_message_from(plan, given)
+
+
+def set_fields(target: StructBuilder, plan: StructPlan, given: Mapping[str, Any]) -> None:
+    """Each field of ``given`` (by either name) set on ``target`` as its setter sets it,
+    every other field left as it is (pycapnp's ``from_dict``): a dict for a group is set
+    on the group the same way, and one for a struct field on the struct it holds."""
     for key, value in given.items():
         field = plan.fields.get(key)
         if field is None:
-            merged[key] = value  # (the encoder names it: no such field)
-            continue
-        if field.disc >= 0:
-            for other in plan.order:
-                if other.disc >= 0 and other is not field:
-                    merged.pop(other.name, None)
-        held = merged.get(field.name)
-        target = field.target
-        if target is not None and isinstance(value, dict) and isinstance(held, dict):
-            value = merge_fields(target, held, value)
-        merged[field.name] = value
-    return merged
+            raise plan.unknown(key, plan.name)
+        if field.kind == GROUP and isinstance(value, dict) and field.target is not None:
+            set_fields(getattr(target, field.key), field.target, value)
+        elif value is None and field.kind in (TEXT, DATA, STRUCT):
+            # None is a null pointer in a dict (as new_message takes it); these fields'
+            # setters take values only.
+            if field.disc >= 0:
+                _U16_INTO(target._b.buf, target._data + plan.disc_at, field.disc)
+            _set_u64(target._b.buf, (target._ptr + field.offset) << 3, 0)
+        elif field.kind == ANY:
+            getattr(target, "set_" + field.name)(value)
+        else:
+            setattr(target, field.key, value)
 
 
 # The value encoder builds on this module (MessageBuilder, the copies): imported last, so

@@ -512,3 +512,38 @@ def test_a_list_of_newer_structs_is_copied_at_their_size(
         assert _read(2, "Record", dst.to_segments())["things"] == copied
         dst.things = value  # (the setter: the same encoder)
         assert v2.Record.read(dst.to_segments()).to_dict()["things"] == copied
+
+
+def test_a_dict_set_over_a_newer_struct_keeps_what_this_schema_does_not_know(
+    modules: tuple[ModuleType, ModuleType],
+) -> None:
+    """``builder.child = {...}`` sets the fields given on the struct the field holds, in
+    place (pycapnp's ``from_dict``): a newer writer's fields there survive, at every
+    depth, and so does a pointer left null (no default comes back)."""
+    v1, v2 = modules
+    builder = v1.Record.read(_v2_message(v2)).as_builder()
+    builder.child = {"id": 81, "child": {"name": "grandchild"}}
+    got = v2.Record.read(builder.to_segments()).to_dict()["child"]
+    assert (got["id"], got["count"], got["note"]) == (81, 5, "child note")
+    assert got["child"]["name"] == "grandchild"
+    assert _read(2, "Record", builder.to_segments())["child"] == got
+
+
+def test_a_field_holding_a_list_where_the_schema_has_a_struct_is_refused(
+    modules: tuple[ModuleType, ModuleType],
+) -> None:
+    """A struct field whose pointer holds a list (a peer's message of another schema) is
+    a ValueError naming it when a builder reaches it, as libcapnp refuses it; its words
+    are never taken as a struct's (resized, or zeroed under another field)."""
+    v1, _ = modules
+    builder = v1.Record.new_message(words=["kept"])
+    buf = builder._b.buf
+    child_at = builder._ptr + 2  # (pointer slots: name, values, child, words, things)
+    words_at = builder._ptr + 3
+    word = int.from_bytes(buf[words_at * 8 : words_at * 8 + 8], "little")
+    moved = (word & ~0xFFFFFFFC) | (((((word & 0xFFFFFFFF) >> 2) + 1) << 2) & 0xFFFFFFFF)
+    buf[child_at * 8 : child_at * 8 + 8] = moved.to_bytes(8, "little")  # the same list
+    for reach in (lambda: builder.child, lambda: setattr(builder, "child", {"id": 1})):
+        with pytest.raises(ValueError, match=r"^Record: the field's pointer holds a list"):
+            reach()
+    assert list(builder.words) == ["kept"]

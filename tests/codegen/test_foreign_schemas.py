@@ -429,6 +429,9 @@ def test_a_dict_set_on_a_struct_field_sets_its_fields_over_what_it_holds(tmp_pat
     assert ref.Outer.from_bytes_packed(ours.to_bytes_packed()).to_dict() == expected
     ours.member = {"a": 3}  # the member set: over it
     assert ours.to_dict()["member"] == {"a": 3, "b": "member", "flag": True}
+    ours.inner = {"b": None}  # null now: a dict set over it leaves it so (no default back)
+    ours.inner = {"a": 12}
+    assert ours.as_reader().inner.to_dict() == {"a": 12, "flag": True}
     with pytest.raises(TypeError, match=r"Inner\.a"):
         ours.plain = {"a": "text"}
     assert ours.to_dict()["plain"] == {"a": 1, "b": "two", "flag": True}  # refused: unchanged
