@@ -564,19 +564,28 @@ class PrimitiveListBuilder(ListBuilder, Generic[T]):
         return iter([self[index] for index in range(self._count)])
 
     def set_all(self, values: Sequence[T]) -> None:
-        """Every element at once (one ``pack_into``): ``len(values)`` must be ``len(self)``."""
+        """Every element at once (one ``pack``): ``len(values)`` must be ``len(self)``.
+        All or nothing: a refused element (the first one's error) changes no element."""
         if len(values) != self._count:
             raise ValueError(f"{self.field}: {len(values)} values for a list of {self._count}")
-        if self._step:  # (elements apart: one at a time)
+        try:
+            packed = struct.pack(f"<{self._count}{self._fmt}", *values)
+        except struct.error:
+            pack = self._packer.pack
+            for index, value in enumerate(values):
+                try:
+                    pack(value)
+                except struct.error:
+                    raise bad_value(
+                        value, f"{self.field}[{index}]", self._type, self._fmt
+                    ) from None
+            raise
+        if self._step:  # (elements apart: one at a time, every one known good)
             for index, value in enumerate(values):
                 self[index] = value
             return
-        try:
-            struct.pack_into(f"<{self._count}{self._fmt}", self._b.buf, self._start << 3, *values)
-        except struct.error:
-            for index, value in enumerate(values):
-                self[index] = value  # the first refused element's own error
-            raise
+        start = self._start << 3
+        self._b.buf[start : start + len(packed)] = packed
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -604,10 +613,17 @@ class EnumListBuilder(PrimitiveListBuilder[T]):
         return self._enum(super().__getitem__(index))  # type: ignore[no-any-return]
 
     def set_all(self, values: Sequence[T | int | str]) -> None:
+        """Every element at once, all or nothing (a member, a code or a name each)."""
         if len(values) != self._count:
             raise ValueError(f"{self.field}: {len(values)} values for a list of {self._count}")
+        enum = self._enum
+        codes: list[object] = []
         for index, value in enumerate(values):
-            self[index] = value
+            code: object = value
+            if not (type(code) is int and 0 <= code < len(enum)):
+                code = enum_code(value, enum, f"{self.field}[{index}]")
+            codes.append(code)
+        super().set_all(codes)  # type: ignore[arg-type]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

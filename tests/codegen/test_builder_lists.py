@@ -248,3 +248,20 @@ def test_an_enum_list_being_built_reads_members_and_takes_names(generated: Gener
     copy = k.Lists.new_message()
     copy.colors = lists.colors  # members, copied
     assert list(copy.as_reader().colors) == [k.Color.green, k.Color.red]
+
+
+def test_set_all_is_all_or_nothing(generated: Generated) -> None:
+    """A refused element (the first one's error, naming it) leaves every element as it
+    was, for numbers and for enums (found by a sweep against pycapnp)."""
+    k = generated.kitchen
+    lists = k.Lists.new_message()
+    u32s = lists.init_u32s(3)
+    u32s.set_all([10, 11, 12])
+    with pytest.raises(ValueError, match=r"^Lists\.u32s\[2\]: -5 is out of range for UInt32"):
+        u32s.set_all([1, 2, -5])
+    assert list(u32s) == [10, 11, 12]
+    colors = lists.init_colors(2)
+    colors.set_all(["green", k.Color.blue])
+    with pytest.raises(ValueError, match=r"Lists\.colors\[1\]"):
+        colors.set_all(["red", "purple"])
+    assert list(colors) == [k.Color.green, k.Color.blue]
