@@ -1323,8 +1323,8 @@ def copy_struct(
 
     if isinstance(value, StructBuilder):
         value = value.as_reader()
-    elif cls is not None and isinstance(value, dict):
-        _set_over(parent, slot, value, cls, default, disc_at, disc)
+    elif cls is not None and isinstance(value, Mapping):
+        _set_over(parent, slot, dict(value), cls, default, disc_at, disc)
         return
     elif cls is not None and isinstance(value, tuple):
         value = _values.new_message_row(cls, cls._PLAN, value).as_reader()
@@ -1393,8 +1393,13 @@ def set_fields(target: StructBuilder, plan: StructPlan, given: Mapping[str, Any]
         field = plan.fields.get(key)
         if field is None:
             raise plan.unknown(key, plan.name)
-        if field.kind == GROUP and isinstance(value, dict) and field.target is not None:
-            set_fields(getattr(target, field.key), field.target, value)
+        if isinstance(value, Mapping) and type(value) is not dict:
+            value = dict(value)  # (any mapping, as new_message takes one)
+        if field.kind == GROUP and field.target is not None:
+            if isinstance(value, dict):
+                set_fields(getattr(target, field.key), field.target, value)
+            else:  # a row: the whole group, as new_message takes it (checked: a tuple)
+                _values.assign_fields(getattr(target, field.key), field.target, value)
         elif value is None and field.kind in (TEXT, DATA, STRUCT):
             # None is a null pointer in a dict (as new_message takes it); these fields'
             # setters take values only.

@@ -230,8 +230,10 @@ def assign_values(
     _assign(enc, target, plan, _with_unknown(enc, plan, values, unknown) if unknown else values)
 
 
-def assign_fields(target: StructBuilder, plan: StructPlan, fields: Mapping[str, object]) -> None:
-    """``assign_values`` from a mapping of the fields."""
+def assign_fields(
+    target: StructBuilder, plan: StructPlan, fields: Mapping[str, object] | tuple[object, ...]
+) -> None:
+    """``assign_values`` from a mapping of the fields, or a row."""
     enc = _Encoder(target._b, len(target._b.buf) >> 3, plan, "assign")
     _assign(enc, target, plan, _values_of(enc, plan, fields))
 

@@ -10,6 +10,7 @@ import importlib
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -401,7 +402,9 @@ struct Outer {
     member @3 :Inner;
     count @4 :UInt64;
   }
+  grp :group { p @5 :Int32; q @6 :Text; }
 }
+struct Wrap { o @0 :Outer; }
 """
 
 
@@ -435,6 +438,17 @@ def test_a_dict_set_on_a_struct_field_sets_its_fields_over_what_it_holds(tmp_pat
     with pytest.raises(TypeError, match=r"Inner\.a"):
         ours.plain = {"a": "text"}
     assert ours.to_dict()["plain"] == {"a": 1, "b": "two", "flag": True}  # refused: unchanged
+    # Whatever new_message takes in such a dict, the setter takes: a group's row (the
+    # whole group) and any mapping (set over what is there).
+    wrap = m.Wrap.new_message()
+    wrap.o = {"grp": (4, "four")}
+    wrap.o = {"grp": types.MappingProxyType({"q": "q"}), "plain": types.MappingProxyType({"a": 2})}
+    assert wrap.as_reader().o.grp.to_dict() == {"p": 4, "q": "q"}
+    assert wrap.as_reader().o.plain.a == 2
+    assert m.Wrap.new_message(o={"grp": (4, "four")}).as_reader().o.grp.to_dict() == {
+        "p": 4,
+        "q": "four",
+    }
 
 
 def test_reaching_a_struct_union_member_while_another_is_set_starts_it_afresh(
