@@ -602,12 +602,14 @@ class EnumListBuilder(PrimitiveListBuilder[T]):
         super().__init__(builder, start, count, field, "H", enum.__qualname__)
         self._enum = enum
 
+    def _code(self, index: int, value: object) -> int:
+        """The code element ``index`` takes for ``value`` (a member, a code or a name)."""
+        if type(value) is int and 0 <= value < len(self._enum):
+            return value  # (a code, as it is)
+        return enum_code(value, self._enum, f"{self.field}[{index}]")
+
     def __setitem__(self, index: int, value: T | int | str) -> None:
-        enum = self._enum
-        code: object = value
-        if not (type(code) is int and 0 <= code < len(enum)):  # (else: a code, as it is)
-            code = enum_code(value, enum, f"{self.field}[{index}]")
-        super().__setitem__(index, code)  # type: ignore[assignment]
+        super().__setitem__(index, self._code(index, value))  # type: ignore[assignment]
 
     def __getitem__(self, index: int) -> T:
         return self._enum(super().__getitem__(index))  # type: ignore[no-any-return]
@@ -616,13 +618,7 @@ class EnumListBuilder(PrimitiveListBuilder[T]):
         """Every element at once, all or nothing (a member, a code or a name each)."""
         if len(values) != self._count:
             raise ValueError(f"{self.field}: {len(values)} values for a list of {self._count}")
-        enum = self._enum
-        codes: list[object] = []
-        for index, value in enumerate(values):
-            code: object = value
-            if not (type(code) is int and 0 <= code < len(enum)):
-                code = enum_code(value, enum, f"{self.field}[{index}]")
-            codes.append(code)
+        codes = [self._code(index, value) for index, value in enumerate(values)]
         super().set_all(codes)  # type: ignore[arg-type]
 
 
@@ -968,9 +964,8 @@ def switch_member(parent: StructBuilder, disc_at: int, disc: int, slot: int) -> 
     hold that member's pointer): what a generated getter of a struct union member runs."""
     buf = parent._b.buf
     at = parent._data + disc_at
-    if buf[at] | buf[at + 1] << 8 != disc:
-        buf[at] = disc & 0xFF
-        buf[at + 1] = disc >> 8
+    if _U16_FROM(buf, at)[0] != disc:
+        _U16_INTO(buf, at, disc)
         _set_u64(buf, (parent._ptr + slot) << 3, 0)
 
 
@@ -1289,18 +1284,6 @@ def _copy_words(
     return target
 
 
-class _ReaderView(Protocol):
-    """What ``copy_struct`` needs of a generated struct reader."""
-
-    _msg: MessageReader
-    _si: int
-    _seg: bytes
-    _data: int
-    _ptr: int
-    _pend: int
-    _depth: int
-
-
 def copy_struct(
     parent: StructBuilder,
     slot: int,
@@ -1331,30 +1314,9 @@ def copy_struct(
     if not isinstance(value, StructReader):
         what = "a struct reader or builder" + (", a dict of its fields, or its row" if cls else "")
         raise bad_type(value, label or f"{type(parent).__qualname__}[{slot}]", what)
-    source: _ReaderView = value
-    if source._seg is source._msg.segments[source._si]:
-        data_words = source._ptr - (source._data >> 3)  # as the writer sized it
-    else:  # read from a zero-padded copy (an older writer's shorter struct)
-        data_words = type(value)._DATA_WORDS
-    pointers = source._pend - source._ptr
-    builder = parent._b
-    target = builder.alloc(data_words + pointers)
-    buf = builder.buf
-    buf[target << 3 : (target + data_words) << 3] = source._seg[
-        source._data : source._data + (data_words << 3)
-    ]
-    write_struct_pointer(buf, parent._ptr + slot, target, data_words, pointers)
-    for index in range(pointers):
-        copy_pointer(
-            source._msg,
-            source._si,
-            source._ptr + index,
-            builder,
-            target + data_words + index,
-            source._depth,
-        )
+    _values.copy_value(parent._b, parent._ptr + slot, value)
     if disc_at >= 0:
-        _U16_INTO(buf, parent._data + disc_at, disc)
+        _U16_INTO(parent._b.buf, parent._data + disc_at, disc)
 
 
 def _set_over(
@@ -1370,19 +1332,12 @@ def _set_over(
     ``from_dict`` sets it (the struct there; a copy of the field's ``default``, or a new
     one, if the slot is null or another union member was set), checked whole first."""
     plan = cls._PLAN
-    new_message_check(plan, given)
-    buf = parent._b.buf
-    at = parent._ptr + slot
-    if disc_at >= 0 and _U16_FROM(buf, parent._data + disc_at)[0] != disc:
-        _set_u64(buf, at << 3, 0)  # another member's pointer: not this struct
-        _U16_INTO(buf, parent._data + disc_at, disc)
-    set_fields(struct_field(parent, slot, cls, default), plan, given)
-
-
-def new_message_check(plan: StructPlan, given: Mapping[str, Any]) -> None:
-    """Raise what encoding ``given`` as a ``plan`` struct raises (a name it has not, a
-    value of the wrong type, two members of a union), writing nothing anywhere."""
+    # Checked by encoding it alone (a name the struct has not, a value of the wrong type,
+    # two members of a union): the same errors as new_message, before anything changes.
     _values.new_message_from(plan, given)
+    if disc_at >= 0:
+        switch_member(parent, disc_at, disc, slot)
+    set_fields(struct_field(parent, slot, cls, default), plan, given)
 
 
 def set_fields(target: StructBuilder, plan: StructPlan, given: Mapping[str, Any]) -> None:

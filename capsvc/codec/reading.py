@@ -181,6 +181,17 @@ def padded_data(segment: bytes, start: int, data_words: int, schema_words: int) 
     )
 
 
+def written_sections(reader: StructReader) -> tuple[int, int]:
+    """(data words, pointers) of the struct ``reader`` reads, as its writer sized them: a
+    copy keeps them all (a newer writer's unknown fields too). An older writer's shorter
+    data section is read from a zero-padded copy: the schema's size then."""
+    if reader._seg is reader._msg.segments[reader._si]:
+        data_words = reader._ptr - (reader._data >> 3)
+    else:
+        data_words = type(reader)._DATA_WORDS
+    return data_words, reader._pend - reader._ptr
+
+
 def fitting_reader(
     cls: type[R],
     msg: MessageReader,

@@ -65,7 +65,7 @@ from capsvc.codec.plans import (
     StructPlan,
     spliced,
 )
-from capsvc.codec.reading import AnyPointer, StructReader
+from capsvc.codec.reading import AnyPointer, StructReader, written_sections
 from capsvc.codec.scalars import (
     TEXT_ENDS,
     append_int,
@@ -693,9 +693,9 @@ def _element_sizes(plan: StructPlan, items: Sequence[object]) -> tuple[int, int]
             data_words = max(data_words, item._ptr - (item._data >> 3))
             pointers = max(pointers, item._pend - item._ptr)
         elif isinstance(item, StructReader):
-            if item._seg is item._msg.segments[item._si]:  # (else a padded, older one)
-                data_words = max(data_words, item._ptr - (item._data >> 3))
-            pointers = max(pointers, item._pend - item._ptr)
+            item_data, item_pointers = written_sections(item)
+            data_words = max(data_words, item_data)
+            pointers = max(pointers, item_pointers)
     return data_words, pointers
 
 
@@ -790,11 +790,7 @@ def copy_value(builder: MessageBuilder, at: int, value: object) -> None:
     if not isinstance(value, StructReader):
         raise bad_type(value, "copy", "a struct reader")
     source = value
-    if source._seg is source._msg.segments[source._si]:
-        data_words = source._ptr - (source._data >> 3)  # as the writer sized it
-    else:  # read from a zero-padded copy (an older writer's shorter struct)
-        data_words = type(source)._DATA_WORDS
-    pointers = source._pend - source._ptr
+    data_words, pointers = written_sections(source)
     target = builder.alloc(data_words + pointers)
     buf = builder.buf
     buf[target << 3 : (target + data_words) << 3] = source._seg[
@@ -816,14 +812,11 @@ def _copy_element(
         value = value.as_reader()
     assert isinstance(value, StructReader)
     source = value
-    if source._seg is source._msg.segments[source._si]:
-        source_words = source._ptr - (source._data >> 3)
-    else:
-        source_words = type(source)._DATA_WORDS
+    source_words, source_pointers = written_sections(source)
     words = min(data_words, source_words)
     buf = builder.buf
     buf[start << 3 : (start + words) << 3] = source._seg[source._data : source._data + (words << 3)]
-    for index in range(min(pointers, source._pend - source._ptr)):
+    for index in range(min(pointers, source_pointers)):
         copy_pointer(
             source._msg, source._si, source._ptr + index, builder, start + data_words + index,
             source._depth,
