@@ -15,9 +15,13 @@ whatever bytes the transport produced and asks for complete messages.
 Decoding (:class:`FrameDecoder`):
 
 - Incoming bytes are appended to one ``bytearray``; a read offset marks what has been
-  consumed. The consumed prefix is dropped only when it is at least as large as the unread
-  rest, so every byte is moved a bounded number of times (no quadratic copying however the
-  stream is split, one byte per ``feed`` included).
+  consumed. The consumed prefix is dropped only when it is at least as large as the
+  unread rest, so every byte is moved a bounded number of times (no quadratic copying
+  however the stream is split, one byte per ``feed`` included). One exception, in the
+  compiled build: a ``bytes`` feed that arrives while nothing is buffered is kept as it
+  is until ``next_message``, which cuts a whole one-segment message at its start
+  straight out of it (the common receive: one message) and appends whatever else it
+  holds to the buffer, as a feed would.
 - The header is validated as soon as its bytes are present and *before* any body byte is
   waited for (§1 "Check the size before allocating"): a segment count over
   ``max_segments`` or a total over ``max_message_words`` raises :class:`FramingError` at
@@ -58,7 +62,7 @@ from capsvc.errors import FramingError, LocalProtocolError
 from capsvc.limits import FramingLimits, Limits
 
 
-def _native_split() -> Callable[[bytearray, int, int], bytes | None] | None:
+def _native_split() -> Callable[[bytearray | bytes, int, int], bytes | None] | None:
     """The C split of the common message (capsvc/codec/_native.c), in the compiled build
     only."""
     if not COMPILED:
@@ -91,7 +95,7 @@ _SMALL_BODY: Final = 4096  # bodies up to this size are copied out through a byt
 _LARGE_BODY: Final = 65536  # bodies from this size on are collected in parts while they arrive
 
 
-DEFAULT_LIMITS = Limits()
+DEFAULT_LIMITS: Final[Limits] = Limits()
 
 
 def read_limits_kwargs(limits: Limits = DEFAULT_LIMITS) -> dict[str, int]:
@@ -122,6 +126,7 @@ class FrameDecoder:
         "_max_words",
         "_parts",
         "_parts_len",
+        "_pending",
         "_pos",
     )
 
@@ -139,6 +144,10 @@ class FrameDecoder:
         # bytes; None when no body is being collected (``_buf`` holds everything).
         self._parts: list[bytes | memoryview] | None = None
         self._parts_len = 0
+        # A fed ``bytes`` object kept as it is while nothing else is buffered (compiled
+        # build): when it is one whole message, as a receive most often is, its body is
+        # cut out of it with no copy into ``_buf`` and back out.
+        self._pending: bytes | None = None
 
     @property
     def limits(self) -> Limits:
@@ -148,6 +157,9 @@ class FrameDecoder:
     def buffered(self) -> int:
         """Bytes received but not yet returned as part of a message."""
         buffered = len(self._buf) - self._pos
+        pending = self._pending
+        if pending is not None:
+            buffered += len(pending)
         header = self._header
         if self._parts is not None and header is not None:  # a body being collected
             buffered += header[0] + self._parts_len  # (its header was consumed from _buf)
@@ -171,8 +183,21 @@ class FrameDecoder:
             # Kept as it is (a copy only of a buffer the caller may reuse).
             parts.append(data if type(data) is bytes else bytes(data))
             self._parts_len += len(data)
-        else:
-            self._buf += data
+            return
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._buf += pending
+        elif (
+            type(data) is bytes
+            and not self._buf
+            and header is None
+            and parts is None
+            and _SPLIT_ONE is not None
+        ):
+            self._pending = data  # (bytes are immutable: nothing to copy)
+            return
+        self._buf += data
 
     def feed_eof(self) -> None:
         """The stream has ended; no more data will be fed."""
@@ -189,6 +214,19 @@ class FrameDecoder:
             raise self._error
         header = self._header
         one_segment = _SPLIT_ONE
+        pending = self._pending
+        if pending is not None and one_segment is not None:
+            # What one feed brought, alone: a whole one-segment message at its start is
+            # cut out of it directly; anything else joins the buffer as any feed does.
+            self._pending = None
+            body = one_segment(pending, 0, self._max_words)
+            if body is not None:
+                used = _WORD + len(body)
+                if used < len(pending):
+                    with memoryview(pending) as view:
+                        self._buf += view[used:]
+                return [body]
+            self._buf += pending
         if header is None and one_segment is not None:
             # The common case in one C call: a whole one-segment message within the limit
             # is here (a new bytes body). Anything else goes the way below.

@@ -103,7 +103,6 @@ static PyTypeObject ProgramType;
 
 /* Attribute names, interned once at import (a C string would make a str per lookup). */
 static PyObject *str_budget;
-static PyObject *str_segments;
 
 /* One read: the message, the one segment C reads pointers in, the budget left. */
 typedef struct {
@@ -490,35 +489,28 @@ read_into(Ctx *c, Program *p, PyObject *row, Py_ssize_t base, PyObject *dseg,
 }
 
 /* ---------------------------------------------------------------- entry points */
+/* ``segment`` is segment ``si`` of ``msg`` and ``budget`` its traversal budget left, as the
+ * compiled caller read them (native attribute reads there; a Python attribute lookup
+ * each here). */
 static int
-open_ctx(Ctx *c, PyObject *msg, Py_ssize_t si, PyObject *via)
+open_ctx(Ctx *c, PyObject *msg, Py_ssize_t si, PyObject *via, PyObject *segment,
+         PyObject *budget)
 {
     memset(c, 0, sizeof(*c));
     c->msg = msg;
     c->via = via;
     c->si = si;
-    PyObject *segments = PyObject_GetAttr(msg, str_segments);
-    if (segments == NULL)
-        return -1;
-    if (!PyList_Check(segments) || si < 0 || si >= PyList_GET_SIZE(segments)) {
-        Py_DECREF(segments);
-        PyErr_SetString(PyExc_ValueError, "no such segment");
-        return -1;
-    }
-    PyObject *segment = PyList_GET_ITEM(segments, si);
-    Py_DECREF(segments);
     if (!PyBytes_CheckExact(segment)) {
         PyErr_SetString(PyExc_TypeError, "a message segment must be bytes");
         return -1;
     }
+    c->budget = PyLong_AsLongLong(budget);
+    if (c->budget == -1 && PyErr_Occurred())
+        return -1;
     /* Held for the read: a field read through Python code may run anything. */
     c->segment = Py_NewRef(segment);
     c->base = (const uint8_t *)PyBytes_AS_STRING(segment);
     c->words = PyBytes_GET_SIZE(segment) >> 3;
-    if (read_budget(msg, &c->budget) < 0) {
-        Py_CLEAR(c->segment);
-        return -1;
-    }
     c->entry_budget = c->budget;
     return 0;
 }
@@ -529,8 +521,8 @@ release_ctx(Ctx *c)
     Py_CLEAR(c->segment);
 }
 
-/* What a read returns: the value with the budget written back, or None (a bail, the
- * budget as it was on entry), or NULL (an exception). */
+/* What a read returns: the value with the budget written back (when it moved), or None
+ * (a bail, the budget as it was on entry), or NULL (an exception). */
 static PyObject *
 close_ctx(Ctx *c, PyObject *result)
 {
@@ -542,7 +534,8 @@ close_ctx(Ctx *c, PyObject *result)
             return NULL;
         Py_RETURN_NONE;
     }
-    if (write_budget(c, c->budget) < 0) {
+    if ((c->budget != c->entry_budget || c->budget_written)
+        && write_budget(c, c->budget) < 0) {
         Py_DECREF(result);
         return NULL;
     }
@@ -564,46 +557,50 @@ ssize_args(PyObject *const *args, Py_ssize_t count, Py_ssize_t *out)
 static PyObject *
 py_struct_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    /* (program, msg, si, seg, data, ptr, pend, depth, via) */
-    if (nargs != 9 || !PyObject_TypeCheck(args[0], &ProgramType) || !PyBytes_CheckExact(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "struct_row(program, msg, si, seg, data, ptr, pend, depth, via)");
+    /* (program, msg, segment, budget, si, seg, data, ptr, pend, depth, via) */
+    if (nargs != 11 || !PyObject_TypeCheck(args[0], &ProgramType) || !PyBytes_CheckExact(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "struct_row(program, msg, segment, budget, si, seg, data, ptr, pend, depth, via)");
         return NULL;
     }
     Program *p = (Program *)args[0];
-    Py_ssize_t n[5]; /* data, ptr, pend, depth; then si */
-    if (ssize_args(args + 4, 4, n) < 0 || ssize_args(args + 2, 1, n + 4) < 0)
+    Py_ssize_t n[4]; /* data, ptr, pend, depth */
+    Py_ssize_t si;
+    if (ssize_args(args + 6, 4, n) < 0 || ssize_args(args + 4, 1, &si) < 0)
         return NULL;
     Py_ssize_t data = n[0], ptr = n[1], pend = n[2];
     long depth = (long)n[3];
     Ctx c;
-    if (open_ctx(&c, args[1], n[4], args[8]) < 0)
+    if (open_ctx(&c, args[1], si, args[10], args[2], args[3]) < 0)
         return NULL;
     Py_ssize_t data_len = p->data_words << 3;
-    if (data < 0 || data + data_len > PyBytes_GET_SIZE(args[3]) || ptr < 0 || pend < ptr
+    if (data < 0 || data + data_len > PyBytes_GET_SIZE(args[5]) || ptr < 0 || pend < ptr
         || pend > c.words) {
         release_ctx(&c);
         Py_RETURN_NONE; /* not the reader's invariant: let Python read it */
     }
-    return close_ctx(&c, read_row(&c, p, args[3], data, data_len, ptr, pend, depth));
+    return close_ctx(&c, read_row(&c, p, args[5], data, data_len, ptr, pend, depth));
 }
 
 static PyObject *
 py_element_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    /* (program, msg, si, start, count, words, data_words, pointers, depth, via) */
-    if (nargs != 10 || !PyObject_TypeCheck(args[0], &ProgramType)) {
+    /* (program, msg, segment, budget, si, start, count, words, data_words, pointers,
+     * depth, via) */
+    if (nargs != 12 || !PyObject_TypeCheck(args[0], &ProgramType)) {
         PyErr_SetString(PyExc_TypeError,
-                        "element_rows(program, msg, si, start, count, words, data_words, pointers, depth, via)");
+                        "element_rows(program, msg, segment, budget, si, start, count, words,"
+                        " data_words, pointers, depth, via)");
         return NULL;
     }
     Program *p = (Program *)args[0];
     Py_ssize_t n[7]; /* si, start, count, words, data_words, pointers, depth */
-    if (ssize_args(args + 2, 7, n) < 0)
+    if (ssize_args(args + 4, 7, n) < 0)
         return NULL;
     Py_ssize_t start = n[1], count = n[2], size = n[3], data_words = n[4], pointers = n[5];
     long depth = (long)n[6];
     Ctx c;
-    if (open_ctx(&c, args[1], n[0], args[9]) < 0)
+    if (open_ctx(&c, args[1], n[0], args[11], args[2], args[3]) < 0)
         return NULL;
     if (start < 0 || count < 0 || size <= 0 || data_words < 0 || pointers < 0
         || data_words + pointers > size || start + count * size > c.words) {
@@ -1643,7 +1640,7 @@ py_unpack_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 /* ---------------------------------------------------------------- framing
  *
  * ``one_segment(buf, pos, max_words)``: the body of the one-segment message whose
- * stream framing (rpc-protocol.md §1) starts at byte ``pos`` of the bytearray ``buf``,
+ * stream framing (rpc-protocol.md §1) starts at byte ``pos`` of ``buf`` (a bytearray or bytes),
  * as a new ``bytes`` (its storage 16-byte aligned, as every segment must be 8), when all
  * of it is there and its size is within ``max_words``. None otherwise (a segment table
  * of more segments, a message not complete yet, one over the limit): capsvc.framing's
@@ -1651,8 +1648,10 @@ py_unpack_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 py_one_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyByteArray_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "one_segment(buf: bytearray, pos: int, max_words: int)");
+    int is_bytes = nargs == 3 && PyBytes_CheckExact(args[0]);
+    if (nargs != 3 || !(is_bytes || PyByteArray_CheckExact(args[0]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "one_segment(buf: bytearray | bytes, pos: int, max_words: int)");
         return NULL;
     }
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
@@ -1661,15 +1660,41 @@ py_one_segment(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     long long limit = PyLong_AsLongLong(args[2]);
     if (limit == -1 && PyErr_Occurred())
         return NULL;
-    Py_ssize_t size = PyByteArray_GET_SIZE(args[0]);
+    Py_ssize_t size = is_bytes ? PyBytes_GET_SIZE(args[0]) : PyByteArray_GET_SIZE(args[0]);
     if (pos < 0 || size - pos < 8)
         Py_RETURN_NONE;
-    const uint8_t *head = (const uint8_t *)PyByteArray_AS_STRING(args[0]) + pos;
+    const char *start = is_bytes ? PyBytes_AS_STRING(args[0]) : PyByteArray_AS_STRING(args[0]);
+    const uint8_t *head = (const uint8_t *)start + pos;
     uint64_t table = load64(head);
     long long words = (long long)(table >> 32);
     if ((table & 0xFFFFFFFFu) != 0 || words > limit || words > (size - pos - 8) >> 3)
         Py_RETURN_NONE;
     return PyBytes_FromStringAndSize((const char *)head + 8, (Py_ssize_t)(words << 3));
+}
+
+/* ``frame_one(segment)``: a one-segment message in the standard stream framing (its table:
+ * count - 1 = 0, then the segment's size in words), as one new ``bytes`` object: what
+ * ``to_bytes`` returns, without the table's own object and a concatenation. */
+static PyObject *
+py_frame_one(PyObject *self, PyObject *segment)
+{
+    if (!PyByteArray_CheckExact(segment)) {
+        PyErr_SetString(PyExc_TypeError, "frame_one(segment: bytearray)");
+        return NULL;
+    }
+    Py_ssize_t size = PyByteArray_GET_SIZE(segment);
+    if ((size & 7) != 0 || (size >> 3) > 0xFFFFFFFFll) {
+        PyErr_SetString(PyExc_ValueError, "a segment is a whole number of words, under 2**32");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size + 8);
+    if (out == NULL)
+        return NULL;
+    uint8_t *at = (uint8_t *)PyBytes_AS_STRING(out);
+    uint64_t table = (uint64_t)(size >> 3) << 32; /* little-endian: count - 1, then size */
+    memcpy(at, &table, 8);
+    memcpy(at + 8, PyByteArray_AS_STRING(segment), (size_t)size);
+    return out;
 }
 
 /* ---------------------------------------------------------------- the Program type */
@@ -1959,6 +1984,8 @@ static PyMethodDef module_methods[] = {
      "The packed encoding of a one-segment message in the stream framing."},
     {"unpack_segment", (PyCFunction)(void (*)(void))py_unpack_segment, METH_FASTCALL,
      "The one segment of a packed framed message, or None to read it in Python."},
+    {"frame_one", (PyCFunction)py_frame_one, METH_O,
+     "A one-segment message in the stream framing, as bytes."},
     {"one_segment", (PyCFunction)(void (*)(void))py_one_segment, METH_FASTCALL,
      "The body of a complete one-segment framed message in a bytearray, or None."},
     {"unpack", (PyCFunction)(void (*)(void))py_unpack, METH_FASTCALL,
@@ -1982,8 +2009,7 @@ PyInit__native(void)
     if (PyType_Ready(&ProgramType) < 0)
         return NULL;
     str_budget = PyUnicode_InternFromString("budget");
-    str_segments = PyUnicode_InternFromString("segments");
-    if (str_budget == NULL || str_segments == NULL)
+    if (str_budget == NULL)
         return NULL;
     fill_bits_set();
     fill_stored_before();

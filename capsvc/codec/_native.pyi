@@ -19,6 +19,8 @@ class Program:
 def struct_row(
     program: object,
     msg: object,
+    segment: bytes,
+    budget: int,
     si: int,
     seg: bytes,
     data: int,
@@ -30,6 +32,8 @@ def struct_row(
 def element_rows(
     program: object,
     msg: object,
+    segment: bytes,
+    budget: int,
     si: int,
     start: int,
     count: int,
@@ -45,4 +49,5 @@ def unpack(data: bytes, max_words: int) -> bytes | None: ...
 def pack_framed(segment: bytes | bytearray) -> bytes: ...
 def unpack_segment(data: bytes, max_words: int) -> bytes | None: ...
 def use_shuffle(on: bool) -> bool: ...
-def one_segment(buf: bytearray, pos: int, max_words: int) -> bytes | None: ...
+def one_segment(buf: bytearray | bytes, pos: int, max_words: int) -> bytes | None: ...
+def frame_one(segment: bytearray) -> bytes: ...

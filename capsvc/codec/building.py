@@ -23,6 +23,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Protocol, TypeVar
 
+from capsvc._build import COMPILED
 from capsvc._mypyc import mypyc_attr
 from capsvc.codec.plans import ANY, DATA, GROUP, STRUCT, TEXT
 from capsvc.codec.reading import SHORT_LIST, enum_name, shown_fields
@@ -40,6 +41,21 @@ _set_u64: Final = struct.Struct("<Q").pack_into
 _set_halves: Final = struct.Struct("<II").pack_into
 #: A one-segment message's table (rpc-protocol.md §1): segment count - 1 (0), its words.
 _ONE_SEGMENT_TABLE: Final[Callable[[int, int], bytes]] = struct.Struct("<II").pack
+
+
+def _native_frame_one() -> Callable[[bytearray], bytes] | None:
+    """The C framing of a one-segment message (capsvc/codec/_native.c), in the compiled
+    build only: one ``bytes`` object made, where the table and a concatenation make
+    two."""
+    if not COMPILED:
+        return None
+    from capsvc.codec import _native
+
+    frame_one: Callable[[bytearray], bytes] = _native.frame_one
+    return frame_one
+
+
+_FRAME_ONE: Final = _native_frame_one()
 _ZERO_WORD: Final = bytes(8)
 _get_u64: Final[Callable[[Any, int], tuple[int]]] = struct.Struct("<Q").unpack_from
 _U16_INTO: Final = struct.Struct("<H").pack_into
@@ -119,11 +135,20 @@ def write_list_pointer(buf: bytearray, at: int, target: int, code: int, count: i
 def new_builder(cls: type[B], builder: MessageBuilder, start: int) -> B:
     """A ``cls`` builder of the struct at word ``start`` (``cls()``: see
     ``reading.new_reader``)."""
+    return sized_builder(cls, builder, start, cls._DATA_WORDS, cls._POINTERS)
+
+
+def sized_builder(
+    cls: type[B], builder: MessageBuilder, start: int, data_words: int, pointers: int
+) -> B:
+    """``new_builder`` of a struct whose sections are the schema's, given (its plan's): a
+    root just encoded, with no lookup of the class's sizes (two type attribute lookups
+    per message in the compiled build)."""
     view = cls()
     view._b = builder
     view._data = start << 3
-    view._ptr = ptr = start + cls._DATA_WORDS
-    view._pend = ptr + cls._POINTERS
+    view._ptr = ptr = start + data_words
+    view._pend = ptr + pointers
     return view
 
 
@@ -196,6 +221,9 @@ class StructBuilder:
     def to_bytes(self) -> bytes:
         """The whole message in the standard stream framing (rpc-protocol.md §1)."""
         buf = self._b.buf  # one segment, whole words: its table is one count and one size
+        frame_one = _FRAME_ONE
+        if frame_one is not None:
+            return frame_one(buf)
         return _ONE_SEGMENT_TABLE(0, len(buf) >> 3) + buf
 
     def to_bytes_packed(self) -> bytes:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar, cast
 
 from librt.strings import read_i16_le, read_i64_le
 
@@ -74,14 +74,20 @@ class MessageReader:
         nesting_limit: int = DEFAULT_NESTING_LIMIT,
         caps: Sequence[Any] = (),
         keep: object = None,
+        owned: bool = False,
     ) -> None:
         #: The segments as ``bytes``, whatever kind of buffer they came in: the compiled
         #: readers read words and bytes of a ``bytes`` object natively (librt.strings),
         #: with no Python call and no tuple per read. A ``bytes`` segment is kept as it
-        #: is; a bytearray or memoryview one is copied once here.
+        #: is; a bytearray or memoryview one is copied once here. ``owned``: the caller
+        #: made the list for this message alone (a decoder's), so a list of one ``bytes``
+        #: is kept as it is rather than copied.
         only = segments[0] if len(segments) == 1 else None
         if type(only) is bytes:  # the common case, without the comprehensions
-            self.segments: list[bytes] = [only]
+            if owned and type(segments) is list:
+                self.segments: list[bytes] = cast("list[bytes]", segments)
+            else:
+                self.segments = [only]
             self.sizes = [len(only) >> 3]
         else:
             self.segments = [
@@ -1160,11 +1166,34 @@ def read_segments(
 ) -> R:
     """The root ``cls`` struct of a message (its segments): what ``StructReader.read``
     and generated ``read`` call (positional, one compiled call)."""
-    if not segments or len(segments[0]) < 8:
-        raise DecodeError("message has no root pointer")
     msg = MessageReader(
         segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
     )
+    return read_root(msg, cls, nesting_limit)
+
+
+def read_owned_segments(
+    cls: type[R],
+    segments: list[bytes | memoryview],
+    traversal_limit_words: int,
+    nesting_limit: int,
+) -> R:
+    """``read_segments`` of a list made for this message alone (a decoder's, which no one
+    else holds): kept as the message's own."""
+    msg = MessageReader(
+        segments,
+        traversal_limit_words=traversal_limit_words,
+        nesting_limit=nesting_limit,
+        owned=True,
+    )
+    return read_root(msg, cls, nesting_limit)
+
+
+def read_root(msg: MessageReader, cls: type[R], nesting_limit: int) -> R:
+    """The root ``cls`` struct of ``msg``: what its first word points to."""
+    sizes = msg.sizes
+    if not sizes or sizes[0] < 1:
+        raise DecodeError("message has no root pointer")
     return read_struct(msg, 0, 0, cls, nesting_limit, None)
 
 
@@ -1176,7 +1205,7 @@ def read_framed(
 ) -> R:
     """The root ``cls`` struct of one message in the standard stream framing: what
     generated ``from_bytes`` calls."""
-    return read_segments(cls, unframe(data), traversal_limit_words, nesting_limit)
+    return read_owned_segments(cls, unframe(data), traversal_limit_words, nesting_limit)
 
 
 def read_packed(
@@ -1187,7 +1216,7 @@ def read_packed(
 ) -> R:
     """``read_framed`` of a packed message: what generated ``from_bytes_packed`` calls."""
     segments = unframe_packed(data)
-    return read_segments(cls, segments, traversal_limit_words, nesting_limit)
+    return read_owned_segments(cls, segments, traversal_limit_words, nesting_limit)
 
 
 def read_multiple(

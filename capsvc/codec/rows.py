@@ -84,7 +84,15 @@ from capsvc.codec.reading import (
 )
 from capsvc.errors import DecodeError
 
-__all__ = ["Selection", "list_rows", "select", "struct_row"]
+__all__ = [
+    "NATIVE",
+    "NativeEntries",
+    "Selection",
+    "list_rows",
+    "select",
+    "struct_row",
+    "use_native",
+]
 
 _WORD: Final = 1 << 64
 _MASK64: Final = (1 << 64) - 1
@@ -93,10 +101,43 @@ _VIA: Final = 100
 #: Kinds of fields that hold no pointer (and are no group holding one).
 _NO_POINTER: Final = (VOID, BOOL, INT, FLOAT, ENUM)
 
-#: The C reader (capsvc/codec/_native.c), in the compiled build only.
+
+class NativeEntries:
+    """The C reader's and encoder's entry points (capsvc/codec/_native.c) that rows and
+    capsvc.codec.values call, or None each: bound once, and read as a native attribute of
+    a ``Final`` object in the compiled build (a module attribute there costs a dict
+    lookup, and a function of it a getattr, per message)."""
+
+    __slots__ = ("element_rows", "encode_root", "module", "struct_row")
+
+    def __init__(self) -> None:
+        self.module: Any = None
+        self.struct_row: Any = None
+        self.element_rows: Any = None
+        self.encode_root: Any = None
+
+
+#: The C half in use: the compiled build's, else none (``use_native``).
+NATIVE: Final = NativeEntries()
+
+
+def use_native(module: Any) -> None:
+    """Read and encode rows through ``module`` (capsvc.codec._native), or in Python only
+    (None): the compiled build starts with C, the pure one without; tests run both."""
+    global _native
+    _native = module
+    NATIVE.module = module
+    NATIVE.struct_row = None if module is None else module.struct_row
+    NATIVE.element_rows = None if module is None else module.element_rows
+    NATIVE.encode_root = None if module is None else module.encode_root
+
+
+#: The C module itself (its ``Program`` type), while in use.
 _native: Any = None
 if _build.COMPILED:
-    from capsvc.codec import _native
+    from capsvc.codec import _native as _compiled_half
+
+    use_native(_compiled_half)
 
 
 # ---------------------------------------------------------------------- entry points
@@ -115,12 +156,16 @@ def struct_row(reader: object, plan: StructPlan) -> tuple[Any, ...]:
             f"{plan.name}.row() takes a {plan.name} reader or builder,"
             f" not {type(reader).__qualname__}"
         )
-    native = _native
-    if native is not None:
-        row = native.struct_row(
+    struct_row_in_c = NATIVE.struct_row
+    if struct_row_in_c is not None:
+        msg = reader._msg
+        si = reader._si
+        row = struct_row_in_c(
             native_program(plan),
-            reader._msg,
-            reader._si,
+            msg,
+            msg.segments[si],
+            msg.budget,
+            si,
             reader._seg,
             reader._data,
             reader._ptr,
@@ -312,11 +357,13 @@ def _list_of_rows(
     depth: int,
 ) -> list[tuple[Any, ...]]:
     """``_element_rows`` (the same arguments), in C where the compiled build can."""
-    native = _native
-    if native is not None:
-        rows = native.element_rows(
+    element_rows_in_c = NATIVE.element_rows
+    if element_rows_in_c is not None:
+        rows = element_rows_in_c(
             native_program(plan),
             msg,
+            msg.segments[si],
+            msg.budget,
             si,
             start,
             count,

@@ -44,7 +44,7 @@ from capsvc.codec.building import (
     StructBuilder,
     bad_type,
     copy_pointer,
-    new_builder,
+    sized_builder,
     write_struct_pointer,
 )
 from capsvc.codec.plans import (
@@ -66,6 +66,7 @@ from capsvc.codec.plans import (
     spliced,
 )
 from capsvc.codec.reading import AnyPointer, StructReader, written_sections
+from capsvc.codec.rows import NATIVE as _NATIVE
 from capsvc.codec.scalars import (
     TEXT_ENDS,
     append_int,
@@ -176,7 +177,8 @@ def new_message(
     """A message whose root is a ``cls`` struct of ``plan``, from ``values`` in the plan's
     order (a generated ``new_message``'s keywords) and ``unknown`` (its other keywords:
     fields by their schema names, or an error)."""
-    return new_builder(cls, _new_root(plan, "new_message", values, unknown), 1)
+    message = _new_root(plan, "new_message", values, unknown)
+    return sized_builder(cls, message, 1, plan.data_words, plan.pointers)
 
 
 def new_message_row(cls: type[B], plan: StructPlan, row: object) -> B:
@@ -184,7 +186,8 @@ def new_message_row(cls: type[B], plan: StructPlan, row: object) -> B:
     (capsvc.codec.rows: every field in schema order, None for a field left out)."""
     if not isinstance(row, tuple):
         raise bad_type(row, plan.name, f"a {plan.name} row (a tuple)")
-    return new_builder(cls, _new_root(plan, "from_row", row, None), 1)
+    message = _new_root(plan, "from_row", row, None)
+    return sized_builder(cls, message, 1, plan.data_words, plan.pointers)
 
 
 def new_message_from(plan: StructPlan, fields: Mapping[str, object]) -> MessageBuilder:
@@ -197,15 +200,15 @@ def _new_root(
 ) -> MessageBuilder:
     """A message whose root struct is ``plan``'s, from ``given``: values in the plan's order
     (a list, with ``unknown`` keywords to place), or a mapping of fields, or a row."""
-    native = rows._native
+    encode_root = _NATIVE.encode_root
     kind = type(given)  # (``is`` tests: ``in`` a tuple of types compares them with ``==``)
-    if native is not None and not unknown and (kind is list or kind is tuple or kind is dict):
+    if encode_root is not None and not unknown and (kind is list or kind is tuple or kind is dict):
         # The compiled build's C encoder (capsvc/codec/_native.c): the common case, laid
         # out as below byte for byte; None for anything it leaves to this module.
         program = plan.native
         if program is None:
             program = rows.native_program(plan)
-        buf = native.encode_root(program, given, MISSING)
+        buf = encode_root(program, given, MISSING)
         if buf is not None:
             return MessageBuilder(buf)
     builder = MessageBuilder()

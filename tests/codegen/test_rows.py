@@ -19,6 +19,7 @@ import os
 import struct
 import sys
 import threading
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -50,15 +51,20 @@ __all__ = ["seeds"]  # the fixture, shared with test_hostile
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 #: The readers of rows this machine has: C where it was built, Python always.
 NATIVE = native_module()
+#: What the build reads rows with (the pure build: Python), put back after each test.
+BUILT = rows_module.NATIVE.module
 PATHS = ["c", "python"] if NATIVE is not None else ["python"]
 
 
 @pytest.fixture(autouse=True, params=PATHS)
-def row_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def row_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Which reader of rows the test runs on."""
-    monkeypatch.setattr(rows_module, "_native", NATIVE if request.param == "c" else None)
-    path: str = request.param
-    return path
+    rows_module.use_native(NATIVE if request.param == "c" else None)
+    try:
+        path: str = request.param
+        yield path
+    finally:
+        rows_module.use_native(BUILT)
 
 
 # ---------------------------------------------------------------------- the reference
@@ -507,7 +513,7 @@ def outcomes_of_both_readers(
     budget left after it, on each reader of rows this build has (C first, where built)."""
     outcomes: list[tuple[Any, int | None]] = []
     for native in (NATIVE, None) if NATIVE is not None else (None,):
-        rows_module._native = native
+        rows_module.use_native(native)
         try:
             reader = kind.Reader.read(segments, traversal_limit_words=limit)
             try:
@@ -518,7 +524,7 @@ def outcomes_of_both_readers(
         except DecodeError as error:  # the root itself: no row to compare
             outcomes.append((f"DecodeError: {error}", None))
         finally:
-            rows_module._native = NATIVE  # the fixture puts back what the build had
+            rows_module.use_native(NATIVE)  # the fixture puts back what the build had
     return outcomes
 
 
@@ -543,14 +549,14 @@ def test_c_and_python_encoders_write_the_same_bytes(
     def outcome(make: Any) -> Any:
         results = []
         for native in (NATIVE, None):
-            rows_module._native = native
+            rows_module.use_native(native)
             try:
                 built = make()
                 results.append((bytes(built._b.buf), len(built._b.caps)))
             except (TypeError, ValueError) as error:
                 results.append((type(error), str(error)))
             finally:
-                rows_module._native = NATIVE
+                rows_module.use_native(NATIVE)
         return results
 
     @SETTINGS
