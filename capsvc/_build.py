@@ -46,6 +46,7 @@ MODULES: tuple[str, ...] = (
     "capsvc.codec.scalars",
     "capsvc.codec.values",
     "capsvc.codec.rows",
+    "capsvc.codec.streams",
     "capsvc.rpc.answers",
     "capsvc.rpc.copying",
     "capsvc.rpc.embargoes",

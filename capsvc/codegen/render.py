@@ -80,7 +80,7 @@ _NO_DEFAULT_TEXT = ""
 #: Names the generator defines in a type's namespace only (a struct's row functions, an
 #: interface's method table): a nested type or a constant named so is renamed, a field
 #: (an attribute of readers and builders) keeps its name.
-TYPE_RESERVED = frozenset({"row", "rows", "select", "METHODS"})
+TYPE_RESERVED = frozenset({"row", "rows", "select", "decoder", "METHODS"})
 
 #: Names a generated module imports for itself (its header): a type, a group's class or a
 #: constant named so would shadow the import in the module or in its class's body (where
@@ -470,6 +470,7 @@ def _header(out: _Out, file: File, relative: bool) -> None:
     out.add("from capsvc.codec import plans as _v")
     out.add("from capsvc.codec import reading as _r")
     out.add("from capsvc.codec import rows as _w")
+    out.add("from capsvc.codec import streams as _s")
     out.add("from capsvc.codec import values as _e")
     if has_interfaces:
         out.add("from capsvc import typed as _t")
@@ -938,6 +939,16 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
                     " traversal_limit_words, nesting_limit)"
                 )
                 out.add("")
+            out.add("@staticmethod")
+            out.add(
+                "def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS)"
+                f" -> _s.RootDecoder[{path}.Reader]:"
+            )
+            out.add(f'    """The {node.scope} roots of a byte stream of framed messages, as they')
+            out.add("    arrive: ``feed`` it bytes, then ``next()`` gives each complete message's")
+            out.add('    root (None until one is); ``limits`` bound each message."""')
+            out.add(f"    return _s.RootDecoder({path}.Reader, limits)")
+            out.add("")
             out.lines.pop()
 
 

@@ -18,6 +18,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -197,6 +198,13 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
         ) -> list[BenchEcho.PingCapParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(BenchEcho.PingCapParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[BenchEcho.PingCapParams.Reader]:
+            """The BenchEcho.pingCap$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(BenchEcho.PingCapParams.Reader, limits)
 
     class PingCapResults:
         """struct BenchEcho.pingCap$Results (0x9f590e4882f9b246)."""
@@ -381,6 +389,13 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
         ) -> list[BenchEcho.PingCapResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(BenchEcho.PingCapResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[BenchEcho.PingCapResults.Reader]:
+            """The BenchEcho.pingCap$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(BenchEcho.PingCapResults.Reader, limits)
 
     class Client(echo_capnp.Echo.Client):
         """A capability typed as BenchEcho: call its methods."""

@@ -18,6 +18,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -369,6 +370,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Calculator.Expression.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Calculator.Expression.Reader]:
+            """The Calculator.Expression roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Calculator.Expression.Reader, limits)
+
     class Function(_t.Interface["Calculator.Function.Client"]):
         """interface Calculator.Function (0xede83a3d96840394): its methods' params and results."""
 
@@ -546,6 +554,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """The root of each message of ``data``, one after another in the packed framing."""
                 return _r.read_multiple(Calculator.Function.CallParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+            @staticmethod
+            def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Calculator.Function.CallParams.Reader]:
+                """The Calculator.Function.call$Params roots of a byte stream of framed messages, as they
+                arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+                root (None until one is); ``limits`` bound each message."""
+                return _s.RootDecoder(Calculator.Function.CallParams.Reader, limits)
+
         class CallResults:
             """struct Calculator.Function.call$Results (0xc0e0abf76914dead)."""
 
@@ -699,6 +714,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             ) -> list[Calculator.Function.CallResults.Reader]:
                 """The root of each message of ``data``, one after another in the packed framing."""
                 return _r.read_multiple(Calculator.Function.CallResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+            @staticmethod
+            def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Calculator.Function.CallResults.Reader]:
+                """The Calculator.Function.call$Results roots of a byte stream of framed messages, as they
+                arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+                root (None until one is); ``limits`` bound each message."""
+                return _s.RootDecoder(Calculator.Function.CallResults.Reader, limits)
 
         class Client(_t.Client):
             """A capability typed as Calculator.Function: call its methods."""
@@ -891,6 +913,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 """The root of each message of ``data``, one after another in the packed framing."""
                 return _r.read_multiple(Calculator.Value.ReadParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+            @staticmethod
+            def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Calculator.Value.ReadParams.Reader]:
+                """The Calculator.Value.read$Params roots of a byte stream of framed messages, as they
+                arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+                root (None until one is); ``limits`` bound each message."""
+                return _s.RootDecoder(Calculator.Value.ReadParams.Reader, limits)
+
         class ReadResults:
             """struct Calculator.Value.read$Results (0xe6be6723122ae822)."""
 
@@ -1044,6 +1073,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             ) -> list[Calculator.Value.ReadResults.Reader]:
                 """The root of each message of ``data``, one after another in the packed framing."""
                 return _r.read_multiple(Calculator.Value.ReadResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+            @staticmethod
+            def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Calculator.Value.ReadResults.Reader]:
+                """The Calculator.Value.read$Results roots of a byte stream of framed messages, as they
+                arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+                root (None until one is); ``limits`` bound each message."""
+                return _s.RootDecoder(Calculator.Value.ReadResults.Reader, limits)
 
         class Client(_t.Client):
             """A capability typed as Calculator.Value: call its methods."""
@@ -1257,6 +1293,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Calculator.DefFunctionParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Calculator.DefFunctionParams.Reader]:
+            """The Calculator.defFunction$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Calculator.DefFunctionParams.Reader, limits)
+
     class DefFunctionResults:
         """struct Calculator.defFunction$Results (0x8d24f465047cd6c8)."""
 
@@ -1431,6 +1474,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Calculator.DefFunctionResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Calculator.DefFunctionResults.Reader]:
+            """The Calculator.defFunction$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Calculator.DefFunctionResults.Reader, limits)
+
     class EvaluateParams:
         """struct Calculator.evaluate$Params (0xbb0eaae1557a36d4)."""
 
@@ -1601,6 +1651,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
         ) -> list[Calculator.EvaluateParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Calculator.EvaluateParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Calculator.EvaluateParams.Reader]:
+            """The Calculator.evaluate$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Calculator.EvaluateParams.Reader, limits)
 
     class EvaluateResults:
         """struct Calculator.evaluate$Results (0x81b1a3f55887a611)."""
@@ -1776,6 +1833,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Calculator.EvaluateResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Calculator.EvaluateResults.Reader]:
+            """The Calculator.evaluate$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Calculator.EvaluateResults.Reader, limits)
+
     class GetOperatorParams:
         """struct Calculator.getOperator$Params (0x8a8dceb4f4a3c530)."""
 
@@ -1936,6 +2000,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
         ) -> list[Calculator.GetOperatorParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Calculator.GetOperatorParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Calculator.GetOperatorParams.Reader]:
+            """The Calculator.getOperator$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Calculator.GetOperatorParams.Reader, limits)
 
     class GetOperatorResults:
         """struct Calculator.getOperator$Results (0xd18fbb7763c08c20)."""
@@ -2110,6 +2181,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
         ) -> list[Calculator.GetOperatorResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Calculator.GetOperatorResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Calculator.GetOperatorResults.Reader]:
+            """The Calculator.getOperator$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Calculator.GetOperatorResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Calculator: call its methods."""

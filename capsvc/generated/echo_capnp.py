@@ -18,6 +18,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -197,6 +198,13 @@ class Echo(_t.Interface["Echo.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Echo.PingParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Echo.PingParams.Reader]:
+            """The Echo.ping$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Echo.PingParams.Reader, limits)
+
     class PingResults:
         """struct Echo.ping$Results (0xb37b9e41b12a2677)."""
 
@@ -351,6 +359,13 @@ class Echo(_t.Interface["Echo.Client"]):
         ) -> list[Echo.PingResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Echo.PingResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Echo.PingResults.Reader]:
+            """The Echo.ping$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Echo.PingResults.Reader, limits)
 
     class PingDataParams:
         """struct Echo.pingData$Params (0xd7e37bd20ee55124)."""
@@ -515,6 +530,13 @@ class Echo(_t.Interface["Echo.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Echo.PingDataParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Echo.PingDataParams.Reader]:
+            """The Echo.pingData$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Echo.PingDataParams.Reader, limits)
+
     class PingDataResults:
         """struct Echo.pingData$Results (0xf98dcdb1b8b0c70c)."""
 
@@ -677,6 +699,13 @@ class Echo(_t.Interface["Echo.Client"]):
         ) -> list[Echo.PingDataResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Echo.PingDataResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Echo.PingDataResults.Reader]:
+            """The Echo.pingData$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Echo.PingDataResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Echo: call its methods."""

@@ -18,6 +18,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -197,6 +198,13 @@ class Health(_t.Interface["Health.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Health.CheckParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Health.CheckParams.Reader]:
+            """The Health.check$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Health.CheckParams.Reader, limits)
+
     class CheckResults:
         """struct Health.check$Results (0xcff75b88dce15fb4)."""
 
@@ -357,6 +365,13 @@ class Health(_t.Interface["Health.Client"]):
         ) -> list[Health.CheckResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Health.CheckResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Health.CheckResults.Reader]:
+            """The Health.check$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Health.CheckResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Health: call its methods."""

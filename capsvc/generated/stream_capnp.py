@@ -18,6 +18,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -164,6 +165,13 @@ class StreamResult:
     ) -> list[StreamResult.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(StreamResult.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[StreamResult.Reader]:
+        """The StreamResult roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(StreamResult.Reader, limits)
 
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).

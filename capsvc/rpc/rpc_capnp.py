@@ -18,6 +18,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 if TYPE_CHECKING:
     from capsvc import typed as _t
@@ -218,6 +219,13 @@ class Accept:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Accept.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Accept.Reader]:
+        """The Accept roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Accept.Reader, limits)
+
 class Bootstrap:
     """struct Bootstrap (0xe94ccf8031176ec4)."""
 
@@ -390,6 +398,13 @@ class Bootstrap:
     ) -> list[Bootstrap.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Bootstrap.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Bootstrap.Reader]:
+        """The Bootstrap roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Bootstrap.Reader, limits)
 
 class Call:
     """struct Call (0x836a53ce789d4cd4)."""
@@ -781,6 +796,13 @@ class Call:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Call.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Call.Reader]:
+        """The Call roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Call.Reader, limits)
+
 class CapDescriptor:
     """struct CapDescriptor (0x8523ddc40b86b8b0)."""
 
@@ -1059,6 +1081,13 @@ class CapDescriptor:
     ) -> list[CapDescriptor.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(CapDescriptor.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[CapDescriptor.Reader]:
+        """The CapDescriptor roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(CapDescriptor.Reader, limits)
 
 class Disembargo:
     """struct Disembargo (0xf964368b0fbd3711)."""
@@ -1358,6 +1387,13 @@ class Disembargo:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Disembargo.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Disembargo.Reader]:
+        """The Disembargo roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Disembargo.Reader, limits)
+
 class Exception:
     """struct Exception (0xd625b7063acf691a)."""
 
@@ -1575,6 +1611,13 @@ class Exception:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Exception.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Exception.Reader]:
+        """The Exception roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Exception.Reader, limits)
+
 class Finish:
     """struct Finish (0xd37d2eb2c2f80e63)."""
 
@@ -1746,6 +1789,13 @@ class Finish:
     ) -> list[Finish.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Finish.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Finish.Reader]:
+        """The Finish roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Finish.Reader, limits)
 
 class Join:
     """struct Join (0xfbe1980490e001af)."""
@@ -1945,6 +1995,13 @@ class Join:
     ) -> list[Join.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Join.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Join.Reader]:
+        """The Join roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Join.Reader, limits)
 
 class Message:
     """struct Message (0x91b79f1f808db032)."""
@@ -2518,6 +2575,13 @@ class Message:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Message.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Message.Reader]:
+        """The Message roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Message.Reader, limits)
+
 class MessageTarget:
     """struct MessageTarget (0x95bc14545813fbc1)."""
 
@@ -2717,6 +2781,13 @@ class MessageTarget:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(MessageTarget.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[MessageTarget.Reader]:
+        """The MessageTarget roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(MessageTarget.Reader, limits)
+
 class Payload:
     """struct Payload (0x9a0e61223d96743b)."""
 
@@ -2901,6 +2972,13 @@ class Payload:
     ) -> list[Payload.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Payload.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Payload.Reader]:
+        """The Payload roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Payload.Reader, limits)
 
 class PromisedAnswer:
     """struct PromisedAnswer (0xd800b1d6cd6f1ca0)."""
@@ -3095,6 +3173,13 @@ class PromisedAnswer:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(PromisedAnswer.Op.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[PromisedAnswer.Op.Reader]:
+            """The PromisedAnswer.Op roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(PromisedAnswer.Op.Reader, limits)
+
     class Init(TypedDict, total=False):
         """PromisedAnswer as plain values: what ``new_message`` and ``assign`` take."""
 
@@ -3264,6 +3349,13 @@ class PromisedAnswer:
     ) -> list[PromisedAnswer.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(PromisedAnswer.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[PromisedAnswer.Reader]:
+        """The PromisedAnswer roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(PromisedAnswer.Reader, limits)
 
 class Provide:
     """struct Provide (0x9c6a046bfbc1ac5a)."""
@@ -3464,6 +3556,13 @@ class Provide:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Provide.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Provide.Reader]:
+        """The Provide roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Provide.Reader, limits)
+
 class Release:
     """struct Release (0xad1a6c0d7dd07497)."""
 
@@ -3626,6 +3725,13 @@ class Release:
     ) -> list[Release.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Release.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Release.Reader]:
+        """The Release roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Release.Reader, limits)
 
 class Resolve:
     """struct Resolve (0xbbc29655fa89086e)."""
@@ -3855,6 +3961,13 @@ class Resolve:
     ) -> list[Resolve.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Resolve.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Resolve.Reader]:
+        """The Resolve roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Resolve.Reader, limits)
 
 class Return:
     """struct Return (0x9e19b28d3db3573a)."""
@@ -4174,6 +4287,13 @@ class Return:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Return.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Return.Reader]:
+        """The Return roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Return.Reader, limits)
+
 class ThirdPartyCapDescriptor:
     """struct ThirdPartyCapDescriptor (0xd37007fde1f0027d)."""
 
@@ -4346,6 +4466,13 @@ class ThirdPartyCapDescriptor:
     ) -> list[ThirdPartyCapDescriptor.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(ThirdPartyCapDescriptor.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[ThirdPartyCapDescriptor.Reader]:
+        """The ThirdPartyCapDescriptor roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(ThirdPartyCapDescriptor.Reader, limits)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

@@ -18,6 +18,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -198,6 +199,13 @@ class Directory(_t.Interface["Directory.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Directory.OpenParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Directory.OpenParams.Reader]:
+            """The Directory.open$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Directory.OpenParams.Reader, limits)
+
     class OpenResults:
         """struct Directory.open$Results (0xba8460afbafa67bd)."""
 
@@ -371,6 +379,13 @@ class Directory(_t.Interface["Directory.Client"]):
         ) -> list[Directory.OpenResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Directory.OpenResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Directory.OpenResults.Reader]:
+            """The Directory.open$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Directory.OpenResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Directory: call its methods."""
@@ -569,6 +584,13 @@ class Store(_t.Interface["Store.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.GetParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.GetParams.Reader]:
+            """The Store.get$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.GetParams.Reader, limits)
+
     class GetResults:
         """struct Store.get$Results (0xbd30083ac7e02037)."""
 
@@ -741,6 +763,13 @@ class Store(_t.Interface["Store.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.GetResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.GetResults.Reader]:
+            """The Store.get$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.GetResults.Reader, limits)
+
     class KeysParams:
         """struct Store.keys$Params (0xa22fd3ba558f27d6)."""
 
@@ -871,6 +900,13 @@ class Store(_t.Interface["Store.Client"]):
         ) -> list[Store.KeysParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.KeysParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.KeysParams.Reader]:
+            """The Store.keys$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.KeysParams.Reader, limits)
 
     class KeysResults:
         """struct Store.keys$Results (0x847bd1b3dfc50463)."""
@@ -1041,6 +1077,13 @@ class Store(_t.Interface["Store.Client"]):
         ) -> list[Store.KeysResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.KeysResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.KeysResults.Reader]:
+            """The Store.keys$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.KeysResults.Reader, limits)
 
     class LoadParams:
         """struct Store.load$Params (0xf59f8bc1cee72ee9)."""
@@ -1215,6 +1258,13 @@ class Store(_t.Interface["Store.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.LoadParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.LoadParams.Reader]:
+            """The Store.load$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.LoadParams.Reader, limits)
+
     class PutParams:
         """struct Store.put$Params (0xfc2cc970b7db031e)."""
 
@@ -1388,6 +1438,13 @@ class Store(_t.Interface["Store.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.PutParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.PutParams.Reader]:
+            """The Store.put$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.PutParams.Reader, limits)
+
     class PutResults:
         """struct Store.put$Results (0xd0886cc273a391c9)."""
 
@@ -1541,6 +1598,13 @@ class Store(_t.Interface["Store.Client"]):
         ) -> list[Store.PutResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.PutResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.PutResults.Reader]:
+            """The Store.put$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.PutResults.Reader, limits)
 
     class WatchParams:
         """struct Store.watch$Params (0xa776010c3373d561)."""
@@ -1716,6 +1780,13 @@ class Store(_t.Interface["Store.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.WatchParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.WatchParams.Reader]:
+            """The Store.watch$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.WatchParams.Reader, limits)
+
     class WatchResults:
         """struct Store.watch$Results (0xc2bacf4a9b95dbe5)."""
 
@@ -1846,6 +1917,13 @@ class Store(_t.Interface["Store.Client"]):
         ) -> list[Store.WatchResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.WatchResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.WatchResults.Reader]:
+            """The Store.watch$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.WatchResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Store: call its methods."""
@@ -2152,6 +2230,13 @@ class Watcher(_t.Interface["Watcher.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Watcher.ChangedParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Watcher.ChangedParams.Reader]:
+            """The Watcher.changed$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Watcher.ChangedParams.Reader, limits)
+
     class ChangedResults:
         """struct Watcher.changed$Results (0xf5858af62119185c)."""
 
@@ -2282,6 +2367,13 @@ class Watcher(_t.Interface["Watcher.Client"]):
         ) -> list[Watcher.ChangedResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Watcher.ChangedResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Watcher.ChangedResults.Reader]:
+            """The Watcher.changed$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Watcher.ChangedResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Watcher: call its methods."""

@@ -18,6 +18,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -196,6 +197,13 @@ class Callback(_t.Interface["Callback.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Callback.NotifyParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Callback.NotifyParams.Reader]:
+            """The Callback.notify$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Callback.NotifyParams.Reader, limits)
+
     class NotifyResults:
         """struct Callback.notify$Results (0x81ac18c2b77a7e34)."""
 
@@ -349,6 +357,13 @@ class Callback(_t.Interface["Callback.Client"]):
         ) -> list[Callback.NotifyResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Callback.NotifyResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Callback.NotifyResults.Reader]:
+            """The Callback.notify$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Callback.NotifyResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Callback: call its methods."""
@@ -522,6 +537,13 @@ class Counter(_t.Interface["Counter.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Counter.GetParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Counter.GetParams.Reader]:
+            """The Counter.get$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Counter.GetParams.Reader, limits)
+
     class GetResults:
         """struct Counter.get$Results (0x9ab7683552ae458d)."""
 
@@ -675,6 +697,13 @@ class Counter(_t.Interface["Counter.Client"]):
         ) -> list[Counter.GetResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Counter.GetResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Counter.GetResults.Reader]:
+            """The Counter.get$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Counter.GetResults.Reader, limits)
 
     class IncrementParams:
         """struct Counter.increment$Params (0xa8c575b575277d8d)."""
@@ -830,6 +859,13 @@ class Counter(_t.Interface["Counter.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Counter.IncrementParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Counter.IncrementParams.Reader]:
+            """The Counter.increment$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Counter.IncrementParams.Reader, limits)
+
     class IncrementResults:
         """struct Counter.increment$Results (0x85db5a634a971712)."""
 
@@ -983,6 +1019,13 @@ class Counter(_t.Interface["Counter.Client"]):
         ) -> list[Counter.IncrementResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Counter.IncrementResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Counter.IncrementResults.Reader]:
+            """The Counter.increment$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Counter.IncrementResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Counter: call its methods."""
@@ -1537,6 +1580,13 @@ class Holder:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Holder.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Holder.Reader]:
+        """The Holder roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Holder.Reader, limits)
+
 class Tester(_t.Interface["Tester.Client"]):
     """interface Tester (0xbc77724eeece5aa5): its methods' params and results."""
 
@@ -1727,6 +1777,13 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.CallBackParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.CallBackParams.Reader]:
+            """The Tester.callBack$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.CallBackParams.Reader, limits)
+
     class CallBackResults:
         """struct Tester.callBack$Results (0xb24675892cd51330)."""
 
@@ -1880,6 +1937,13 @@ class Tester(_t.Interface["Tester.Client"]):
         ) -> list[Tester.CallBackResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.CallBackResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.CallBackResults.Reader]:
+            """The Tester.callBack$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.CallBackResults.Reader, limits)
 
     class CallCounterParams:
         """struct Tester.callCounter$Params (0xd19b10f34cac012c)."""
@@ -2064,6 +2128,13 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.CallCounterParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.CallCounterParams.Reader]:
+            """The Tester.callCounter$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.CallCounterParams.Reader, limits)
+
     class CallCounterResults:
         """struct Tester.callCounter$Results (0x97d6bf729d37e846)."""
 
@@ -2217,6 +2288,13 @@ class Tester(_t.Interface["Tester.Client"]):
         ) -> list[Tester.CallCounterResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.CallCounterResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.CallCounterResults.Reader]:
+            """The Tester.callCounter$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.CallCounterResults.Reader, limits)
 
     class EchoParams:
         """struct Tester.echo$Params (0xfeb89576b4aa96d5)."""
@@ -2373,6 +2451,13 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.EchoParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.EchoParams.Reader]:
+            """The Tester.echo$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.EchoParams.Reader, limits)
+
     class EchoResults:
         """struct Tester.echo$Results (0xa1618b735ff79130)."""
 
@@ -2527,6 +2612,13 @@ class Tester(_t.Interface["Tester.Client"]):
         ) -> list[Tester.EchoResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.EchoResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.EchoResults.Reader]:
+            """The Tester.echo$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.EchoResults.Reader, limits)
 
     class FailParams:
         """struct Tester.fail$Params (0xcde840d305c8a7d4)."""
@@ -2693,6 +2785,13 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.FailParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.FailParams.Reader]:
+            """The Tester.fail$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.FailParams.Reader, limits)
+
     class FailResults:
         """struct Tester.fail$Results (0xad21451d070befe4)."""
 
@@ -2824,6 +2923,13 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.FailResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.FailResults.Reader]:
+            """The Tester.fail$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.FailResults.Reader, limits)
+
     class GetSelfParams:
         """struct Tester.getSelf$Params (0x869121cbdec18493)."""
 
@@ -2954,6 +3060,13 @@ class Tester(_t.Interface["Tester.Client"]):
         ) -> list[Tester.GetSelfParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.GetSelfParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.GetSelfParams.Reader]:
+            """The Tester.getSelf$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.GetSelfParams.Reader, limits)
 
     class GetSelfResults:
         """struct Tester.getSelf$Results (0xf8d6fa4604497259)."""
@@ -3129,6 +3242,13 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.GetSelfResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.GetSelfResults.Reader]:
+            """The Tester.getSelf$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.GetSelfResults.Reader, limits)
+
     class HoldCapsParams:
         """struct Tester.holdCaps$Params (0x905081c282e88fc4)."""
 
@@ -3299,6 +3419,13 @@ class Tester(_t.Interface["Tester.Client"]):
         ) -> list[Tester.HoldCapsParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.HoldCapsParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.HoldCapsParams.Reader]:
+            """The Tester.holdCaps$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.HoldCapsParams.Reader, limits)
 
     class HoldCapsResults:
         """struct Tester.holdCaps$Results (0xcd5986ceafb6230b)."""
@@ -3471,6 +3598,13 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.HoldCapsResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.HoldCapsResults.Reader]:
+            """The Tester.holdCaps$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.HoldCapsResults.Reader, limits)
+
     class NewCounterParams:
         """struct Tester.newCounter$Params (0x9582a54ceffea06e)."""
 
@@ -3624,6 +3758,13 @@ class Tester(_t.Interface["Tester.Client"]):
         ) -> list[Tester.NewCounterParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.NewCounterParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.NewCounterParams.Reader]:
+            """The Tester.newCounter$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.NewCounterParams.Reader, limits)
 
     class NewCounterResults:
         """struct Tester.newCounter$Results (0x8e5e606c0c82db77)."""
@@ -3799,6 +3940,13 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.NewCounterResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.NewCounterResults.Reader]:
+            """The Tester.newCounter$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.NewCounterResults.Reader, limits)
+
     class ReflectParams:
         """struct Tester.reflect$Params (0xa4d00b24343acc07)."""
 
@@ -3972,6 +4120,13 @@ class Tester(_t.Interface["Tester.Client"]):
         ) -> list[Tester.ReflectParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.ReflectParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.ReflectParams.Reader]:
+            """The Tester.reflect$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.ReflectParams.Reader, limits)
 
     class ReflectResults:
         """struct Tester.reflect$Results (0xacc791a6e349f4c1)."""
@@ -4147,6 +4302,13 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.ReflectResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.ReflectResults.Reader]:
+            """The Tester.reflect$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.ReflectResults.Reader, limits)
+
     class SlowParams:
         """struct Tester.slow$Params (0x89d5c0e939a9303e)."""
 
@@ -4301,6 +4463,13 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.SlowParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.SlowParams.Reader]:
+            """The Tester.slow$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.SlowParams.Reader, limits)
+
     class SlowResults:
         """struct Tester.slow$Results (0x834d56595ae9a958)."""
 
@@ -4454,6 +4623,13 @@ class Tester(_t.Interface["Tester.Client"]):
         ) -> list[Tester.SlowResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.SlowResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.SlowResults.Reader]:
+            """The Tester.slow$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.SlowResults.Reader, limits)
 
     class SumParams:
         """struct Tester.sum$Params (0xe8e9c239995dc3da)."""
@@ -4625,6 +4801,13 @@ class Tester(_t.Interface["Tester.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.SumParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.SumParams.Reader]:
+            """The Tester.sum$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.SumParams.Reader, limits)
+
     class SumResults:
         """struct Tester.sum$Results (0xf773ed2b61584dac)."""
 
@@ -4778,6 +4961,13 @@ class Tester(_t.Interface["Tester.Client"]):
         ) -> list[Tester.SumResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tester.SumResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tester.SumResults.Reader]:
+            """The Tester.sum$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tester.SumResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Tester: call its methods."""
@@ -5149,6 +5339,13 @@ class Unknown(_t.Interface["Unknown.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Unknown.NothingParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Unknown.NothingParams.Reader]:
+            """The Unknown.nothing$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Unknown.NothingParams.Reader, limits)
+
     class NothingResults:
         """struct Unknown.nothing$Results (0xb6685db13a2858eb)."""
 
@@ -5279,6 +5476,13 @@ class Unknown(_t.Interface["Unknown.Client"]):
         ) -> list[Unknown.NothingResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Unknown.NothingResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Unknown.NothingResults.Reader]:
+            """The Unknown.nothing$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Unknown.NothingResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Unknown: call its methods."""

@@ -18,6 +18,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -379,6 +380,13 @@ class Car:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Car.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Car.Reader]:
+        """The Car roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Car.Reader, limits)
+
 class Color(enum.IntEnum):
     """enum Color (0xc99bce43eaa3adbd). Codes unknown to this schema (from a
     newer writer) read as pseudo-members named by their number."""
@@ -592,6 +600,13 @@ class Engine:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Engine.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Engine.Reader]:
+        """The Engine roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Engine.Reader, limits)
+
 class ParkingLot:
     """struct ParkingLot (0xf4c6b753280d6022)."""
 
@@ -758,6 +773,13 @@ class ParkingLot:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(ParkingLot.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[ParkingLot.Reader]:
+        """The ParkingLot roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(ParkingLot.Reader, limits)
+
 class TotalValue:
     """struct TotalValue (0xc1e8687b69be8e0b)."""
 
@@ -911,6 +933,13 @@ class TotalValue:
     ) -> list[TotalValue.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(TotalValue.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[TotalValue.Reader]:
+        """The TotalValue roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(TotalValue.Reader, limits)
 
 class Wheel:
     """struct Wheel (0xd7323be6aaee753c)."""
@@ -1083,6 +1112,13 @@ class Wheel:
     ) -> list[Wheel.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Wheel.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Wheel.Reader]:
+        """The Wheel roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Wheel.Reader, limits)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

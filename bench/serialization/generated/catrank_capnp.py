@@ -18,6 +18,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -208,6 +209,13 @@ class SearchResult:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(SearchResult.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[SearchResult.Reader]:
+        """The SearchResult roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(SearchResult.Reader, limits)
+
 class SearchResultList:
     """struct SearchResultList (0x9e10f22b24271858)."""
 
@@ -373,6 +381,13 @@ class SearchResultList:
     ) -> list[SearchResultList.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(SearchResultList.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[SearchResultList.Reader]:
+        """The SearchResultList roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(SearchResultList.Reader, limits)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

@@ -18,6 +18,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 from capsvc.codec.fields import (
     get_i8, set_i8,
@@ -187,6 +188,13 @@ class EvaluationResult:
     ) -> list[EvaluationResult.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(EvaluationResult.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[EvaluationResult.Reader]:
+        """The EvaluationResult roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(EvaluationResult.Reader, limits)
 
 class Expression:
     """struct Expression (0x81d32418aae320bf)."""
@@ -588,6 +596,13 @@ class Expression:
     ) -> list[Expression.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Expression.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Expression.Reader]:
+        """The Expression roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Expression.Reader, limits)
 
 class Operation(enum.IntEnum):
     """enum Operation (0xacf353ef75773376). Codes unknown to this schema (from a

@@ -6,9 +6,10 @@ A message leaves as a generated builder: ``to_bytes()`` (standard stream framing
 segment) or, packed, ``to_bytes_packed()`` (capsvc.codec.packing over the framed bytes,
 segment table included, as specs/benchmarks.md §6 says). It arrives as the root reader of
 the generated request or response type: ``from_bytes`` / ``from_bytes_packed`` in bytes
-mode; on the pipe, unpacked streams are split by capsvc's FrameDecoder and read in place
-(``read(segments)``), and packed messages carry the same 4-byte length prefix as the
-other formats (codecs.py: the documented deviation of §6, never counted as data).
+mode; on the pipe, unpacked streams are read by the generated root type's ``decoder()``
+(capsvc's framing decoder and the root read in one compiled call), and packed messages
+carry the same 4-byte length prefix as the other formats (codecs.py: the documented
+deviation of §6, never counted as data).
 Object mode reads a builder in place through ``as_reader()``.
 """
 
@@ -19,28 +20,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.serialization.codecs import LengthPrefixDecoder
-from capsvc.framing import FrameDecoder, encode_messages
+from capsvc.framing import encode_messages
 
 __all__ = ["CapsvcCodec"]
 
 _LENGTH_PACK = struct.Struct("<I").pack
-
-
-class _Framed:
-    """Unpacked stream: capsvc's FrameDecoder, then the generated ``read(segments)``."""
-
-    __slots__ = ("_frames", "_read")
-
-    def __init__(self, root: Any) -> None:
-        self._frames = FrameDecoder()
-        self._read = root.read
-
-    def feed(self, data: bytes) -> None:
-        self._frames.feed(data)
-
-    def next(self) -> Any | None:
-        segments = self._frames.next_message()
-        return None if segments is None else self._read(segments)
 
 
 class _Packed:
@@ -104,7 +88,7 @@ class CapsvcCodec:
         return encode_messages([message.to_segments() for message in messages])
 
     def request_decoder(self) -> Any:
-        return _Packed(self._request) if self.packed else _Framed(self._request)
+        return _Packed(self._request) if self.packed else self._request.decoder()
 
     def response_decoder(self) -> Any:
-        return _Packed(self._response) if self.packed else _Framed(self._response)
+        return _Packed(self._response) if self.packed else self._response.decoder()

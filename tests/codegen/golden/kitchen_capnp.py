@@ -20,6 +20,7 @@ from capsvc.codec import pipeline as _p
 from capsvc.codec import plans as _v
 from capsvc.codec import reading as _r
 from capsvc.codec import rows as _w
+from capsvc.codec import streams as _s
 from capsvc.codec import values as _e
 from capsvc import typed as _t
 from capsvc.codec.fields import (
@@ -316,6 +317,13 @@ class Anything:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Anything.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Anything.Reader]:
+        """The Anything roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Anything.Reader, limits)
+
 class Base(_t.Interface["Base.Client"]):
     """interface Base (0x96a03f741085f21b): its methods' params and results."""
 
@@ -453,6 +461,13 @@ class Base(_t.Interface["Base.Client"]):
         ) -> list[Base.DepthParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Base.DepthParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Base.DepthParams.Reader]:
+            """The Base.depth$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Base.DepthParams.Reader, limits)
 
     class DepthResults:
         """struct Base.depth$Results (0xedb2f1aace87baaf)."""
@@ -607,6 +622,13 @@ class Base(_t.Interface["Base.Client"]):
         ) -> list[Base.DepthResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Base.DepthResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Base.DepthResults.Reader]:
+            """The Base.depth$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Base.DepthResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Base: call its methods."""
@@ -839,6 +861,13 @@ class Box:
     ) -> list[Box.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Box.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Box.Reader]:
+        """The Box roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Box.Reader, limits)
 
 class Boxes:
     """struct Boxes (0x9e6b4f98c502f78f)."""
@@ -1141,6 +1170,13 @@ class Boxes:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Boxes.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Boxes.Reader]:
+        """The Boxes roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Boxes.Reader, limits)
+
 class Builtins:
     """struct Builtins (0xd3074f24e76b6651)."""
 
@@ -1366,6 +1402,13 @@ class Builtins:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Builtins.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Builtins.Reader]:
+        """The Builtins roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Builtins.Reader, limits)
+
 class Choice:
     """struct Choice (0x8037fdb2ed77f6b6)."""
 
@@ -1575,6 +1618,13 @@ class Choice:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Choice.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Choice.Reader]:
+        """The Choice roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Choice.Reader, limits)
+
 class Color(enum.IntEnum):
     """enum Color (0xcf8e5d676c9f70d3). Codes unknown to this schema (from a
     newer writer) read as pseudo-members named by their number."""
@@ -1753,6 +1803,13 @@ class Converter(_t.Interface["Converter.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Converter.StrParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Converter.StrParams.Reader]:
+            """The Converter.str$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Converter.StrParams.Reader, limits)
+
     class StrResults:
         """struct Converter.str$Results (0x995547025a9b5e10)."""
 
@@ -1907,6 +1964,13 @@ class Converter(_t.Interface["Converter.Client"]):
         ) -> list[Converter.StrResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Converter.StrResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Converter.StrResults.Reader]:
+            """The Converter.str$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Converter.StrResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Converter: call its methods."""
@@ -2113,6 +2177,13 @@ class Crate:
     ) -> list[Crate.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Crate.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Crate.Reader]:
+        """The Crate roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Crate.Reader, limits)
 
 class Defaults:
     """struct Defaults (0xa5a498ef8c7964a4)."""
@@ -2484,6 +2555,13 @@ class Defaults:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Defaults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Defaults.Reader]:
+        """The Defaults roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Defaults.Reader, limits)
+
 class Keywords:
     """struct Keywords (0xda50319eebd3ccb9)."""
 
@@ -2675,6 +2753,13 @@ class Keywords:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Keywords.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Keywords.Reader]:
+        """The Keywords roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Keywords.Reader, limits)
+
 class Layered:
     """struct Layered (0x9e4121db29f423d7)."""
 
@@ -2846,6 +2931,13 @@ class Layered:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Layered.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Layered.Reader]:
+        """The Layered roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Layered.Reader, limits)
+
 class Left(_t.Interface["Left.Client"]):
     """interface Left (0xf473790c0ad00ffa): its methods' params and results."""
 
@@ -2983,6 +3075,13 @@ class Left(_t.Interface["Left.Client"]):
         ) -> list[Left.LeftParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Left.LeftParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Left.LeftParams.Reader]:
+            """The Left.left$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Left.LeftParams.Reader, limits)
 
     class LeftResults:
         """struct Left.left$Results (0xe560cb21678a29d7)."""
@@ -3138,6 +3237,13 @@ class Left(_t.Interface["Left.Client"]):
         ) -> list[Left.LeftResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Left.LeftResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Left.LeftResults.Reader]:
+            """The Left.left$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Left.LeftResults.Reader, limits)
 
     class Client(Base.Client):
         """A capability typed as Left: call its methods."""
@@ -3771,6 +3877,13 @@ class Lists:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Lists.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Lists.Reader]:
+        """The Lists roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Lists.Reader, limits)
+
 class Loud(_t.Interface["Loud.Client"]):
     """interface Loud (0xb0faafd60c50a451): its methods' params and results."""
 
@@ -3932,6 +4045,13 @@ class Loud(_t.Interface["Loud.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Loud.LeftParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Loud.LeftParams.Reader]:
+            """The Loud.left$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Loud.LeftParams.Reader, limits)
+
     class LeftResults:
         """struct Loud.left$Results (0xc12d13397ef1ef12)."""
 
@@ -4086,6 +4206,13 @@ class Loud(_t.Interface["Loud.Client"]):
         ) -> list[Loud.LeftResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Loud.LeftResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Loud.LeftResults.Reader]:
+            """The Loud.left$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Loud.LeftResults.Reader, limits)
 
     class Client(Left.Client):
         """A capability typed as Loud: call its methods."""
@@ -4424,6 +4551,13 @@ class Numbers:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Numbers.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Numbers.Reader]:
+        """The Numbers roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Numbers.Reader, limits)
+
 class Pair:
     """struct Pair (0xa47fe1974073d1ed)."""
 
@@ -4607,6 +4741,13 @@ class Pair:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Pair.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Pair.Reader]:
+        """The Pair roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Pair.Reader, limits)
+
 class Parcel:
     """struct Parcel (0xb41ed0dc566d19cf)."""
 
@@ -4777,6 +4918,13 @@ class Parcel:
     ) -> list[Parcel.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Parcel.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Parcel.Reader]:
+        """The Parcel roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Parcel.Reader, limits)
 
 class Recurring:
     """struct Recurring (0xf082a26b4d34c7c8)."""
@@ -4983,6 +5131,13 @@ class Recurring:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Recurring.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Recurring.Reader]:
+        """The Recurring roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Recurring.Reader, limits)
+
 class Relay(_t.Interface["Relay.Client"]):
     """interface Relay (0xfe87f54a120f0ed5): its methods' params and results."""
 
@@ -5164,6 +5319,13 @@ class Relay(_t.Interface["Relay.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Relay.RelayParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Relay.RelayParams.Reader]:
+            """The Relay.relay$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Relay.RelayParams.Reader, limits)
+
     class RelayResults:
         """struct Relay.relay$Results (0x9167aadfb4bad43f)."""
 
@@ -5338,6 +5500,13 @@ class Relay(_t.Interface["Relay.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Relay.RelayResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Relay.RelayResults.Reader]:
+            """The Relay.relay$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Relay.RelayResults.Reader, limits)
+
     class Client(_t.Client):
         """A capability typed as Relay: call its methods."""
 
@@ -5511,6 +5680,13 @@ class Right(_t.Interface["Right.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Right.RightParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Right.RightParams.Reader]:
+            """The Right.right$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Right.RightParams.Reader, limits)
+
     class RightResults:
         """struct Right.right$Results (0xf8584f0bc4aad1d1)."""
 
@@ -5665,6 +5841,13 @@ class Right(_t.Interface["Right.Client"]):
         ) -> list[Right.RightResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Right.RightResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Right.RightResults.Reader]:
+            """The Right.right$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Right.RightResults.Reader, limits)
 
     class Client(Base.Client):
         """A capability typed as Right: call its methods."""
@@ -5896,6 +6079,13 @@ class Diamond(_t.Interface["Diamond.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Diamond.TrickyParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Diamond.TrickyParams.Reader]:
+            """The Diamond.tricky$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Diamond.TrickyParams.Reader, limits)
+
     class TrickyResults:
         """struct Diamond.tricky$Results (0xaa19950e7806feaf)."""
 
@@ -6079,6 +6269,13 @@ class Diamond(_t.Interface["Diamond.Client"]):
         ) -> list[Diamond.TrickyResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Diamond.TrickyResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Diamond.TrickyResults.Reader]:
+            """The Diamond.tricky$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Diamond.TrickyResults.Reader, limits)
 
     class Client(Left.Client, Right.Client):
         """A capability typed as Diamond: call its methods."""
@@ -6281,6 +6478,13 @@ class Settings:
     ) -> list[Settings.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Settings.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Settings.Reader]:
+        """The Settings roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Settings.Reader, limits)
 
 class Shapes:
     """struct Shapes (0x9f02ca7d05a0b039)."""
@@ -6885,6 +7089,13 @@ class Shapes:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Shapes.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shapes.Reader]:
+        """The Shapes roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Shapes.Reader, limits)
+
 class Shelf:
     """struct Shelf (0xd3f02015eafa750f)."""
 
@@ -7073,6 +7284,13 @@ class Shelf:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Shelf.Slot.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shelf.Slot.Reader]:
+            """The Shelf.Slot roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Shelf.Slot.Reader, limits)
+
     class Init(TypedDict, total=False):
         """Shelf as plain values: what ``new_message`` and ``assign`` take."""
 
@@ -7198,6 +7416,13 @@ class Shelf:
     ) -> list[Shelf.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Shelf.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shelf.Reader]:
+        """The Shelf roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Shelf.Reader, limits)
 
 class Shelves:
     """struct Shelves (0xc248111320a01136)."""
@@ -7422,6 +7647,13 @@ class Shelves:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Shelves.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shelves.Reader]:
+        """The Shelves roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Shelves.Reader, limits)
+
 class Shop(_t.Interface["Shop.Client"]):
     """interface Shop (0xf2d5bf22d7bcc8c3): its methods' params and results."""
 
@@ -7592,6 +7824,13 @@ class Shop(_t.Interface["Shop.Client"]):
         ) -> list[Shop.BuyParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Shop.BuyParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shop.BuyParams.Reader]:
+            """The Shop.buy$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Shop.BuyParams.Reader, limits)
 
     class BuyResults:
         """struct Shop.buy$Results (0xb5b0feede3958f34)."""
@@ -7773,6 +8012,13 @@ class Shop(_t.Interface["Shop.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Shop.BuyResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shop.BuyResults.Reader]:
+            """The Shop.buy$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Shop.BuyResults.Reader, limits)
+
     class ListParams:
         """struct Shop.list$Params (0x87f34b5c15e689d4)."""
 
@@ -7903,6 +8149,13 @@ class Shop(_t.Interface["Shop.Client"]):
         ) -> list[Shop.ListParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Shop.ListParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shop.ListParams.Reader]:
+            """The Shop.list$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Shop.ListParams.Reader, limits)
 
     class ListResults:
         """struct Shop.list$Results (0xcb1c936d4236d062)."""
@@ -8073,6 +8326,13 @@ class Shop(_t.Interface["Shop.Client"]):
         ) -> list[Shop.ListResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Shop.ListResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shop.ListResults.Reader]:
+            """The Shop.list$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Shop.ListResults.Reader, limits)
 
     class PeekParams:
         """struct Shop.peek$Params (0xb9891045ff38eb55)."""
@@ -8245,6 +8505,13 @@ class Shop(_t.Interface["Shop.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Shop.PeekParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shop.PeekParams.Reader]:
+            """The Shop.peek$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Shop.PeekParams.Reader, limits)
+
     class PeekResults:
         """struct Shop.peek$Results (0xfbf3e7a2ef3a4eef)."""
 
@@ -8375,6 +8642,13 @@ class Shop(_t.Interface["Shop.Client"]):
         ) -> list[Shop.PeekResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Shop.PeekResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shop.PeekResults.Reader]:
+            """The Shop.peek$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Shop.PeekResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Shop: call its methods."""
@@ -8591,6 +8865,13 @@ class Sink(_t.Interface["Sink.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Sink.TotalParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Sink.TotalParams.Reader]:
+            """The Sink.total$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Sink.TotalParams.Reader, limits)
+
     class TotalResults:
         """struct Sink.total$Results (0xae978cf066dcffc6)."""
 
@@ -8754,6 +9035,13 @@ class Sink(_t.Interface["Sink.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Sink.TotalResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Sink.TotalResults.Reader]:
+            """The Sink.total$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Sink.TotalResults.Reader, limits)
+
     class WriteParams:
         """struct Sink.write$Params (0x9862afb0c9fed47b)."""
 
@@ -8916,6 +9204,13 @@ class Sink(_t.Interface["Sink.Client"]):
         ) -> list[Sink.WriteParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Sink.WriteParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Sink.WriteParams.Reader]:
+            """The Sink.write$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Sink.WriteParams.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Sink: call its methods."""
@@ -9110,6 +9405,13 @@ class Store(_t.Interface["Store.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.GetParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.GetParams.Reader]:
+            """The Store.get$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.GetParams.Reader, limits)
+
     class GetResults:
         """struct Store.get$Results (0xd36be23475e9cc90)."""
 
@@ -9300,6 +9602,13 @@ class Store(_t.Interface["Store.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.GetResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.GetResults.Reader]:
+            """The Store.get$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.GetResults.Reader, limits)
+
     class PutParams:
         """struct Store.put$Params (0xa6180aa386969846)."""
 
@@ -9464,6 +9773,13 @@ class Store(_t.Interface["Store.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.PutParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.PutParams.Reader]:
+            """The Store.put$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.PutParams.Reader, limits)
+
     class PutResults:
         """struct Store.put$Results (0xd7873a365413a4bc)."""
 
@@ -9594,6 +9910,13 @@ class Store(_t.Interface["Store.Client"]):
         ) -> list[Store.PutResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store.PutResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store.PutResults.Reader]:
+            """The Store.put$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store.PutResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Store: call its methods."""
@@ -9804,6 +10127,13 @@ class Tree:
         ) -> list[Tree.Reader_.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Tree.Reader_.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tree.Reader_.Reader]:
+            """The Tree.Reader roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Tree.Reader_.Reader, limits)
 
     class Init(TypedDict, total=False):
         """Tree as plain values: what ``new_message`` and ``assign`` take."""
@@ -10046,6 +10376,13 @@ class Tree:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Tree.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Tree.Reader]:
+        """The Tree roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Tree.Reader, limits)
+
 class Wrapper:
     """struct Wrapper (0xd3afbe57cb0910f9)."""
 
@@ -10251,6 +10588,13 @@ class Wrapper:
     ) -> list[Wrapper.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Wrapper.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Wrapper.Reader]:
+        """The Wrapper roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Wrapper.Reader, limits)
 
 answer: int = 42
 
@@ -10461,6 +10805,13 @@ class Box_Text:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Box_Text.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Box_Text.Reader]:
+        """The Box_Text roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Box_Text.Reader, limits)
+
 class Box_List_Int32:
     """struct Box_List_Int32: a generic bound to (List(Int32)) (0xf26089fe5b3a8bb4)."""
 
@@ -10666,6 +11017,13 @@ class Box_List_Int32:
     ) -> list[Box_List_Int32.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Box_List_Int32.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Box_List_Int32.Reader]:
+        """The Box_List_Int32 roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Box_List_Int32.Reader, limits)
 
 class Box_Tree:
     """struct Box_Tree: a generic bound to (Tree) (0xf26089fe5b3a8bb4)."""
@@ -10873,6 +11231,13 @@ class Box_Tree:
     ) -> list[Box_Tree.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Box_Tree.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Box_Tree.Reader]:
+        """The Box_Tree roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Box_Tree.Reader, limits)
 
 class Box_Shop:
     """struct Box_Shop: a generic bound to (Shop) (0xf26089fe5b3a8bb4)."""
@@ -11084,6 +11449,13 @@ class Box_Shop:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Box_Shop.Reader, data, True, traversal_limit_words, nesting_limit)
 
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Box_Shop.Reader]:
+        """The Box_Shop roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Box_Shop.Reader, limits)
+
 class Pair_Text_Box_Text:
     """struct Pair_Text_Box_Text: a generic bound to (Text, Box_Text) (0xa47fe1974073d1ed)."""
 
@@ -11264,6 +11636,13 @@ class Pair_Text_Box_Text:
     ) -> list[Pair_Text_Box_Text.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Pair_Text_Box_Text.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Pair_Text_Box_Text.Reader]:
+        """The Pair_Text_Box_Text roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Pair_Text_Box_Text.Reader, limits)
 
 class Shelf_Tree:
     """struct Shelf_Tree: a generic bound to (Tree) (0xd3f02015eafa750f)."""
@@ -11450,6 +11829,13 @@ class Shelf_Tree:
         ) -> list[Shelf_Tree.Slot_Text.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Shelf_Tree.Slot_Text.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shelf_Tree.Slot_Text.Reader]:
+            """The Shelf_Tree.Slot_Text roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Shelf_Tree.Slot_Text.Reader, limits)
 
     class Slot_List_Int32:
         """struct Shelf_Tree.Slot_List_Int32: a generic bound to (Tree, List(Int32)) (0xf9997ae00faddc4f)."""
@@ -11647,6 +12033,13 @@ class Shelf_Tree:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Shelf_Tree.Slot_List_Int32.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shelf_Tree.Slot_List_Int32.Reader]:
+            """The Shelf_Tree.Slot_List_Int32 roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Shelf_Tree.Slot_List_Int32.Reader, limits)
+
     class Init(TypedDict, total=False):
         """Shelf_Tree as plain values: what ``new_message`` and ``assign`` take."""
 
@@ -11772,6 +12165,13 @@ class Shelf_Tree:
     ) -> list[Shelf_Tree.Reader]:
         """The root of each message of ``data``, one after another in the packed framing."""
         return _r.read_multiple(Shelf_Tree.Reader, data, True, traversal_limit_words, nesting_limit)
+
+    @staticmethod
+    def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Shelf_Tree.Reader]:
+        """The Shelf_Tree roots of a byte stream of framed messages, as they
+        arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+        root (None until one is); ``limits`` bound each message."""
+        return _s.RootDecoder(Shelf_Tree.Reader, limits)
 
 class Store_Text(_t.Interface["Store_Text.Client"]):
     """interface Store_Text: a generic bound to (Text) (0xe9b2d9a153c56bd4): its methods' params and results."""
@@ -11935,6 +12335,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store_Text.PutParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store_Text.PutParams.Reader]:
+            """The Store_Text.put$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store_Text.PutParams.Reader, limits)
+
     class PutResults:
         """struct Store_Text.put$Results: a generic bound to (Text) (0xd7873a365413a4bc)."""
 
@@ -12066,6 +12473,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store_Text.PutResults.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store_Text.PutResults.Reader]:
+            """The Store_Text.put$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store_Text.PutResults.Reader, limits)
+
     class GetParams:
         """struct Store_Text.get$Params: a generic bound to (Text) (0xd2b215c21fe35105)."""
 
@@ -12196,6 +12610,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         ) -> list[Store_Text.GetParams.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store_Text.GetParams.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store_Text.GetParams.Reader]:
+            """The Store_Text.get$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store_Text.GetParams.Reader, limits)
 
     class GetResults:
         """struct Store_Text.get$Results: a generic bound to (Text) (0xd36be23475e9cc90)."""
@@ -12377,6 +12798,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         ) -> list[Store_Text.GetResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(Store_Text.GetResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[Store_Text.GetResults.Reader]:
+            """The Store_Text.get$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(Store_Text.GetResults.Reader, limits)
 
     class Client(_t.Client):
         """A capability typed as Store_Text: call its methods."""
@@ -12570,6 +12998,13 @@ class TextStore(_t.Interface["TextStore.Client"]):
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(TextStore.SizeParams.Reader, data, True, traversal_limit_words, nesting_limit)
 
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[TextStore.SizeParams.Reader]:
+            """The TextStore.size$Params roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(TextStore.SizeParams.Reader, limits)
+
     class SizeResults:
         """struct TextStore.size$Results (0x8d8deed2c4474a6d)."""
 
@@ -12723,6 +13158,13 @@ class TextStore(_t.Interface["TextStore.Client"]):
         ) -> list[TextStore.SizeResults.Reader]:
             """The root of each message of ``data``, one after another in the packed framing."""
             return _r.read_multiple(TextStore.SizeResults.Reader, data, True, traversal_limit_words, nesting_limit)
+
+        @staticmethod
+        def decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RootDecoder[TextStore.SizeResults.Reader]:
+            """The TextStore.size$Results roots of a byte stream of framed messages, as they
+            arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
+            root (None until one is); ``limits`` bound each message."""
+            return _s.RootDecoder(TextStore.SizeResults.Reader, limits)
 
     class Client(Store_Text.Client):
         """A capability typed as TextStore: call its methods."""
