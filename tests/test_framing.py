@@ -518,3 +518,46 @@ def test_buffer_stays_bounded() -> None:
         assert len(decoder._buf) <= 2 * decoder.buffered + 8 or decoder._pos == 0
     assert count == len(messages)
     assert peak <= biggest + chunk
+
+
+def test_a_large_body_fed_a_byte_at_a_time_holds_about_its_size() -> None:
+    """A large body (collected in parts) that arrives one byte per feed, as a peer
+    dribbling one packet per byte makes it: the decoder holds about the bytes received,
+    not an object per feed (it held 42 bytes of heap per byte before)."""
+    import tracemalloc
+
+    body = bytes(range(256)) * 1024  # 256 KiB: over _LARGE_BODY
+    message = struct.pack("<II", 0, len(body) // 8) + body
+    decoder = FrameDecoder()
+    tracemalloc.start()
+    try:
+        decoder.feed(message[:4096])
+        assert decoder.next_message() is None
+        for at in range(4096, len(message) - 1):
+            decoder.feed(message[at : at + 1])
+        assert decoder.next_message() is None
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert decoder.buffered == len(message) - 1
+    assert held < 3 * len(message)
+    decoder.feed(message[-1:])
+    assert decoder.next_message() == [body]
+
+
+@pytest.mark.parametrize("size", [1000, 200_000])
+def test_a_cast_memoryview_feeds_its_bytes(size: int) -> None:
+    """A memoryview whose items are wider than a byte (``cast("Q")``) is fed as the bytes
+    it holds, on the buffered path and on the large-body path alike."""
+    body = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    body += bytes(-len(body) % 8)
+    message = struct.pack("<II", 0, len(body) // 8) + body
+    decoder = FrameDecoder()
+    decoder.feed(message[:8192] if size > 8192 else message[:8])
+    fed = len(message[:8192]) if size > 8192 else 8
+    assert decoder.next_message() is None
+    view = memoryview(bytearray(message[fed:])).cast("Q")
+    for at in range(0, len(view), 512):
+        decoder.feed(view[at : at + 512])
+    assert decoder.next_message() == [body]
+    assert decoder.buffered == 0
