@@ -247,18 +247,15 @@ def _assign(enc: _Encoder, target: StructBuilder, plan: StructPlan, values: list
     start = data >> 3
     ptr = target._ptr
     end = (ptr + plan.pointers) << 3
+    # The struct's sections as they are, with this schema's fields zeroed (each reads as
+    # its default), then set from ``values``. What this schema does not know stays as it
+    # is: a newer writer's fields in bits its data section leaves unused, its data words
+    # past this schema's (before ``ptr``) and its pointers past ``end``. (A group shares
+    # its struct's sections: only its own fields are reset, the same way.)
     sections = BytesWriter()
-    if plan.in_order:
-        _sections_in_order(plan, values, sections)
-        _pointers_in_order(enc, plan, values, sections, start, ptr)
-    else:
-        if plan.is_group:
-            # A group shares its struct's sections: only its own fields are reset.
-            sections.write(bytes(buf[data:end]))
-            _clear(sections, plan, start, ptr)
-        else:
-            sections.write(zero_words(plan.data_words + plan.pointers))
-        _fill(enc, plan, values, sections, start, start, ptr)
+    sections.write(bytes(buf[data:end]))
+    _clear(sections, plan, start, ptr)
+    _fill(enc, plan, values, sections, start, start, ptr)
     buf[data:end] = sections.getvalue()
     enc.finish()
 
@@ -282,8 +279,8 @@ def set_pointer_value(target: StructBuilder, plan: StructPlan, name: str, value:
 
 
 def _clear(w: BytesWriter, plan: StructPlan, base: int, ptr: int) -> None:
-    """Zero the bits and pointers of a group's fields in ``w`` (its struct's sections from
-    word ``base``), so that each reads as its default."""
+    """Zero the bits and pointers of a struct's or a group's fields in ``w`` (the struct's
+    sections from word ``base``), so that each reads as its default."""
     if plan.disc_at >= 0:
         store(w, plan.disc_at, 0, 2)
     for field in plan.order:

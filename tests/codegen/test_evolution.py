@@ -529,6 +529,32 @@ def test_a_dict_set_over_a_newer_struct_keeps_what_this_schema_does_not_know(
     assert _read(2, "Record", builder.to_segments())["child"] == got
 
 
+def test_assign_over_a_newer_struct_resets_only_what_this_schema_knows(
+    modules: tuple[ModuleType, ModuleType],
+) -> None:
+    """``assign`` on a v1 builder of a v2 struct (received, or copied in) sets v1's fields
+    as a constructor would and leaves v2's as they are, the struct at its size: it wrote
+    v1's smaller sections over the larger struct, shrinking the message under everything
+    after it (found by a sweep against pycapnp)."""
+    v1, v2 = modules
+    before = v2.Record.read(_v2_message(v2)).to_dict()
+    for holder in (
+        v1.Record.read(_v2_message(v2)).as_builder(),
+        v1.Record.new_message(child=v1.Record.read(_v2_message(v2))).child,
+    ):
+        holder.assign(name="assigned")
+        for got in (
+            v2.Record.read(holder.as_reader().as_builder().to_segments()).to_dict(),
+            v2.Record.read(v1.Record.new_message(child=holder).to_segments()).to_dict()["child"],
+        ):
+            assert got["name"] == "assigned"
+            assert "id" not in got or got["id"] == 0
+            assert "child" not in got  # a pointer of v1's: null, as assign leaves it
+            for newer in ("flag", "count", "score", "note", "extra", "color"):
+                assert got.get(newer) == before.get(newer), newer
+        assert v1.Record.row(holder)[:2] == (0, "assigned")
+
+
 def test_a_field_holding_a_list_where_the_schema_has_a_struct_is_refused(
     modules: tuple[ModuleType, ModuleType],
 ) -> None:
