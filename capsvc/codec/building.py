@@ -1232,7 +1232,48 @@ def copy_pointer(
 ) -> None:
     """Deep-copy the object the pointer at (``si``, ``w``) of ``src`` leads to into
     ``builder``, pointed at by word ``at`` (a capability pointer is copied as it is).
-    Work is bounded by ``src``'s traversal budget and by ``depth``."""
+    Work is bounded by ``src``'s traversal budget and by ``depth``. All or nothing: a
+    copy that fails (a fault or a limit in ``src``) leaves ``builder`` as it was."""
+    undo = Undo(builder, at, 1)
+    try:
+        _copy_pointer(src, si, w, builder, at, depth)
+    except BaseException:
+        undo.restore()
+        raise
+
+
+class Undo:
+    """What a change to a message may touch, kept to put back if the change fails: the
+    words ``at`` to ``at + words`` (changed in place), the message's size (what it
+    appends) and its cap table's (the capabilities it adds, each released)."""
+
+    __slots__ = ("_at", "_builder", "_caps", "_size", "_words")
+
+    def __init__(self, builder: MessageBuilder, at: int, words: int) -> None:
+        self._builder = builder
+        self._at = at
+        buf = builder.buf
+        self._words = bytes(buf[at << 3 : (at + words) << 3])
+        self._size = len(buf)
+        self._caps = len(builder.caps)
+
+    def restore(self) -> None:
+        builder = self._builder
+        buf = builder.buf
+        del buf[self._size :]
+        buf[self._at << 3 : (self._at << 3) + len(self._words)] = self._words
+        caps = builder.caps
+        added = caps[self._caps :]
+        del caps[self._caps :]
+        for hook in added:
+            if hook is not None:
+                hook.release()
+
+
+def _copy_pointer(
+    src: MessageReader, si: int, w: int, builder: MessageBuilder, at: int, depth: int
+) -> None:
+    """``copy_pointer``'s work, with no undo (its callers' undo covers all of it)."""
     from capsvc.codec.reading import _resolve
 
     found = _resolve(src, si, w)
@@ -1268,7 +1309,7 @@ def copy_pointer(
         write_struct_pointer(builder.buf, at, target, data_words, pointers)
         for index in range(pointers):
             first = start + data_words + index
-            copy_pointer(src, si, first, builder, target + data_words + index, depth - 1)
+            _copy_pointer(src, si, first, builder, target + data_words + index, depth - 1)
         return
     code = (word >> 32) & 7
     count = word >> 35
@@ -1282,7 +1323,7 @@ def copy_pointer(
         write_list_pointer(builder.buf, at, target, code, count)
         if code == 6:
             for index in range(count):
-                copy_pointer(src, si, start + index, builder, target + index, depth - 1)
+                _copy_pointer(src, si, start + index, builder, target + index, depth - 1)
         return
     if start < 0 or start + 1 + count > src.sizes[si]:
         raise DecodeError("composite list out of bounds")
@@ -1300,7 +1341,7 @@ def copy_pointer(
         base = start + 1 + element * size + data_words
         copy_base = target + 1 + element * size + data_words
         for index in range(pointers):
-            copy_pointer(src, si, base + index, builder, copy_base + index, depth - 1)
+            _copy_pointer(src, si, base + index, builder, copy_base + index, depth - 1)
 
 
 def _copy_words(

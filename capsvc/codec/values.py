@@ -42,8 +42,9 @@ from capsvc.codec.building import (
     B,
     MessageBuilder,
     StructBuilder,
+    Undo,
+    _copy_pointer,
     bad_type,
-    copy_pointer,
     sized_builder,
     write_struct_pointer,
 )
@@ -256,8 +257,15 @@ def _assign(enc: _Encoder, target: StructBuilder, plan: StructPlan, values: list
     sections.write(bytes(buf[data:end]))
     _clear(sections, plan, start, ptr)
     _fill(enc, plan, values, sections, start, start, ptr)
-    buf[data:end] = sections.getvalue()
-    enc.finish()
+    # The copies the encoder makes last (readers deep-copied in) can still fail on a
+    # fault or a limit of their source: then nothing has changed.
+    undo = Undo(target._b, start, (end >> 3) - start)
+    try:
+        buf[data:end] = sections.getvalue()
+        enc.finish()
+    except BaseException:
+        undo.restore()
+        raise
 
 
 def set_pointer_value(target: StructBuilder, plan: StructPlan, name: str, value: object) -> None:
@@ -274,8 +282,13 @@ def set_pointer_value(target: StructBuilder, plan: StructPlan, name: str, value:
     enc = _Encoder(builder, len(builder.buf) >> 3, plan, "set")
     if value is not None:
         _pointer(enc, word, 0, at, field, value)
-    builder.buf[at << 3 : (at + 1) << 3] = word.getvalue()
-    enc.finish()
+    undo = Undo(builder, at, 1)
+    try:
+        builder.buf[at << 3 : (at + 1) << 3] = word.getvalue()
+        enc.finish()
+    except BaseException:
+        undo.restore()
+        raise
 
 
 def _clear(w: BytesWriter, plan: StructPlan, base: int, ptr: int) -> None:
@@ -780,10 +793,20 @@ def _pointer_list(
 # ---------------------------------------------------------------------- copies
 def copy_value(builder: MessageBuilder, at: int, value: object) -> None:
     """Point word ``at`` of ``builder`` at a deep copy of a struct reader (or builder), or
-    of what an AnyPointer read elsewhere holds (capabilities too)."""
+    of what an AnyPointer read elsewhere holds (capabilities too). All or nothing: a copy
+    that fails (a fault or a limit in the source) leaves ``builder`` as it was."""
+    undo = Undo(builder, at, 1)
+    try:
+        _copy_value(builder, at, value)
+    except BaseException:
+        undo.restore()
+        raise
+
+
+def _copy_value(builder: MessageBuilder, at: int, value: object) -> None:
     if isinstance(value, AnyPointer):
         if value._w >= 0:  # (an absent slot, of an older writer's struct: null)
-            copy_pointer(value._msg, value._si, value._w, builder, at, value._depth)
+            _copy_pointer(value._msg, value._si, value._w, builder, at, value._depth)
         return
     if isinstance(value, StructBuilder):
         value = value.as_reader()
@@ -798,7 +821,7 @@ def copy_value(builder: MessageBuilder, at: int, value: object) -> None:
     ]
     write_struct_pointer(buf, at, target, data_words, pointers)
     for index in range(pointers):
-        copy_pointer(
+        _copy_pointer(
             source._msg, source._si, source._ptr + index, builder, target + data_words + index,
             source._depth,
         )  # fmt: skip
@@ -817,7 +840,7 @@ def _copy_element(
     buf = builder.buf
     buf[start << 3 : (start + words) << 3] = source._seg[source._data : source._data + (words << 3)]
     for index in range(min(pointers, source_pointers)):
-        copy_pointer(
+        _copy_pointer(
             source._msg, source._si, source._ptr + index, builder, start + data_words + index,
             source._depth,
         )  # fmt: skip

@@ -297,6 +297,32 @@ def test_struct_pointing_to_itself(generated: Generated) -> None:
         k.Tree.read(message, nesting_limit=10**9, traversal_limit_words=500).to_dict()
 
 
+def test_a_copy_that_fails_changes_nothing(generated: Generated) -> None:
+    """A hostile reader (a struct that holds itself) copied into a builder: every way in
+    is refused with the typed error, and the builder's message is as it was, byte for
+    byte, readable by pycapnp (a failed copy left the field pointing at a half-made copy
+    whose pointers were never redone, and a union member's slot at the wrong kind; found
+    by a differential sweep)."""
+    k = generated.kitchen
+    loop = k.Tree.read([seg(*tree(left=struct_ptr(3, 1, 1, 4)))])
+    built = k.Tree.new_message(value=1, left={"value": 2}, children=[{"value": 3}])
+    before = built.to_bytes()
+    edits: list[Callable[[], object]] = [
+        lambda: setattr(built, "left", loop),
+        lambda: built.assign(value=9, left=loop),
+        lambda: setattr(built, "children", [{"value": 4}, loop]),
+        lambda: setattr(built, "left", {"value": 5, "left": loop}),
+        lambda: built.set_anything(loop.left),
+        lambda: k.Tree.new_message(left=loop),
+    ]
+    for edit in edits:
+        with refused("message exceeds the nesting limit"):
+            edit()
+        assert built.to_bytes() == before
+    with generated.reference.Tree.from_bytes(built.to_bytes()) as read:
+        assert (read.value, read.left.value, read.children[0].value) == (1, 2, 3)
+
+
 def test_list_containing_itself(generated: Generated) -> None:
     """Tree.children is a one-element list whose element's children is that same list."""
     k = generated.kitchen
