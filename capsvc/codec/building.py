@@ -168,6 +168,9 @@ class StructBuilder:
 
     __slots__ = ("_b", "_data", "_pend", "_ptr")
 
+    #: The schema ID of the struct (generated classes set it; 0: not known): a reader or
+    #: builder is copied only into a field of its own struct type.
+    _STRUCT_ID: ClassVar[int] = 0
     _DATA_WORDS: ClassVar[int] = 0
     _POINTERS: ClassVar[int] = 0
 
@@ -1374,6 +1377,8 @@ def copy_struct(
     from capsvc.codec.reading import StructReader
 
     if isinstance(value, StructBuilder):
+        if cls is not None:
+            _values.check_struct_type(value, cls._PLAN, label or cls._PLAN.name)
         value = value.as_reader()
     elif cls is not None and isinstance(value, Mapping):
         _set_over(parent, slot, dict(value), cls, default, disc_at, disc)
@@ -1383,6 +1388,8 @@ def copy_struct(
     if not isinstance(value, StructReader):
         what = "a struct reader or builder" + (", a dict of its fields, or its row" if cls else "")
         raise bad_type(value, label or f"{type(parent).__qualname__}[{slot}]", what)
+    if cls is not None:
+        _values.check_struct_type(value, cls._PLAN, label or cls._PLAN.name)
     _values.copy_value(parent._b, parent._ptr + slot, value)
     if disc_at >= 0:
         _U16_INTO(parent._b.buf, parent._data + disc_at, disc)

@@ -253,6 +253,9 @@ class StructReader:
     __slots__ = ("_data", "_depth", "_msg", "_pend", "_ptr", "_seg", "_si")
 
     #: The schema's section sizes (data words, pointers): what a builder allocates.
+    #: The schema ID of the struct (generated classes set it; 0: not known): a reader or
+    #: builder is copied only into a field of its own struct type.
+    _STRUCT_ID: ClassVar[int] = 0
     _DATA_WORDS: ClassVar[int] = 0
     _POINTERS: ClassVar[int] = 0
 

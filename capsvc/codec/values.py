@@ -548,6 +548,7 @@ def _struct(
     if type(value) is not dict and type(value) is not tuple:  # (before Mapping's isinstance,
         # which runs Python code)
         if isinstance(value, StructReader) or isinstance(value, StructBuilder):
+            check_struct_type(value, plan, label)
             enc.copy_later(at, value)
             return
         if not isinstance(value, Mapping):
@@ -734,6 +735,7 @@ def _composite(
     for index, item in enumerate(items):
         if type(item) is not dict and type(item) is not tuple:
             if isinstance(item, StructReader) or isinstance(item, StructBuilder):
+                check_struct_type(item, plan, f"{label}[{index}]")
                 out.write(zero_words(size))
                 enc.copy_element_later(first + index * size, data_words, pointers, item)
                 element_values.append(None)
@@ -791,6 +793,20 @@ def _pointer_list(
 
 
 # ---------------------------------------------------------------------- copies
+def check_struct_type(value: StructReader | StructBuilder, plan: StructPlan, label: str) -> None:
+    """Refuse a reader or builder of another struct type than ``plan``'s where one of
+    ``plan``'s is copied in (as libcapnp refuses it: "Value type mismatch"). Types are
+    compared by schema ID, so another generated module of the same struct (another
+    version of the schema) is taken; a class that does not know its ID is taken too."""
+    expected: int = getattr(plan.reader, "_STRUCT_ID", 0)
+    got = type(value)._STRUCT_ID
+    if expected and got and expected != got:
+        raise TypeError(
+            f"{label}: expected a reader or builder of {plan.name},"
+            f" got a {type(value).__qualname__}"
+        )
+
+
 def copy_value(builder: MessageBuilder, at: int, value: object) -> None:
     """Point word ``at`` of ``builder`` at a deep copy of a struct reader (or builder), or
     of what an AnyPointer read elsewhere holds (capabilities too). All or nothing: a copy

@@ -1080,6 +1080,7 @@ def _reader(out: _Out, node: Struct, path: str, names: _Names) -> None:
         out.add("__slots__ = ()")
         out.add(f"_DATA_WORDS: ClassVar[int] = {node.data_words}")
         out.add(f"_POINTERS: ClassVar[int] = {node.pointers}")
+        out.add(f"_STRUCT_ID: ClassVar[int] = {node.schema_id:#x}")
         for field in sorted(node.fields, key=lambda f: f.code_order):
             out.add("")
             _reader_field(out, node, field, path, names)
@@ -1435,6 +1436,7 @@ def _builder(out: _Out, node: Struct, path: str, names: _Names) -> None:
         out.add("__slots__ = ()")
         out.add(f"_DATA_WORDS: ClassVar[int] = {node.data_words}")
         out.add(f"_POINTERS: ClassVar[int] = {node.pointers}")
+        out.add(f"_STRUCT_ID: ClassVar[int] = {node.schema_id:#x}")
         for field in sorted(node.fields, key=lambda f: f.code_order):
             _builder_field(out, node, field, path, names)
         if node.discriminant_count:

@@ -60,6 +60,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xd5c38966f65d0b5e
 
             msg = _d.Text(0, '')
 
@@ -80,6 +81,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xd5c38966f65d0b5e
 
             msg = _d.text_property(0, '', "BenchEcho.pingCap$Params.msg")
 
@@ -224,6 +226,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0x9f590e4882f9b246
 
             reply = _d.Text(0, '')
 
@@ -251,6 +254,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0x9f590e4882f9b246
 
             reply = _d.text_property(0, '', "BenchEcho.pingCap$Results.reply")
 

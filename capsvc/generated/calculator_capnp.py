@@ -66,6 +66,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 2
                 _POINTERS: ClassVar[int] = 2
+                _STRUCT_ID: ClassVar[int] = 0xd99522a3d3878d66
 
                 @property
                 def function(self) -> Calculator.Function.Client:
@@ -89,6 +90,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 2
                 _POINTERS: ClassVar[int] = 2
+                _STRUCT_ID: ClassVar[int] = 0xd99522a3d3878d66
 
                 @property
                 def function(self) -> Calculator.Function.Client:
@@ -164,6 +166,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xd438d7caf5548d15
 
             literal = _d.Float(64, 0)
 
@@ -206,6 +209,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xd438d7caf5548d15
 
             literal = _d.float_property(64, 0, 0x0, "Calculator.Expression.literal", "Float64", 8, 0)
 
@@ -400,6 +404,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 0
                 _POINTERS: ClassVar[int] = 1
+                _STRUCT_ID: ClassVar[int] = 0xb19160df70b87717
 
                 params: _d.List[_r.ListReader[float]] = _d.List(0)
 
@@ -420,6 +425,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 0
                 _POINTERS: ClassVar[int] = 1
+                _STRUCT_ID: ClassVar[int] = 0xb19160df70b87717
 
                 @property
                 def params(self) -> _b.PrimitiveListBuilder[float]:
@@ -577,6 +583,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 1
                 _POINTERS: ClassVar[int] = 0
+                _STRUCT_ID: ClassVar[int] = 0xc0e0abf76914dead
 
                 value = _d.Float(64, 0)
 
@@ -596,6 +603,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 1
                 _POINTERS: ClassVar[int] = 0
+                _STRUCT_ID: ClassVar[int] = 0xc0e0abf76914dead
 
                 value = _d.float_property(64, 0, 0x0, "Calculator.Function.call$Results.value", "Float64")
 
@@ -796,6 +804,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 0
                 _POINTERS: ClassVar[int] = 0
+                _STRUCT_ID: ClassVar[int] = 0xd3532574d58db558
 
                 def to_dict(self) -> dict[str, Any]:
                     """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -812,6 +821,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 0
                 _POINTERS: ClassVar[int] = 0
+                _STRUCT_ID: ClassVar[int] = 0xd3532574d58db558
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -936,6 +946,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 1
                 _POINTERS: ClassVar[int] = 0
+                _STRUCT_ID: ClassVar[int] = 0xe6be6723122ae822
 
                 value = _d.Float(64, 0)
 
@@ -955,6 +966,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 1
                 _POINTERS: ClassVar[int] = 0
+                _STRUCT_ID: ClassVar[int] = 0xe6be6723122ae822
 
                 value = _d.float_property(64, 0, 0x0, "Calculator.Value.read$Results.value", "Float64")
 
@@ -1131,6 +1143,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xf287bcba4556dc89
 
             paramCount = _d.Int("i32", 0)
 
@@ -1154,6 +1167,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xf287bcba4556dc89
 
             paramCount = _d.int_property("i32", 0, 0, "Calculator.defFunction$Params.paramCount", "Int32")
 
@@ -1316,6 +1330,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x8d24f465047cd6c8
 
             @property
             def func(self) -> Calculator.Function.Client:
@@ -1339,6 +1354,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x8d24f465047cd6c8
 
             @property
             def func(self) -> Calculator.Function.Client:
@@ -1497,6 +1513,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xbb0eaae1557a36d4
 
             expression: _d.Struct[Calculator.Expression.Reader] = _d.Struct(0)
 
@@ -1517,6 +1534,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xbb0eaae1557a36d4
 
             @property
             def expression(self) -> Calculator.Expression.Builder:
@@ -1675,6 +1693,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x81b1a3f55887a611
 
             @property
             def value(self) -> Calculator.Value.Client:
@@ -1698,6 +1717,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x81b1a3f55887a611
 
             @property
             def value(self) -> Calculator.Value.Client:
@@ -1856,6 +1876,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x8a8dceb4f4a3c530
 
             op: _d.Enum[Calculator.Operator] = _d.Enum(0)
 
@@ -1875,6 +1896,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x8a8dceb4f4a3c530
 
             @property
             def op(self) -> Calculator.Operator:
@@ -2024,6 +2046,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xd18fbb7763c08c20
 
             @property
             def func(self) -> Calculator.Function.Client:
@@ -2047,6 +2070,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xd18fbb7763c08c20
 
             @property
             def func(self) -> Calculator.Function.Client:

@@ -59,6 +59,7 @@ class Echo(_t.Interface["Echo.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xfe4d66aa1d9df03a
 
             msg = _d.Text(0, '')
 
@@ -79,6 +80,7 @@ class Echo(_t.Interface["Echo.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xfe4d66aa1d9df03a
 
             msg = _d.text_property(0, '', "Echo.ping$Params.msg")
 
@@ -221,6 +223,7 @@ class Echo(_t.Interface["Echo.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xb37b9e41b12a2677
 
             reply = _d.Text(0, '')
 
@@ -241,6 +244,7 @@ class Echo(_t.Interface["Echo.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xb37b9e41b12a2677
 
             reply = _d.text_property(0, '', "Echo.ping$Results.reply")
 
@@ -383,6 +387,7 @@ class Echo(_t.Interface["Echo.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xd7e37bd20ee55124
 
             @property
             def data(self) -> bytes:
@@ -406,6 +411,7 @@ class Echo(_t.Interface["Echo.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xd7e37bd20ee55124
 
             @property
             def data(self) -> bytes:
@@ -553,6 +559,7 @@ class Echo(_t.Interface["Echo.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xf98dcdb1b8b0c70c
 
             @property
             def data(self) -> bytes:
@@ -576,6 +583,7 @@ class Echo(_t.Interface["Echo.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xf98dcdb1b8b0c70c
 
             @property
             def data(self) -> bytes:

@@ -59,6 +59,7 @@ class Health(_t.Interface["Health.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xbdecad675471673e
 
             service = _d.Text(0, '')
 
@@ -79,6 +80,7 @@ class Health(_t.Interface["Health.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xbdecad675471673e
 
             service = _d.text_property(0, '', "Health.check$Params.service")
 
@@ -221,6 +223,7 @@ class Health(_t.Interface["Health.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xcff75b88dce15fb4
 
             status: _d.Enum[ServingStatus] = _d.Enum(0)
 
@@ -240,6 +243,7 @@ class Health(_t.Interface["Health.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xcff75b88dce15fb4
 
             @property
             def status(self) -> ServingStatus:

@@ -49,6 +49,7 @@ class StreamResult:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0x995f9a3377c0b16e
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -65,6 +66,7 @@ class StreamResult:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0x995f9a3377c0b16e
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

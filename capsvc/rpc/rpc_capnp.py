@@ -57,6 +57,7 @@ class Accept:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xd4c9b56290554016
 
         questionId = _d.Int("u32", 0)
 
@@ -86,6 +87,7 @@ class Accept:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xd4c9b56290554016
 
         questionId = _d.int_property("u32", 0, 0, "Accept.questionId", "UInt32")
 
@@ -244,6 +246,7 @@ class Bootstrap:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xe94ccf8031176ec4
 
         questionId = _d.Int("u32", 0)
 
@@ -270,6 +273,7 @@ class Bootstrap:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xe94ccf8031176ec4
 
         questionId = _d.int_property("u32", 0, 0, "Bootstrap.questionId", "UInt32")
 
@@ -431,6 +435,7 @@ class Call:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 3
             _POINTERS: ClassVar[int] = 3
+            _STRUCT_ID: ClassVar[int] = 0xdae8b0f61aab5f99
 
             @property
             def caller(self) -> None:
@@ -469,6 +474,7 @@ class Call:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 3
             _POINTERS: ClassVar[int] = 3
+            _STRUCT_ID: ClassVar[int] = 0xdae8b0f61aab5f99
 
             @property
             def caller(self) -> None:
@@ -560,6 +566,7 @@ class Call:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0x836a53ce789d4cd4
 
         questionId = _d.Int("u32", 0)
 
@@ -605,6 +612,7 @@ class Call:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0x836a53ce789d4cd4
 
         questionId = _d.int_property("u32", 0, 0, "Call.questionId", "UInt32")
 
@@ -831,6 +839,7 @@ class CapDescriptor:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x8523ddc40b86b8b0
 
         @property
         def none(self) -> None:
@@ -889,6 +898,7 @@ class CapDescriptor:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x8523ddc40b86b8b0
 
         @property
         def none(self) -> None:
@@ -1116,6 +1126,7 @@ class Disembargo:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xd562b4df655bdd4d
 
             senderLoopback = _d.Int("u32", 0)
 
@@ -1153,6 +1164,7 @@ class Disembargo:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xd562b4df655bdd4d
 
             senderLoopback = _d.int_property("u32", 0, 0, "Disembargo.context.senderLoopback", "UInt32", 4, 0)
 
@@ -1217,6 +1229,7 @@ class Disembargo:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xf964368b0fbd3711
 
         target: _d.Struct[MessageTarget.Reader] = _d.Struct(0)
 
@@ -1240,6 +1253,7 @@ class Disembargo:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xf964368b0fbd3711
 
         @property
         def target(self) -> MessageTarget.Builder:
@@ -1436,6 +1450,7 @@ class Exception:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0xd625b7063acf691a
 
         reason = _d.Text(0, '')
 
@@ -1469,6 +1484,7 @@ class Exception:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0xd625b7063acf691a
 
         reason = _d.text_property(0, '', "Exception.reason")
 
@@ -1638,6 +1654,7 @@ class Finish:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd37d2eb2c2f80e63
 
         questionId = _d.Int("u32", 0)
 
@@ -1663,6 +1680,7 @@ class Finish:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd37d2eb2c2f80e63
 
         questionId = _d.int_property("u32", 0, 0, "Finish.questionId", "UInt32")
 
@@ -1817,6 +1835,7 @@ class Join:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0xfbe1980490e001af
 
         questionId = _d.Int("u32", 0)
 
@@ -1847,6 +1866,7 @@ class Join:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0xfbe1980490e001af
 
         questionId = _d.int_property("u32", 0, 0, "Join.questionId", "UInt32")
 
@@ -2045,6 +2065,7 @@ class Message:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x91b79f1f808db032
 
         unimplemented: _d.Struct[Message.Reader] = _d.Struct(0)
 
@@ -2166,6 +2187,7 @@ class Message:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x91b79f1f808db032
 
         @property
         def unimplemented(self) -> Message.Builder:
@@ -2600,6 +2622,7 @@ class MessageTarget:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x95bc14545813fbc1
 
         importedCap = _d.Int("u32", 0)
 
@@ -2634,6 +2657,7 @@ class MessageTarget:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x95bc14545813fbc1
 
         importedCap = _d.int_property("u32", 0, 0, "MessageTarget.importedCap", "UInt32", 4, 0)
 
@@ -2806,6 +2830,7 @@ class Payload:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0x9a0e61223d96743b
 
         @property
         def content(self) -> _r.AnyPointer:
@@ -2833,6 +2858,7 @@ class Payload:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0x9a0e61223d96743b
 
         def set_content(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
             """Set the AnyPointer content: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
@@ -3003,6 +3029,7 @@ class PromisedAnswer:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xf316944415569081
 
             @property
             def noop(self) -> None:
@@ -3036,6 +3063,7 @@ class PromisedAnswer:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xf316944415569081
 
             @property
             def noop(self) -> None:
@@ -3193,6 +3221,7 @@ class PromisedAnswer:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xd800b1d6cd6f1ca0
 
         questionId = _d.Int("u32", 0)
 
@@ -3216,6 +3245,7 @@ class PromisedAnswer:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xd800b1d6cd6f1ca0
 
         questionId = _d.int_property("u32", 0, 0, "PromisedAnswer.questionId", "UInt32")
 
@@ -3377,6 +3407,7 @@ class Provide:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0x9c6a046bfbc1ac5a
 
         questionId = _d.Int("u32", 0)
 
@@ -3407,6 +3438,7 @@ class Provide:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0x9c6a046bfbc1ac5a
 
         questionId = _d.int_property("u32", 0, 0, "Provide.questionId", "UInt32")
 
@@ -3581,6 +3613,7 @@ class Release:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xad1a6c0d7dd07497
 
         id = _d.Int("u32", 0)
 
@@ -3603,6 +3636,7 @@ class Release:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xad1a6c0d7dd07497
 
         id = _d.int_property("u32", 0, 0, "Release.id", "UInt32")
 
@@ -3753,6 +3787,7 @@ class Resolve:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xbbc29655fa89086e
 
         promiseId = _d.Int("u32", 0)
 
@@ -3793,6 +3828,7 @@ class Resolve:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xbbc29655fa89086e
 
         promiseId = _d.int_property("u32", 0, 0, "Resolve.promiseId", "UInt32")
 
@@ -4001,6 +4037,7 @@ class Return:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 2
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x9e19b28d3db3573a
 
         answerId = _d.Int("u32", 0)
 
@@ -4070,6 +4107,7 @@ class Return:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 2
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x9e19b28d3db3573a
 
         answerId = _d.int_property("u32", 0, 0, "Return.answerId", "UInt32")
 
@@ -4312,6 +4350,7 @@ class ThirdPartyCapDescriptor:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xd37007fde1f0027d
 
         @property
         def id(self) -> _r.AnyPointer:
@@ -4338,6 +4377,7 @@ class ThirdPartyCapDescriptor:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xd37007fde1f0027d
 
         def set_id(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
             """Set the AnyPointer id: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""

@@ -60,6 +60,7 @@ class Directory(_t.Interface["Directory.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xbefb8bccfa60d08a
 
             name = _d.Text(0, '')
 
@@ -80,6 +81,7 @@ class Directory(_t.Interface["Directory.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xbefb8bccfa60d08a
 
             name = _d.text_property(0, '', "Directory.open$Params.name")
 
@@ -222,6 +224,7 @@ class Directory(_t.Interface["Directory.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xba8460afbafa67bd
 
             @property
             def store(self) -> Store.Client:
@@ -245,6 +248,7 @@ class Directory(_t.Interface["Directory.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xba8460afbafa67bd
 
             @property
             def store(self) -> Store.Client:
@@ -445,6 +449,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xc700fa56696dd0df
 
             key = _d.Text(0, '')
 
@@ -465,6 +470,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xc700fa56696dd0df
 
             key = _d.text_property(0, '', "Store.get$Params.key")
 
@@ -609,6 +615,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xbd30083ac7e02037
 
             @property
             def value(self) -> bytes:
@@ -635,6 +642,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xbd30083ac7e02037
 
             @property
             def value(self) -> bytes:
@@ -784,6 +792,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xa22fd3ba558f27d6
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -800,6 +809,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xa22fd3ba558f27d6
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -924,6 +934,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x847bd1b3dfc50463
 
             keys: _d.List[_r.ListReader[str]] = _d.List(0)
 
@@ -944,6 +955,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x847bd1b3dfc50463
 
             @property
             def keys(self) -> _b.TextListBuilder:
@@ -1103,6 +1115,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xf59f8bc1cee72ee9
 
             key = _d.Text(0, '')
 
@@ -1130,6 +1143,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xf59f8bc1cee72ee9
 
             key = _d.text_property(0, '', "Store.load$Params.key")
 
@@ -1283,6 +1297,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xfc2cc970b7db031e
 
             key = _d.Text(0, '')
 
@@ -1310,6 +1325,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xfc2cc970b7db031e
 
             key = _d.text_property(0, '', "Store.put$Params.key")
 
@@ -1461,6 +1477,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd0886cc273a391c9
 
             replaced = _d.Bool(0, 0, False)
 
@@ -1480,6 +1497,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd0886cc273a391c9
 
             replaced = _d.bool_property(0, 0, False, "Store.put$Results.replaced")
 
@@ -1622,6 +1640,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xa776010c3373d561
 
             @property
             def watcher(self) -> Watcher.Client:
@@ -1645,6 +1664,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xa776010c3373d561
 
             @property
             def watcher(self) -> Watcher.Client:
@@ -1801,6 +1821,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xc2bacf4a9b95dbe5
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -1817,6 +1838,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xc2bacf4a9b95dbe5
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2075,6 +2097,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xa4e95c348a7ada1d
 
             key = _d.Text(0, '')
 
@@ -2102,6 +2125,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xa4e95c348a7ada1d
 
             key = _d.text_property(0, '', "Watcher.changed$Params.key")
 
@@ -2251,6 +2275,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xf5858af62119185c
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2267,6 +2292,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xf5858af62119185c
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

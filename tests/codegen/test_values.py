@@ -104,6 +104,29 @@ def test_lists_of_structs_take_dicts_readers_and_builders(generated: Generated) 
     assert (reader.left.value, reader.left.left.value) == (4, 7)
 
 
+def test_a_reader_of_another_struct_type_is_refused(generated: Generated) -> None:
+    """A reader or builder is copied only into a field (or list) of its own struct type:
+    an Other.Thing is not a Tree, as libcapnp refuses it ("Value type mismatch"). It was
+    copied in, its words read as a Tree's (found by a sweep against pycapnp)."""
+    kitchen = generated.kitchen
+    thing = generated.other.Thing.new_message(id=36, tag="not a tree")
+    built = kitchen.Tree.new_message(value=1, left={"value": 2})
+    before = built.to_bytes()
+    message = r"^Tree\.(left|children\[1\]): expected a reader or builder of Tree, got a Thing\."
+    for wrong in (thing, thing.as_reader()):
+        with pytest.raises(TypeError, match=message):
+            built.left = wrong
+        with pytest.raises(TypeError, match=message):
+            built.assign(left=wrong)
+        with pytest.raises(TypeError, match=message):
+            built.children = [{"value": 3}, wrong]
+        with pytest.raises(TypeError, match=message):
+            kitchen.Tree.new_message(left=wrong)
+        assert built.to_bytes() == before
+    built.other = thing  # its own type: taken
+    assert built.as_reader().other.tag == "not a tree"
+
+
 def test_a_refused_value_names_the_field_and_changes_nothing(generated: Generated) -> None:
     kitchen = generated.kitchen
     numbers = kitchen.Numbers.new_message(u8=1, i16=-2)

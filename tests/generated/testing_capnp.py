@@ -59,6 +59,7 @@ class Callback(_t.Interface["Callback.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xcccc6f8d7900e847
 
             value = _d.Int("i64", 0)
 
@@ -78,6 +79,7 @@ class Callback(_t.Interface["Callback.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xcccc6f8d7900e847
 
             value = _d.int_property("i64", 0, 0, "Callback.notify$Params.value", "Int64")
 
@@ -220,6 +222,7 @@ class Callback(_t.Interface["Callback.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x81ac18c2b77a7e34
 
             ack = _d.Int("i64", 0)
 
@@ -239,6 +242,7 @@ class Callback(_t.Interface["Callback.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x81ac18c2b77a7e34
 
             ack = _d.int_property("i64", 0, 0, "Callback.notify$Results.ack", "Int64")
 
@@ -420,6 +424,7 @@ class Counter(_t.Interface["Counter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xfe82a91f524056f3
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -436,6 +441,7 @@ class Counter(_t.Interface["Counter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xfe82a91f524056f3
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -560,6 +566,7 @@ class Counter(_t.Interface["Counter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x9ab7683552ae458d
 
             value = _d.Int("i64", 0)
 
@@ -579,6 +586,7 @@ class Counter(_t.Interface["Counter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x9ab7683552ae458d
 
             value = _d.int_property("i64", 0, 0, "Counter.get$Results.value", "Int64")
 
@@ -721,6 +729,7 @@ class Counter(_t.Interface["Counter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xa8c575b575277d8d
 
             by = _d.Int("i64", 0)
 
@@ -740,6 +749,7 @@ class Counter(_t.Interface["Counter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xa8c575b575277d8d
 
             by = _d.int_property("i64", 0, 0, "Counter.increment$Params.by", "Int64")
 
@@ -882,6 +892,7 @@ class Counter(_t.Interface["Counter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x85db5a634a971712
 
             value = _d.Int("i64", 0)
 
@@ -901,6 +912,7 @@ class Counter(_t.Interface["Counter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x85db5a634a971712
 
             value = _d.int_property("i64", 0, 0, "Counter.increment$Results.value", "Int64")
 
@@ -1105,6 +1117,7 @@ class Holder:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 7
+            _STRUCT_ID: ClassVar[int] = 0x930355621224cb44
 
             @property
             def none(self) -> None:
@@ -1141,6 +1154,7 @@ class Holder:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 7
+            _STRUCT_ID: ClassVar[int] = 0x930355621224cb44
 
             @property
             def none(self) -> None:
@@ -1226,6 +1240,7 @@ class Holder:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 7
+            _STRUCT_ID: ClassVar[int] = 0xfe253dfde2bb62de
 
             number = _d.Int("i32", 4)
 
@@ -1248,6 +1263,7 @@ class Holder:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 7
+            _STRUCT_ID: ClassVar[int] = 0xfe253dfde2bb62de
 
             number = _d.int_property("i32", 4, 0, "Holder.extra.number", "Int32")
 
@@ -1318,6 +1334,7 @@ class Holder:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 7
+        _STRUCT_ID: ClassVar[int] = 0xe749d04190bbe808
 
         name = _d.Text(0, '')
 
@@ -1363,6 +1380,7 @@ class Holder:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 7
+        _STRUCT_ID: ClassVar[int] = 0xe749d04190bbe808
 
         name = _d.text_property(0, '', "Holder.name")
 
@@ -1612,6 +1630,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xee86a276b7aec8bf
 
             @property
             def cb(self) -> Callback.Client:
@@ -1638,6 +1657,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xee86a276b7aec8bf
 
             @property
             def cb(self) -> Callback.Client:
@@ -1800,6 +1820,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xb24675892cd51330
 
             ack = _d.Int("i64", 0)
 
@@ -1819,6 +1840,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xb24675892cd51330
 
             ack = _d.int_property("i64", 0, 0, "Tester.callBack$Results.ack", "Int64")
 
@@ -1963,6 +1985,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xd19b10f34cac012c
 
             @property
             def counter(self) -> Counter.Client:
@@ -1989,6 +2012,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xd19b10f34cac012c
 
             @property
             def counter(self) -> Counter.Client:
@@ -2151,6 +2175,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x97d6bf729d37e846
 
             value = _d.Int("i64", 0)
 
@@ -2170,6 +2195,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x97d6bf729d37e846
 
             value = _d.int_property("i64", 0, 0, "Tester.callCounter$Results.value", "Int64")
 
@@ -2312,6 +2338,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xfeb89576b4aa96d5
 
             msg = _d.Text(0, '')
 
@@ -2332,6 +2359,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xfeb89576b4aa96d5
 
             msg = _d.text_property(0, '', "Tester.echo$Params.msg")
 
@@ -2474,6 +2502,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xa1618b735ff79130
 
             reply = _d.Text(0, '')
 
@@ -2494,6 +2523,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xa1618b735ff79130
 
             reply = _d.text_property(0, '', "Tester.echo$Results.reply")
 
@@ -2638,6 +2668,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xcde840d305c8a7d4
 
             kind = _d.Text(0, '')
 
@@ -2662,6 +2693,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xcde840d305c8a7d4
 
             kind = _d.text_property(0, '', "Tester.fail$Params.kind")
 
@@ -2806,6 +2838,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xad21451d070befe4
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2822,6 +2855,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xad21451d070befe4
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -2944,6 +2978,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x869121cbdec18493
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2960,6 +2995,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x869121cbdec18493
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -3084,6 +3120,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xf8d6fa4604497259
 
             @property
             def self_(self) -> Tester.Client:
@@ -3107,6 +3144,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xf8d6fa4604497259
 
             @property
             def self_(self) -> Tester.Client:
@@ -3265,6 +3303,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x905081c282e88fc4
 
             holder: _d.Struct[Holder.Reader] = _d.Struct(0)
 
@@ -3285,6 +3324,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x905081c282e88fc4
 
             @property
             def holder(self) -> Holder.Builder:
@@ -3443,6 +3483,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xcd5986ceafb6230b
 
             holder: _d.Struct[Holder.Reader] = _d.Struct(0)
 
@@ -3463,6 +3504,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xcd5986ceafb6230b
 
             @property
             def holder(self) -> Holder.Builder:
@@ -3621,6 +3663,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x9582a54ceffea06e
 
             start = _d.Int("i64", 0)
 
@@ -3640,6 +3683,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x9582a54ceffea06e
 
             start = _d.int_property("i64", 0, 0, "Tester.newCounter$Params.start", "Int64")
 
@@ -3782,6 +3826,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x8e5e606c0c82db77
 
             @property
             def counter(self) -> Counter.Client:
@@ -3805,6 +3850,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x8e5e606c0c82db77
 
             @property
             def counter(self) -> Counter.Client:
@@ -3963,6 +4009,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xa4d00b24343acc07
 
             @property
             def cap(self) -> Counter.Client:
@@ -3986,6 +4033,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xa4d00b24343acc07
 
             @property
             def cap(self) -> Counter.Client:
@@ -4144,6 +4192,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xacc791a6e349f4c1
 
             @property
             def cap(self) -> Counter.Client:
@@ -4167,6 +4216,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xacc791a6e349f4c1
 
             @property
             def cap(self) -> Counter.Client:
@@ -4325,6 +4375,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x89d5c0e939a9303e
 
             ms = _d.Int("u32", 0)
 
@@ -4344,6 +4395,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x89d5c0e939a9303e
 
             ms = _d.int_property("u32", 0, 0, "Tester.slow$Params.ms", "UInt32")
 
@@ -4486,6 +4538,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x834d56595ae9a958
 
             done = _d.Bool(0, 0, False)
 
@@ -4505,6 +4558,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x834d56595ae9a958
 
             done = _d.bool_property(0, 0, False, "Tester.slow$Results.done")
 
@@ -4647,6 +4701,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xe8e9c239995dc3da
 
             counters: _d.List[_r.ListReader[Counter.Client]] = _d.List(0)
 
@@ -4667,6 +4722,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xe8e9c239995dc3da
 
             @property
             def counters(self) -> _b.CapabilityListBuilder[Counter.Client]:
@@ -4824,6 +4880,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xf773ed2b61584dac
 
             total = _d.Int("i64", 0)
 
@@ -4843,6 +4900,7 @@ class Tester(_t.Interface["Tester.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xf773ed2b61584dac
 
             total = _d.int_property("i64", 0, 0, "Tester.sum$Results.total", "Int64")
 
@@ -5222,6 +5280,7 @@ class Unknown(_t.Interface["Unknown.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xdf7b3aadd2f9916a
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -5238,6 +5297,7 @@ class Unknown(_t.Interface["Unknown.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xdf7b3aadd2f9916a
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -5360,6 +5420,7 @@ class Unknown(_t.Interface["Unknown.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xb6685db13a2858eb
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -5376,6 +5437,7 @@ class Unknown(_t.Interface["Unknown.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xb6685db13a2858eb
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""

@@ -85,6 +85,7 @@ class Car:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 4
+        _STRUCT_ID: ClassVar[int] = 0x9999b0462413e9dd
 
         make = _d.Text(0, '')
 
@@ -159,6 +160,7 @@ class Car:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 4
+        _STRUCT_ID: ClassVar[int] = 0x9999b0462413e9dd
 
         make = _d.text_property(0, '', "Car.make")
 
@@ -434,6 +436,7 @@ class Engine:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0x804f5476deaef525
 
         horsepower = _d.Int("u16", 0)
 
@@ -465,6 +468,7 @@ class Engine:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0x804f5476deaef525
 
         horsepower = _d.int_property("u16", 0, 0, "Engine.horsepower", "UInt16")
 
@@ -623,6 +627,7 @@ class ParkingLot:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xf4c6b753280d6022
 
         cars: _d.StructList[Car.Reader] = _d.StructList(0)
 
@@ -643,6 +648,7 @@ class ParkingLot:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xf4c6b753280d6022
 
         @property
         def cars(self) -> _b.StructListBuilder[Car.Builder]:
@@ -796,6 +802,7 @@ class TotalValue:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xc1e8687b69be8e0b
 
         amount = _d.Int("u64", 0)
 
@@ -815,6 +822,7 @@ class TotalValue:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xc1e8687b69be8e0b
 
         amount = _d.int_property("u64", 0, 0, "TotalValue.amount", "UInt64")
 
@@ -961,6 +969,7 @@ class Wheel:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd7323be6aaee753c
 
         diameter = _d.Int("u16", 0)
 
@@ -986,6 +995,7 @@ class Wheel:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd7323be6aaee753c
 
         diameter = _d.int_property("u16", 0, 0, "Wheel.diameter", "UInt16")
 

@@ -55,6 +55,7 @@ class SearchResult:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0xac80c0cd21fc17f5
 
         url = _d.Text(0, '')
 
@@ -82,6 +83,7 @@ class SearchResult:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0xac80c0cd21fc17f5
 
         url = _d.text_property(0, '', "SearchResult.url")
 
@@ -232,6 +234,7 @@ class SearchResultList:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x9e10f22b24271858
 
         results: _d.StructList[SearchResult.Reader] = _d.StructList(0)
 
@@ -252,6 +255,7 @@ class SearchResultList:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x9e10f22b24271858
 
         @property
         def results(self) -> _b.StructListBuilder[SearchResult.Builder]:

@@ -51,6 +51,7 @@ class EvaluationResult:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xa349c302d856d199
 
         value = _d.Int("i32", 0)
 
@@ -70,6 +71,7 @@ class EvaluationResult:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xa349c302d856d199
 
         value = _d.int_property("i32", 0, 0, "EvaluationResult.value", "Int32")
 
@@ -219,6 +221,7 @@ class Expression:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0x8266c533d8228eec
 
             value = _d.Int("i32", 4)
 
@@ -249,6 +252,7 @@ class Expression:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0x8266c533d8228eec
 
             value = _d.int_property("i32", 4, 0, "Expression.left.value", "Int32", 2, 0)
 
@@ -322,6 +326,7 @@ class Expression:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xec7567165b87166d
 
             value = _d.Int("i32", 8)
 
@@ -352,6 +357,7 @@ class Expression:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xec7567165b87166d
 
             value = _d.int_property("i32", 8, 0, "Expression.right.value", "Int32", 12, 0)
 
@@ -422,6 +428,7 @@ class Expression:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 2
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0x81d32418aae320bf
 
         op: _d.Enum[Operation] = _d.Enum(0)
 
@@ -447,6 +454,7 @@ class Expression:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 2
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0x81d32418aae320bf
 
         @property
         def op(self) -> Operation:

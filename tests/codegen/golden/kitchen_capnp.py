@@ -66,6 +66,7 @@ class Anything:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 6
+        _STRUCT_ID: ClassVar[int] = 0xe71b63c9468b37c2
 
         @property
         def pointer(self) -> _r.AnyPointer:
@@ -121,6 +122,7 @@ class Anything:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 6
+        _STRUCT_ID: ClassVar[int] = 0xe71b63c9468b37c2
 
         def set_pointer(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
             """Set the AnyPointer pointer: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
@@ -345,6 +347,7 @@ class Base(_t.Interface["Base.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xc86f0f940e0d1806
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -361,6 +364,7 @@ class Base(_t.Interface["Base.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xc86f0f940e0d1806
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -485,6 +489,7 @@ class Base(_t.Interface["Base.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xedb2f1aace87baaf
 
             depth = _d.Int("u32", 0)
 
@@ -504,6 +509,7 @@ class Base(_t.Interface["Base.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xedb2f1aace87baaf
 
             depth = _d.int_property("u32", 0, 0, "Base.depth$Results.depth", "UInt32")
 
@@ -682,6 +688,7 @@ class Box:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf26089fe5b3a8bb4
 
         @property
         def value(self) -> _r.AnyPointer:
@@ -713,6 +720,7 @@ class Box:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf26089fe5b3a8bb4
 
         def set_value(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
             """Set the AnyPointer value: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
@@ -895,6 +903,7 @@ class Boxes:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 6
+        _STRUCT_ID: ClassVar[int] = 0x9e6b4f98c502f78f
 
         texts: _d.Struct[Box_Text.Reader] = _d.Struct(0)
 
@@ -935,6 +944,7 @@ class Boxes:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 6
+        _STRUCT_ID: ClassVar[int] = 0x9e6b4f98c502f78f
 
         @property
         def texts(self) -> Box_Text.Builder:
@@ -1203,6 +1213,7 @@ class Builtins:
         __slots__ = ()
         _DATA_WORDS: ClassVar[_builtins.int] = 2
         _POINTERS: ClassVar[_builtins.int] = 3
+        _STRUCT_ID: ClassVar[_builtins.int] = 0xd3074f24e76b6651
 
         str = _d.Text(0, '')
 
@@ -1243,6 +1254,7 @@ class Builtins:
         __slots__ = ()
         _DATA_WORDS: ClassVar[_builtins.int] = 2
         _POINTERS: ClassVar[_builtins.int] = 3
+        _STRUCT_ID: ClassVar[_builtins.int] = 0xd3074f24e76b6651
 
         str = _d.text_property(0, '', "Builtins.str")
 
@@ -1429,6 +1441,7 @@ class Choice:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x8037fdb2ed77f6b6
 
         note = _d.Text(0, '')
 
@@ -1467,6 +1480,7 @@ class Choice:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x8037fdb2ed77f6b6
 
         note = _d.text_property(0, '', "Choice.note", 0, 0)
 
@@ -1665,6 +1679,7 @@ class Converter(_t.Interface["Converter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[_builtins.int] = 1
             _POINTERS: ClassVar[_builtins.int] = 0
+            _STRUCT_ID: ClassVar[_builtins.int] = 0xd51a4eca2a03191c
 
             int = _d.Int("i64", 0)
 
@@ -1684,6 +1699,7 @@ class Converter(_t.Interface["Converter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[_builtins.int] = 1
             _POINTERS: ClassVar[_builtins.int] = 0
+            _STRUCT_ID: ClassVar[_builtins.int] = 0xd51a4eca2a03191c
 
             int = _d.int_property("i64", 0, 0, "Converter.str$Params.int", "Int64")
 
@@ -1826,6 +1842,7 @@ class Converter(_t.Interface["Converter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x995547025a9b5e10
 
             str = _d.Text(0, '')
 
@@ -1846,6 +1863,7 @@ class Converter(_t.Interface["Converter.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x995547025a9b5e10
 
             str = _d.text_property(0, '', "Converter.str$Results.str")
 
@@ -2040,6 +2058,7 @@ class Crate:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd39b18736fc80484
 
         weight = _d.Int("u16", 0)
 
@@ -2059,6 +2078,7 @@ class Crate:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd39b18736fc80484
 
         weight = _d.int_property("u16", 0, 0, "Crate.weight", "UInt16")
 
@@ -2233,6 +2253,7 @@ class Defaults:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 6
         _POINTERS: ClassVar[int] = 5
+        _STRUCT_ID: ClassVar[int] = 0xa5a498ef8c7964a4
 
         b = _d.Bool(0, 0, True)
 
@@ -2314,6 +2335,7 @@ class Defaults:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 6
         _POINTERS: ClassVar[int] = 5
+        _STRUCT_ID: ClassVar[int] = 0xa5a498ef8c7964a4
 
         b = _d.bool_property(0, 0, True, "Defaults.b")
 
@@ -2586,6 +2608,7 @@ class Keywords:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xda50319eebd3ccb9
 
         return_ = _d.Int("i32", 0)
 
@@ -2618,6 +2641,7 @@ class Keywords:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xda50319eebd3ccb9
 
         return_ = _d.int_property("i32", 0, 0, "Keywords.return", "Int32")
 
@@ -2776,6 +2800,7 @@ class Layered:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x9e4121db29f423d7
 
         outer: _d.Struct[Wrapper.Reader] = _d.Struct(0)
 
@@ -2796,6 +2821,7 @@ class Layered:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x9e4121db29f423d7
 
         @property
         def outer(self) -> Wrapper.Builder:
@@ -2959,6 +2985,7 @@ class Left(_t.Interface["Left.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x96ef93687267b257
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -2975,6 +3002,7 @@ class Left(_t.Interface["Left.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x96ef93687267b257
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -3099,6 +3127,7 @@ class Left(_t.Interface["Left.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xe560cb21678a29d7
 
             side = _d.Text(0, '')
 
@@ -3119,6 +3148,7 @@ class Left(_t.Interface["Left.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xe560cb21678a29d7
 
             side = _d.text_property(0, '', "Left.left$Results.side")
 
@@ -3329,6 +3359,7 @@ class Lists:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 19
+        _STRUCT_ID: ClassVar[int] = 0xa5dce944e4620a16
 
         voids: _d.List[_r.ListReader[None]] = _d.List(0)
 
@@ -3421,6 +3452,7 @@ class Lists:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 19
+        _STRUCT_ID: ClassVar[int] = 0xa5dce944e4620a16
 
         @property
         def voids(self) -> _b.VoidListBuilder:
@@ -3907,6 +3939,7 @@ class Loud(_t.Interface["Loud.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd9a4f5a89f251895
 
             volume = _d.Float(64, 0, 0x7ff0000000000000)
 
@@ -3926,6 +3959,7 @@ class Loud(_t.Interface["Loud.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd9a4f5a89f251895
 
             volume = _d.float_property(64, 0, 0x7ff0000000000000, "Loud.left$Params.volume", "Float64")
 
@@ -4068,6 +4102,7 @@ class Loud(_t.Interface["Loud.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xc12d13397ef1ef12
 
             side = _d.Text(0, '')
 
@@ -4088,6 +4123,7 @@ class Loud(_t.Interface["Loud.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xc12d13397ef1ef12
 
             side = _d.text_property(0, '', "Loud.left$Results.side")
 
@@ -4306,6 +4342,7 @@ class Numbers:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 6
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0x8727bc108e059fff
 
         b = _d.Bool(0, 0, False)
 
@@ -4366,6 +4403,7 @@ class Numbers:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 6
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0x8727bc108e059fff
 
         b = _d.bool_property(0, 0, False, "Numbers.b")
 
@@ -4576,6 +4614,7 @@ class Pair:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0xa47fe1974073d1ed
 
         @property
         def key(self) -> _r.AnyPointer:
@@ -4606,6 +4645,7 @@ class Pair:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0xa47fe1974073d1ed
 
         def set_key(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
             """Set the AnyPointer key: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
@@ -4764,6 +4804,7 @@ class Parcel:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xb41ed0dc566d19cf
 
         contents: _d.Struct[Crate.Reader] = _d.Struct(0)
 
@@ -4784,6 +4825,7 @@ class Parcel:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0xb41ed0dc566d19cf
 
         @property
         def contents(self) -> Crate.Builder:
@@ -4946,6 +4988,7 @@ class Recurring:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf082a26b4d34c7c8
 
         label = _d.Text(0, '')
 
@@ -4977,6 +5020,7 @@ class Recurring:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf082a26b4d34c7c8
 
         label = _d.text_property(0, '', "Recurring.label")
 
@@ -5161,6 +5205,7 @@ class Relay(_t.Interface["Relay.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x80fabef7f78dd697
 
             @property
             def cap(self) -> _t.Client:
@@ -5184,6 +5229,7 @@ class Relay(_t.Interface["Relay.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x80fabef7f78dd697
 
             @property
             def cap(self) -> _t.Client:
@@ -5342,6 +5388,7 @@ class Relay(_t.Interface["Relay.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x9167aadfb4bad43f
 
             @property
             def cap(self) -> _t.Client:
@@ -5365,6 +5412,7 @@ class Relay(_t.Interface["Relay.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x9167aadfb4bad43f
 
             @property
             def cap(self) -> _t.Client:
@@ -5563,6 +5611,7 @@ class Right(_t.Interface["Right.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xa77583f7bdb79303
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -5579,6 +5628,7 @@ class Right(_t.Interface["Right.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xa77583f7bdb79303
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -5703,6 +5753,7 @@ class Right(_t.Interface["Right.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xf8584f0bc4aad1d1
 
             side = _d.Text(0, '')
 
@@ -5723,6 +5774,7 @@ class Right(_t.Interface["Right.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xf8584f0bc4aad1d1
 
             side = _d.text_property(0, '', "Right.right$Results.side")
 
@@ -5912,6 +5964,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xe8536eb3e72dd184
 
             self_ = _d.Text(0, '')
 
@@ -5944,6 +5997,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xe8536eb3e72dd184
 
             self_ = _d.text_property(0, '', "Diamond.tricky$Params.self")
 
@@ -6104,6 +6158,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xaa19950e7806feaf
 
             return_ = _d.Text(0, '')
 
@@ -6131,6 +6186,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xaa19950e7806feaf
 
             return_ = _d.text_property(0, '', "Diamond.tricky$Results.return")
 
@@ -6334,6 +6390,7 @@ class Settings:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd09e3ce34991bf90
 
         mood: _d.Enum[Mood] = _d.Enum(0)
 
@@ -6353,6 +6410,7 @@ class Settings:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd09e3ce34991bf90
 
         @property
         def mood(self) -> Mood:
@@ -6509,6 +6567,7 @@ class Shapes:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 3
             _POINTERS: ClassVar[int] = 3
+            _STRUCT_ID: ClassVar[int] = 0xc58ebb1d6d105781
 
             side = _d.Float(32, 0)
 
@@ -6528,6 +6587,7 @@ class Shapes:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 3
             _POINTERS: ClassVar[int] = 3
+            _STRUCT_ID: ClassVar[int] = 0xc58ebb1d6d105781
 
             side = _d.float_property(32, 0, 0x0, "Shapes.square.side", "Float32")
 
@@ -6587,6 +6647,7 @@ class Shapes:
                     __slots__ = ()
                     _DATA_WORDS: ClassVar[int] = 3
                     _POINTERS: ClassVar[int] = 3
+                    _STRUCT_ID: ClassVar[int] = 0xa2a3c9454f775894
 
                     from_: _d.Enum[Color] = _d.Enum(14)
 
@@ -6605,6 +6666,7 @@ class Shapes:
                     __slots__ = ()
                     _DATA_WORDS: ClassVar[int] = 3
                     _POINTERS: ClassVar[int] = 3
+                    _STRUCT_ID: ClassVar[int] = 0xa2a3c9454f775894
 
                     @property
                     def from_(self) -> Color:
@@ -6665,6 +6727,7 @@ class Shapes:
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 3
                 _POINTERS: ClassVar[int] = 3
+                _STRUCT_ID: ClassVar[int] = 0xd7fc7d96fd924d8c
 
                 @property
                 def solid(self) -> None:
@@ -6698,6 +6761,7 @@ class Shapes:
                 __slots__ = ()
                 _DATA_WORDS: ClassVar[int] = 3
                 _POINTERS: ClassVar[int] = 3
+                _STRUCT_ID: ClassVar[int] = 0xd7fc7d96fd924d8c
 
                 @property
                 def solid(self) -> None:
@@ -6767,6 +6831,7 @@ class Shapes:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 3
             _POINTERS: ClassVar[int] = 3
+            _STRUCT_ID: ClassVar[int] = 0xa75a65ef6b23c5fe
 
             color: _d.Enum[Color] = _d.Enum(10)
 
@@ -6785,6 +6850,7 @@ class Shapes:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 3
             _POINTERS: ClassVar[int] = 3
+            _STRUCT_ID: ClassVar[int] = 0xa75a65ef6b23c5fe
 
             @property
             def color(self) -> Color:
@@ -6852,6 +6918,7 @@ class Shapes:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0x9f02ca7d05a0b039
 
         name = _d.Text(0, '')
 
@@ -6900,6 +6967,7 @@ class Shapes:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 3
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0x9f02ca7d05a0b039
 
         name = _d.text_property(0, '', "Shapes.name")
 
@@ -7119,6 +7187,7 @@ class Shelf:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xf9997ae00faddc4f
 
             @property
             def item(self) -> _r.AnyPointer:
@@ -7149,6 +7218,7 @@ class Shelf:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xf9997ae00faddc4f
 
             def set_item(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
                 """Set the AnyPointer item: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
@@ -7300,6 +7370,7 @@ class Shelf:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd3f02015eafa750f
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -7316,6 +7387,7 @@ class Shelf:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd3f02015eafa750f
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -7444,6 +7516,7 @@ class Shelves:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xc248111320a01136
 
         texts: _d.Struct[Shelf_Tree.Slot_Text.Reader] = _d.Struct(0)
 
@@ -7472,6 +7545,7 @@ class Shelves:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xc248111320a01136
 
         @property
         def texts(self) -> Shelf_Tree.Slot_Text.Builder:
@@ -7679,6 +7753,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xebb6aea0828b140b
 
             item = _d.Text(0, '')
 
@@ -7702,6 +7777,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xebb6aea0828b140b
 
             item = _d.text_property(0, '', "Shop.buy$Params.item")
 
@@ -7850,6 +7926,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xb5b0feede3958f34
 
             total = _d.Float(64, 0)
 
@@ -7873,6 +7950,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xb5b0feede3958f34
 
             total = _d.float_property(64, 0, 0x0, "Shop.buy$Results.total", "Float64")
 
@@ -8033,6 +8111,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x87f34b5c15e689d4
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -8049,6 +8128,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x87f34b5c15e689d4
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -8173,6 +8253,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xcb1c936d4236d062
 
             items: _d.List[_r.ListReader[str]] = _d.List(0)
 
@@ -8193,6 +8274,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xcb1c936d4236d062
 
             @property
             def items(self) -> _b.TextListBuilder:
@@ -8350,6 +8432,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xb9891045ff38eb55
 
             tree: _d.Struct[Tree.Reader] = _d.Struct(0)
 
@@ -8370,6 +8453,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xb9891045ff38eb55
 
             @property
             def tree(self) -> Tree.Builder:
@@ -8526,6 +8610,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xfbf3e7a2ef3a4eef
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -8542,6 +8627,7 @@ class Shop(_t.Interface["Shop.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xfbf3e7a2ef3a4eef
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -8748,6 +8834,7 @@ class Sink(_t.Interface["Sink.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xe21994bdb64fef44
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -8764,6 +8851,7 @@ class Sink(_t.Interface["Sink.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xe21994bdb64fef44
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -8890,6 +8978,7 @@ class Sink(_t.Interface["Sink.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xae978cf066dcffc6
 
             bytes = _d.Int("u64", 0)
 
@@ -8912,6 +9001,7 @@ class Sink(_t.Interface["Sink.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 2
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xae978cf066dcffc6
 
             bytes = _d.int_property("u64", 0, 0, "Sink.total$Results.bytes", "UInt64")
 
@@ -9058,6 +9148,7 @@ class Sink(_t.Interface["Sink.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x9862afb0c9fed47b
 
             @property
             def chunk(self) -> bytes:
@@ -9081,6 +9172,7 @@ class Sink(_t.Interface["Sink.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0x9862afb0c9fed47b
 
             @property
             def chunk(self) -> bytes:
@@ -9288,6 +9380,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd2b215c21fe35105
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -9304,6 +9397,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd2b215c21fe35105
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -9430,6 +9524,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xd36be23475e9cc90
 
             @property
             def value(self) -> _r.AnyPointer:
@@ -9457,6 +9552,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xd36be23475e9cc90
 
             def set_value(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
                 """Set the AnyPointer value: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
@@ -9625,6 +9721,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xa6180aa386969846
 
             @property
             def value(self) -> _r.AnyPointer:
@@ -9648,6 +9745,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xa6180aa386969846
 
             def set_value(self, value: str | bytes | _r.StructReader | _b.StructBuilder | _r.AnyPointer | _t.Client | _t.Server | None) -> None:
                 """Set the AnyPointer value: Text, Data, a copy of a struct or of an AnyPointer, a capability, or None (null)."""
@@ -9794,6 +9892,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd7873a365413a4bc
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -9810,6 +9909,7 @@ class Store(_t.Interface["Store.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd7873a365413a4bc
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -9990,6 +10090,7 @@ class Tree:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xa28ee7bc74f0f76d
 
             x = _d.UInt8(0)
 
@@ -10009,6 +10110,7 @@ class Tree:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xa28ee7bc74f0f76d
 
             x = _d.int_property("u8", 0, 0, "Tree.Reader.x", "UInt8")
 
@@ -10154,6 +10256,7 @@ class Tree:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 4
+        _STRUCT_ID: ClassVar[int] = 0xa9b625afcebbac59
 
         value = _d.Int("i32", 0)
 
@@ -10192,6 +10295,7 @@ class Tree:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 1
         _POINTERS: ClassVar[int] = 4
+        _STRUCT_ID: ClassVar[int] = 0xa9b625afcebbac59
 
         value = _d.int_property("i32", 0, 0, "Tree.value", "Int32")
 
@@ -10403,6 +10507,7 @@ class Wrapper:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xd3afbe57cb0910f9
 
         label = _d.Text(0, '')
 
@@ -10431,6 +10536,7 @@ class Wrapper:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xd3afbe57cb0910f9
 
         label = _d.text_property(0, '', "Wrapper.label")
 
@@ -10634,6 +10740,7 @@ class Box_Text:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf26089fe5b3a8bb4
 
         value = _d.Text(0, '')
 
@@ -10662,6 +10769,7 @@ class Box_Text:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf26089fe5b3a8bb4
 
         value = _d.text_property(0, '', "Box_Text.value")
 
@@ -10832,6 +10940,7 @@ class Box_List_Int32:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf26089fe5b3a8bb4
 
         value: _d.List[_r.ListReader[int]] = _d.List(0)
 
@@ -10860,6 +10969,7 @@ class Box_List_Int32:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf26089fe5b3a8bb4
 
         @property
         def value(self) -> _b.PrimitiveListBuilder[int]:
@@ -11045,6 +11155,7 @@ class Box_Tree:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf26089fe5b3a8bb4
 
         value: _d.Struct[Tree.Reader] = _d.Struct(0)
 
@@ -11073,6 +11184,7 @@ class Box_Tree:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf26089fe5b3a8bb4
 
         @property
         def value(self) -> Tree.Builder:
@@ -11259,6 +11371,7 @@ class Box_Shop:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf26089fe5b3a8bb4
 
         @property
         def value(self) -> Shop.Client:
@@ -11290,6 +11403,7 @@ class Box_Shop:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 3
+        _STRUCT_ID: ClassVar[int] = 0xf26089fe5b3a8bb4
 
         @property
         def value(self) -> Shop.Client:
@@ -11474,6 +11588,7 @@ class Pair_Text_Box_Text:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0xa47fe1974073d1ed
 
         key = _d.Text(0, '')
 
@@ -11498,6 +11613,7 @@ class Pair_Text_Box_Text:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 2
+        _STRUCT_ID: ClassVar[int] = 0xa47fe1974073d1ed
 
         key = _d.text_property(0, '', "Pair_Text_Box_Text.key")
 
@@ -11667,6 +11783,7 @@ class Shelf_Tree:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xf9997ae00faddc4f
 
             item: _d.Struct[Tree.Reader] = _d.Struct(0)
 
@@ -11691,6 +11808,7 @@ class Shelf_Tree:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xf9997ae00faddc4f
 
             @property
             def item(self) -> Tree.Builder:
@@ -11855,6 +11973,7 @@ class Shelf_Tree:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xf9997ae00faddc4f
 
             item: _d.Struct[Tree.Reader] = _d.Struct(0)
 
@@ -11879,6 +11998,7 @@ class Shelf_Tree:
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xf9997ae00faddc4f
 
             @property
             def item(self) -> Tree.Builder:
@@ -12049,6 +12169,7 @@ class Shelf_Tree:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd3f02015eafa750f
 
         def to_dict(self) -> dict[str, Any]:
             """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -12065,6 +12186,7 @@ class Shelf_Tree:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 0
         _POINTERS: ClassVar[int] = 0
+        _STRUCT_ID: ClassVar[int] = 0xd3f02015eafa750f
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -12196,6 +12318,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xa6180aa386969846
 
             value = _d.Text(0, '')
 
@@ -12216,6 +12339,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 1
+            _STRUCT_ID: ClassVar[int] = 0xa6180aa386969846
 
             value = _d.text_property(0, '', "Store_Text.put$Params.value")
 
@@ -12356,6 +12480,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd7873a365413a4bc
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -12372,6 +12497,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd7873a365413a4bc
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -12494,6 +12620,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd2b215c21fe35105
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -12510,6 +12637,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xd2b215c21fe35105
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -12636,6 +12764,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xd36be23475e9cc90
 
             value = _d.Text(0, '')
 
@@ -12660,6 +12789,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 2
+            _STRUCT_ID: ClassVar[int] = 0xd36be23475e9cc90
 
             value = _d.text_property(0, '', "Store_Text.get$Results.value")
 
@@ -12881,6 +13011,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xa930a1c90684387d
 
             def to_dict(self) -> dict[str, Any]:
                 """Every field set, as pycapnp's ``to_dict`` gives them (null pointers left out,
@@ -12897,6 +13028,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 0
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0xa930a1c90684387d
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
@@ -13021,6 +13153,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x8d8deed2c4474a6d
 
             count = _d.Int("u32", 0)
 
@@ -13040,6 +13173,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
             __slots__ = ()
             _DATA_WORDS: ClassVar[int] = 1
             _POINTERS: ClassVar[int] = 0
+            _STRUCT_ID: ClassVar[int] = 0x8d8deed2c4474a6d
 
             count = _d.int_property("u32", 0, 0, "TextStore.size$Results.count", "UInt32")
 

@@ -71,6 +71,7 @@ class Thing:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 2
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x9afe7f15072a0172
 
         id = _d.Int("u64", 0)
 
@@ -97,6 +98,7 @@ class Thing:
         __slots__ = ()
         _DATA_WORDS: ClassVar[int] = 2
         _POINTERS: ClassVar[int] = 1
+        _STRUCT_ID: ClassVar[int] = 0x9afe7f15072a0172
 
         id = _d.int_property("u64", 0, 0, "Thing.id", "UInt64")
 
