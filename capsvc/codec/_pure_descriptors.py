@@ -15,7 +15,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from capsvc.codec.building import StructBuilder, bad_type, bad_value, get_text
+from capsvc.codec.building import StructBuilder, bad_type, bad_value, get_text, set_group
 from capsvc.codec.building import group_view as building_group_view
 from capsvc.codec.reading import StructReader, read_struct, read_struct_list
 from capsvc.codec.reading import group_view as reading_group_view
@@ -127,12 +127,16 @@ def Group() -> _Late:
 
 
 class _LateGroup(_Late):
-    """A builder's group (accessors.BuilderGroup, which see): ``init`` clears it."""
+    """A builder's group (accessors.BuilderGroup, which see): ``init`` clears it, and
+    setting it sets the group (building.set_group)."""
 
     def __init__(self, fget: Callable[[Any], Any], bound: list[Any], disc_at: int, disc: int):
         super().__init__(fget, bound)
         self._disc_at = disc_at
         self._disc = disc
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        set_group(obj, self._bound[0], self._disc_at, self._disc, value)
 
     def init(self, obj: Any) -> Any:
         view = building_group_view(self._bound[0], obj)

@@ -36,6 +36,7 @@ from librt.strings import read_f32_le, read_f64_le, read_i16_le, read_i32_le, re
 
 from capsvc.codec.building import StructBuilder, bad_type, bad_value, get_text
 from capsvc.codec.building import group_view as building_group_view
+from capsvc.codec.building import set_group as building_set_group
 from capsvc.codec.reading import (
     MessageReader,
     StructReader,
@@ -305,6 +306,15 @@ class BuilderGroup:
             view.assign()  # every field of the group to its default (capsvc.codec.values)
             _select(obj, disc_at, self.disc)
         return view
+
+    def set(self, obj: StructBuilder, value: object) -> None:
+        """``builder.group = {...}`` (or its row), as pycapnp's: building.set_group. (A
+        compiled class has no ``__set__`` slot: descriptors.BuilderGroup makes this the
+        setter of a ``property`` whose getter is ``get``.)"""
+        building_set_group(obj, self.cls, self.disc_at, self.disc, value)
+
+    def get(self, obj: StructBuilder) -> object:
+        return self.__get__(obj)
 
     def init(self, obj: StructBuilder) -> Any:
         """The group of ``obj`` with every field at its default, selected if it is a union

@@ -59,6 +59,7 @@ _FRAME_ONE: Final = _native_frame_one()
 _ZERO_WORD: Final = bytes(8)
 _get_u64: Final[Callable[[Any, int], tuple[int]]] = struct.Struct("<Q").unpack_from
 _U16_INTO: Final = struct.Struct("<H").pack_into
+_get_u16: Final[Callable[[Any, int], tuple[int]]] = struct.Struct("<H").unpack_from
 _U16_FROM: Final = struct.Struct("<H").unpack_from
 
 #: (struct format letter, Cap'n Proto name) of each number type, for the messages of errors.
@@ -1441,6 +1442,30 @@ def set_fields(target: StructBuilder, plan: StructPlan, given: Mapping[str, Any]
             getattr(target, "set_" + field.name)(value)
         else:
             setattr(target, field.key, value)
+
+
+def set_group(parent: StructBuilder, cls: Any, disc_at: int, disc: int, value: object) -> None:
+    """``builder.group = value``, as pycapnp sets a group: a dict's fields set on the group
+    in place, every other field left as it is (``set_fields``); a row sets the whole group
+    (``assign``). A group that is a union member (its discriminant at byte ``disc_at``,
+    ``disc`` its own) is selected, cleared first if another member was set. Checked
+    whole first: a refused value changes nothing."""
+    plan = cls._PLAN
+    selected = disc_at < 0 or _get_u16(parent._b.buf, parent._data + disc_at)[0] == disc
+    view = group_view(cls, parent)
+    if isinstance(value, Mapping):
+        given = dict(value)
+        _values.new_message_from(plan, given)  # the same errors as new_message, first
+        if not selected:
+            view.assign()  # another member's bits and pointers are not this group's
+            _U16_INTO(parent._b.buf, parent._data + disc_at, disc)
+        set_fields(view, plan, given)
+    elif isinstance(value, tuple):
+        _values.assign_fields(view, plan, value)  # all or nothing
+        if not selected:
+            _U16_INTO(parent._b.buf, parent._data + disc_at, disc)
+    else:
+        raise bad_type(value, plan.name, f"a dict of {plan.name}'s fields, or its row")
 
 
 # The value encoder builds on this module (MessageBuilder, the copies): imported last, so

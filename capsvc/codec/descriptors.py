@@ -13,7 +13,7 @@ spell out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 from capsvc._build import COMPILED
 
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from capsvc.codec.reading import ListReader, MessageReader, StructReader
 
@@ -114,6 +114,9 @@ if TYPE_CHECKING:
         def init(self, obj: object) -> T:
             raise NotImplementedError
 
+        def __set__(self, obj: object, value: Mapping[str, Any] | tuple[Any, ...]) -> None:
+            raise NotImplementedError
+
     class Enum(_ReaderField[T]):
         def __init__(self, offset: int, xor: int = 0) -> None:
             raise NotImplementedError
@@ -160,9 +163,9 @@ if TYPE_CHECKING:
         raise NotImplementedError
 
 elif COMPILED:
+    from capsvc.codec import accessors as _accessors
     from capsvc.codec.accessors import (
         Bool,
-        BuilderGroup,
         Enum,
         Float,
         Group,
@@ -177,6 +180,25 @@ elif COMPILED:
         int_property,
         text_property,
     )
+
+    class _GroupProperty(property):
+        """A builder's group in the compiled build: a ``property`` (a compiled class has no
+        ``__set__`` slot) whose getter and setter are the compiled accessors.BuilderGroup's
+        bound methods, so reading and setting ``builder.group`` run no Python frame."""
+
+        def __init__(self, group: _accessors.BuilderGroup) -> None:
+            super().__init__(group.get, group.set)
+            self.group = group
+
+        def bind(self, cls: type[Any]) -> None:
+            self.group.bind(cls)
+
+        def init(self, obj: Any) -> Any:
+            return self.group.init(obj)
+
+    def BuilderGroup(disc_at: int = -1, disc: int = 0) -> Any:
+        return _GroupProperty(_accessors.BuilderGroup(disc_at, disc))
+
 else:
     from capsvc.codec._pure_descriptors import (
         Bool,

@@ -127,6 +127,45 @@ def test_a_reader_of_another_struct_type_is_refused(generated: Generated) -> Non
     assert built.as_reader().other.tag == "not a tree"
 
 
+def test_a_group_takes_a_dict_or_its_row_as_pycapnp_sets_it(generated: Generated) -> None:
+    """``builder.group = {...}`` sets the fields given on the group in place (pycapnp's
+    ``from_dict``), a union member group is selected (cleared first if another member
+    was set), a row sets the whole group, and a refused value changes nothing. It was an
+    AttributeError (the property was read-only; found by a sweep against pycapnp)."""
+    kitchen, reference = generated.kitchen, generated.reference
+    ours = kitchen.Shapes.new_message(square={"side": 2.0, "label": "sq"}, style={"color": "blue"})
+    theirs = reference.Shapes.new_message(
+        square={"side": 2.0, "label": "sq"}, style={"color": "blue"}
+    )
+    for builder in (ours, theirs):
+        builder.square = {"side": 3.0}  # label kept
+        builder.style = {"fill": {"pattern": "dots"}}  # color kept
+        builder.style.fill = {"gradient": {"to": "green"}}
+    assert ours.to_dict() == theirs.to_dict()
+    assert ours.to_dict()["square"] == {"side": 3.0, "label": "sq"}
+
+    ours.circle = 1.5
+    ours.square = {"label": "again"}  # selected afresh: side back to its default
+    assert (ours.which(), ours.square.side, ours.square.label) == ("square", 0.0, "again")
+    ours.style.fill.gradient = (kitchen.Color.red, kitchen.Color.blue)  # its row: the whole
+    assert ours.as_reader().style.fill.gradient.to_dict() == {"from": "red", "to": "blue"}
+
+    before = ours.to_bytes()
+    for wrong, error in (
+        ({"side": "wide"}, TypeError),
+        ({"nothing": None}, TypeError),
+        (3, TypeError),
+    ):
+        with pytest.raises(error):
+            ours.square = wrong
+        assert ours.to_bytes() == before
+    ours.circle = 2.0
+    with pytest.raises(TypeError):
+        ours.square = {"side": "wide"}
+    assert ours.to_bytes() != before  # (the circle)
+    assert ours.which() == "circle"
+
+
 def test_a_refused_value_names_the_field_and_changes_nothing(generated: Generated) -> None:
     kitchen = generated.kitchen
     numbers = kitchen.Numbers.new_message(u8=1, i16=-2)
