@@ -144,14 +144,21 @@ class _Encoder:
         self.caps.append(hook)
         return len(self.builder.caps) + len(self.caps) - 1
 
+    # A builder to copy is read now (``as_reader``: its message as it is): copied later,
+    # it could be one this change writes into first (``t.kids[0].kids = t.kids``).
+
     def copy_later(self, at: int, value: object) -> None:
         if self.copies is _NONE:
             self.copies = []
+        if isinstance(value, StructBuilder):
+            value = value.as_reader()
         self.copies.append((at, value))
 
     def copy_element_later(self, start: int, data_words: int, pointers: int, value: object) -> None:
         if self.element_copies is _NONE:
             self.element_copies = []
+        if isinstance(value, StructBuilder):
+            value = value.as_reader()
         self.element_copies.append((start, data_words, pointers, value))
 
     def finish(self) -> None:

@@ -166,6 +166,24 @@ def test_a_group_takes_a_dict_or_its_row_as_pycapnp_sets_it(generated: Generated
     assert ours.which() == "circle"
 
 
+def test_a_list_copied_into_one_of_its_own_elements_is_copied_as_it_was(
+    generated: Generated,
+) -> None:
+    """``t.children[0].children = t.children`` copies the list as it was before the
+    assignment (value semantics), not the copy in progress: the elements being built were
+    read after the new list was already pointed at (found by a sweep)."""
+    kitchen = generated.kitchen
+    tree = kitchen.Tree.new_message(value=0, children=[{"value": 1}, {"value": 2}])
+    tree.children[0].children = tree.children
+    assert tree.as_reader().to_dict()["children"] == [
+        {"value": 1, "children": [{"value": 1}, {"value": 2}]},
+        {"value": 2},
+    ]
+    tree.assign(value=5, children=[tree.children[1], tree.children[0]])
+    assert [child.value for child in tree.as_reader().children] == [2, 1]
+    assert tree.as_reader().children[1].children[1].value == 2
+
+
 def test_a_refused_value_names_the_field_and_changes_nothing(generated: Generated) -> None:
     kitchen = generated.kitchen
     numbers = kitchen.Numbers.new_message(u8=1, i16=-2)
