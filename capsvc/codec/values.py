@@ -565,7 +565,10 @@ def _struct(
     offset = start - at - 1 if plan.data_words or plan.pointers else EMPTY_STRUCT_OFFSET
     patch(w, rel, (offset << 2) & 0xFFFFFFFF, plan.data_words | plan.pointers << 16)
     values = _values_of(enc, plan, value)
-    if default is not None:
+    if default is not None and type(value) is not tuple:
+        # A dict sets some fields over the field's schema default, as pycapnp's does. A row
+        # is the whole struct (what ``row`` read of one: None where a pointer was null), so
+        # it is written as it is: a row read is a row written.
         values = _over(enc, plan, _values_of(enc, plan, default), values)
     _append_struct(enc, plan, values)
 
