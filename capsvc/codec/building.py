@@ -169,11 +169,11 @@ class StructBuilder:
 
     __slots__ = ("_b", "_data", "_pend", "_ptr")
 
+    _DATA_WORDS: ClassVar[int] = 0
+    _POINTERS: ClassVar[int] = 0
     #: The schema ID of the struct (generated classes set it; 0: not known): a reader or
     #: builder is copied only into a field of its own struct type.
     _STRUCT_ID: ClassVar[int] = 0
-    _DATA_WORDS: ClassVar[int] = 0
-    _POINTERS: ClassVar[int] = 0
 
     _b: MessageBuilder
     _data: int
@@ -1378,8 +1378,6 @@ def copy_struct(
     from capsvc.codec.reading import StructReader
 
     if isinstance(value, StructBuilder):
-        if cls is not None:
-            _values.check_struct_type(value, cls._PLAN, label or cls._PLAN.name)
         value = value.as_reader()
     elif cls is not None and isinstance(value, Mapping):
         _set_over(parent, slot, dict(value), cls, default, disc_at, disc)

@@ -253,11 +253,11 @@ class StructReader:
     __slots__ = ("_data", "_depth", "_msg", "_pend", "_ptr", "_seg", "_si")
 
     #: The schema's section sizes (data words, pointers): what a builder allocates.
+    _DATA_WORDS: ClassVar[int] = 0
+    _POINTERS: ClassVar[int] = 0
     #: The schema ID of the struct (generated classes set it; 0: not known): a reader or
     #: builder is copied only into a field of its own struct type.
     _STRUCT_ID: ClassVar[int] = 0
-    _DATA_WORDS: ClassVar[int] = 0
-    _POINTERS: ClassVar[int] = 0
 
     _msg: MessageReader
     _si: int
@@ -1165,29 +1165,20 @@ def default_any(default: Segments) -> AnyPointer:
 
 
 def read_segments(
-    cls: type[R], segments: Segments, traversal_limit_words: int, nesting_limit: int
-) -> R:
-    """The root ``cls`` struct of a message (its segments): what ``StructReader.read``
-    and generated ``read`` call (positional, one compiled call)."""
-    msg = MessageReader(
-        segments, traversal_limit_words=traversal_limit_words, nesting_limit=nesting_limit
-    )
-    return read_root(msg, cls, nesting_limit)
-
-
-def read_owned_segments(
     cls: type[R],
-    segments: list[bytes | memoryview],
+    segments: Segments,
     traversal_limit_words: int,
     nesting_limit: int,
+    owned: bool = False,
 ) -> R:
-    """``read_segments`` of a list made for this message alone (a decoder's, which no one
-    else holds): kept as the message's own."""
+    """The root ``cls`` struct of a message (its segments): what ``StructReader.read``
+    and generated ``read`` call (positional, one compiled call). ``owned``: ``segments``
+    is a list made for this message alone (a decoder's), kept as the message's own."""
     msg = MessageReader(
         segments,
         traversal_limit_words=traversal_limit_words,
         nesting_limit=nesting_limit,
-        owned=True,
+        owned=owned,
     )
     return read_root(msg, cls, nesting_limit)
 
@@ -1208,7 +1199,7 @@ def read_framed(
 ) -> R:
     """The root ``cls`` struct of one message in the standard stream framing: what
     generated ``from_bytes`` calls."""
-    return read_owned_segments(cls, unframe(data), traversal_limit_words, nesting_limit)
+    return read_segments(cls, unframe(data), traversal_limit_words, nesting_limit, True)
 
 
 def read_packed(
@@ -1219,7 +1210,7 @@ def read_packed(
 ) -> R:
     """``read_framed`` of a packed message: what generated ``from_bytes_packed`` calls."""
     segments = unframe_packed(data)
-    return read_owned_segments(cls, segments, traversal_limit_words, nesting_limit)
+    return read_segments(cls, segments, traversal_limit_words, nesting_limit, True)
 
 
 def read_multiple(

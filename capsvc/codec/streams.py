@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Generic
 
-from capsvc.codec.reading import R, read_owned_segments
+from capsvc.codec.reading import R, read_segments
 from capsvc.framing import DEFAULT_LIMITS, FrameDecoder, Limits
 
 __all__ = ["DEFAULT_LIMITS", "Limits", "RootDecoder"]
@@ -64,7 +64,7 @@ class RootDecoder(Generic[R]):
         segments = self._frames.next_message()
         if segments is None:
             return None
-        return read_owned_segments(self._cls, segments, self._traversal, self._nesting)
+        return read_segments(self._cls, segments, self._traversal, self._nesting, True)
 
     def __iter__(self) -> RootDecoder[R]:
         return self
