@@ -1248,30 +1248,42 @@ def copy_pointer(
 
 class Undo:
     """What a change to a message may touch, kept to put back if the change fails: the
-    words ``at`` to ``at + words`` (changed in place), the message's size (what it
-    appends) and its cap table's (the capabilities it adds, each released)."""
+    words ``at`` to ``at + words`` (changed in place) and any more ranges ``keep`` adds,
+    the message's size (what it appends) and its cap table's (the capabilities it adds,
+    each released)."""
 
-    __slots__ = ("_at", "_builder", "_caps", "_size", "_words")
+    __slots__ = ("_builder", "_caps", "_ranges", "_size")
 
     def __init__(self, builder: MessageBuilder, at: int, words: int) -> None:
         self._builder = builder
-        self._at = at
-        buf = builder.buf
-        self._words = bytes(buf[at << 3 : (at + words) << 3])
-        self._size = len(buf)
+        self._ranges: list[tuple[int, bytes]] = []
+        self._size = len(builder.buf)
         self._caps = len(builder.caps)
+        self.keep(at, words)
+
+    def keep(self, at: int, words: int) -> None:
+        """Keep words ``at`` to ``at + words`` too (those the message has)."""
+        buf = self._builder.buf
+        self._ranges.append((at, bytes(buf[at << 3 : min(at + words, self._size >> 3) << 3])))
 
     def restore(self) -> None:
         builder = self._builder
         buf = builder.buf
         del buf[self._size :]
-        buf[self._at << 3 : (self._at << 3) + len(self._words)] = self._words
+        for at, words in reversed(self._ranges):
+            buf[at << 3 : (at << 3) + len(words)] = words
         caps = builder.caps
         added = caps[self._caps :]
         del caps[self._caps :]
         for hook in added:
             if hook is not None:
                 hook.release()
+
+
+def struct_undo(target: StructBuilder) -> Undo:
+    """An ``Undo`` of the sections of the struct ``target`` is (or is a group of)."""
+    start = target._data >> 3
+    return Undo(target._b, start, target._pend - start)
 
 
 def _copy_pointer(
@@ -1410,9 +1422,32 @@ def _set_over(
     # Checked by encoding it alone (a name the struct has not, a value of the wrong type,
     # two members of a union): the same errors as new_message, before anything changes.
     _values.new_message_from(plan, given)
-    if disc_at >= 0:
-        switch_member(parent, disc_at, disc, slot)
-    set_fields(struct_field(parent, slot, cls, default), plan, given)
+    # What that check cannot see, the message's own words can still refuse: a foreign
+    # writer's pointer of another kind where a struct is set in place, found after the
+    # keys before it were set. Kept, to put back: the parent's sections (discriminant,
+    # slot) and the struct the slot holds (set in place, or moved by an upgrade).
+    undo = struct_undo(parent)
+    undo.keep(*_struct_words(parent._b.buf, parent._ptr + slot))
+    try:
+        if disc_at >= 0:
+            switch_member(parent, disc_at, disc, slot)
+        set_fields(struct_field(parent, slot, cls, default), plan, given)
+    except BaseException:
+        undo.restore()
+        raise
+
+
+def _struct_words(buf: bytearray, at: int) -> tuple[int, int]:
+    """The words (first, count) of the struct the pointer at word ``at`` leads to, if it
+    is a struct pointer (clipped to the message by ``Undo.keep``); else none."""
+    (word,) = _get_u64(buf, at << 3)
+    if word & 3 != 0 or word == 0:
+        return 0, 0
+    offset = (((word & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000) >> 2
+    start = at + 1 + offset
+    if start < 0:
+        return 0, 0
+    return start, ((word >> 32) & 0xFFFF) + (word >> 48)
 
 
 def set_fields(target: StructBuilder, plan: StructPlan, given: Mapping[str, Any]) -> None:
@@ -1454,10 +1489,15 @@ def set_group(parent: StructBuilder, cls: Any, disc_at: int, disc: int, value: o
     if isinstance(value, Mapping):
         given = dict(value)
         _values.new_message_from(plan, given)  # the same errors as new_message, first
-        if not selected:
-            view.assign()  # another member's bits and pointers are not this group's
-            _U16_INTO(parent._b.buf, parent._data + disc_at, disc)
-        set_fields(view, plan, given)
+        undo = struct_undo(parent)  # as in _set_over: the message's own words can still
+        try:  # refuse (the group's are the parent's)
+            if not selected:
+                view.assign()  # another member's bits and pointers are not this group's
+                _U16_INTO(parent._b.buf, parent._data + disc_at, disc)
+            set_fields(view, plan, given)
+        except BaseException:
+            undo.restore()
+            raise
     elif isinstance(value, tuple):
         _values.assign_fields(view, plan, value)  # all or nothing
         if not selected:

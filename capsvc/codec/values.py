@@ -577,18 +577,20 @@ def _over(
     enc: _Encoder, plan: StructPlan, base: list[object], values: list[object]
 ) -> list[object]:
     """``values`` over ``base`` (a field's default): what is given wins; a union member
-    given replaces the default's; a group or a struct given as a dict merges into the
-    default's, field by field (pycapnp's ``new_message(**fields)`` sets the keys of a dict
-    into the struct the default already put there: test.capnp's TestDefaults)."""
+    given replaces the default's if it is another one; a group or a struct given as a
+    dict merges into the default's, field by field, the union member the default selects
+    too (pycapnp's ``new_message(**fields)`` sets the keys of a dict into the struct the
+    default already put there: test.capnp's TestDefaults)."""
     member_given = any(values[f.index] is not MISSING for f in plan.order if f.disc >= 0)
     merged = list(values)
     for field in plan.order:
         below = base[field.index]
-        if below is MISSING or (member_given and field.disc >= 0):
+        if below is MISSING:
             continue
         given = merged[field.index]
         if given is MISSING:
-            merged[field.index] = below
+            if not (member_given and field.disc >= 0):  # (another member was given)
+                merged[field.index] = below
         elif (field.kind == GROUP or field.kind == STRUCT) and (
             type(below) is dict and type(given) is dict
         ):

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -522,3 +523,74 @@ def test_a_row_for_a_field_with_a_default_is_the_whole_struct(tmp_path: Path) ->
     for built in (*written, assigned, set_by_dict):
         assert built.as_reader().innerD.to_dict() == read.innerD.to_dict()
     assert read.innerD.to_dict() == {"a": 1, "u": {"ux": 0}}
+
+
+_UNION_MEMBER_DEFAULT = """@0xa1b2c3d4e5f60019;
+struct Leaf { n @0 :UInt16 = 7; s @1 :Text; }
+struct Inner {
+  a @0 :Int32;
+  u :union { ux @1 :UInt8; uz @2 :Leaf; }
+}
+struct Root { innerD @0 :Inner = (a = 9, u = (uz = (n = 11, s = "in default"))); }
+"""
+
+
+def test_a_dict_merges_into_the_union_member_the_default_selects(tmp_path: Path) -> None:
+    """A dict given for a struct field with a schema default sets its keys over the
+    default's union member when it names the same member (the default's n = 11 stays),
+    and replaces it when it names another: as pycapnp's new_message and setter do, and
+    our own setter did. new_message and assign started the member afresh (n = 7; found
+    by a sweep against pycapnp)."""
+    out = generate(tmp_path, {"memberdefault.capnp": _UNION_MEMBER_DEFAULT})
+    m = load(out, "memberdefault_capnp")
+    ref = reference(tmp_path, "memberdefault.capnp")
+    for value in ({"u": {"uz": {"s": "new"}}}, {"u": {"ux": 3}}, {"a": 1}):
+        with ref.Root.from_bytes(ref.Root.new_message(innerD=value).to_bytes()) as r:
+            expected = r.innerD.to_dict()
+        assigned = m.Root.new_message()
+        assigned.assign(innerD=value)
+        set_by_dict = m.Root.new_message()
+        set_by_dict.innerD = value
+        for built in (m.Root.new_message(innerD=value), assigned, set_by_dict):
+            assert built.as_reader().innerD.to_dict() == expected, value
+    assert expected == {"a": 1, "u": {"uz": {"n": 11, "s": "in default"}}}
+
+
+_SET_IN_PLACE = """@0xa1b2c3d4e5f6001a;
+struct Leaf { n @0 :Int32; }
+struct Inner {
+  a @0 :Int32;
+  b @1 :Text;
+  e @2 :Leaf;
+  g :group { x @3 :Int32; r @4 :Leaf; }
+}
+struct Root { inner @0 :Inner; }
+"""
+
+
+def test_a_dict_refused_by_a_foreign_message_changes_nothing(tmp_path: Path) -> None:
+    """Another writer's message has lists where this schema has structs (Inner.e and
+    Inner.g.r). A dict set in place over them, on the struct or on its group, passes the
+    check made before anything changes and is refused only when it reaches such a field,
+    after the keys before it were set: it must leave the message as it was (it kept
+    them; found by a sweep against pycapnp, which refuses the dict too)."""
+    other_text = _SET_IN_PLACE.replace("e @2 :Leaf;", "e @2 :List(Int8);")
+    other_text = other_text.replace("r @4 :Leaf;", "r @4 :List(Int8);")
+    out = generate(tmp_path, {"inplace.capnp": _SET_IN_PLACE, "inplaceother.capnp": other_text})
+    m = load(out, "inplace_capnp")
+    other = reference(tmp_path, "inplaceother.capnp")
+    written = {"a": 1, "b": "orig", "e": [1, 2, 3], "g": {"x": 2, "r": [4]}}
+    data = other.Root.new_message(inner=written).to_bytes()
+    built = m.Root.from_bytes(data).as_builder()
+    before = built.to_bytes()
+    edits: list[Callable[[], object]] = [
+        lambda: setattr(built, "inner", {"a": 5, "b": "changed", "e": {"n": 1}}),
+        lambda: setattr(built.inner, "g", {"x": 9, "r": {"n": 1}}),
+        lambda: setattr(built, "inner", {"a": 5, "g": {"x": 9, "r": {"n": 1}}}),
+    ]
+    for edit in edits:
+        with pytest.raises(ValueError, match="holds a list, not a struct"):
+            edit()
+        assert built.to_bytes() == before
+    with other.Root.from_bytes(built.to_bytes()) as read:
+        assert read.inner.to_dict() == written

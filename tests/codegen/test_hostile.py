@@ -323,6 +323,27 @@ def test_a_copy_that_fails_changes_nothing(generated: Generated) -> None:
         assert (read.value, read.left.value, read.children[0].value) == (1, 2, 3)
 
 
+def test_a_dict_the_message_refuses_midway_changes_nothing(generated: Generated) -> None:
+    """A dict set in place over a message whose nested struct pointer holds a list (a
+    foreign or hostile writer's): checked whole first, it is refused only when that
+    pointer is reached, after the keys before it were set. The message is then as it
+    was, byte for byte (the keys before stayed set; found by a differential sweep)."""
+    k = generated.kitchen
+    # The root's left (word 3) is a Tree (words 6-10) whose own left (word 8) is a list.
+    words = tree(left=struct_ptr(3, 6, 1, 4)) + [7, 0, list_ptr(8, 11, BYTE, 8), 0, 0, 99]
+    built = k.Tree.read([seg(*words)]).as_builder()
+    before = built.to_bytes()
+    nested = {"value": 5, "children": [{"value": 1}], "left": {"value": 6}}
+    with pytest.raises(ValueError, match="holds a list, not a struct"):
+        built.left = nested
+    assert built.to_bytes() == before
+    with pytest.raises(ValueError, match="holds a list, not a struct"):
+        built.left = {"value": 4, "left": nested}  # refused one level further down
+    assert built.to_bytes() == before
+    built.left = {"value": 8, "children": [{"value": 2}]}  # the message still takes one
+    assert (built.left.value, built.left.children[0].value) == (8, 2)
+
+
 def test_list_containing_itself(generated: Generated) -> None:
     """Tree.children is a one-element list whose element's children is that same list."""
     k = generated.kitchen
