@@ -56,6 +56,15 @@ def _native_frame_one() -> Callable[[bytearray], bytes] | None:
 
 
 _FRAME_ONE: Final = _native_frame_one()
+
+
+def framed(buf: bytearray) -> bytes:
+    """A one-segment message (``buf``, whole words) in the standard stream framing
+    (rpc-protocol.md §1): its table is one count and one size."""
+    frame_one = _FRAME_ONE
+    if frame_one is not None:
+        return frame_one(buf)
+    return _ONE_SEGMENT_TABLE(0, len(buf) >> 3) + buf
 _ZERO_WORD: Final = bytes(8)
 _get_u64: Final[Callable[[Any, int], tuple[int]]] = struct.Struct("<Q").unpack_from
 _U16_INTO: Final = struct.Struct("<H").pack_into
@@ -224,11 +233,7 @@ class StructBuilder:
 
     def to_bytes(self) -> bytes:
         """The whole message in the standard stream framing (rpc-protocol.md §1)."""
-        buf = self._b.buf  # one segment, whole words: its table is one count and one size
-        frame_one = _FRAME_ONE
-        if frame_one is not None:
-            return frame_one(buf)
-        return _ONE_SEGMENT_TABLE(0, len(buf) >> 3) + buf
+        return framed(self._b.buf)
 
     def to_bytes_packed(self) -> bytes:
         """The whole message in the packed encoding of the stream framing (the segment

@@ -45,9 +45,11 @@ from capsvc.codec.building import (
     Undo,
     _copy_pointer,
     bad_type,
+    framed,
     sized_builder,
     write_struct_pointer,
 )
+from capsvc.codec.packing import pack_message
 from capsvc.codec.plans import (
     BOOL,
     BOOL_BYTE,
@@ -198,9 +200,50 @@ def new_message_row(cls: type[B], plan: StructPlan, row: object) -> B:
     return sized_builder(cls, message, 1, plan.data_words, plan.pointers)
 
 
+def encode_message(plan: StructPlan, value: object, packed: bool) -> bytes:
+    """The bytes of a message whose root is a struct of ``plan`` holding ``value`` (its
+    row, or a mapping of its fields) in the stream framing, or its packed encoding:
+    ``from_row`` or ``new_message`` and then ``to_bytes``, with no builder made
+    (generated ``T.encode``, what msgpack's ``packb`` is to msgpack)."""
+    if type(value) is not tuple and type(value) is not dict:
+        if not isinstance(value, Mapping):  # (a list is new_message's own form: not taken)
+            expected = f"a {plan.name} row (a tuple) or a dict of its fields"
+            raise bad_type(value, f"{plan.name}.encode()", expected)
+        value = dict(value)
+    buf = _native_root(plan, value)
+    if buf is None:
+        message = _new_root(plan, "encode", value, None)
+        if message.caps:
+            # The capabilities would be indexes into a cap table the bytes do not carry.
+            for hook in message.caps:
+                if hook is not None:
+                    hook.release()
+            raise ValueError(
+                f"{plan.name}.encode(): the value holds capabilities, which a message's"
+                " bytes cannot carry (send it as an RPC call's params or results)"
+            )
+        buf = message.buf
+    return pack_message(buf) if packed else framed(buf)
+
+
 def new_message_from(plan: StructPlan, fields: Mapping[str, object]) -> MessageBuilder:
     """A message whose root struct is ``plan``'s, from a mapping of its fields."""
     return _new_root(plan, "new_message", fields, None)
+
+
+def _native_root(plan: StructPlan, given: object) -> bytearray | None:
+    """The message ``_new_root`` makes from ``given`` (no unknown keywords), by the
+    compiled build's C encoder (capsvc/codec/_native.c): the common case, laid out as
+    ``_new_root`` lays it out, byte for byte. None for anything it leaves to Python."""
+    encode_root = _NATIVE.encode_root
+    kind = type(given)  # (``is`` tests: ``in`` a tuple of types compares them with ``==``)
+    if encode_root is None or not (kind is list or kind is tuple or kind is dict):
+        return None
+    program = plan.native
+    if program is None:
+        program = rows.native_program(plan)
+    buf: bytearray | None = encode_root(program, given, MISSING)
+    return buf
 
 
 def _new_root(
@@ -208,15 +251,8 @@ def _new_root(
 ) -> MessageBuilder:
     """A message whose root struct is ``plan``'s, from ``given``: values in the plan's order
     (a list, with ``unknown`` keywords to place), or a mapping of fields, or a row."""
-    encode_root = _NATIVE.encode_root
-    kind = type(given)  # (``is`` tests: ``in`` a tuple of types compares them with ``==``)
-    if encode_root is not None and not unknown and (kind is list or kind is tuple or kind is dict):
-        # The compiled build's C encoder (capsvc/codec/_native.c): the common case, laid
-        # out as below byte for byte; None for anything it leaves to this module.
-        program = plan.native
-        if program is None:
-            program = rows.native_program(plan)
-        buf = encode_root(program, given, MISSING)
+    if not unknown:
+        buf = _native_root(plan, given)
         if buf is not None:
             return MessageBuilder(buf)
     builder = MessageBuilder()

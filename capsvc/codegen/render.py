@@ -80,7 +80,7 @@ _NO_DEFAULT_TEXT = ""
 #: Names the generator defines in a type's namespace only (a struct's row functions, an
 #: interface's method table): a nested type or a constant named so is renamed, a field
 #: (an attribute of readers and builders) keeps its name.
-TYPE_RESERVED = frozenset({"row", "rows", "select", "decoder", "METHODS"})
+TYPE_RESERVED = frozenset({"row", "rows", "select", "decoder", "encode", "METHODS"})
 
 #: Names a generated module imports for itself (its header): a type, a group's class or a
 #: constant named so would shadow the import in the module or in its class's body (where
@@ -1016,6 +1016,14 @@ def _row_functions(out: _Out, node: Struct, path: str) -> None:
     out.add(f"def from_row(row: {path}.Row) -> {path}.Builder:")
     out.add(f'    """A new message whose root is a {node.scope} holding ``row``."""')
     out.add(f"    return _e.new_message_row({path}.Builder, {plan}, row)")
+    out.add("")
+    out.add("@staticmethod")
+    out.add(f"def encode(value: {path}.Row | {path}.Init, *, packed: bool = False) -> bytes:")
+    out.add(f'    """The bytes of a message whose root is a {node.scope} holding ``value`` (a')
+    out.add("    row, or a dict of its fields), in the standard stream framing (``packed``:")
+    out.add("    its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in")
+    out.add('    one call with no builder made."""')
+    out.add(f"    return _e.encode_message({plan}, value, packed)")
     out.add("")
     out.add("@staticmethod")
     out.add(

@@ -140,6 +140,14 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             return _e.new_message_row(BenchEcho.PingCapParams.Builder, _P_BenchEcho_PingCapParams, row)
 
         @staticmethod
+        def encode(value: BenchEcho.PingCapParams.Row | BenchEcho.PingCapParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a BenchEcho.pingCap$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_BenchEcho_PingCapParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[BenchEcho.PingCapParams.Reader] | _b.StructListBuilder[BenchEcho.PingCapParams.Builder]) -> list[BenchEcho.PingCapParams.Row]:
             """Every element of a list of BenchEcho.pingCap$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_BenchEcho_PingCapParams)
@@ -331,6 +339,14 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
         def from_row(row: BenchEcho.PingCapResults.Row) -> BenchEcho.PingCapResults.Builder:
             """A new message whose root is a BenchEcho.pingCap$Results holding ``row``."""
             return _e.new_message_row(BenchEcho.PingCapResults.Builder, _P_BenchEcho_PingCapResults, row)
+
+        @staticmethod
+        def encode(value: BenchEcho.PingCapResults.Row | BenchEcho.PingCapResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a BenchEcho.pingCap$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_BenchEcho_PingCapResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[BenchEcho.PingCapResults.Reader] | _b.StructListBuilder[BenchEcho.PingCapResults.Builder]) -> list[BenchEcho.PingCapResults.Row]:

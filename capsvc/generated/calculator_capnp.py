@@ -313,6 +313,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message_row(Calculator.Expression.Builder, _P_Calculator_Expression, row)
 
         @staticmethod
+        def encode(value: Calculator.Expression.Row | Calculator.Expression.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Calculator.Expression holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Calculator_Expression, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Calculator.Expression.Reader] | _b.StructListBuilder[Calculator.Expression.Builder]) -> list[Calculator.Expression.Row]:
             """Every element of a list of Calculator.Expression (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_Expression)
@@ -499,6 +507,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _e.new_message_row(Calculator.Function.CallParams.Builder, _P_Calculator_Function_CallParams, row)
 
             @staticmethod
+            def encode(value: Calculator.Function.CallParams.Row | Calculator.Function.CallParams.Init, *, packed: bool = False) -> bytes:
+                """The bytes of a message whose root is a Calculator.Function.call$Params holding ``value`` (a
+                row, or a dict of its fields), in the standard stream framing (``packed``:
+                its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+                one call with no builder made."""
+                return _e.encode_message(_P_Calculator_Function_CallParams, value, packed)
+
+            @staticmethod
             def rows(readers: _r.ListReader[Calculator.Function.CallParams.Reader] | _b.StructListBuilder[Calculator.Function.CallParams.Builder]) -> list[Calculator.Function.CallParams.Row]:
                 """Every element of a list of Calculator.Function.call$Params (read, or being built) as a row."""
                 return _w.list_rows(readers, _P_Calculator_Function_CallParams)
@@ -660,6 +676,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             def from_row(row: Calculator.Function.CallResults.Row) -> Calculator.Function.CallResults.Builder:
                 """A new message whose root is a Calculator.Function.call$Results holding ``row``."""
                 return _e.new_message_row(Calculator.Function.CallResults.Builder, _P_Calculator_Function_CallResults, row)
+
+            @staticmethod
+            def encode(value: Calculator.Function.CallResults.Row | Calculator.Function.CallResults.Init, *, packed: bool = False) -> bytes:
+                """The bytes of a message whose root is a Calculator.Function.call$Results holding ``value`` (a
+                row, or a dict of its fields), in the standard stream framing (``packed``:
+                its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+                one call with no builder made."""
+                return _e.encode_message(_P_Calculator_Function_CallResults, value, packed)
 
             @staticmethod
             def rows(readers: _r.ListReader[Calculator.Function.CallResults.Reader] | _b.StructListBuilder[Calculator.Function.CallResults.Builder]) -> list[Calculator.Function.CallResults.Row]:
@@ -862,6 +886,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 return _e.new_message_row(Calculator.Value.ReadParams.Builder, _P_Calculator_Value_ReadParams, row)
 
             @staticmethod
+            def encode(value: Calculator.Value.ReadParams.Row | Calculator.Value.ReadParams.Init, *, packed: bool = False) -> bytes:
+                """The bytes of a message whose root is a Calculator.Value.read$Params holding ``value`` (a
+                row, or a dict of its fields), in the standard stream framing (``packed``:
+                its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+                one call with no builder made."""
+                return _e.encode_message(_P_Calculator_Value_ReadParams, value, packed)
+
+            @staticmethod
             def rows(readers: _r.ListReader[Calculator.Value.ReadParams.Reader] | _b.StructListBuilder[Calculator.Value.ReadParams.Builder]) -> list[Calculator.Value.ReadParams.Row]:
                 """Every element of a list of Calculator.Value.read$Params (read, or being built) as a row."""
                 return _w.list_rows(readers, _P_Calculator_Value_ReadParams)
@@ -1023,6 +1055,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             def from_row(row: Calculator.Value.ReadResults.Row) -> Calculator.Value.ReadResults.Builder:
                 """A new message whose root is a Calculator.Value.read$Results holding ``row``."""
                 return _e.new_message_row(Calculator.Value.ReadResults.Builder, _P_Calculator_Value_ReadResults, row)
+
+            @staticmethod
+            def encode(value: Calculator.Value.ReadResults.Row | Calculator.Value.ReadResults.Init, *, packed: bool = False) -> bytes:
+                """The bytes of a message whose root is a Calculator.Value.read$Results holding ``value`` (a
+                row, or a dict of its fields), in the standard stream framing (``packed``:
+                its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+                one call with no builder made."""
+                return _e.encode_message(_P_Calculator_Value_ReadResults, value, packed)
 
             @staticmethod
             def rows(readers: _r.ListReader[Calculator.Value.ReadResults.Reader] | _b.StructListBuilder[Calculator.Value.ReadResults.Builder]) -> list[Calculator.Value.ReadResults.Row]:
@@ -1246,6 +1286,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message_row(Calculator.DefFunctionParams.Builder, _P_Calculator_DefFunctionParams, row)
 
         @staticmethod
+        def encode(value: Calculator.DefFunctionParams.Row | Calculator.DefFunctionParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Calculator.defFunction$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Calculator_DefFunctionParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Calculator.DefFunctionParams.Reader] | _b.StructListBuilder[Calculator.DefFunctionParams.Builder]) -> list[Calculator.DefFunctionParams.Row]:
             """Every element of a list of Calculator.defFunction$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_DefFunctionParams)
@@ -1429,6 +1477,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message_row(Calculator.DefFunctionResults.Builder, _P_Calculator_DefFunctionResults, row)
 
         @staticmethod
+        def encode(value: Calculator.DefFunctionResults.Row | Calculator.DefFunctionResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Calculator.defFunction$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Calculator_DefFunctionResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Calculator.DefFunctionResults.Reader] | _b.StructListBuilder[Calculator.DefFunctionResults.Builder]) -> list[Calculator.DefFunctionResults.Row]:
             """Every element of a list of Calculator.defFunction$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_DefFunctionResults)
@@ -1607,6 +1663,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
         def from_row(row: Calculator.EvaluateParams.Row) -> Calculator.EvaluateParams.Builder:
             """A new message whose root is a Calculator.evaluate$Params holding ``row``."""
             return _e.new_message_row(Calculator.EvaluateParams.Builder, _P_Calculator_EvaluateParams, row)
+
+        @staticmethod
+        def encode(value: Calculator.EvaluateParams.Row | Calculator.EvaluateParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Calculator.evaluate$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Calculator_EvaluateParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Calculator.EvaluateParams.Reader] | _b.StructListBuilder[Calculator.EvaluateParams.Builder]) -> list[Calculator.EvaluateParams.Row]:
@@ -1792,6 +1856,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
             return _e.new_message_row(Calculator.EvaluateResults.Builder, _P_Calculator_EvaluateResults, row)
 
         @staticmethod
+        def encode(value: Calculator.EvaluateResults.Row | Calculator.EvaluateResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Calculator.evaluate$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Calculator_EvaluateResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Calculator.EvaluateResults.Reader] | _b.StructListBuilder[Calculator.EvaluateResults.Builder]) -> list[Calculator.EvaluateResults.Row]:
             """Every element of a list of Calculator.evaluate$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Calculator_EvaluateResults)
@@ -1960,6 +2032,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
         def from_row(row: Calculator.GetOperatorParams.Row) -> Calculator.GetOperatorParams.Builder:
             """A new message whose root is a Calculator.getOperator$Params holding ``row``."""
             return _e.new_message_row(Calculator.GetOperatorParams.Builder, _P_Calculator_GetOperatorParams, row)
+
+        @staticmethod
+        def encode(value: Calculator.GetOperatorParams.Row | Calculator.GetOperatorParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Calculator.getOperator$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Calculator_GetOperatorParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Calculator.GetOperatorParams.Reader] | _b.StructListBuilder[Calculator.GetOperatorParams.Builder]) -> list[Calculator.GetOperatorParams.Row]:
@@ -2143,6 +2223,14 @@ class Calculator(_t.Interface["Calculator.Client"]):
         def from_row(row: Calculator.GetOperatorResults.Row) -> Calculator.GetOperatorResults.Builder:
             """A new message whose root is a Calculator.getOperator$Results holding ``row``."""
             return _e.new_message_row(Calculator.GetOperatorResults.Builder, _P_Calculator_GetOperatorResults, row)
+
+        @staticmethod
+        def encode(value: Calculator.GetOperatorResults.Row | Calculator.GetOperatorResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Calculator.getOperator$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Calculator_GetOperatorResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Calculator.GetOperatorResults.Reader] | _b.StructListBuilder[Calculator.GetOperatorResults.Builder]) -> list[Calculator.GetOperatorResults.Row]:

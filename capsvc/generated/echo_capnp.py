@@ -139,6 +139,14 @@ class Echo(_t.Interface["Echo.Client"]):
             return _e.new_message_row(Echo.PingParams.Builder, _P_Echo_PingParams, row)
 
         @staticmethod
+        def encode(value: Echo.PingParams.Row | Echo.PingParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Echo.ping$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Echo_PingParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Echo.PingParams.Reader] | _b.StructListBuilder[Echo.PingParams.Builder]) -> list[Echo.PingParams.Row]:
             """Every element of a list of Echo.ping$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Echo_PingParams)
@@ -301,6 +309,14 @@ class Echo(_t.Interface["Echo.Client"]):
         def from_row(row: Echo.PingResults.Row) -> Echo.PingResults.Builder:
             """A new message whose root is a Echo.ping$Results holding ``row``."""
             return _e.new_message_row(Echo.PingResults.Builder, _P_Echo_PingResults, row)
+
+        @staticmethod
+        def encode(value: Echo.PingResults.Row | Echo.PingResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Echo.ping$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Echo_PingResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Echo.PingResults.Reader] | _b.StructListBuilder[Echo.PingResults.Builder]) -> list[Echo.PingResults.Row]:
@@ -475,6 +491,14 @@ class Echo(_t.Interface["Echo.Client"]):
             return _e.new_message_row(Echo.PingDataParams.Builder, _P_Echo_PingDataParams, row)
 
         @staticmethod
+        def encode(value: Echo.PingDataParams.Row | Echo.PingDataParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Echo.pingData$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Echo_PingDataParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Echo.PingDataParams.Reader] | _b.StructListBuilder[Echo.PingDataParams.Builder]) -> list[Echo.PingDataParams.Row]:
             """Every element of a list of Echo.pingData$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Echo_PingDataParams)
@@ -645,6 +669,14 @@ class Echo(_t.Interface["Echo.Client"]):
         def from_row(row: Echo.PingDataResults.Row) -> Echo.PingDataResults.Builder:
             """A new message whose root is a Echo.pingData$Results holding ``row``."""
             return _e.new_message_row(Echo.PingDataResults.Builder, _P_Echo_PingDataResults, row)
+
+        @staticmethod
+        def encode(value: Echo.PingDataResults.Row | Echo.PingDataResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Echo.pingData$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Echo_PingDataResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Echo.PingDataResults.Reader] | _b.StructListBuilder[Echo.PingDataResults.Builder]) -> list[Echo.PingDataResults.Row]:

@@ -139,6 +139,14 @@ class Health(_t.Interface["Health.Client"]):
             return _e.new_message_row(Health.CheckParams.Builder, _P_Health_CheckParams, row)
 
         @staticmethod
+        def encode(value: Health.CheckParams.Row | Health.CheckParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Health.check$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Health_CheckParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Health.CheckParams.Reader] | _b.StructListBuilder[Health.CheckParams.Builder]) -> list[Health.CheckParams.Row]:
             """Every element of a list of Health.check$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Health_CheckParams)
@@ -307,6 +315,14 @@ class Health(_t.Interface["Health.Client"]):
         def from_row(row: Health.CheckResults.Row) -> Health.CheckResults.Builder:
             """A new message whose root is a Health.check$Results holding ``row``."""
             return _e.new_message_row(Health.CheckResults.Builder, _P_Health_CheckResults, row)
+
+        @staticmethod
+        def encode(value: Health.CheckResults.Row | Health.CheckResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Health.check$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Health_CheckResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Health.CheckResults.Reader] | _b.StructListBuilder[Health.CheckResults.Builder]) -> list[Health.CheckResults.Row]:

@@ -107,6 +107,14 @@ class StreamResult:
         return _e.new_message_row(StreamResult.Builder, _P_StreamResult, row)
 
     @staticmethod
+    def encode(value: StreamResult.Row | StreamResult.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a StreamResult holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_StreamResult, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[StreamResult.Reader] | _b.StructListBuilder[StreamResult.Builder]) -> list[StreamResult.Row]:
         """Every element of a list of StreamResult (read, or being built) as a row."""
         return _w.list_rows(readers, _P_StreamResult)

@@ -160,6 +160,14 @@ class Accept:
         return _e.new_message_row(Accept.Builder, _P_Accept, row)
 
     @staticmethod
+    def encode(value: Accept.Row | Accept.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Accept holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Accept, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Accept.Reader] | _b.StructListBuilder[Accept.Builder]) -> list[Accept.Row]:
         """Every element of a list of Accept (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Accept)
@@ -340,6 +348,14 @@ class Bootstrap:
     def from_row(row: Bootstrap.Row) -> Bootstrap.Builder:
         """A new message whose root is a Bootstrap holding ``row``."""
         return _e.new_message_row(Bootstrap.Builder, _P_Bootstrap, row)
+
+    @staticmethod
+    def encode(value: Bootstrap.Row | Bootstrap.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Bootstrap holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Bootstrap, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Bootstrap.Reader] | _b.StructListBuilder[Bootstrap.Builder]) -> list[Bootstrap.Row]:
@@ -743,6 +759,14 @@ class Call:
         return _e.new_message_row(Call.Builder, _P_Call, row)
 
     @staticmethod
+    def encode(value: Call.Row | Call.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Call holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Call, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Call.Reader] | _b.StructListBuilder[Call.Builder]) -> list[Call.Row]:
         """Every element of a list of Call (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Call)
@@ -1029,6 +1053,14 @@ class CapDescriptor:
     def from_row(row: CapDescriptor.Row) -> CapDescriptor.Builder:
         """A new message whose root is a CapDescriptor holding ``row``."""
         return _e.new_message_row(CapDescriptor.Builder, _P_CapDescriptor, row)
+
+    @staticmethod
+    def encode(value: CapDescriptor.Row | CapDescriptor.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a CapDescriptor holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_CapDescriptor, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[CapDescriptor.Reader] | _b.StructListBuilder[CapDescriptor.Builder]) -> list[CapDescriptor.Row]:
@@ -1340,6 +1372,14 @@ class Disembargo:
         return _e.new_message_row(Disembargo.Builder, _P_Disembargo, row)
 
     @staticmethod
+    def encode(value: Disembargo.Row | Disembargo.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Disembargo holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Disembargo, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Disembargo.Reader] | _b.StructListBuilder[Disembargo.Builder]) -> list[Disembargo.Row]:
         """Every element of a list of Disembargo (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Disembargo)
@@ -1566,6 +1606,14 @@ class Exception:
         return _e.new_message_row(Exception.Builder, _P_Exception, row)
 
     @staticmethod
+    def encode(value: Exception.Row | Exception.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Exception holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Exception, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Exception.Reader] | _b.StructListBuilder[Exception.Builder]) -> list[Exception.Row]:
         """Every element of a list of Exception (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Exception)
@@ -1745,6 +1793,14 @@ class Finish:
     def from_row(row: Finish.Row) -> Finish.Builder:
         """A new message whose root is a Finish holding ``row``."""
         return _e.new_message_row(Finish.Builder, _P_Finish, row)
+
+    @staticmethod
+    def encode(value: Finish.Row | Finish.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Finish holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Finish, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Finish.Reader] | _b.StructListBuilder[Finish.Builder]) -> list[Finish.Row]:
@@ -1953,6 +2009,14 @@ class Join:
     def from_row(row: Join.Row) -> Join.Builder:
         """A new message whose root is a Join holding ``row``."""
         return _e.new_message_row(Join.Builder, _P_Join, row)
+
+    @staticmethod
+    def encode(value: Join.Row | Join.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Join holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Join, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Join.Reader] | _b.StructListBuilder[Join.Builder]) -> list[Join.Row]:
@@ -2536,6 +2600,14 @@ class Message:
         return _e.new_message_row(Message.Builder, _P_Message, row)
 
     @staticmethod
+    def encode(value: Message.Row | Message.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Message holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Message, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Message.Reader] | _b.StructListBuilder[Message.Builder]) -> list[Message.Row]:
         """Every element of a list of Message (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Message)
@@ -2744,6 +2816,14 @@ class MessageTarget:
         return _e.new_message_row(MessageTarget.Builder, _P_MessageTarget, row)
 
     @staticmethod
+    def encode(value: MessageTarget.Row | MessageTarget.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a MessageTarget holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_MessageTarget, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[MessageTarget.Reader] | _b.StructListBuilder[MessageTarget.Builder]) -> list[MessageTarget.Row]:
         """Every element of a list of MessageTarget (read, or being built) as a row."""
         return _w.list_rows(readers, _P_MessageTarget)
@@ -2936,6 +3016,14 @@ class Payload:
     def from_row(row: Payload.Row) -> Payload.Builder:
         """A new message whose root is a Payload holding ``row``."""
         return _e.new_message_row(Payload.Builder, _P_Payload, row)
+
+    @staticmethod
+    def encode(value: Payload.Row | Payload.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Payload holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Payload, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Payload.Reader] | _b.StructListBuilder[Payload.Builder]) -> list[Payload.Row]:
@@ -3140,6 +3228,14 @@ class PromisedAnswer:
             return _e.new_message_row(PromisedAnswer.Op.Builder, _P_PromisedAnswer_Op, row)
 
         @staticmethod
+        def encode(value: PromisedAnswer.Op.Row | PromisedAnswer.Op.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a PromisedAnswer.Op holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_PromisedAnswer_Op, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[PromisedAnswer.Op.Reader] | _b.StructListBuilder[PromisedAnswer.Op.Builder]) -> list[PromisedAnswer.Op.Row]:
             """Every element of a list of PromisedAnswer.Op (read, or being built) as a row."""
             return _w.list_rows(readers, _P_PromisedAnswer_Op)
@@ -3317,6 +3413,14 @@ class PromisedAnswer:
     def from_row(row: PromisedAnswer.Row) -> PromisedAnswer.Builder:
         """A new message whose root is a PromisedAnswer holding ``row``."""
         return _e.new_message_row(PromisedAnswer.Builder, _P_PromisedAnswer, row)
+
+    @staticmethod
+    def encode(value: PromisedAnswer.Row | PromisedAnswer.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a PromisedAnswer holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_PromisedAnswer, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[PromisedAnswer.Reader] | _b.StructListBuilder[PromisedAnswer.Builder]) -> list[PromisedAnswer.Row]:
@@ -3527,6 +3631,14 @@ class Provide:
         return _e.new_message_row(Provide.Builder, _P_Provide, row)
 
     @staticmethod
+    def encode(value: Provide.Row | Provide.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Provide holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Provide, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Provide.Reader] | _b.StructListBuilder[Provide.Builder]) -> list[Provide.Row]:
         """Every element of a list of Provide (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Provide)
@@ -3697,6 +3809,14 @@ class Release:
     def from_row(row: Release.Row) -> Release.Builder:
         """A new message whose root is a Release holding ``row``."""
         return _e.new_message_row(Release.Builder, _P_Release, row)
+
+    @staticmethod
+    def encode(value: Release.Row | Release.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Release holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Release, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Release.Reader] | _b.StructListBuilder[Release.Builder]) -> list[Release.Row]:
@@ -3935,6 +4055,14 @@ class Resolve:
     def from_row(row: Resolve.Row) -> Resolve.Builder:
         """A new message whose root is a Resolve holding ``row``."""
         return _e.new_message_row(Resolve.Builder, _P_Resolve, row)
+
+    @staticmethod
+    def encode(value: Resolve.Row | Resolve.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Resolve holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Resolve, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Resolve.Reader] | _b.StructListBuilder[Resolve.Builder]) -> list[Resolve.Row]:
@@ -4264,6 +4392,14 @@ class Return:
         return _e.new_message_row(Return.Builder, _P_Return, row)
 
     @staticmethod
+    def encode(value: Return.Row | Return.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Return holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Return, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Return.Reader] | _b.StructListBuilder[Return.Builder]) -> list[Return.Row]:
         """Every element of a list of Return (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Return)
@@ -4444,6 +4580,14 @@ class ThirdPartyCapDescriptor:
     def from_row(row: ThirdPartyCapDescriptor.Row) -> ThirdPartyCapDescriptor.Builder:
         """A new message whose root is a ThirdPartyCapDescriptor holding ``row``."""
         return _e.new_message_row(ThirdPartyCapDescriptor.Builder, _P_ThirdPartyCapDescriptor, row)
+
+    @staticmethod
+    def encode(value: ThirdPartyCapDescriptor.Row | ThirdPartyCapDescriptor.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a ThirdPartyCapDescriptor holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_ThirdPartyCapDescriptor, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[ThirdPartyCapDescriptor.Reader] | _b.StructListBuilder[ThirdPartyCapDescriptor.Builder]) -> list[ThirdPartyCapDescriptor.Row]:

@@ -140,6 +140,14 @@ class Directory(_t.Interface["Directory.Client"]):
             return _e.new_message_row(Directory.OpenParams.Builder, _P_Directory_OpenParams, row)
 
         @staticmethod
+        def encode(value: Directory.OpenParams.Row | Directory.OpenParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Directory.open$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Directory_OpenParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Directory.OpenParams.Reader] | _b.StructListBuilder[Directory.OpenParams.Builder]) -> list[Directory.OpenParams.Row]:
             """Every element of a list of Directory.open$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Directory_OpenParams)
@@ -321,6 +329,14 @@ class Directory(_t.Interface["Directory.Client"]):
         def from_row(row: Directory.OpenResults.Row) -> Directory.OpenResults.Builder:
             """A new message whose root is a Directory.open$Results holding ``row``."""
             return _e.new_message_row(Directory.OpenResults.Builder, _P_Directory_OpenResults, row)
+
+        @staticmethod
+        def encode(value: Directory.OpenResults.Row | Directory.OpenResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Directory.open$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Directory_OpenResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Directory.OpenResults.Reader] | _b.StructListBuilder[Directory.OpenResults.Builder]) -> list[Directory.OpenResults.Row]:
@@ -529,6 +545,14 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.GetParams.Builder, _P_Store_GetParams, row)
 
         @staticmethod
+        def encode(value: Store.GetParams.Row | Store.GetParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.get$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_GetParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Store.GetParams.Reader] | _b.StructListBuilder[Store.GetParams.Builder]) -> list[Store.GetParams.Row]:
             """Every element of a list of Store.get$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_GetParams)
@@ -710,6 +734,14 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.GetResults.Builder, _P_Store_GetResults, row)
 
         @staticmethod
+        def encode(value: Store.GetResults.Row | Store.GetResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.get$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_GetResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Store.GetResults.Reader] | _b.StructListBuilder[Store.GetResults.Builder]) -> list[Store.GetResults.Row]:
             """Every element of a list of Store.get$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_GetResults)
@@ -848,6 +880,14 @@ class Store(_t.Interface["Store.Client"]):
         def from_row(row: Store.KeysParams.Row) -> Store.KeysParams.Builder:
             """A new message whose root is a Store.keys$Params holding ``row``."""
             return _e.new_message_row(Store.KeysParams.Builder, _P_Store_KeysParams, row)
+
+        @staticmethod
+        def encode(value: Store.KeysParams.Row | Store.KeysParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.keys$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_KeysParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Store.KeysParams.Reader] | _b.StructListBuilder[Store.KeysParams.Builder]) -> list[Store.KeysParams.Row]:
@@ -1027,6 +1067,14 @@ class Store(_t.Interface["Store.Client"]):
         def from_row(row: Store.KeysResults.Row) -> Store.KeysResults.Builder:
             """A new message whose root is a Store.keys$Results holding ``row``."""
             return _e.new_message_row(Store.KeysResults.Builder, _P_Store_KeysResults, row)
+
+        @staticmethod
+        def encode(value: Store.KeysResults.Row | Store.KeysResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.keys$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_KeysResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Store.KeysResults.Reader] | _b.StructListBuilder[Store.KeysResults.Builder]) -> list[Store.KeysResults.Row]:
@@ -1211,6 +1259,14 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.LoadParams.Builder, _P_Store_LoadParams, row)
 
         @staticmethod
+        def encode(value: Store.LoadParams.Row | Store.LoadParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.load$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_LoadParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Store.LoadParams.Reader] | _b.StructListBuilder[Store.LoadParams.Builder]) -> list[Store.LoadParams.Row]:
             """Every element of a list of Store.load$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_LoadParams)
@@ -1393,6 +1449,14 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.PutParams.Builder, _P_Store_PutParams, row)
 
         @staticmethod
+        def encode(value: Store.PutParams.Row | Store.PutParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.put$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_PutParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Store.PutParams.Reader] | _b.StructListBuilder[Store.PutParams.Builder]) -> list[Store.PutParams.Row]:
             """Every element of a list of Store.put$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_PutParams)
@@ -1554,6 +1618,14 @@ class Store(_t.Interface["Store.Client"]):
         def from_row(row: Store.PutResults.Row) -> Store.PutResults.Builder:
             """A new message whose root is a Store.put$Results holding ``row``."""
             return _e.new_message_row(Store.PutResults.Builder, _P_Store_PutResults, row)
+
+        @staticmethod
+        def encode(value: Store.PutResults.Row | Store.PutResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.put$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_PutResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Store.PutResults.Reader] | _b.StructListBuilder[Store.PutResults.Builder]) -> list[Store.PutResults.Row]:
@@ -1739,6 +1811,14 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.WatchParams.Builder, _P_Store_WatchParams, row)
 
         @staticmethod
+        def encode(value: Store.WatchParams.Row | Store.WatchParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.watch$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_WatchParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Store.WatchParams.Reader] | _b.StructListBuilder[Store.WatchParams.Builder]) -> list[Store.WatchParams.Row]:
             """Every element of a list of Store.watch$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_WatchParams)
@@ -1877,6 +1957,14 @@ class Store(_t.Interface["Store.Client"]):
         def from_row(row: Store.WatchResults.Row) -> Store.WatchResults.Builder:
             """A new message whose root is a Store.watch$Results holding ``row``."""
             return _e.new_message_row(Store.WatchResults.Builder, _P_Store_WatchResults, row)
+
+        @staticmethod
+        def encode(value: Store.WatchResults.Row | Store.WatchResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.watch$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_WatchResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Store.WatchResults.Reader] | _b.StructListBuilder[Store.WatchResults.Builder]) -> list[Store.WatchResults.Row]:
@@ -2193,6 +2281,14 @@ class Watcher(_t.Interface["Watcher.Client"]):
             return _e.new_message_row(Watcher.ChangedParams.Builder, _P_Watcher_ChangedParams, row)
 
         @staticmethod
+        def encode(value: Watcher.ChangedParams.Row | Watcher.ChangedParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Watcher.changed$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Watcher_ChangedParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Watcher.ChangedParams.Reader] | _b.StructListBuilder[Watcher.ChangedParams.Builder]) -> list[Watcher.ChangedParams.Row]:
             """Every element of a list of Watcher.changed$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Watcher_ChangedParams)
@@ -2331,6 +2427,14 @@ class Watcher(_t.Interface["Watcher.Client"]):
         def from_row(row: Watcher.ChangedResults.Row) -> Watcher.ChangedResults.Builder:
             """A new message whose root is a Watcher.changed$Results holding ``row``."""
             return _e.new_message_row(Watcher.ChangedResults.Builder, _P_Watcher_ChangedResults, row)
+
+        @staticmethod
+        def encode(value: Watcher.ChangedResults.Row | Watcher.ChangedResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Watcher.changed$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Watcher_ChangedResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Watcher.ChangedResults.Reader] | _b.StructListBuilder[Watcher.ChangedResults.Builder]) -> list[Watcher.ChangedResults.Row]:

@@ -374,18 +374,21 @@ async def test_a_capability_union_member_is_a_property(tmp_path: Path) -> None:
 
 
 def test_constants_named_like_the_generated_row_functions_are_renamed(tmp_path: Path) -> None:
-    """A struct's ``row``, ``rows``, ``select`` and ``decoder`` are generated functions, an
-    interface's ``METHODS`` its method table: a constant or a nested type named so takes a
-    trailing underscore, rather than being shadowed (its value lost, and mypy's no-redef);
-    a field named so keeps its name (readers and builders have no such attribute)."""
+    """A struct's ``row``, ``rows``, ``select``, ``decoder`` and ``encode`` are generated
+    functions, an interface's ``METHODS`` its method table: a constant or a nested type
+    named so takes a trailing underscore, rather than being shadowed (its value lost, and
+    mypy's no-redef); a field named so keeps its name (readers and builders have no such
+    attribute)."""
     text = "@0xa1b2c3d4e5f60015;\nstruct S {\n  x @0 :Int32;\n  select @1 :Int32;\n"
     text += "  const row :Int32 = 5;\n"
     text += "  const rows :Int32 = 6;\n"
-    text += "  const decoder :Int32 = 7;\n}\n"
+    text += "  const decoder :Int32 = 7;\n"
+    text += "  const encode :Int32 = 8;\n}\n"
     text += "interface I {\n  struct METHODS { y @0 :Int32; }\n  ping @0 ();\n}\n"
     out = generate(tmp_path, {"rownames.capnp": text})
     m = load(out, "rownames_capnp")
-    assert (m.S.row_, m.S.rows_, m.S.decoder_) == (5, 6, 7)
+    assert (m.S.row_, m.S.rows_, m.S.decoder_, m.S.encode_) == (5, 6, 7, 8)
+    assert m.S.encode((2, 0)) == m.S.new_message(x=2).to_bytes()
     decoder = m.S.decoder()
     decoder.feed(m.S.new_message(x=1).to_bytes())
     assert [s.x for s in decoder] == [1]

@@ -138,6 +138,14 @@ class Callback(_t.Interface["Callback.Client"]):
             return _e.new_message_row(Callback.NotifyParams.Builder, _P_Callback_NotifyParams, row)
 
         @staticmethod
+        def encode(value: Callback.NotifyParams.Row | Callback.NotifyParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Callback.notify$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Callback_NotifyParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Callback.NotifyParams.Reader] | _b.StructListBuilder[Callback.NotifyParams.Builder]) -> list[Callback.NotifyParams.Row]:
             """Every element of a list of Callback.notify$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Callback_NotifyParams)
@@ -299,6 +307,14 @@ class Callback(_t.Interface["Callback.Client"]):
         def from_row(row: Callback.NotifyResults.Row) -> Callback.NotifyResults.Builder:
             """A new message whose root is a Callback.notify$Results holding ``row``."""
             return _e.new_message_row(Callback.NotifyResults.Builder, _P_Callback_NotifyResults, row)
+
+        @staticmethod
+        def encode(value: Callback.NotifyResults.Row | Callback.NotifyResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Callback.notify$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Callback_NotifyResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Callback.NotifyResults.Reader] | _b.StructListBuilder[Callback.NotifyResults.Builder]) -> list[Callback.NotifyResults.Row]:
@@ -482,6 +498,14 @@ class Counter(_t.Interface["Counter.Client"]):
             return _e.new_message_row(Counter.GetParams.Builder, _P_Counter_GetParams, row)
 
         @staticmethod
+        def encode(value: Counter.GetParams.Row | Counter.GetParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Counter.get$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Counter_GetParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Counter.GetParams.Reader] | _b.StructListBuilder[Counter.GetParams.Builder]) -> list[Counter.GetParams.Row]:
             """Every element of a list of Counter.get$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Counter_GetParams)
@@ -643,6 +667,14 @@ class Counter(_t.Interface["Counter.Client"]):
         def from_row(row: Counter.GetResults.Row) -> Counter.GetResults.Builder:
             """A new message whose root is a Counter.get$Results holding ``row``."""
             return _e.new_message_row(Counter.GetResults.Builder, _P_Counter_GetResults, row)
+
+        @staticmethod
+        def encode(value: Counter.GetResults.Row | Counter.GetResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Counter.get$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Counter_GetResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Counter.GetResults.Reader] | _b.StructListBuilder[Counter.GetResults.Builder]) -> list[Counter.GetResults.Row]:
@@ -808,6 +840,14 @@ class Counter(_t.Interface["Counter.Client"]):
             return _e.new_message_row(Counter.IncrementParams.Builder, _P_Counter_IncrementParams, row)
 
         @staticmethod
+        def encode(value: Counter.IncrementParams.Row | Counter.IncrementParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Counter.increment$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Counter_IncrementParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Counter.IncrementParams.Reader] | _b.StructListBuilder[Counter.IncrementParams.Builder]) -> list[Counter.IncrementParams.Row]:
             """Every element of a list of Counter.increment$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Counter_IncrementParams)
@@ -969,6 +1009,14 @@ class Counter(_t.Interface["Counter.Client"]):
         def from_row(row: Counter.IncrementResults.Row) -> Counter.IncrementResults.Builder:
             """A new message whose root is a Counter.increment$Results holding ``row``."""
             return _e.new_message_row(Counter.IncrementResults.Builder, _P_Counter_IncrementResults, row)
+
+        @staticmethod
+        def encode(value: Counter.IncrementResults.Row | Counter.IncrementResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Counter.increment$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Counter_IncrementResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Counter.IncrementResults.Reader] | _b.StructListBuilder[Counter.IncrementResults.Builder]) -> list[Counter.IncrementResults.Row]:
@@ -1537,6 +1585,14 @@ class Holder:
         return _e.new_message_row(Holder.Builder, _P_Holder, row)
 
     @staticmethod
+    def encode(value: Holder.Row | Holder.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Holder holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Holder, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Holder.Reader] | _b.StructListBuilder[Holder.Builder]) -> list[Holder.Row]:
         """Every element of a list of Holder (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Holder)
@@ -1736,6 +1792,14 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.CallBackParams.Builder, _P_Tester_CallBackParams, row)
 
         @staticmethod
+        def encode(value: Tester.CallBackParams.Row | Tester.CallBackParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.callBack$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_CallBackParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Tester.CallBackParams.Reader] | _b.StructListBuilder[Tester.CallBackParams.Builder]) -> list[Tester.CallBackParams.Row]:
             """Every element of a list of Tester.callBack$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_CallBackParams)
@@ -1897,6 +1961,14 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_row(row: Tester.CallBackResults.Row) -> Tester.CallBackResults.Builder:
             """A new message whose root is a Tester.callBack$Results holding ``row``."""
             return _e.new_message_row(Tester.CallBackResults.Builder, _P_Tester_CallBackResults, row)
+
+        @staticmethod
+        def encode(value: Tester.CallBackResults.Row | Tester.CallBackResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.callBack$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_CallBackResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Tester.CallBackResults.Reader] | _b.StructListBuilder[Tester.CallBackResults.Builder]) -> list[Tester.CallBackResults.Row]:
@@ -2091,6 +2163,14 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.CallCounterParams.Builder, _P_Tester_CallCounterParams, row)
 
         @staticmethod
+        def encode(value: Tester.CallCounterParams.Row | Tester.CallCounterParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.callCounter$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_CallCounterParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Tester.CallCounterParams.Reader] | _b.StructListBuilder[Tester.CallCounterParams.Builder]) -> list[Tester.CallCounterParams.Row]:
             """Every element of a list of Tester.callCounter$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_CallCounterParams)
@@ -2252,6 +2332,14 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_row(row: Tester.CallCounterResults.Row) -> Tester.CallCounterResults.Builder:
             """A new message whose root is a Tester.callCounter$Results holding ``row``."""
             return _e.new_message_row(Tester.CallCounterResults.Builder, _P_Tester_CallCounterResults, row)
+
+        @staticmethod
+        def encode(value: Tester.CallCounterResults.Row | Tester.CallCounterResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.callCounter$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_CallCounterResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Tester.CallCounterResults.Reader] | _b.StructListBuilder[Tester.CallCounterResults.Builder]) -> list[Tester.CallCounterResults.Row]:
@@ -2418,6 +2506,14 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.EchoParams.Builder, _P_Tester_EchoParams, row)
 
         @staticmethod
+        def encode(value: Tester.EchoParams.Row | Tester.EchoParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.echo$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_EchoParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Tester.EchoParams.Reader] | _b.StructListBuilder[Tester.EchoParams.Builder]) -> list[Tester.EchoParams.Row]:
             """Every element of a list of Tester.echo$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_EchoParams)
@@ -2580,6 +2676,14 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_row(row: Tester.EchoResults.Row) -> Tester.EchoResults.Builder:
             """A new message whose root is a Tester.echo$Results holding ``row``."""
             return _e.new_message_row(Tester.EchoResults.Builder, _P_Tester_EchoResults, row)
+
+        @staticmethod
+        def encode(value: Tester.EchoResults.Row | Tester.EchoResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.echo$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_EchoResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Tester.EchoResults.Reader] | _b.StructListBuilder[Tester.EchoResults.Builder]) -> list[Tester.EchoResults.Row]:
@@ -2756,6 +2860,14 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.FailParams.Builder, _P_Tester_FailParams, row)
 
         @staticmethod
+        def encode(value: Tester.FailParams.Row | Tester.FailParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.fail$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_FailParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Tester.FailParams.Reader] | _b.StructListBuilder[Tester.FailParams.Builder]) -> list[Tester.FailParams.Row]:
             """Every element of a list of Tester.fail$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_FailParams)
@@ -2896,6 +3008,14 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.FailResults.Builder, _P_Tester_FailResults, row)
 
         @staticmethod
+        def encode(value: Tester.FailResults.Row | Tester.FailResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.fail$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_FailResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Tester.FailResults.Reader] | _b.StructListBuilder[Tester.FailResults.Builder]) -> list[Tester.FailResults.Row]:
             """Every element of a list of Tester.fail$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_FailResults)
@@ -3034,6 +3154,14 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_row(row: Tester.GetSelfParams.Row) -> Tester.GetSelfParams.Builder:
             """A new message whose root is a Tester.getSelf$Params holding ``row``."""
             return _e.new_message_row(Tester.GetSelfParams.Builder, _P_Tester_GetSelfParams, row)
+
+        @staticmethod
+        def encode(value: Tester.GetSelfParams.Row | Tester.GetSelfParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.getSelf$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_GetSelfParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Tester.GetSelfParams.Reader] | _b.StructListBuilder[Tester.GetSelfParams.Builder]) -> list[Tester.GetSelfParams.Row]:
@@ -3219,6 +3347,14 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.GetSelfResults.Builder, _P_Tester_GetSelfResults, row)
 
         @staticmethod
+        def encode(value: Tester.GetSelfResults.Row | Tester.GetSelfResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.getSelf$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_GetSelfResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Tester.GetSelfResults.Reader] | _b.StructListBuilder[Tester.GetSelfResults.Builder]) -> list[Tester.GetSelfResults.Row]:
             """Every element of a list of Tester.getSelf$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_GetSelfResults)
@@ -3397,6 +3533,14 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_row(row: Tester.HoldCapsParams.Row) -> Tester.HoldCapsParams.Builder:
             """A new message whose root is a Tester.holdCaps$Params holding ``row``."""
             return _e.new_message_row(Tester.HoldCapsParams.Builder, _P_Tester_HoldCapsParams, row)
+
+        @staticmethod
+        def encode(value: Tester.HoldCapsParams.Row | Tester.HoldCapsParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.holdCaps$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_HoldCapsParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Tester.HoldCapsParams.Reader] | _b.StructListBuilder[Tester.HoldCapsParams.Builder]) -> list[Tester.HoldCapsParams.Row]:
@@ -3579,6 +3723,14 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.HoldCapsResults.Builder, _P_Tester_HoldCapsResults, row)
 
         @staticmethod
+        def encode(value: Tester.HoldCapsResults.Row | Tester.HoldCapsResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.holdCaps$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_HoldCapsResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Tester.HoldCapsResults.Reader] | _b.StructListBuilder[Tester.HoldCapsResults.Builder]) -> list[Tester.HoldCapsResults.Row]:
             """Every element of a list of Tester.holdCaps$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_HoldCapsResults)
@@ -3740,6 +3892,14 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_row(row: Tester.NewCounterParams.Row) -> Tester.NewCounterParams.Builder:
             """A new message whose root is a Tester.newCounter$Params holding ``row``."""
             return _e.new_message_row(Tester.NewCounterParams.Builder, _P_Tester_NewCounterParams, row)
+
+        @staticmethod
+        def encode(value: Tester.NewCounterParams.Row | Tester.NewCounterParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.newCounter$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_NewCounterParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Tester.NewCounterParams.Reader] | _b.StructListBuilder[Tester.NewCounterParams.Builder]) -> list[Tester.NewCounterParams.Row]:
@@ -3925,6 +4085,14 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.NewCounterResults.Builder, _P_Tester_NewCounterResults, row)
 
         @staticmethod
+        def encode(value: Tester.NewCounterResults.Row | Tester.NewCounterResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.newCounter$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_NewCounterResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Tester.NewCounterResults.Reader] | _b.StructListBuilder[Tester.NewCounterResults.Builder]) -> list[Tester.NewCounterResults.Row]:
             """Every element of a list of Tester.newCounter$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_NewCounterResults)
@@ -4106,6 +4274,14 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_row(row: Tester.ReflectParams.Row) -> Tester.ReflectParams.Builder:
             """A new message whose root is a Tester.reflect$Params holding ``row``."""
             return _e.new_message_row(Tester.ReflectParams.Builder, _P_Tester_ReflectParams, row)
+
+        @staticmethod
+        def encode(value: Tester.ReflectParams.Row | Tester.ReflectParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.reflect$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_ReflectParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Tester.ReflectParams.Reader] | _b.StructListBuilder[Tester.ReflectParams.Builder]) -> list[Tester.ReflectParams.Row]:
@@ -4291,6 +4467,14 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.ReflectResults.Builder, _P_Tester_ReflectResults, row)
 
         @staticmethod
+        def encode(value: Tester.ReflectResults.Row | Tester.ReflectResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.reflect$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_ReflectResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Tester.ReflectResults.Reader] | _b.StructListBuilder[Tester.ReflectResults.Builder]) -> list[Tester.ReflectResults.Row]:
             """Every element of a list of Tester.reflect$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_ReflectResults)
@@ -4454,6 +4638,14 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.SlowParams.Builder, _P_Tester_SlowParams, row)
 
         @staticmethod
+        def encode(value: Tester.SlowParams.Row | Tester.SlowParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.slow$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_SlowParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Tester.SlowParams.Reader] | _b.StructListBuilder[Tester.SlowParams.Builder]) -> list[Tester.SlowParams.Row]:
             """Every element of a list of Tester.slow$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_SlowParams)
@@ -4615,6 +4807,14 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_row(row: Tester.SlowResults.Row) -> Tester.SlowResults.Builder:
             """A new message whose root is a Tester.slow$Results holding ``row``."""
             return _e.new_message_row(Tester.SlowResults.Builder, _P_Tester_SlowResults, row)
+
+        @staticmethod
+        def encode(value: Tester.SlowResults.Row | Tester.SlowResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.slow$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_SlowResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Tester.SlowResults.Reader] | _b.StructListBuilder[Tester.SlowResults.Builder]) -> list[Tester.SlowResults.Row]:
@@ -4796,6 +4996,14 @@ class Tester(_t.Interface["Tester.Client"]):
             return _e.new_message_row(Tester.SumParams.Builder, _P_Tester_SumParams, row)
 
         @staticmethod
+        def encode(value: Tester.SumParams.Row | Tester.SumParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.sum$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_SumParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Tester.SumParams.Reader] | _b.StructListBuilder[Tester.SumParams.Builder]) -> list[Tester.SumParams.Row]:
             """Every element of a list of Tester.sum$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Tester_SumParams)
@@ -4957,6 +5165,14 @@ class Tester(_t.Interface["Tester.Client"]):
         def from_row(row: Tester.SumResults.Row) -> Tester.SumResults.Builder:
             """A new message whose root is a Tester.sum$Results holding ``row``."""
             return _e.new_message_row(Tester.SumResults.Builder, _P_Tester_SumResults, row)
+
+        @staticmethod
+        def encode(value: Tester.SumResults.Row | Tester.SumResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tester.sum$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tester_SumResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Tester.SumResults.Reader] | _b.StructListBuilder[Tester.SumResults.Builder]) -> list[Tester.SumResults.Row]:
@@ -5338,6 +5554,14 @@ class Unknown(_t.Interface["Unknown.Client"]):
             return _e.new_message_row(Unknown.NothingParams.Builder, _P_Unknown_NothingParams, row)
 
         @staticmethod
+        def encode(value: Unknown.NothingParams.Row | Unknown.NothingParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Unknown.nothing$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Unknown_NothingParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Unknown.NothingParams.Reader] | _b.StructListBuilder[Unknown.NothingParams.Builder]) -> list[Unknown.NothingParams.Row]:
             """Every element of a list of Unknown.nothing$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Unknown_NothingParams)
@@ -5476,6 +5700,14 @@ class Unknown(_t.Interface["Unknown.Client"]):
         def from_row(row: Unknown.NothingResults.Row) -> Unknown.NothingResults.Builder:
             """A new message whose root is a Unknown.nothing$Results holding ``row``."""
             return _e.new_message_row(Unknown.NothingResults.Builder, _P_Unknown_NothingResults, row)
+
+        @staticmethod
+        def encode(value: Unknown.NothingResults.Row | Unknown.NothingResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Unknown.nothing$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Unknown_NothingResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Unknown.NothingResults.Reader] | _b.StructListBuilder[Unknown.NothingResults.Builder]) -> list[Unknown.NothingResults.Row]:

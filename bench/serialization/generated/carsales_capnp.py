@@ -321,6 +321,14 @@ class Car:
         return _e.new_message_row(Car.Builder, _P_Car, row)
 
     @staticmethod
+    def encode(value: Car.Row | Car.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Car holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Car, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Car.Reader] | _b.StructListBuilder[Car.Builder]) -> list[Car.Row]:
         """Every element of a list of Car (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Car)
@@ -543,6 +551,14 @@ class Engine:
         return _e.new_message_row(Engine.Builder, _P_Engine, row)
 
     @staticmethod
+    def encode(value: Engine.Row | Engine.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Engine holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Engine, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Engine.Reader] | _b.StructListBuilder[Engine.Builder]) -> list[Engine.Row]:
         """Every element of a list of Engine (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Engine)
@@ -718,6 +734,14 @@ class ParkingLot:
         return _e.new_message_row(ParkingLot.Builder, _P_ParkingLot, row)
 
     @staticmethod
+    def encode(value: ParkingLot.Row | ParkingLot.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a ParkingLot holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_ParkingLot, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[ParkingLot.Reader] | _b.StructListBuilder[ParkingLot.Builder]) -> list[ParkingLot.Row]:
         """Every element of a list of ParkingLot (read, or being built) as a row."""
         return _w.list_rows(readers, _P_ParkingLot)
@@ -879,6 +903,14 @@ class TotalValue:
     def from_row(row: TotalValue.Row) -> TotalValue.Builder:
         """A new message whose root is a TotalValue holding ``row``."""
         return _e.new_message_row(TotalValue.Builder, _P_TotalValue, row)
+
+    @staticmethod
+    def encode(value: TotalValue.Row | TotalValue.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a TotalValue holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_TotalValue, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[TotalValue.Reader] | _b.StructListBuilder[TotalValue.Builder]) -> list[TotalValue.Row]:
@@ -1060,6 +1092,14 @@ class Wheel:
     def from_row(row: Wheel.Row) -> Wheel.Builder:
         """A new message whose root is a Wheel holding ``row``."""
         return _e.new_message_row(Wheel.Builder, _P_Wheel, row)
+
+    @staticmethod
+    def encode(value: Wheel.Row | Wheel.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Wheel holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Wheel, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Wheel.Reader] | _b.StructListBuilder[Wheel.Builder]) -> list[Wheel.Row]:

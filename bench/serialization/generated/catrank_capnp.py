@@ -150,6 +150,14 @@ class SearchResult:
         return _e.new_message_row(SearchResult.Builder, _P_SearchResult, row)
 
     @staticmethod
+    def encode(value: SearchResult.Row | SearchResult.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a SearchResult holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_SearchResult, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[SearchResult.Reader] | _b.StructListBuilder[SearchResult.Builder]) -> list[SearchResult.Row]:
         """Every element of a list of SearchResult (read, or being built) as a row."""
         return _w.list_rows(readers, _P_SearchResult)
@@ -323,6 +331,14 @@ class SearchResultList:
     def from_row(row: SearchResultList.Row) -> SearchResultList.Builder:
         """A new message whose root is a SearchResultList holding ``row``."""
         return _e.new_message_row(SearchResultList.Builder, _P_SearchResultList, row)
+
+    @staticmethod
+    def encode(value: SearchResultList.Row | SearchResultList.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a SearchResultList holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_SearchResultList, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[SearchResultList.Reader] | _b.StructListBuilder[SearchResultList.Builder]) -> list[SearchResultList.Row]:

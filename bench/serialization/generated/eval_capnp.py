@@ -130,6 +130,14 @@ class EvaluationResult:
         return _e.new_message_row(EvaluationResult.Builder, _P_EvaluationResult, row)
 
     @staticmethod
+    def encode(value: EvaluationResult.Row | EvaluationResult.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a EvaluationResult holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_EvaluationResult, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[EvaluationResult.Reader] | _b.StructListBuilder[EvaluationResult.Builder]) -> list[EvaluationResult.Row]:
         """Every element of a list of EvaluationResult (read, or being built) as a row."""
         return _w.list_rows(readers, _P_EvaluationResult)
@@ -542,6 +550,14 @@ class Expression:
     def from_row(row: Expression.Row) -> Expression.Builder:
         """A new message whose root is a Expression holding ``row``."""
         return _e.new_message_row(Expression.Builder, _P_Expression, row)
+
+    @staticmethod
+    def encode(value: Expression.Row | Expression.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Expression holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Expression, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Expression.Reader] | _b.StructListBuilder[Expression.Builder]) -> list[Expression.Row]:

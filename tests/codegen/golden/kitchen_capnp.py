@@ -258,6 +258,14 @@ class Anything:
         return _e.new_message_row(Anything.Builder, _P_Anything, row)
 
     @staticmethod
+    def encode(value: Anything.Row | Anything.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Anything holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Anything, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Anything.Reader] | _b.StructListBuilder[Anything.Builder]) -> list[Anything.Row]:
         """Every element of a list of Anything (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Anything)
@@ -403,6 +411,14 @@ class Base(_t.Interface["Base.Client"]):
         def from_row(row: Base.DepthParams.Row) -> Base.DepthParams.Builder:
             """A new message whose root is a Base.depth$Params holding ``row``."""
             return _e.new_message_row(Base.DepthParams.Builder, _P_Base_DepthParams, row)
+
+        @staticmethod
+        def encode(value: Base.DepthParams.Row | Base.DepthParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Base.depth$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Base_DepthParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Base.DepthParams.Reader] | _b.StructListBuilder[Base.DepthParams.Builder]) -> list[Base.DepthParams.Row]:
@@ -566,6 +582,14 @@ class Base(_t.Interface["Base.Client"]):
         def from_row(row: Base.DepthResults.Row) -> Base.DepthResults.Builder:
             """A new message whose root is a Base.depth$Results holding ``row``."""
             return _e.new_message_row(Base.DepthResults.Builder, _P_Base_DepthResults, row)
+
+        @staticmethod
+        def encode(value: Base.DepthResults.Row | Base.DepthResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Base.depth$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Base_DepthResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Base.DepthResults.Reader] | _b.StructListBuilder[Base.DepthResults.Builder]) -> list[Base.DepthResults.Row]:
@@ -807,6 +831,14 @@ class Box:
     def from_row(row: Box.Row) -> Box.Builder:
         """A new message whose root is a Box holding ``row``."""
         return _e.new_message_row(Box.Builder, _P_Box, row)
+
+    @staticmethod
+    def encode(value: Box.Row | Box.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Box holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Box, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Box.Reader] | _b.StructListBuilder[Box.Builder]) -> list[Box.Row]:
@@ -1119,6 +1151,14 @@ class Boxes:
         return _e.new_message_row(Boxes.Builder, _P_Boxes, row)
 
     @staticmethod
+    def encode(value: Boxes.Row | Boxes.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Boxes holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Boxes, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Boxes.Reader] | _b.StructListBuilder[Boxes.Builder]) -> list[Boxes.Row]:
         """Every element of a list of Boxes (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Boxes)
@@ -1353,6 +1393,14 @@ class Builtins:
         return _e.new_message_row(Builtins.Builder, _P_Builtins, row)
 
     @staticmethod
+    def encode(value: Builtins.Row | Builtins.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Builtins holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Builtins, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Builtins.Reader] | _b.StructListBuilder[Builtins.Builder]) -> list[Builtins.Row]:
         """Every element of a list of Builtins (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Builtins)
@@ -1571,6 +1619,14 @@ class Choice:
         return _e.new_message_row(Choice.Builder, _P_Choice, row)
 
     @staticmethod
+    def encode(value: Choice.Row | Choice.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Choice holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Choice, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Choice.Reader] | _b.StructListBuilder[Choice.Builder]) -> list[Choice.Row]:
         """Every element of a list of Choice (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Choice)
@@ -1758,6 +1814,14 @@ class Converter(_t.Interface["Converter.Client"]):
             return _e.new_message_row(Converter.StrParams.Builder, _P_Converter_StrParams, row)
 
         @staticmethod
+        def encode(value: Converter.StrParams.Row | Converter.StrParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Converter.str$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Converter_StrParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Converter.StrParams.Reader] | _b.StructListBuilder[Converter.StrParams.Builder]) -> list[Converter.StrParams.Row]:
             """Every element of a list of Converter.str$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Converter_StrParams)
@@ -1920,6 +1984,14 @@ class Converter(_t.Interface["Converter.Client"]):
         def from_row(row: Converter.StrResults.Row) -> Converter.StrResults.Builder:
             """A new message whose root is a Converter.str$Results holding ``row``."""
             return _e.new_message_row(Converter.StrResults.Builder, _P_Converter_StrResults, row)
+
+        @staticmethod
+        def encode(value: Converter.StrResults.Row | Converter.StrResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Converter.str$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Converter_StrResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Converter.StrResults.Reader] | _b.StructListBuilder[Converter.StrResults.Builder]) -> list[Converter.StrResults.Row]:
@@ -2135,6 +2207,14 @@ class Crate:
     def from_row(row: Crate.Row) -> Crate.Builder:
         """A new message whose root is a Crate holding ``row``."""
         return _e.new_message_row(Crate.Builder, _P_Crate, row)
+
+    @staticmethod
+    def encode(value: Crate.Row | Crate.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Crate holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Crate, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Crate.Reader] | _b.StructListBuilder[Crate.Builder]) -> list[Crate.Row]:
@@ -2516,6 +2596,14 @@ class Defaults:
         return _e.new_message_row(Defaults.Builder, _P_Defaults, row)
 
     @staticmethod
+    def encode(value: Defaults.Row | Defaults.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Defaults holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Defaults, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Defaults.Reader] | _b.StructListBuilder[Defaults.Builder]) -> list[Defaults.Row]:
         """Every element of a list of Defaults (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Defaults)
@@ -2716,6 +2804,14 @@ class Keywords:
         return _e.new_message_row(Keywords.Builder, _P_Keywords, row)
 
     @staticmethod
+    def encode(value: Keywords.Row | Keywords.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Keywords holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Keywords, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Keywords.Reader] | _b.StructListBuilder[Keywords.Builder]) -> list[Keywords.Row]:
         """Every element of a list of Keywords (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Keywords)
@@ -2896,6 +2992,14 @@ class Layered:
         return _e.new_message_row(Layered.Builder, _P_Layered, row)
 
     @staticmethod
+    def encode(value: Layered.Row | Layered.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Layered holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Layered, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Layered.Reader] | _b.StructListBuilder[Layered.Builder]) -> list[Layered.Row]:
         """Every element of a list of Layered (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Layered)
@@ -3041,6 +3145,14 @@ class Left(_t.Interface["Left.Client"]):
         def from_row(row: Left.LeftParams.Row) -> Left.LeftParams.Builder:
             """A new message whose root is a Left.left$Params holding ``row``."""
             return _e.new_message_row(Left.LeftParams.Builder, _P_Left_LeftParams, row)
+
+        @staticmethod
+        def encode(value: Left.LeftParams.Row | Left.LeftParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Left.left$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Left_LeftParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Left.LeftParams.Reader] | _b.StructListBuilder[Left.LeftParams.Builder]) -> list[Left.LeftParams.Row]:
@@ -3205,6 +3317,14 @@ class Left(_t.Interface["Left.Client"]):
         def from_row(row: Left.LeftResults.Row) -> Left.LeftResults.Builder:
             """A new message whose root is a Left.left$Results holding ``row``."""
             return _e.new_message_row(Left.LeftResults.Builder, _P_Left_LeftResults, row)
+
+        @staticmethod
+        def encode(value: Left.LeftResults.Row | Left.LeftResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Left.left$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Left_LeftResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Left.LeftResults.Reader] | _b.StructListBuilder[Left.LeftResults.Builder]) -> list[Left.LeftResults.Row]:
@@ -3848,6 +3968,14 @@ class Lists:
         return _e.new_message_row(Lists.Builder, _P_Lists, row)
 
     @staticmethod
+    def encode(value: Lists.Row | Lists.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Lists holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Lists, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Lists.Reader] | _b.StructListBuilder[Lists.Builder]) -> list[Lists.Row]:
         """Every element of a list of Lists (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Lists)
@@ -4018,6 +4146,14 @@ class Loud(_t.Interface["Loud.Client"]):
             return _e.new_message_row(Loud.LeftParams.Builder, _P_Loud_LeftParams, row)
 
         @staticmethod
+        def encode(value: Loud.LeftParams.Row | Loud.LeftParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Loud.left$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Loud_LeftParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Loud.LeftParams.Reader] | _b.StructListBuilder[Loud.LeftParams.Builder]) -> list[Loud.LeftParams.Row]:
             """Every element of a list of Loud.left$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Loud_LeftParams)
@@ -4180,6 +4316,14 @@ class Loud(_t.Interface["Loud.Client"]):
         def from_row(row: Loud.LeftResults.Row) -> Loud.LeftResults.Builder:
             """A new message whose root is a Loud.left$Results holding ``row``."""
             return _e.new_message_row(Loud.LeftResults.Builder, _P_Loud_LeftResults, row)
+
+        @staticmethod
+        def encode(value: Loud.LeftResults.Row | Loud.LeftResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Loud.left$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Loud_LeftResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Loud.LeftResults.Reader] | _b.StructListBuilder[Loud.LeftResults.Builder]) -> list[Loud.LeftResults.Row]:
@@ -4528,6 +4672,14 @@ class Numbers:
         return _e.new_message_row(Numbers.Builder, _P_Numbers, row)
 
     @staticmethod
+    def encode(value: Numbers.Row | Numbers.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Numbers holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Numbers, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Numbers.Reader] | _b.StructListBuilder[Numbers.Builder]) -> list[Numbers.Row]:
         """Every element of a list of Numbers (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Numbers)
@@ -4720,6 +4872,14 @@ class Pair:
         return _e.new_message_row(Pair.Builder, _P_Pair, row)
 
     @staticmethod
+    def encode(value: Pair.Row | Pair.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Pair holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Pair, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Pair.Reader] | _b.StructListBuilder[Pair.Builder]) -> list[Pair.Row]:
         """Every element of a list of Pair (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Pair)
@@ -4898,6 +5058,14 @@ class Parcel:
     def from_row(row: Parcel.Row) -> Parcel.Builder:
         """A new message whose root is a Parcel holding ``row``."""
         return _e.new_message_row(Parcel.Builder, _P_Parcel, row)
+
+    @staticmethod
+    def encode(value: Parcel.Row | Parcel.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Parcel holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Parcel, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Parcel.Reader] | _b.StructListBuilder[Parcel.Builder]) -> list[Parcel.Row]:
@@ -5114,6 +5282,14 @@ class Recurring:
         return _e.new_message_row(Recurring.Builder, _P_Recurring, row)
 
     @staticmethod
+    def encode(value: Recurring.Row | Recurring.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Recurring holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Recurring, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Recurring.Reader] | _b.StructListBuilder[Recurring.Builder]) -> list[Recurring.Row]:
         """Every element of a list of Recurring (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Recurring)
@@ -5304,6 +5480,14 @@ class Relay(_t.Interface["Relay.Client"]):
             return _e.new_message_row(Relay.RelayParams.Builder, _P_Relay_RelayParams, row)
 
         @staticmethod
+        def encode(value: Relay.RelayParams.Row | Relay.RelayParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Relay.relay$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Relay_RelayParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Relay.RelayParams.Reader] | _b.StructListBuilder[Relay.RelayParams.Builder]) -> list[Relay.RelayParams.Row]:
             """Every element of a list of Relay.relay$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Relay_RelayParams)
@@ -5485,6 +5669,14 @@ class Relay(_t.Interface["Relay.Client"]):
         def from_row(row: Relay.RelayResults.Row) -> Relay.RelayResults.Builder:
             """A new message whose root is a Relay.relay$Results holding ``row``."""
             return _e.new_message_row(Relay.RelayResults.Builder, _P_Relay_RelayResults, row)
+
+        @staticmethod
+        def encode(value: Relay.RelayResults.Row | Relay.RelayResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Relay.relay$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Relay_RelayResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Relay.RelayResults.Reader] | _b.StructListBuilder[Relay.RelayResults.Builder]) -> list[Relay.RelayResults.Row]:
@@ -5669,6 +5861,14 @@ class Right(_t.Interface["Right.Client"]):
             return _e.new_message_row(Right.RightParams.Builder, _P_Right_RightParams, row)
 
         @staticmethod
+        def encode(value: Right.RightParams.Row | Right.RightParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Right.right$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Right_RightParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Right.RightParams.Reader] | _b.StructListBuilder[Right.RightParams.Builder]) -> list[Right.RightParams.Row]:
             """Every element of a list of Right.right$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Right_RightParams)
@@ -5831,6 +6031,14 @@ class Right(_t.Interface["Right.Client"]):
         def from_row(row: Right.RightResults.Row) -> Right.RightResults.Builder:
             """A new message whose root is a Right.right$Results holding ``row``."""
             return _e.new_message_row(Right.RightResults.Builder, _P_Right_RightResults, row)
+
+        @staticmethod
+        def encode(value: Right.RightResults.Row | Right.RightResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Right.right$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Right_RightResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Right.RightResults.Reader] | _b.StructListBuilder[Right.RightResults.Builder]) -> list[Right.RightResults.Row]:
@@ -6072,6 +6280,14 @@ class Diamond(_t.Interface["Diamond.Client"]):
             return _e.new_message_row(Diamond.TrickyParams.Builder, _P_Diamond_TrickyParams, row)
 
         @staticmethod
+        def encode(value: Diamond.TrickyParams.Row | Diamond.TrickyParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Diamond.tricky$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Diamond_TrickyParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Diamond.TrickyParams.Reader] | _b.StructListBuilder[Diamond.TrickyParams.Builder]) -> list[Diamond.TrickyParams.Row]:
             """Every element of a list of Diamond.tricky$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Diamond_TrickyParams)
@@ -6263,6 +6479,14 @@ class Diamond(_t.Interface["Diamond.Client"]):
         def from_row(row: Diamond.TrickyResults.Row) -> Diamond.TrickyResults.Builder:
             """A new message whose root is a Diamond.tricky$Results holding ``row``."""
             return _e.new_message_row(Diamond.TrickyResults.Builder, _P_Diamond_TrickyResults, row)
+
+        @staticmethod
+        def encode(value: Diamond.TrickyResults.Row | Diamond.TrickyResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Diamond.tricky$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Diamond_TrickyResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Diamond.TrickyResults.Reader] | _b.StructListBuilder[Diamond.TrickyResults.Builder]) -> list[Diamond.TrickyResults.Row]:
@@ -6474,6 +6698,14 @@ class Settings:
     def from_row(row: Settings.Row) -> Settings.Builder:
         """A new message whose root is a Settings holding ``row``."""
         return _e.new_message_row(Settings.Builder, _P_Settings, row)
+
+    @staticmethod
+    def encode(value: Settings.Row | Settings.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Settings holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Settings, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Settings.Reader] | _b.StructListBuilder[Settings.Builder]) -> list[Settings.Row]:
@@ -7096,6 +7328,14 @@ class Shapes:
         return _e.new_message_row(Shapes.Builder, _P_Shapes, row)
 
     @staticmethod
+    def encode(value: Shapes.Row | Shapes.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Shapes holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Shapes, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Shapes.Reader] | _b.StructListBuilder[Shapes.Builder]) -> list[Shapes.Row]:
         """Every element of a list of Shapes (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Shapes)
@@ -7293,6 +7533,14 @@ class Shelf:
             return _e.new_message_row(Shelf.Slot.Builder, _P_Shelf_Slot, row)
 
         @staticmethod
+        def encode(value: Shelf.Slot.Row | Shelf.Slot.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Shelf.Slot holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Shelf_Slot, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Shelf.Slot.Reader] | _b.StructListBuilder[Shelf.Slot.Builder]) -> list[Shelf.Slot.Row]:
             """Every element of a list of Shelf.Slot (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shelf_Slot)
@@ -7426,6 +7674,14 @@ class Shelf:
     def from_row(row: Shelf.Row) -> Shelf.Builder:
         """A new message whose root is a Shelf holding ``row``."""
         return _e.new_message_row(Shelf.Builder, _P_Shelf, row)
+
+    @staticmethod
+    def encode(value: Shelf.Row | Shelf.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Shelf holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Shelf, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Shelf.Reader] | _b.StructListBuilder[Shelf.Builder]) -> list[Shelf.Row]:
@@ -7660,6 +7916,14 @@ class Shelves:
         return _e.new_message_row(Shelves.Builder, _P_Shelves, row)
 
     @staticmethod
+    def encode(value: Shelves.Row | Shelves.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Shelves holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Shelves, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Shelves.Reader] | _b.StructListBuilder[Shelves.Builder]) -> list[Shelves.Row]:
         """Every element of a list of Shelves (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Shelves)
@@ -7838,6 +8102,14 @@ class Shop(_t.Interface["Shop.Client"]):
         def from_row(row: Shop.BuyParams.Row) -> Shop.BuyParams.Builder:
             """A new message whose root is a Shop.buy$Params holding ``row``."""
             return _e.new_message_row(Shop.BuyParams.Builder, _P_Shop_BuyParams, row)
+
+        @staticmethod
+        def encode(value: Shop.BuyParams.Row | Shop.BuyParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Shop.buy$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Shop_BuyParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Shop.BuyParams.Reader] | _b.StructListBuilder[Shop.BuyParams.Builder]) -> list[Shop.BuyParams.Row]:
@@ -8029,6 +8301,14 @@ class Shop(_t.Interface["Shop.Client"]):
             return _e.new_message_row(Shop.BuyResults.Builder, _P_Shop_BuyResults, row)
 
         @staticmethod
+        def encode(value: Shop.BuyResults.Row | Shop.BuyResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Shop.buy$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Shop_BuyResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Shop.BuyResults.Reader] | _b.StructListBuilder[Shop.BuyResults.Builder]) -> list[Shop.BuyResults.Row]:
             """Every element of a list of Shop.buy$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_BuyResults)
@@ -8167,6 +8447,14 @@ class Shop(_t.Interface["Shop.Client"]):
         def from_row(row: Shop.ListParams.Row) -> Shop.ListParams.Builder:
             """A new message whose root is a Shop.list$Params holding ``row``."""
             return _e.new_message_row(Shop.ListParams.Builder, _P_Shop_ListParams, row)
+
+        @staticmethod
+        def encode(value: Shop.ListParams.Row | Shop.ListParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Shop.list$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Shop_ListParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Shop.ListParams.Reader] | _b.StructListBuilder[Shop.ListParams.Builder]) -> list[Shop.ListParams.Row]:
@@ -8346,6 +8634,14 @@ class Shop(_t.Interface["Shop.Client"]):
         def from_row(row: Shop.ListResults.Row) -> Shop.ListResults.Builder:
             """A new message whose root is a Shop.list$Results holding ``row``."""
             return _e.new_message_row(Shop.ListResults.Builder, _P_Shop_ListResults, row)
+
+        @staticmethod
+        def encode(value: Shop.ListResults.Row | Shop.ListResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Shop.list$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Shop_ListResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Shop.ListResults.Reader] | _b.StructListBuilder[Shop.ListResults.Builder]) -> list[Shop.ListResults.Row]:
@@ -8528,6 +8824,14 @@ class Shop(_t.Interface["Shop.Client"]):
             return _e.new_message_row(Shop.PeekParams.Builder, _P_Shop_PeekParams, row)
 
         @staticmethod
+        def encode(value: Shop.PeekParams.Row | Shop.PeekParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Shop.peek$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Shop_PeekParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Shop.PeekParams.Reader] | _b.StructListBuilder[Shop.PeekParams.Builder]) -> list[Shop.PeekParams.Row]:
             """Every element of a list of Shop.peek$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shop_PeekParams)
@@ -8666,6 +8970,14 @@ class Shop(_t.Interface["Shop.Client"]):
         def from_row(row: Shop.PeekResults.Row) -> Shop.PeekResults.Builder:
             """A new message whose root is a Shop.peek$Results holding ``row``."""
             return _e.new_message_row(Shop.PeekResults.Builder, _P_Shop_PeekResults, row)
+
+        @staticmethod
+        def encode(value: Shop.PeekResults.Row | Shop.PeekResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Shop.peek$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Shop_PeekResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Shop.PeekResults.Reader] | _b.StructListBuilder[Shop.PeekResults.Builder]) -> list[Shop.PeekResults.Row]:
@@ -8892,6 +9204,14 @@ class Sink(_t.Interface["Sink.Client"]):
             return _e.new_message_row(Sink.TotalParams.Builder, _P_Sink_TotalParams, row)
 
         @staticmethod
+        def encode(value: Sink.TotalParams.Row | Sink.TotalParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Sink.total$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Sink_TotalParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Sink.TotalParams.Reader] | _b.StructListBuilder[Sink.TotalParams.Builder]) -> list[Sink.TotalParams.Row]:
             """Every element of a list of Sink.total$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Sink_TotalParams)
@@ -9064,6 +9384,14 @@ class Sink(_t.Interface["Sink.Client"]):
             return _e.new_message_row(Sink.TotalResults.Builder, _P_Sink_TotalResults, row)
 
         @staticmethod
+        def encode(value: Sink.TotalResults.Row | Sink.TotalResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Sink.total$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Sink_TotalResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Sink.TotalResults.Reader] | _b.StructListBuilder[Sink.TotalResults.Builder]) -> list[Sink.TotalResults.Row]:
             """Every element of a list of Sink.total$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Sink_TotalResults)
@@ -9234,6 +9562,14 @@ class Sink(_t.Interface["Sink.Client"]):
         def from_row(row: Sink.WriteParams.Row) -> Sink.WriteParams.Builder:
             """A new message whose root is a Sink.write$Params holding ``row``."""
             return _e.new_message_row(Sink.WriteParams.Builder, _P_Sink_WriteParams, row)
+
+        @staticmethod
+        def encode(value: Sink.WriteParams.Row | Sink.WriteParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Sink.write$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Sink_WriteParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Sink.WriteParams.Reader] | _b.StructListBuilder[Sink.WriteParams.Builder]) -> list[Sink.WriteParams.Row]:
@@ -9438,6 +9774,14 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.GetParams.Builder, _P_Store_GetParams, row)
 
         @staticmethod
+        def encode(value: Store.GetParams.Row | Store.GetParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.get$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_GetParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Store.GetParams.Reader] | _b.StructListBuilder[Store.GetParams.Builder]) -> list[Store.GetParams.Row]:
             """Every element of a list of Store.get$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_GetParams)
@@ -9637,6 +9981,14 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.GetResults.Builder, _P_Store_GetResults, row)
 
         @staticmethod
+        def encode(value: Store.GetResults.Row | Store.GetResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.get$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_GetResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Store.GetResults.Reader] | _b.StructListBuilder[Store.GetResults.Builder]) -> list[Store.GetResults.Row]:
             """Every element of a list of Store.get$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_GetResults)
@@ -9810,6 +10162,14 @@ class Store(_t.Interface["Store.Client"]):
             return _e.new_message_row(Store.PutParams.Builder, _P_Store_PutParams, row)
 
         @staticmethod
+        def encode(value: Store.PutParams.Row | Store.PutParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.put$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_PutParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Store.PutParams.Reader] | _b.StructListBuilder[Store.PutParams.Builder]) -> list[Store.PutParams.Row]:
             """Every element of a list of Store.put$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_PutParams)
@@ -9948,6 +10308,14 @@ class Store(_t.Interface["Store.Client"]):
         def from_row(row: Store.PutResults.Row) -> Store.PutResults.Builder:
             """A new message whose root is a Store.put$Results holding ``row``."""
             return _e.new_message_row(Store.PutResults.Builder, _P_Store_PutResults, row)
+
+        @staticmethod
+        def encode(value: Store.PutResults.Row | Store.PutResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store.put$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_PutResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Store.PutResults.Reader] | _b.StructListBuilder[Store.PutResults.Builder]) -> list[Store.PutResults.Row]:
@@ -10167,6 +10535,14 @@ class Tree:
         def from_row(row: Tree.Reader_.Row) -> Tree.Reader_.Builder:
             """A new message whose root is a Tree.Reader holding ``row``."""
             return _e.new_message_row(Tree.Reader_.Builder, _P_Tree_Reader_, row)
+
+        @staticmethod
+        def encode(value: Tree.Reader_.Row | Tree.Reader_.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Tree.Reader holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Tree_Reader_, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Tree.Reader_.Reader] | _b.StructListBuilder[Tree.Reader_.Builder]) -> list[Tree.Reader_.Row]:
@@ -10419,6 +10795,14 @@ class Tree:
         return _e.new_message_row(Tree.Builder, _P_Tree, row)
 
     @staticmethod
+    def encode(value: Tree.Row | Tree.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Tree holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Tree, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Tree.Reader] | _b.StructListBuilder[Tree.Builder]) -> list[Tree.Row]:
         """Every element of a list of Tree (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Tree)
@@ -10632,6 +11016,14 @@ class Wrapper:
     def from_row(row: Wrapper.Row) -> Wrapper.Builder:
         """A new message whose root is a Wrapper holding ``row``."""
         return _e.new_message_row(Wrapper.Builder, _P_Wrapper, row)
+
+    @staticmethod
+    def encode(value: Wrapper.Row | Wrapper.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Wrapper holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Wrapper, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Wrapper.Reader] | _b.StructListBuilder[Wrapper.Builder]) -> list[Wrapper.Row]:
@@ -10852,6 +11244,14 @@ class Box_Text:
         return _e.new_message_row(Box_Text.Builder, _P_Box_Text, row)
 
     @staticmethod
+    def encode(value: Box_Text.Row | Box_Text.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Box_Text holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Box_Text, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Box_Text.Reader] | _b.StructListBuilder[Box_Text.Builder]) -> list[Box_Text.Row]:
         """Every element of a list of Box_Text (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Box_Text)
@@ -11065,6 +11465,14 @@ class Box_List_Int32:
     def from_row(row: Box_List_Int32.Row) -> Box_List_Int32.Builder:
         """A new message whose root is a Box_List_Int32 holding ``row``."""
         return _e.new_message_row(Box_List_Int32.Builder, _P_Box_List_Int32, row)
+
+    @staticmethod
+    def encode(value: Box_List_Int32.Row | Box_List_Int32.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Box_List_Int32 holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Box_List_Int32, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Box_List_Int32.Reader] | _b.StructListBuilder[Box_List_Int32.Builder]) -> list[Box_List_Int32.Row]:
@@ -11281,6 +11689,14 @@ class Box_Tree:
     def from_row(row: Box_Tree.Row) -> Box_Tree.Builder:
         """A new message whose root is a Box_Tree holding ``row``."""
         return _e.new_message_row(Box_Tree.Builder, _P_Box_Tree, row)
+
+    @staticmethod
+    def encode(value: Box_Tree.Row | Box_Tree.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Box_Tree holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Box_Tree, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Box_Tree.Reader] | _b.StructListBuilder[Box_Tree.Builder]) -> list[Box_Tree.Row]:
@@ -11502,6 +11918,14 @@ class Box_Shop:
         return _e.new_message_row(Box_Shop.Builder, _P_Box_Shop, row)
 
     @staticmethod
+    def encode(value: Box_Shop.Row | Box_Shop.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Box_Shop holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Box_Shop, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Box_Shop.Reader] | _b.StructListBuilder[Box_Shop.Builder]) -> list[Box_Shop.Row]:
         """Every element of a list of Box_Shop (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Box_Shop)
@@ -11690,6 +12114,14 @@ class Pair_Text_Box_Text:
     def from_row(row: Pair_Text_Box_Text.Row) -> Pair_Text_Box_Text.Builder:
         """A new message whose root is a Pair_Text_Box_Text holding ``row``."""
         return _e.new_message_row(Pair_Text_Box_Text.Builder, _P_Pair_Text_Box_Text, row)
+
+    @staticmethod
+    def encode(value: Pair_Text_Box_Text.Row | Pair_Text_Box_Text.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Pair_Text_Box_Text holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Pair_Text_Box_Text, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Pair_Text_Box_Text.Reader] | _b.StructListBuilder[Pair_Text_Box_Text.Builder]) -> list[Pair_Text_Box_Text.Row]:
@@ -11885,6 +12317,14 @@ class Shelf_Tree:
         def from_row(row: Shelf_Tree.Slot_Text.Row) -> Shelf_Tree.Slot_Text.Builder:
             """A new message whose root is a Shelf_Tree.Slot_Text holding ``row``."""
             return _e.new_message_row(Shelf_Tree.Slot_Text.Builder, _P_Shelf_Tree_Slot_Text, row)
+
+        @staticmethod
+        def encode(value: Shelf_Tree.Slot_Text.Row | Shelf_Tree.Slot_Text.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Shelf_Tree.Slot_Text holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Shelf_Tree_Slot_Text, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Shelf_Tree.Slot_Text.Reader] | _b.StructListBuilder[Shelf_Tree.Slot_Text.Builder]) -> list[Shelf_Tree.Slot_Text.Row]:
@@ -12092,6 +12532,14 @@ class Shelf_Tree:
             return _e.new_message_row(Shelf_Tree.Slot_List_Int32.Builder, _P_Shelf_Tree_Slot_List_Int32, row)
 
         @staticmethod
+        def encode(value: Shelf_Tree.Slot_List_Int32.Row | Shelf_Tree.Slot_List_Int32.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Shelf_Tree.Slot_List_Int32 holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Shelf_Tree_Slot_List_Int32, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Shelf_Tree.Slot_List_Int32.Reader] | _b.StructListBuilder[Shelf_Tree.Slot_List_Int32.Builder]) -> list[Shelf_Tree.Slot_List_Int32.Row]:
             """Every element of a list of Shelf_Tree.Slot_List_Int32 (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Shelf_Tree_Slot_List_Int32)
@@ -12225,6 +12673,14 @@ class Shelf_Tree:
     def from_row(row: Shelf_Tree.Row) -> Shelf_Tree.Builder:
         """A new message whose root is a Shelf_Tree holding ``row``."""
         return _e.new_message_row(Shelf_Tree.Builder, _P_Shelf_Tree, row)
+
+    @staticmethod
+    def encode(value: Shelf_Tree.Row | Shelf_Tree.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Shelf_Tree holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Shelf_Tree, value, packed)
 
     @staticmethod
     def rows(readers: _r.ListReader[Shelf_Tree.Reader] | _b.StructListBuilder[Shelf_Tree.Builder]) -> list[Shelf_Tree.Row]:
@@ -12398,6 +12854,14 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _e.new_message_row(Store_Text.PutParams.Builder, _P_Store_Text_PutParams, row)
 
         @staticmethod
+        def encode(value: Store_Text.PutParams.Row | Store_Text.PutParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store_Text.put$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_Text_PutParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Store_Text.PutParams.Reader] | _b.StructListBuilder[Store_Text.PutParams.Builder]) -> list[Store_Text.PutParams.Row]:
             """Every element of a list of Store_Text.put$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_Text_PutParams)
@@ -12538,6 +13002,14 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             return _e.new_message_row(Store_Text.PutResults.Builder, _P_Store_Text_PutResults, row)
 
         @staticmethod
+        def encode(value: Store_Text.PutResults.Row | Store_Text.PutResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store_Text.put$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_Text_PutResults, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[Store_Text.PutResults.Reader] | _b.StructListBuilder[Store_Text.PutResults.Builder]) -> list[Store_Text.PutResults.Row]:
             """Every element of a list of Store_Text.put$Results (read, or being built) as a row."""
             return _w.list_rows(readers, _P_Store_Text_PutResults)
@@ -12676,6 +13148,14 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         def from_row(row: Store_Text.GetParams.Row) -> Store_Text.GetParams.Builder:
             """A new message whose root is a Store_Text.get$Params holding ``row``."""
             return _e.new_message_row(Store_Text.GetParams.Builder, _P_Store_Text_GetParams, row)
+
+        @staticmethod
+        def encode(value: Store_Text.GetParams.Row | Store_Text.GetParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store_Text.get$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_Text_GetParams, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Store_Text.GetParams.Reader] | _b.StructListBuilder[Store_Text.GetParams.Builder]) -> list[Store_Text.GetParams.Row]:
@@ -12866,6 +13346,14 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
         def from_row(row: Store_Text.GetResults.Row) -> Store_Text.GetResults.Builder:
             """A new message whose root is a Store_Text.get$Results holding ``row``."""
             return _e.new_message_row(Store_Text.GetResults.Builder, _P_Store_Text_GetResults, row)
+
+        @staticmethod
+        def encode(value: Store_Text.GetResults.Row | Store_Text.GetResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a Store_Text.get$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_Store_Text_GetResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[Store_Text.GetResults.Reader] | _b.StructListBuilder[Store_Text.GetResults.Builder]) -> list[Store_Text.GetResults.Row]:
@@ -13069,6 +13557,14 @@ class TextStore(_t.Interface["TextStore.Client"]):
             return _e.new_message_row(TextStore.SizeParams.Builder, _P_TextStore_SizeParams, row)
 
         @staticmethod
+        def encode(value: TextStore.SizeParams.Row | TextStore.SizeParams.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a TextStore.size$Params holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_TextStore_SizeParams, value, packed)
+
+        @staticmethod
         def rows(readers: _r.ListReader[TextStore.SizeParams.Reader] | _b.StructListBuilder[TextStore.SizeParams.Builder]) -> list[TextStore.SizeParams.Row]:
             """Every element of a list of TextStore.size$Params (read, or being built) as a row."""
             return _w.list_rows(readers, _P_TextStore_SizeParams)
@@ -13230,6 +13726,14 @@ class TextStore(_t.Interface["TextStore.Client"]):
         def from_row(row: TextStore.SizeResults.Row) -> TextStore.SizeResults.Builder:
             """A new message whose root is a TextStore.size$Results holding ``row``."""
             return _e.new_message_row(TextStore.SizeResults.Builder, _P_TextStore_SizeResults, row)
+
+        @staticmethod
+        def encode(value: TextStore.SizeResults.Row | TextStore.SizeResults.Init, *, packed: bool = False) -> bytes:
+            """The bytes of a message whose root is a TextStore.size$Results holding ``value`` (a
+            row, or a dict of its fields), in the standard stream framing (``packed``:
+            its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+            one call with no builder made."""
+            return _e.encode_message(_P_TextStore_SizeResults, value, packed)
 
         @staticmethod
         def rows(readers: _r.ListReader[TextStore.SizeResults.Reader] | _b.StructListBuilder[TextStore.SizeResults.Builder]) -> list[TextStore.SizeResults.Row]:

@@ -172,6 +172,14 @@ class Thing:
         return _e.new_message_row(Thing.Builder, _P_Thing, row)
 
     @staticmethod
+    def encode(value: Thing.Row | Thing.Init, *, packed: bool = False) -> bytes:
+        """The bytes of a message whose root is a Thing holding ``value`` (a
+        row, or a dict of its fields), in the standard stream framing (``packed``:
+        its packed encoding): ``from_row`` or ``new_message``, then ``to_bytes``, in
+        one call with no builder made."""
+        return _e.encode_message(_P_Thing, value, packed)
+
+    @staticmethod
     def rows(readers: _r.ListReader[Thing.Reader] | _b.StructListBuilder[Thing.Builder]) -> list[Thing.Row]:
         """Every element of a list of Thing (read, or being built) as a row."""
         return _w.list_rows(readers, _P_Thing)
