@@ -95,7 +95,12 @@ class Codec(Protocol):
     compression: str
 
     def view(self, message: Any) -> Any:
-        """object mode: the message as its receiver sees it, without serializing."""
+        """object mode: the request as the server sees it, without serializing."""
+        ...
+
+    def view_response(self, message: Any) -> Any:
+        """object mode: the response as the client sees it (``view`` for most formats;
+        a capsvc row does not name its type)."""
         ...
 
     def encode(self, message: Any) -> bytes:
@@ -111,7 +116,11 @@ class Codec(Protocol):
         ...
 
     def frame(self, message: Any) -> bytes:
-        """pipe modes: the message as it travels on the pipe."""
+        """pipe modes: the request as it travels on the pipe."""
+        ...
+
+    def frame_response(self, message: Any) -> bytes:
+        """pipe modes: the response as it travels on the pipe (``frame`` for most formats)."""
         ...
 
     def frame_all(self, messages: Sequence[Any]) -> bytes:

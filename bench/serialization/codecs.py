@@ -144,6 +144,8 @@ class CapnpCodec:
         # object mode (§6): the receiver reads the builder in place, as a reader.
         return message.as_reader()
 
+    view_response = view  # (a request and a response are made the same way)
+
     def encode(self, message: Any) -> bytes:
         return message.to_bytes_packed() if self.packed else message.to_bytes()
 
@@ -167,6 +169,8 @@ class CapnpCodec:
             body = message.to_bytes_packed()
             return _LENGTH.pack(len(body)) + body
         return message.to_bytes()  # already in stream framing (§6)
+
+    frame_response = frame  # (a request and a response are made the same way)
 
     def frame_all(self, messages: Sequence[Any]) -> bytes:
         return b"".join([self.frame(message) for message in messages])
@@ -214,9 +218,12 @@ class MsgpackCodec:
         self._packer = msgpack.Packer(use_single_float=single_float, autoreset=True)
         self.encode = self._packer.pack
         self.frame = self._packer.pack
+        self.frame_response = self._packer.pack
 
     def view(self, message: Any) -> Any:
         return message  # §8: object mode works on the Python structures directly
+
+    view_response = view  # (a request and a response are made the same way)
 
     def serve_bytes(self, handle: Callable[[Any], Any], data: bytes) -> bytes:
         return self._packer.pack(handle(msgpack.unpackb(data, use_list=False, raw=self._raw)))
@@ -280,6 +287,8 @@ class DirectCodec:
     def view(self, message: Any) -> Any:
         return message  # object mode: the built segments are read in place
 
+    view_response = view  # (a request and a response are made the same way)
+
     def encode(self, message: Any) -> bytes:
         if self.packed:
             return self._wire.pack_segments(message.root_type, message)
@@ -301,6 +310,8 @@ class DirectCodec:
             body = self._wire.pack_segments(message.root_type, message)
             return _LENGTH.pack(len(body)) + body
         return self._wire.frame_message(message)
+
+    frame_response = frame  # (a request and a response are made the same way)
 
     def frame_all(self, messages: Sequence[Any]) -> bytes:
         return b"".join([self.frame(message) for message in messages])

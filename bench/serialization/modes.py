@@ -87,9 +87,10 @@ def generate_batch(benchmark: str, iterations: int) -> list[Any]:
 def run_object(case: Case, codec: Codec, batch: Sequence[Any]) -> None:
     """§6 ``object``: build, handle and check in place, no serialization."""
     setup, handle, check, view = case.setup, case.handle, case.check, codec.view
+    view_response = codec.view_response
     for inputs in batch:
         request, expectation = setup(inputs)
-        check(view(handle(view(request))), expectation)
+        check(view_response(handle(view(request))), expectation)
 
 
 def run_bytes(case: Case, codec: Codec, batch: Sequence[Any]) -> int:

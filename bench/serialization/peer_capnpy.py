@@ -311,6 +311,8 @@ class CapnpyCodec:
     def view(self, message: Any) -> Any:
         return message  # a capnpy object is its own reader
 
+    view_response = view  # (a request and a response are made the same way)
+
     def encode(self, message: Any) -> bytes:
         data: bytes = message.dumps()
         return data
@@ -323,6 +325,8 @@ class CapnpyCodec:
 
     def frame(self, message: Any) -> bytes:
         return message.dumps()  # type: ignore[no-any-return]
+
+    frame_response = frame  # (a request and a response are made the same way)
 
     def frame_all(self, messages: Sequence[Any]) -> bytes:
         return b"".join([message.dumps() for message in messages])

@@ -39,7 +39,7 @@ __all__ = ["main", "serve"]
 async def serve(benchmark: str, fmt: str, compression: str) -> None:
     case = make_case(benchmark, fmt)
     codec = make_codec(load_benchmark(benchmark), fmt, compression)
-    handle, frame = case.handle, codec.frame
+    handle, frame = case.handle, codec.frame_response
     decoder = codec.request_decoder()
     feed, next_request = decoder.feed, decoder.next
     receive = trio.lowlevel.FdStream(os.dup(0))

@@ -13,6 +13,7 @@ from bench.serialization.base import CheckFailed
 from bench.serialization.codecs import make_codec
 from bench.serialization.modes import generate_batch, load_benchmark, make_case
 from bench.serialization.peer_capnpy import available as capnpy_available
+from tests.bench.test_typed import built
 
 FORMATS = (
     "capnp",
@@ -98,7 +99,7 @@ def test_server_answers_pass_the_check(benchmark: str, fmt: str) -> None:
     codec = make_codec(load_benchmark(benchmark), fmt, "none")
     for inputs in generate_batch(benchmark, 4):
         request, expectation = case.setup(inputs)
-        case.check(codec.view(case.handle(codec.view(request))), expectation)
+        case.check(codec.view_response(case.handle(codec.view(request))), expectation)
 
 
 def test_eval_server_computes_int32_semantics() -> None:
@@ -123,7 +124,7 @@ def test_eval_server_computes_int32_semantics() -> None:
         case = make_case("eval", fmt)
         codec = make_codec(eval_bench, fmt, "none")
         request, _ = case.setup((tokens, expected))
-        case.check(codec.view(case.handle(codec.view(request))), expected)
+        case.check(codec.view_response(case.handle(codec.view(request))), expected)
 
 
 def _corrupt_capnp(benchmark: str, response: Any) -> None:
@@ -154,18 +155,21 @@ def test_check_rejects_a_corrupted_response(benchmark: str, fmt: str) -> None:
     response_type = getattr(module.load_schema(), module.RESPONSE_TYPE)
     if fmt == "capnp":
         _corrupt_capnp(benchmark, response)
-        response = codec.view(response)
+        response = codec.view_response(response)
     elif fmt in ("capnp-direct", "capsvc", "capsvc-fields", "capnpy"):
         # through pycapnp: copy the message into a builder, corrupt, back to this format
         if fmt == "capnpy":
             segments = response_type.from_bytes(response.dumps()).__enter__().as_builder()
         else:
-            segments = response if fmt == "capnp-direct" else response.to_segments()
+            if fmt == "capnp-direct":
+                segments = response
+            else:
+                segments = built(benchmark, "response", response).to_segments()
             segments = response_type.from_segments([bytes(s) for s in segments]).as_builder()
         _corrupt_capnp(benchmark, segments)
         response = _in_format(benchmark, fmt, segments)
     else:
-        response = codec.view(_corrupt_msgpack(benchmark, response))
+        response = codec.view_response(_corrupt_msgpack(benchmark, response))
     with pytest.raises(CheckFailed):
         case.check(response, expectation)
 
@@ -192,7 +196,7 @@ def test_catrank_check_stops_at_the_first_low_score(fmt: str) -> None:
     request, expectation = case.setup((results, 2))
     assert expectation == 2
     response = case.handle(codec.view(request))
-    case.check(codec.view(response), 2)  # sorted: both cats first
+    case.check(codec.view_response(response), 2)  # sorted: both cats first
     # Unsorted order (cat, plain, cat) must count 1: the walk stops at the first low score.
     if fmt == "msgpack":
         unsorted = [(url, 1000.0 * (10000.0 if " cat " in s else 1.0), s) for url, s in results]
@@ -203,9 +207,9 @@ def test_catrank_check_stops_at_the_first_low_score(fmt: str) -> None:
         if fmt != "capnp":
             unsorted = _in_format("catrank", fmt, unsorted)
         else:
-            unsorted = codec.view(unsorted)
+            unsorted = codec.view_response(unsorted)
     if fmt == "msgpack":
-        unsorted = codec.view(unsorted)
+        unsorted = codec.view_response(unsorted)
     with pytest.raises(CheckFailed, match="1 good results, expected 2"):
         case.check(unsorted, 2)
 

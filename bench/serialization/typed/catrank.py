@@ -5,7 +5,8 @@ Theory of operation
 Two ways a user of ``capsvc gen`` writes it, through the generated API only. ``capsvc``
 (``CapsvcCatrank``) reads and writes whole results as ``SearchResult.Row`` tuples (url,
 score, snippet: the shape msgpack sends, specs/benchmarks.md §8): the request and the
-response are each one ``new_message(results=rows)``, the server reads the request in one
+response are each a ``SearchResultList.Row`` of them, which the codec encodes with one
+``SearchResultList.encode``; the server reads the request in one
 ``SearchResult.rows(...)`` call. The client's check reads scores a field at a time, as it
 stops at the first low one. ``capsvc-fields`` (``CapsvcFieldsCatrank``) is what follows:
 one ``new_message(results=[...])`` from plain
@@ -34,18 +35,16 @@ class CapsvcCatrank:
 
     format = "capsvc"
 
-    def setup(self, inputs: CatrankInput) -> tuple[SearchResultList.Builder, int]:
+    def setup(self, inputs: CatrankInput) -> tuple[SearchResultList.Row, int]:
         results, good = inputs
         # §3: the score, url and snippet drawn for each result.
-        message = SearchResultList.new_message(
-            results=[
-                (url, score, snippet)
-                for score, (url, snippet) in zip(scores(len(results)), results, strict=True)
-            ]
-        )
-        return message, good
+        rows: list[SearchResult.Row] = [
+            (url, score, snippet)
+            for score, (url, snippet) in zip(scores(len(results)), results, strict=True)
+        ]
+        return (rows,), good  # (the codec encodes the row)
 
-    def handle(self, request: SearchResultList.Reader) -> SearchResultList.Builder:
+    def handle(self, request: SearchResultList.Reader) -> SearchResultList.Row:
         scored: list[SearchResult.Row] = []
         append = scored.append
         for url, score, snippet in SearchResult.rows(request.results):
@@ -55,7 +54,7 @@ class CapsvcCatrank:
                 score /= 10000.0
             append((url, score, snippet))
         scored.sort(key=_SCORE, reverse=True)  # scores are unique (§3)
-        return SearchResultList.new_message(results=scored)
+        return (scored,)
 
     def check(self, response: SearchResultList.Reader, expectation: int) -> None:
         count = 0

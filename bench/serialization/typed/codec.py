@@ -4,13 +4,17 @@ Theory of operation
 -------------------
 A message leaves as a generated builder: ``to_bytes()`` (standard stream framing, one
 segment) or, packed, ``to_bytes_packed()`` (capsvc.codec.packing over the framed bytes,
-segment table included, as specs/benchmarks.md §6 says). It arrives as the root reader of
+segment table included, as specs/benchmarks.md §6 says); or as a row of the request or
+response root, which that root's ``encode`` (``packed=`` as above) turns into the same
+bytes with no builder made, as msgpack's packer takes its tuples. Requests and responses
+are told apart by the side that sends them (``frame`` / ``frame_response``, ``view`` /
+``view_response``), as a row does not name its type. It arrives as the root reader of
 the generated request or response type: ``from_bytes`` / ``from_bytes_packed`` in bytes
 mode; on the pipe, unpacked streams are read by the generated root type's ``decoder()``
 (capsvc's framing decoder and the root read in one compiled call), and packed messages
 carry the same 4-byte length prefix as the other formats (codecs.py: the documented
 deviation of §6, never counted as data).
-Object mode reads a builder in place through ``as_reader()``.
+Object mode reads a builder in place through ``as_reader()`` (a row: ``from_row`` first).
 """
 
 from __future__ import annotations
@@ -59,16 +63,30 @@ class CapsvcCodec:
         self._response = response_root
 
     def view(self, message: Any) -> Any:
+        if type(message) is tuple:
+            return self._request.from_row(message).as_reader()
+        return message.as_reader()
+
+    def view_response(self, message: Any) -> Any:
+        if type(message) is tuple:
+            return self._response.from_row(message).as_reader()
         return message.as_reader()
 
     def encode(self, message: Any) -> bytes:
-        data: bytes = message.to_bytes_packed() if self.packed else message.to_bytes()
+        return self._bytes(self._request, message)
+
+    def _bytes(self, root: Any, message: Any) -> bytes:
+        """A request or response (``root``'s: a row, or a builder) as a whole message."""
+        packed = self.packed
+        if type(message) is tuple:
+            return root.encode(message, packed=packed)  # type: ignore[no-any-return]
+        data: bytes = message.to_bytes_packed() if packed else message.to_bytes()
         return data
 
     def serve_bytes(self, handle: Callable[[Any], Any], data: bytes) -> bytes:
         if self.packed:
-            return handle(self._request.from_bytes_packed(data)).to_bytes_packed()  # type: ignore[no-any-return]
-        return handle(self._request.from_bytes(data)).to_bytes()  # type: ignore[no-any-return]
+            return self._bytes(self._response, handle(self._request.from_bytes_packed(data)))
+        return self._bytes(self._response, handle(self._request.from_bytes(data)))
 
     def check_bytes(self, check: Callable[[Any, Any], None], data: bytes, expected: Any) -> None:
         if self.packed:
@@ -77,13 +95,21 @@ class CapsvcCodec:
             check(self._response.from_bytes(data), expected)
 
     def frame(self, message: Any) -> bytes:
+        return self._frame(self._request, message)
+
+    def frame_response(self, message: Any) -> bytes:
+        return self._frame(self._response, message)
+
+    def _frame(self, root: Any, message: Any) -> bytes:
         if self.packed:
-            body = message.to_bytes_packed()
-            return _LENGTH_PACK(len(body)) + body  # type: ignore[no-any-return]
+            body = self._bytes(root, message)
+            return _LENGTH_PACK(len(body)) + body
+        if type(message) is tuple:
+            return root.encode(message)  # type: ignore[no-any-return]
         return message.to_bytes()  # type: ignore[no-any-return]
 
     def frame_all(self, messages: Sequence[Any]) -> bytes:
-        if self.packed:
+        if self.packed or any(type(message) is tuple for message in messages):
             return b"".join([self.frame(message) for message in messages])
         return encode_messages([message.to_segments() for message in messages])
 

@@ -5,10 +5,10 @@ Theory of operation
 Two ways a user of ``capsvc gen`` writes it, through the generated API only. ``capsvc``
 (``CapsvcEval``) works on whole rows: the client builds the tree as nested
 ``Expression.Row`` tuples (op, then each side's group in its place: its value and its
-expression, one of them None as a union member not set reads) and encodes it with one
-``Expression.from_row``; the server reads the whole tree in one ``Expression.row`` call
-and evaluates the tuples, as the msgpack format does its nested lists (specs/benchmarks.md
-§8). ``capsvc-fields``
+expression, one of them None as a union member not set reads), which the codec encodes
+with one ``Expression.encode``; the server reads the whole tree in one ``Expression.row``
+call, evaluates the tuples, as the msgpack format does its nested lists
+(specs/benchmarks.md §8), and answers with an ``EvaluationResult.Row``. ``capsvc-fields``
 (``CapsvcFieldsEval``) is what follows: the client builds the tree recursively from the
 preorder tokens of eval.py as plain values (a dict per node, ``{"value": v}`` or
 ``{"expression": ...}`` per side) and encodes it with one ``Expression.new_message``;
@@ -105,12 +105,12 @@ class CapsvcEval:
 
     format = "capsvc"
 
-    def setup(self, inputs: EvalInput) -> tuple[Expression.Builder, int]:
+    def setup(self, inputs: EvalInput) -> tuple[Expression.Row, int]:
         tokens, value = inputs
-        return Expression.from_row(_build_row(iter(tokens).__next__)), value
+        return _build_row(iter(tokens).__next__), value  # (the codec encodes it)
 
-    def handle(self, request: Expression.Reader) -> EvaluationResult.Builder:
-        return EvaluationResult.new_message(value=evaluate_row(Expression.row(request)))
+    def handle(self, request: Expression.Reader) -> EvaluationResult.Row:
+        return (evaluate_row(Expression.row(request)),)
 
     def check(self, response: EvaluationResult.Reader, expectation: int) -> None:
         value = response.value
