@@ -65,6 +65,8 @@ def framed(buf: bytearray) -> bytes:
     if frame_one is not None:
         return frame_one(buf)
     return _ONE_SEGMENT_TABLE(0, len(buf) >> 3) + buf
+
+
 _ZERO_WORD: Final = bytes(8)
 _get_u64: Final[Callable[[Any, int], tuple[int]]] = struct.Struct("<Q").unpack_from
 _U16_INTO: Final = struct.Struct("<H").pack_into
@@ -1285,6 +1287,19 @@ class Undo:
                 hook.release()
 
 
+def init_by_name(builder: StructBuilder, name: str, args: tuple[int, ...]) -> Any:
+    """``builder.init(name, *args)``: its ``init_<name>``, by the field's schema name or its
+    Python one (``import_``: a schema name has no underscore, so a trailing one is always
+    the generator's rename), as pycapnp's ``init`` takes the schema's."""
+    method = getattr(builder, "init_" + name, None)
+    if method is None and name.endswith("_"):
+        method = getattr(builder, "init_" + name[:-1], None)
+    if method is None:
+        struct_name = type(builder).__qualname__.rsplit(".", 1)[0]
+        raise AttributeError(f"{struct_name} has no field {name!r} that init() takes")
+    return method(*args)
+
+
 def struct_undo(target: StructBuilder) -> Undo:
     """An ``Undo`` of the sections of the struct ``target`` is (or is a group of)."""
     start = target._data >> 3
@@ -1426,7 +1441,7 @@ def _set_over(
     plan = cls._PLAN
     # Checked by encoding it alone (a name the struct has not, a value of the wrong type,
     # two members of a union): the same errors as new_message, before anything changes.
-    _values.new_message_from(plan, given)
+    check_alone(plan, given)
     # What that check cannot see, the message's own words can still refuse: a foreign
     # writer's pointer of another kind where a struct is set in place, found after the
     # keys before it were set. Kept, to put back: the parent's sections (discriminant,
@@ -1440,6 +1455,16 @@ def _set_over(
     except BaseException:
         undo.restore()
         raise
+
+
+def check_alone(plan: StructPlan, given: dict[str, Any]) -> None:
+    """Refuse ``given`` (a dict of ``plan``'s fields) as ``new_message`` would, by encoding
+    it alone, before anything changes; the references that copy took to the capabilities
+    in it are released (the encoding is thrown away: kept, they would keep their servers
+    alive)."""
+    for hook in _values.new_message_from(plan, given).caps:
+        if hook is not None:
+            hook.release()
 
 
 def _struct_words(buf: bytearray, at: int) -> tuple[int, int]:
@@ -1493,7 +1518,7 @@ def set_group(parent: StructBuilder, cls: Any, disc_at: int, disc: int, value: o
     view = group_view(cls, parent)
     if isinstance(value, Mapping):
         given = dict(value)
-        _values.new_message_from(plan, given)  # the same errors as new_message, first
+        check_alone(plan, given)  # the same errors as new_message, first
         undo = struct_undo(parent)  # as in _set_over: the message's own words can still
         try:  # refuse (the group's are the parent's)
             if not selected:

@@ -1454,7 +1454,7 @@ def _builder(out: _Out, node: Struct, path: str, names: _Names) -> None:
         out.add("")
         out.add("def init(self, name: str, *args: int) -> Any:")
         out.add('    """``init_<name>(*args)``, by name (as pycapnp builders take it)."""')
-        out.add('    return getattr(self, "init_" + name)(*args)')
+        out.add("    return _b.init_by_name(self, name, args)")
         out.add("")
         out.add(f"def as_reader(self) -> {path}.Reader:")
         out.add('    """A reader of this struct as built so far."""')

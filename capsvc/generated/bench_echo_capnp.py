@@ -99,7 +99,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> BenchEcho.PingCapParams.Reader:
                 """A reader of this struct as built so far."""
@@ -294,7 +294,7 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> BenchEcho.PingCapResults.Reader:
                 """A reader of this struct as built so far."""

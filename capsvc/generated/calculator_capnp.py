@@ -133,7 +133,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                    return getattr(self, "init_" + name)(*args)
+                    return _b.init_by_name(self, name, args)
 
                 def as_reader(self) -> Calculator.Expression.Call.Reader:
                     """A reader of this struct as built so far."""
@@ -260,7 +260,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Calculator.Expression.Reader:
                 """A reader of this struct as built so far."""
@@ -466,7 +466,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                    return getattr(self, "init_" + name)(*args)
+                    return _b.init_by_name(self, name, args)
 
                 def as_reader(self) -> Calculator.Function.CallParams.Reader:
                     """A reader of this struct as built so far."""
@@ -637,7 +637,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                    return getattr(self, "init_" + name)(*args)
+                    return _b.init_by_name(self, name, args)
 
                 def as_reader(self) -> Calculator.Function.CallResults.Reader:
                     """A reader of this struct as built so far."""
@@ -849,7 +849,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                    return getattr(self, "init_" + name)(*args)
+                    return _b.init_by_name(self, name, args)
 
                 def as_reader(self) -> Calculator.Value.ReadParams.Reader:
                     """A reader of this struct as built so far."""
@@ -1016,7 +1016,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                    return getattr(self, "init_" + name)(*args)
+                    return _b.init_by_name(self, name, args)
 
                 def as_reader(self) -> Calculator.Value.ReadResults.Reader:
                     """A reader of this struct as built so far."""
@@ -1240,7 +1240,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Calculator.DefFunctionParams.Reader:
                 """A reader of this struct as built so far."""
@@ -1431,7 +1431,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Calculator.DefFunctionResults.Reader:
                 """A reader of this struct as built so far."""
@@ -1620,7 +1620,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Calculator.EvaluateParams.Reader:
                 """A reader of this struct as built so far."""
@@ -1810,7 +1810,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Calculator.EvaluateResults.Reader:
                 """A reader of this struct as built so far."""
@@ -1993,7 +1993,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Calculator.GetOperatorParams.Reader:
                 """A reader of this struct as built so far."""
@@ -2179,7 +2179,7 @@ class Calculator(_t.Interface["Calculator.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Calculator.GetOperatorResults.Reader:
                 """A reader of this struct as built so far."""

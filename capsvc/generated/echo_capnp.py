@@ -98,7 +98,7 @@ class Echo(_t.Interface["Echo.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Echo.PingParams.Reader:
                 """A reader of this struct as built so far."""
@@ -270,7 +270,7 @@ class Echo(_t.Interface["Echo.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Echo.PingResults.Reader:
                 """A reader of this struct as built so far."""
@@ -450,7 +450,7 @@ class Echo(_t.Interface["Echo.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Echo.PingDataParams.Reader:
                 """A reader of this struct as built so far."""
@@ -630,7 +630,7 @@ class Echo(_t.Interface["Echo.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Echo.PingDataResults.Reader:
                 """A reader of this struct as built so far."""

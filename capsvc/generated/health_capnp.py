@@ -98,7 +98,7 @@ class Health(_t.Interface["Health.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Health.CheckParams.Reader:
                 """A reader of this struct as built so far."""
@@ -276,7 +276,7 @@ class Health(_t.Interface["Health.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Health.CheckResults.Reader:
                 """A reader of this struct as built so far."""

@@ -70,7 +70,7 @@ class StreamResult:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> StreamResult.Reader:
             """A reader of this struct as built so far."""

@@ -117,7 +117,7 @@ class Accept:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Accept.Reader:
             """A reader of this struct as built so far."""
@@ -308,7 +308,7 @@ class Bootstrap:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Bootstrap.Reader:
             """A reader of this struct as built so far."""
@@ -544,7 +544,7 @@ class Call:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Call.SendResultsTo.Reader:
                 """A reader of this struct as built so far."""
@@ -698,7 +698,7 @@ class Call:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Call.Reader:
             """A reader of this struct as built so far."""
@@ -1000,7 +1000,7 @@ class CapDescriptor:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> CapDescriptor.Reader:
             """A reader of this struct as built so far."""
@@ -1237,7 +1237,7 @@ class Disembargo:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Disembargo.Context.Reader:
                 """A reader of this struct as built so far."""
@@ -1322,7 +1322,7 @@ class Disembargo:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Disembargo.Reader:
             """A reader of this struct as built so far."""
@@ -1561,7 +1561,7 @@ class Exception:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Exception.Reader:
             """A reader of this struct as built so far."""
@@ -1752,7 +1752,7 @@ class Finish:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Finish.Reader:
             """A reader of this struct as built so far."""
@@ -1964,7 +1964,7 @@ class Join:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Join.Reader:
             """A reader of this struct as built so far."""
@@ -2498,7 +2498,7 @@ class Message:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Message.Reader:
             """A reader of this struct as built so far."""
@@ -2770,7 +2770,7 @@ class MessageTarget:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> MessageTarget.Reader:
             """A reader of this struct as built so far."""
@@ -2976,7 +2976,7 @@ class Payload:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Payload.Reader:
             """A reader of this struct as built so far."""
@@ -3186,7 +3186,7 @@ class PromisedAnswer:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> PromisedAnswer.Op.Reader:
                 """A reader of this struct as built so far."""
@@ -3373,7 +3373,7 @@ class PromisedAnswer:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> PromisedAnswer.Reader:
             """A reader of this struct as built so far."""
@@ -3584,7 +3584,7 @@ class Provide:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Provide.Reader:
             """A reader of this struct as built so far."""
@@ -3769,7 +3769,7 @@ class Release:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Release.Reader:
             """A reader of this struct as built so far."""
@@ -4006,7 +4006,7 @@ class Resolve:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Resolve.Reader:
             """A reader of this struct as built so far."""
@@ -4335,7 +4335,7 @@ class Return:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Return.Reader:
             """A reader of this struct as built so far."""
@@ -4540,7 +4540,7 @@ class ThirdPartyCapDescriptor:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> ThirdPartyCapDescriptor.Reader:
             """A reader of this struct as built so far."""

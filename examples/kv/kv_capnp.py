@@ -99,7 +99,7 @@ class Directory(_t.Interface["Directory.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Directory.OpenParams.Reader:
                 """A reader of this struct as built so far."""
@@ -285,7 +285,7 @@ class Directory(_t.Interface["Directory.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Directory.OpenResults.Reader:
                 """A reader of this struct as built so far."""
@@ -504,7 +504,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.GetParams.Reader:
                 """A reader of this struct as built so far."""
@@ -692,7 +692,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.GetResults.Reader:
                 """A reader of this struct as built so far."""
@@ -845,7 +845,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.KeysParams.Reader:
                 """A reader of this struct as built so far."""
@@ -1028,7 +1028,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.KeysResults.Reader:
                 """A reader of this struct as built so far."""
@@ -1217,7 +1217,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.LoadParams.Reader:
                 """A reader of this struct as built so far."""
@@ -1407,7 +1407,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.PutParams.Reader:
                 """A reader of this struct as built so far."""
@@ -1579,7 +1579,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.PutResults.Reader:
                 """A reader of this struct as built so far."""
@@ -1765,7 +1765,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.WatchParams.Reader:
                 """A reader of this struct as built so far."""
@@ -1922,7 +1922,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.WatchResults.Reader:
                 """A reader of this struct as built so far."""
@@ -2239,7 +2239,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Watcher.ChangedParams.Reader:
                 """A reader of this struct as built so far."""
@@ -2392,7 +2392,7 @@ class Watcher(_t.Interface["Watcher.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Watcher.ChangedResults.Reader:
                 """A reader of this struct as built so far."""

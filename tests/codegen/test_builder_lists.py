@@ -265,3 +265,32 @@ def test_set_all_is_all_or_nothing(generated: Generated) -> None:
     with pytest.raises(ValueError, match=r"Lists\.colors\[1\]"):
         colors.set_all(["red", "purple"])
     assert list(colors) == [k.Color.green, k.Color.blue]
+
+
+def test_a_dict_set_in_place_takes_one_reference_per_capability() -> None:
+    """A dict set on a struct field or a group is checked by encoding it alone first; that
+    copy took a reference to each capability in it and kept it, so the server object
+    stayed referenced after every reference of the message itself was gone. Now each
+    capability set takes exactly the one reference its new cap table entry holds."""
+    from tests.generated import testing_capnp as t
+
+    class Counter(t.Counter.Server):  # type: ignore[misc]
+        pass
+
+    holder = t.Holder.new_message(cap=Counter())
+    client = holder.cap
+    hook = client._capsvc_hook()
+    before = hook.refs
+    holder.inner = {"name": "x", "cap": client}
+    assert hook.refs == before + 1  # the inner struct's cap table entry
+    holder.inner = {"name": "y"}  # no capability: no reference
+    assert hook.refs == before + 1
+
+    class Callback(t.Callback.Server):  # type: ignore[misc]
+        pass
+
+    callback = t.Holder.new_message(extra={"callback": Callback()}).extra.callback
+    callback_hook = callback._capsvc_hook()
+    before = callback_hook.refs
+    holder.extra = {"number": 2, "callback": callback}  # a group: the same check
+    assert callback_hook.refs == before + 1

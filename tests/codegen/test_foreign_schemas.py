@@ -597,3 +597,24 @@ def test_a_dict_refused_by_a_foreign_message_changes_nothing(tmp_path: Path) -> 
         assert built.to_bytes() == before
     with other.Root.from_bytes(built.to_bytes()) as read:
         assert read.inner.to_dict() == written
+
+
+_KEYWORD_POINTERS = """@0xa1b2c3d4e5f6001b;
+struct Inner { n @0 :Int32; }
+struct Root { import @0 :List(Int32); lambda @1 :Inner; }
+"""
+
+
+def test_init_takes_a_renamed_fields_schema_name_and_its_python_name(tmp_path: Path) -> None:
+    """``init(name)`` takes the schema's name, as pycapnp's does, and the Python name a
+    keyword field is renamed to (``import_``: it failed, as ``init_import_``); a name the
+    struct has not is an AttributeError naming the struct, not the builder class."""
+    out = generate(tmp_path, {"keywordpointers.capnp": _KEYWORD_POINTERS})
+    m = load(out, "keywordpointers_capnp")
+    root = m.Root.new_message()
+    assert len(root.init("import", 2)) == 2
+    assert len(root.init("import_", 3)) == 3
+    root.init("lambda_").n = 4
+    assert root.as_reader().to_dict() == {"import": [0, 0, 0], "lambda": {"n": 4}}
+    with pytest.raises(AttributeError, match=r"^Root has no field 'imports' that init\(\) takes"):
+        root.init("imports", 1)

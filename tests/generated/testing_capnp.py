@@ -97,7 +97,7 @@ class Callback(_t.Interface["Callback.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Callback.NotifyParams.Reader:
                 """A reader of this struct as built so far."""
@@ -268,7 +268,7 @@ class Callback(_t.Interface["Callback.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Callback.NotifyResults.Reader:
                 """A reader of this struct as built so far."""
@@ -461,7 +461,7 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Counter.GetParams.Reader:
                 """A reader of this struct as built so far."""
@@ -628,7 +628,7 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Counter.GetResults.Reader:
                 """A reader of this struct as built so far."""
@@ -799,7 +799,7 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Counter.IncrementParams.Reader:
                 """A reader of this struct as built so far."""
@@ -970,7 +970,7 @@ class Counter(_t.Interface["Counter.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Counter.IncrementResults.Reader:
                 """A reader of this struct as built so far."""
@@ -1254,7 +1254,7 @@ class Holder:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Holder.Choice.Reader:
                 """A reader of this struct as built so far."""
@@ -1343,7 +1343,7 @@ class Holder:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Holder.Extra.Reader:
                 """A reader of this struct as built so far."""
@@ -1521,7 +1521,7 @@ class Holder:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Holder.Reader:
             """A reader of this struct as built so far."""
@@ -1745,7 +1745,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.CallBackParams.Reader:
                 """A reader of this struct as built so far."""
@@ -1922,7 +1922,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.CallBackResults.Reader:
                 """A reader of this struct as built so far."""
@@ -2116,7 +2116,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.CallCounterParams.Reader:
                 """A reader of this struct as built so far."""
@@ -2293,7 +2293,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.CallCounterResults.Reader:
                 """A reader of this struct as built so far."""
@@ -2465,7 +2465,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.EchoParams.Reader:
                 """A reader of this struct as built so far."""
@@ -2637,7 +2637,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.EchoResults.Reader:
                 """A reader of this struct as built so far."""
@@ -2818,7 +2818,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.FailParams.Reader:
                 """A reader of this struct as built so far."""
@@ -2971,7 +2971,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.FailResults.Reader:
                 """A reader of this struct as built so far."""
@@ -3119,7 +3119,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.GetSelfParams.Reader:
                 """A reader of this struct as built so far."""
@@ -3301,7 +3301,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.GetSelfResults.Reader:
                 """A reader of this struct as built so far."""
@@ -3490,7 +3490,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.HoldCapsParams.Reader:
                 """A reader of this struct as built so far."""
@@ -3678,7 +3678,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.HoldCapsResults.Reader:
                 """A reader of this struct as built so far."""
@@ -3853,7 +3853,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.NewCounterParams.Reader:
                 """A reader of this struct as built so far."""
@@ -4039,7 +4039,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.NewCounterResults.Reader:
                 """A reader of this struct as built so far."""
@@ -4230,7 +4230,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.ReflectParams.Reader:
                 """A reader of this struct as built so far."""
@@ -4421,7 +4421,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.ReflectResults.Reader:
                 """A reader of this struct as built so far."""
@@ -4597,7 +4597,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.SlowParams.Reader:
                 """A reader of this struct as built so far."""
@@ -4768,7 +4768,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.SlowResults.Reader:
                 """A reader of this struct as built so far."""
@@ -4955,7 +4955,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.SumParams.Reader:
                 """A reader of this struct as built so far."""
@@ -5126,7 +5126,7 @@ class Tester(_t.Interface["Tester.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tester.SumResults.Reader:
                 """A reader of this struct as built so far."""
@@ -5517,7 +5517,7 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Unknown.NothingParams.Reader:
                 """A reader of this struct as built so far."""
@@ -5665,7 +5665,7 @@ class Unknown(_t.Interface["Unknown.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Unknown.NothingResults.Reader:
                 """A reader of this struct as built so far."""

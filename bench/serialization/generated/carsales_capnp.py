@@ -259,7 +259,7 @@ class Car:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Car.Reader:
             """A reader of this struct as built so far."""
@@ -506,7 +506,7 @@ class Engine:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Engine.Reader:
             """A reader of this struct as built so far."""
@@ -693,7 +693,7 @@ class ParkingLot:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> ParkingLot.Reader:
             """A reader of this struct as built so far."""
@@ -864,7 +864,7 @@ class TotalValue:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> TotalValue.Reader:
             """A reader of this struct as built so far."""
@@ -1051,7 +1051,7 @@ class Wheel:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Wheel.Reader:
             """A reader of this struct as built so far."""

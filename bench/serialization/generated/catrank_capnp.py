@@ -107,7 +107,7 @@ class SearchResult:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> SearchResult.Reader:
             """A reader of this struct as built so far."""
@@ -292,7 +292,7 @@ class SearchResultList:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> SearchResultList.Reader:
             """A reader of this struct as built so far."""

@@ -89,7 +89,7 @@ class EvaluationResult:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> EvaluationResult.Reader:
             """A reader of this struct as built so far."""
@@ -301,7 +301,7 @@ class Expression:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Expression.Left.Reader:
                 """A reader of this struct as built so far."""
@@ -406,7 +406,7 @@ class Expression:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Expression.Right.Reader:
                 """A reader of this struct as built so far."""
@@ -501,7 +501,7 @@ class Expression:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Expression.Reader:
             """A reader of this struct as built so far."""

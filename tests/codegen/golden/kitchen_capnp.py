@@ -202,7 +202,7 @@ class Anything:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Anything.Reader:
             """A reader of this struct as built so far."""
@@ -376,7 +376,7 @@ class Base(_t.Interface["Base.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Base.DepthParams.Reader:
                 """A reader of this struct as built so far."""
@@ -543,7 +543,7 @@ class Base(_t.Interface["Base.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Base.DepthResults.Reader:
                 """A reader of this struct as built so far."""
@@ -786,7 +786,7 @@ class Box:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Box.Reader:
             """A reader of this struct as built so far."""
@@ -1081,7 +1081,7 @@ class Boxes:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Boxes.Reader:
             """A reader of this struct as built so far."""
@@ -1347,7 +1347,7 @@ class Builtins:
 
         def init(self, name: _builtins.str, *args: _builtins.int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Builtins.Reader:
             """A reader of this struct as built so far."""
@@ -1572,7 +1572,7 @@ class Choice:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Choice.Reader:
             """A reader of this struct as built so far."""
@@ -1773,7 +1773,7 @@ class Converter(_t.Interface["Converter.Client"]):
 
             def init(self, name: str, *args: _builtins.int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Converter.StrParams.Reader:
                 """A reader of this struct as built so far."""
@@ -1945,7 +1945,7 @@ class Converter(_t.Interface["Converter.Client"]):
 
             def init(self, name: _builtins.str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Converter.StrResults.Reader:
                 """A reader of this struct as built so far."""
@@ -2168,7 +2168,7 @@ class Crate:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Crate.Reader:
             """A reader of this struct as built so far."""
@@ -2535,7 +2535,7 @@ class Defaults:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Defaults.Reader:
             """A reader of this struct as built so far."""
@@ -2759,7 +2759,7 @@ class Keywords:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Keywords.Reader:
             """A reader of this struct as built so far."""
@@ -2947,7 +2947,7 @@ class Layered:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Layered.Reader:
             """A reader of this struct as built so far."""
@@ -3110,7 +3110,7 @@ class Left(_t.Interface["Left.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Left.LeftParams.Reader:
                 """A reader of this struct as built so far."""
@@ -3278,7 +3278,7 @@ class Left(_t.Interface["Left.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Left.LeftResults.Reader:
                 """A reader of this struct as built so far."""
@@ -3909,7 +3909,7 @@ class Lists:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Lists.Reader:
             """A reader of this struct as built so far."""
@@ -4105,7 +4105,7 @@ class Loud(_t.Interface["Loud.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Loud.LeftParams.Reader:
                 """A reader of this struct as built so far."""
@@ -4277,7 +4277,7 @@ class Loud(_t.Interface["Loud.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Loud.LeftResults.Reader:
                 """A reader of this struct as built so far."""
@@ -4618,7 +4618,7 @@ class Numbers:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Numbers.Reader:
             """A reader of this struct as built so far."""
@@ -4830,7 +4830,7 @@ class Pair:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Pair.Reader:
             """A reader of this struct as built so far."""
@@ -5015,7 +5015,7 @@ class Parcel:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Parcel.Reader:
             """A reader of this struct as built so far."""
@@ -5235,7 +5235,7 @@ class Recurring:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Recurring.Reader:
             """A reader of this struct as built so far."""
@@ -5434,7 +5434,7 @@ class Relay(_t.Interface["Relay.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Relay.RelayParams.Reader:
                 """A reader of this struct as built so far."""
@@ -5625,7 +5625,7 @@ class Relay(_t.Interface["Relay.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Relay.RelayResults.Reader:
                 """A reader of this struct as built so far."""
@@ -5824,7 +5824,7 @@ class Right(_t.Interface["Right.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Right.RightParams.Reader:
                 """A reader of this struct as built so far."""
@@ -5992,7 +5992,7 @@ class Right(_t.Interface["Right.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Right.RightResults.Reader:
                 """A reader of this struct as built so far."""
@@ -6235,7 +6235,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Diamond.TrickyParams.Reader:
                 """A reader of this struct as built so far."""
@@ -6434,7 +6434,7 @@ class Diamond(_t.Interface["Diamond.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Diamond.TrickyResults.Reader:
                 """A reader of this struct as built so far."""
@@ -6659,7 +6659,7 @@ class Settings:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Settings.Reader:
             """A reader of this struct as built so far."""
@@ -6840,7 +6840,7 @@ class Shapes:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Shapes.Square.Reader:
                 """A reader of this struct as built so far."""
@@ -6933,7 +6933,7 @@ class Shapes:
 
                     def init(self, name: str, *args: int) -> Any:
                         """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                        return getattr(self, "init_" + name)(*args)
+                        return _b.init_by_name(self, name, args)
 
                     def as_reader(self) -> Shapes.Style.Fill.Gradient.Reader:
                         """A reader of this struct as built so far."""
@@ -7035,7 +7035,7 @@ class Shapes:
 
                 def init(self, name: str, *args: int) -> Any:
                     """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                    return getattr(self, "init_" + name)(*args)
+                    return _b.init_by_name(self, name, args)
 
                 def as_reader(self) -> Shapes.Style.Fill.Reader:
                     """A reader of this struct as built so far."""
@@ -7114,7 +7114,7 @@ class Shapes:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Shapes.Style.Reader:
                 """A reader of this struct as built so far."""
@@ -7274,7 +7274,7 @@ class Shapes:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Shapes.Reader:
             """A reader of this struct as built so far."""
@@ -7491,7 +7491,7 @@ class Shelf:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Shelf.Slot.Reader:
                 """A reader of this struct as built so far."""
@@ -7639,7 +7639,7 @@ class Shelf:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Shelf.Reader:
             """A reader of this struct as built so far."""
@@ -7861,7 +7861,7 @@ class Shelves:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Shelves.Reader:
             """A reader of this struct as built so far."""
@@ -8062,7 +8062,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Shop.BuyParams.Reader:
                 """A reader of this struct as built so far."""
@@ -8255,7 +8255,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Shop.BuyResults.Reader:
                 """A reader of this struct as built so far."""
@@ -8412,7 +8412,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Shop.ListParams.Reader:
                 """A reader of this struct as built so far."""
@@ -8595,7 +8595,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Shop.ListResults.Reader:
                 """A reader of this struct as built so far."""
@@ -8779,7 +8779,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Shop.PeekParams.Reader:
                 """A reader of this struct as built so far."""
@@ -8935,7 +8935,7 @@ class Shop(_t.Interface["Shop.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Shop.PeekResults.Reader:
                 """A reader of this struct as built so far."""
@@ -9167,7 +9167,7 @@ class Sink(_t.Interface["Sink.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Sink.TotalParams.Reader:
                 """A reader of this struct as built so far."""
@@ -9342,7 +9342,7 @@ class Sink(_t.Interface["Sink.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Sink.TotalResults.Reader:
                 """A reader of this struct as built so far."""
@@ -9523,7 +9523,7 @@ class Sink(_t.Interface["Sink.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Sink.WriteParams.Reader:
                 """A reader of this struct as built so far."""
@@ -9737,7 +9737,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.GetParams.Reader:
                 """A reader of this struct as built so far."""
@@ -9935,7 +9935,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.GetResults.Reader:
                 """A reader of this struct as built so far."""
@@ -10121,7 +10121,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.PutParams.Reader:
                 """A reader of this struct as built so far."""
@@ -10273,7 +10273,7 @@ class Store(_t.Interface["Store.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store.PutResults.Reader:
                 """A reader of this struct as built so far."""
@@ -10496,7 +10496,7 @@ class Tree:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Tree.Reader_.Reader:
                 """A reader of this struct as built so far."""
@@ -10742,7 +10742,7 @@ class Tree:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Tree.Reader:
             """A reader of this struct as built so far."""
@@ -10971,7 +10971,7 @@ class Wrapper:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Wrapper.Reader:
             """A reader of this struct as built so far."""
@@ -11197,7 +11197,7 @@ class Box_Text:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Box_Text.Reader:
             """A reader of this struct as built so far."""
@@ -11420,7 +11420,7 @@ class Box_List_Int32:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Box_List_Int32.Reader:
             """A reader of this struct as built so far."""
@@ -11640,7 +11640,7 @@ class Box_Tree:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Box_Tree.Reader:
             """A reader of this struct as built so far."""
@@ -11866,7 +11866,7 @@ class Box_Shop:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Box_Shop.Reader:
             """A reader of this struct as built so far."""
@@ -12070,7 +12070,7 @@ class Pair_Text_Box_Text:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Pair_Text_Box_Text.Reader:
             """A reader of this struct as built so far."""
@@ -12273,7 +12273,7 @@ class Shelf_Tree:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Shelf_Tree.Slot_Text.Reader:
                 """A reader of this struct as built so far."""
@@ -12486,7 +12486,7 @@ class Shelf_Tree:
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Shelf_Tree.Slot_List_Int32.Reader:
                 """A reader of this struct as built so far."""
@@ -12638,7 +12638,7 @@ class Shelf_Tree:
 
         def init(self, name: str, *args: int) -> Any:
             """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-            return getattr(self, "init_" + name)(*args)
+            return _b.init_by_name(self, name, args)
 
         def as_reader(self) -> Shelf_Tree.Reader:
             """A reader of this struct as built so far."""
@@ -12813,7 +12813,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store_Text.PutParams.Reader:
                 """A reader of this struct as built so far."""
@@ -12965,7 +12965,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store_Text.PutResults.Reader:
                 """A reader of this struct as built so far."""
@@ -13113,7 +13113,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store_Text.GetParams.Reader:
                 """A reader of this struct as built so far."""
@@ -13302,7 +13302,7 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> Store_Text.GetResults.Reader:
                 """A reader of this struct as built so far."""
@@ -13520,7 +13520,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> TextStore.SizeParams.Reader:
                 """A reader of this struct as built so far."""
@@ -13687,7 +13687,7 @@ class TextStore(_t.Interface["TextStore.Client"]):
 
             def init(self, name: str, *args: int) -> Any:
                 """``init_<name>(*args)``, by name (as pycapnp builders take it)."""
-                return getattr(self, "init_" + name)(*args)
+                return _b.init_by_name(self, name, args)
 
             def as_reader(self) -> TextStore.SizeResults.Reader:
                 """A reader of this struct as built so far."""
