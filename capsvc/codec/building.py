@@ -1282,9 +1282,14 @@ class Undo:
         caps = builder.caps
         added = caps[self._caps :]
         del caps[self._caps :]
-        for hook in added:
-            if hook is not None:
-                hook.release()
+        release_hooks(added)
+
+
+def release_hooks(hooks: list[Any]) -> None:
+    """Release each capability reference of a cap table (None: a null entry)."""
+    for hook in hooks:
+        if hook is not None:
+            hook.release()
 
 
 def init_by_name(builder: StructBuilder, name: str, args: tuple[int, ...]) -> Any:
@@ -1462,9 +1467,7 @@ def check_alone(plan: StructPlan, given: dict[str, Any]) -> None:
     it alone, before anything changes; the references that copy took to the capabilities
     in it are released (the encoding is thrown away: kept, they would keep their servers
     alive)."""
-    for hook in _values.new_message_from(plan, given).caps:
-        if hook is not None:
-            hook.release()
+    release_hooks(_values.new_message_from(plan, given).caps)
 
 
 def _struct_words(buf: bytearray, at: int) -> tuple[int, int]:

@@ -46,6 +46,7 @@ from capsvc.codec.building import (
     _copy_pointer,
     bad_type,
     framed,
+    release_hooks,
     sized_builder,
     write_struct_pointer,
 )
@@ -212,12 +213,10 @@ def encode_message(plan: StructPlan, value: object, packed: bool) -> bytes:
         value = dict(value)
     buf = _native_root(plan, value)
     if buf is None:
-        message = _new_root(plan, "encode", value, None)
+        message = _python_root(plan, "encode", value, None)
         if message.caps:
             # The capabilities would be indexes into a cap table the bytes do not carry.
-            for hook in message.caps:
-                if hook is not None:
-                    hook.release()
+            release_hooks(message.caps)
             raise ValueError(
                 f"{plan.name}.encode(): the value holds capabilities, which a message's"
                 " bytes cannot carry (send it as an RPC call's params or results)"
@@ -255,6 +254,13 @@ def _new_root(
         buf = _native_root(plan, given)
         if buf is not None:
             return MessageBuilder(buf)
+    return _python_root(plan, op, given, unknown)
+
+
+def _python_root(
+    plan: StructPlan, op: str, given: object, unknown: Mapping[str, object] | None
+) -> MessageBuilder:
+    """``_new_root``'s work in Python: what the C encoder leaves (or has no build for)."""
     builder = MessageBuilder()
     enc = _Encoder(builder, 1, plan, op)
     if type(given) is list:

@@ -101,12 +101,8 @@ class CapsvcCodec:
         return self._frame(self._response, message)
 
     def _frame(self, root: Any, message: Any) -> bytes:
-        if self.packed:
-            body = self._bytes(root, message)
-            return _LENGTH_PACK(len(body)) + body
-        if type(message) is tuple:
-            return root.encode(message)  # type: ignore[no-any-return]
-        return message.to_bytes()  # type: ignore[no-any-return]
+        body = self._bytes(root, message)  # unpacked: framed already, as a stream wants it
+        return _LENGTH_PACK(len(body)) + body if self.packed else body
 
     def frame_all(self, messages: Sequence[Any]) -> bytes:
         if self.packed or any(type(message) is tuple for message in messages):
