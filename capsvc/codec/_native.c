@@ -619,7 +619,9 @@ py_element_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * dict of fields by either of their names. Nested structs, groups and list elements are
  * rows or dicts too. It lays the message out exactly as capsvc.codec.values does, byte for
  * byte: the struct's sections, then its pointer targets in the same order, a composite
- * list's sections before any element's targets.
+ * list's sections before any element's targets. ``encode_framed`` (same arguments) gives
+ * the same message as its bytes in the standard stream framing: what ``T.encode`` returns,
+ * written in place behind the segment table's word, so no copy is made.
  *
  * As the reader does, it takes the common case only and *bails out* (returns None, and
  * nothing was written anywhere) on everything else: a reader or builder for a struct, a
@@ -629,13 +631,38 @@ py_element_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * fault if there is one. */
 
 typedef struct {
-    PyObject *array; /* the bytearray being written */
+    /* What is being written: a bytearray (``encode_root``: a builder's segment), or a
+     * bytes object (``encode_framed``: the message's bytes, returned as they are, with
+     * no copy) whose first ``head`` bytes are left for the segment table. ``buf`` is
+     * the segment's first byte, ``len`` and ``cap`` count from there. */
+    PyObject *array;
+    int is_bytes;
+    Py_ssize_t head;
     uint8_t *buf;
     Py_ssize_t len;
     Py_ssize_t cap;
     PyObject *missing;
     int bailed;
 } Out;
+
+/* The object's storage resized to ``cap`` bytes of segment (and the head before them). */
+static int
+resize_out(Out *o, Py_ssize_t cap)
+{
+    if (o->is_bytes) {
+        /* (Ours alone, never shared until returned: resizing it in place is allowed.) */
+        if (_PyBytes_Resize(&o->array, o->head + cap) < 0)
+            return -1; /* (the object is freed and ``array`` NULL) */
+        o->buf = (uint8_t *)PyBytes_AS_STRING(o->array) + o->head;
+    }
+    else {
+        if (PyByteArray_Resize(o->array, cap) < 0)
+            return -1;
+        o->buf = (uint8_t *)PyByteArray_AS_STRING(o->array);
+    }
+    o->cap = cap;
+    return 0;
+}
 
 static int
 reserve(Out *o, Py_ssize_t more)
@@ -645,11 +672,7 @@ reserve(Out *o, Py_ssize_t more)
     Py_ssize_t cap = o->cap * 2;
     if (cap < o->len + more)
         cap = o->len + more;
-    if (PyByteArray_Resize(o->array, cap) < 0)
-        return -1;
-    o->buf = (uint8_t *)PyByteArray_AS_STRING(o->array);
-    o->cap = cap;
-    return 0;
+    return resize_out(o, cap);
 }
 
 /* ``bytes`` zeroed bytes at the end; their first byte's offset, or -1 (an exception). */
@@ -1125,11 +1148,15 @@ done:
     return rc;
 }
 
+/* The message of a root of ``args[0]`` holding ``args[1]`` (see above); ``framed``: as a
+ * bytes object in the standard stream framing (one segment: its table is one word, the
+ * count less one and the size in words), written in place so that nothing is copied;
+ * else the bare segment, a bytearray. */
 static PyObject *
-py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+encode_message(PyObject *const *args, Py_ssize_t nargs, int framed, const char *usage)
 {
     if (nargs != 3 || !PyObject_TypeCheck(args[0], &ProgramType)) {
-        PyErr_SetString(PyExc_TypeError, "encode_root(program, values, missing)");
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
     Program *p = (Program *)args[0];
@@ -1154,12 +1181,18 @@ py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     o.cap = words << 3 < 256 ? 256 : words << 3;
     if (o.cap < p->size_hint)
         o.cap = p->size_hint;
-    o.array = PyByteArray_FromStringAndSize(NULL, o.cap);
+    o.is_bytes = framed;
+    o.head = framed ? 8 : 0;
+    if (framed)
+        o.array = PyBytes_FromStringAndSize(NULL, o.head + o.cap);
+    else
+        o.array = PyByteArray_FromStringAndSize(NULL, o.cap);
     if (o.array == NULL) {
         Py_DECREF(values);
         return NULL;
     }
-    o.buf = (uint8_t *)PyByteArray_AS_STRING(o.array);
+    o.buf = (uint8_t *)(framed ? PyBytes_AS_STRING(o.array) : PyByteArray_AS_STRING(o.array))
+            + o.head;
     memset(o.buf, 0, (size_t)(words << 3));
     o.len = words << 3;
     patch_word(&o, 0, 0, (uint32_t)(p->data_words | p->pointers << 16));
@@ -1167,18 +1200,36 @@ py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (rc == 0)
         rc = fill_pointers(&o, p, values, is_row, 0, 1 + p->data_words);
     Py_DECREF(values);
+    if (rc == 0 && framed && (o.len >> 3) > 0xFFFFFFFFll)
+        rc = out_bail(&o); /* a segment's size is 32 bits: Python names the fault */
     if (rc < 0) {
-        Py_DECREF(o.array);
+        Py_XDECREF(o.array);
         if (o.bailed && !PyErr_Occurred())
             Py_RETURN_NONE;
         return NULL;
     }
     p->size_hint = o.len + (o.len >> 3);
-    if (PyByteArray_Resize(o.array, o.len) < 0) {
-        Py_DECREF(o.array);
+    if (resize_out(&o, o.len) < 0) {
+        Py_XDECREF(o.array);
         return NULL;
     }
+    if (framed) {
+        uint64_t table = (uint64_t)(o.len >> 3) << 32; /* segments - 1 = 0, then the size */
+        memcpy(PyBytes_AS_STRING(o.array), &table, 8);
+    }
     return o.array;
+}
+
+static PyObject *
+py_encode_root(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_message(args, nargs, 0, "encode_root(program, values, missing)");
+}
+
+static PyObject *
+py_encode_framed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return encode_message(args, nargs, 1, "encode_framed(program, values, missing)");
 }
 
 /* ---------------------------------------------------------------- packing
@@ -1975,6 +2026,8 @@ static PyMethodDef module_methods[] = {
      "The row of one struct, or None to read it in Python."},
     {"element_rows", (PyCFunction)(void (*)(void))py_element_rows, METH_FASTCALL,
      "The rows of a checked list of structs, or None to read them in Python."},
+    {"encode_framed", (PyCFunction)(void (*)(void))py_encode_framed, METH_FASTCALL,
+     "encode_root's message as its bytes in the stream framing, or None."},
     {"encode_root", (PyCFunction)(void (*)(void))py_encode_root, METH_FASTCALL,
      "A whole message from the root's values, or None to encode them in Python."},
     {"pack", (PyCFunction)py_pack, METH_O, "The packed encoding of whole words."},

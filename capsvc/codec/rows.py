@@ -108,13 +108,14 @@ class NativeEntries:
     a ``Final`` object in the compiled build (a module attribute there costs a dict
     lookup, and a function of it a getattr, per message)."""
 
-    __slots__ = ("element_rows", "encode_root", "module", "struct_row")
+    __slots__ = ("element_rows", "encode_framed", "encode_root", "module", "struct_row")
 
     def __init__(self) -> None:
         self.module: Any = None
         self.struct_row: Any = None
         self.element_rows: Any = None
         self.encode_root: Any = None
+        self.encode_framed: Any = None
 
 
 #: The C half in use: the compiled build's, else none (``use_native``).
@@ -130,6 +131,7 @@ def use_native(module: Any) -> None:
     NATIVE.struct_row = None if module is None else module.struct_row
     NATIVE.element_rows = None if module is None else module.element_rows
     NATIVE.encode_root = None if module is None else module.encode_root
+    NATIVE.encode_framed = None if module is None else module.encode_framed
 
 
 #: The C module itself (its ``Program`` type), while in use.

@@ -211,6 +211,10 @@ def encode_message(plan: StructPlan, value: object, packed: bool) -> bytes:
             expected = f"a {plan.name} row (a tuple) or a dict of its fields"
             raise bad_type(value, f"{plan.name}.encode()", expected)
         value = dict(value)
+    if not packed:
+        data = _native_framed(plan, value)
+        if data is not None:
+            return data  # (the common case: framed as the C encoder writes it, no copy)
     buf = _native_root(plan, value)
     if buf is None:
         message = _python_root(plan, "encode", value, None)
@@ -243,6 +247,20 @@ def _native_root(plan: StructPlan, given: object) -> bytearray | None:
         program = rows.native_program(plan)
     buf: bytearray | None = encode_root(program, given, MISSING)
     return buf
+
+
+def _native_framed(plan: StructPlan, value: object) -> bytes | None:
+    """``framed(_native_root(plan, value))`` in one C call (``encode_framed``), the bytes
+    written behind the segment table's word; None for anything the C encoder leaves to
+    Python (``value`` is a row or a dict here)."""
+    encode_framed = _NATIVE.encode_framed
+    if encode_framed is None:
+        return None
+    program = plan.native
+    if program is None:
+        program = rows.native_program(plan)
+    data: bytes | None = encode_framed(program, value, MISSING)
+    return data
 
 
 def _new_root(

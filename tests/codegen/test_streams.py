@@ -183,6 +183,24 @@ def test_encode_is_from_row_or_new_message_then_to_bytes(generated: Generated) -
         assert read_packed.to_dict() == built.as_reader().to_dict()
 
 
+def test_encode_grows_and_shrinks_its_buffer_from_one_message_to_the_next(
+    generated: Generated,
+) -> None:
+    """The compiled encoder starts each message's buffer at the last one's size and grows
+    or trims it as it writes (in place, behind the segment table's word): messages far
+    larger and far smaller than the one before still give ``to_bytes``'s bytes, and
+    their table gives their own size."""
+    k = generated.kitchen
+    for count in (0, 3, 600, 1, 2_000, 0):
+        tree = {"value": count, "children": [{"value": index} for index in range(count)]}
+        data = k.Tree.encode(tree)
+        assert data == k.Tree.new_message(**tree).to_bytes()
+        assert int.from_bytes(data[:4], "little") == 0  # one segment
+        assert int.from_bytes(data[4:8], "little") * 8 == len(data) - 8
+        children = k.Tree.from_bytes(data).children
+        assert [child.value for child in children] == list(range(count))
+
+
 def test_encode_refuses_what_is_not_a_row_or_a_dict(generated: Generated) -> None:
     """Anything but a row or a mapping of fields is a TypeError naming the struct (a list,
     ``new_message``'s own form, too); a field's mistake names the field; a value holding
