@@ -61,6 +61,10 @@ class CapsvcCodec:
         self.packed = compression == "packed"
         self._request = request_root
         self._response = response_root
+        # Bound once, as msgpack's codec binds its packer's ``pack``: a message is framed in
+        # one call of the codec's own, not a method chain per message.
+        self.frame = self._framer(request_root)
+        self.frame_response = self._framer(response_root)
 
     def view(self, message: Any) -> Any:
         if type(message) is tuple:
@@ -94,15 +98,27 @@ class CapsvcCodec:
         else:
             check(self._response.from_bytes(data), expected)
 
-    def frame(self, message: Any) -> bytes:
-        return self._frame(self._request, message)
+    def _framer(self, root: Any) -> Callable[[Any], bytes]:
+        """``frame`` for messages of ``root`` (rows or builders): unpacked bytes are framed
+        already, as a stream wants them; packed ones take a length prefix (see above)."""
+        encode = root.encode
+        if self.packed:
 
-    def frame_response(self, message: Any) -> bytes:
-        return self._frame(self._response, message)
+            def frame_packed(message: Any) -> bytes:
+                if type(message) is tuple:
+                    body: bytes = encode(message, packed=True)
+                else:
+                    body = message.to_bytes_packed()
+                return _LENGTH_PACK(len(body)) + body
 
-    def _frame(self, root: Any, message: Any) -> bytes:
-        body = self._bytes(root, message)  # unpacked: framed already, as a stream wants it
-        return _LENGTH_PACK(len(body)) + body if self.packed else body
+            return frame_packed
+
+        def frame(message: Any) -> bytes:
+            if type(message) is tuple:
+                return encode(message)  # type: ignore[no-any-return]
+            return message.to_bytes()  # type: ignore[no-any-return]
+
+        return frame
 
     def frame_all(self, messages: Sequence[Any]) -> bytes:
         if self.packed or any(type(message) is tuple for message in messages):

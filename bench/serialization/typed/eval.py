@@ -60,19 +60,18 @@ def evaluate(node: Expression.Reader) -> int:
 
 def _build_row(nxt: Callable[[], int]) -> Expression.Row:
     """An expression from the preorder tokens, as a row (``Expression.Row``: op, then
-    each side's group spliced in, its value and its expression)."""
-    op = nxt()
-    left: int | None = nxt()  # a leaf value 1..128, or 0: a child's tokens follow
+    each side's group spliced in, its value and its expression, the member not set None).
+    Each shape is one tuple display: no variable for a member left None."""
+    op = _OPERATIONS[nxt()]
+    left = nxt()  # a leaf value 1..128, or 0: a child's tokens follow
     if left:
-        left_child = None
-    else:
-        left, left_child = None, _build_row(nxt)
-    right: int | None = nxt()
-    if right:
-        right_child = None
-    else:
-        right, right_child = None, _build_row(nxt)
-    return (_OPERATIONS[op], left, left_child, right, right_child)
+        if right := nxt():
+            return (op, left, None, right, None)
+        return (op, left, None, None, _build_row(nxt))
+    left_child = _build_row(nxt)
+    if right := nxt():
+        return (op, None, left_child, right, None)
+    return (op, None, left_child, None, _build_row(nxt))
 
 
 _OPERATIONS = tuple(Operation)  # by code: an IntEnum call costs ~0.5 µs
