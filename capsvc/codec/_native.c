@@ -784,10 +784,42 @@ static int is_pointer_kind(int kind)
            || kind == 10 /* CAPABILITY */ || kind == 11 /* ANY */;
 }
 
+/* An int (or an int subclass's instance: an IntEnum member, a bool) of at most one digit:
+ * its value in ``*out``, 1; else 0 (anything else, to convert by the API). CPython 3.11's
+ * layout (the sign and digit count in ``ob_size``, 30-bit digits), which a subclass's
+ * instance shares: most numbers and every enum member are such ints, and the call into
+ * the API cost more than the rest of their encoding. */
+static inline int
+small_int(PyObject *value, long long *out)
+{
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+    if (PyLong_Check(value)) {
+        Py_ssize_t size = Py_SIZE(value);
+        if (size >= -1 && size <= 1) {
+            *out = (long long)size * (long long)((PyLongObject *)value)->ob_digit[0];
+            return 1;
+        }
+    }
+#endif
+    (void)value;
+    (void)out;
+    return 0;
+}
+
 /* An integer of ``f``'s width and sign, as the bits stored (before the XOR); -1 to bail. */
 static int
 integer_bits(PyObject *value, Field *f, uint64_t *out)
 {
+    long long small;
+    if (f->width < 8 && small_int(value, &small)) {
+        int bits = f->width * 8;
+        long long low = f->is_signed ? -(1LL << (bits - 1)) : 0;
+        long long high = f->is_signed ? (1LL << (bits - 1)) - 1 : (1LL << bits) - 1;
+        if (small < low || small > high)
+            return -1;
+        *out = (uint64_t)small;
+        return 0;
+    }
     if (!PyLong_Check(value))
         return -1;
     if (f->width == 8 && !f->is_signed) {
@@ -890,10 +922,13 @@ data_field(Out *o, Field *f, PyObject *value, int is_row, Py_ssize_t data)
     case K_ENUM: {
         if (!PyLong_Check(value) || PyBool_Check(value))
             return out_bail(o);
-        long code = PyLong_AsLong(value);
-        if (code == -1 && PyErr_Occurred()) {
-            PyErr_Clear();
-            return out_bail(o);
+        long long code;
+        if (!small_int(value, &code)) {
+            code = PyLong_AsLongLong(value);
+            if (code == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                return out_bail(o);
+            }
         }
         if (code < 0 || code > 0xFFFF)
             return out_bail(o);

@@ -595,6 +595,51 @@ def test_c_and_python_encoders_write_the_same_bytes(
         assert encoded_in_c
 
 
+@pytest.mark.skipif(NATIVE is None, reason="no C compiler here: there is no C encoder")
+def test_c_and_python_encoders_agree_at_every_integer_edge(generated: Generated) -> None:
+    """The C encoder reads a one-digit int (|n| < 2**30) from its object directly and any
+    other through the API: each integer field's edges, the digit's edges, bools, an int
+    subclass and every enum code, as members and as ints, encode to the same bytes (or
+    the same error) as in Python."""
+    k = generated.kitchen
+    digit = 1 << 30
+    numbers = [0, 1, -1, True, False, digit - 1, digit, -(digit - 1), -digit, 1 << 62]
+    numbers += [1 << 63, (1 << 64) - 1, 1 << 64, -(1 << 63), -(1 << 63) - 1]
+
+    class Count(int):
+        pass
+
+    numbers.append(Count(5))
+    fields = {"i8": 8, "i16": 16, "i32": 32, "i64": 64, "u8": 8, "u16": 16, "u32": 32}
+    fields["u64"] = 64
+    for name, bits in fields.items():
+        signed = name.startswith("i")
+        edges = [-(1 << (bits - 1)), (1 << (bits - 1)) - 1] if signed else [0, (1 << bits) - 1]
+        edges += [edges[0] - 1, edges[1] + 1]
+        for value in numbers + edges:
+            outcomes = []
+            for native in (NATIVE, None):
+                rows_module.use_native(native)
+                try:
+                    outcomes.append(k.Numbers.encode({name: value}))
+                except (TypeError, ValueError) as error:
+                    outcomes.append((type(error), str(error)))
+                finally:
+                    rows_module.use_native(NATIVE)
+            assert outcomes[0] == outcomes[1], (name, value)
+    for code in [*k.Color, *[int(member) for member in k.Color], 0xFFFF, 0x10000, -1]:
+        outcomes = []
+        for native in (NATIVE, None):
+            rows_module.use_native(native)
+            try:
+                outcomes.append(k.Numbers.encode({"color": code}))
+            except (TypeError, ValueError) as error:
+                outcomes.append((type(error), str(error)))
+            finally:
+                rows_module.use_native(NATIVE)
+        assert outcomes[0] == outcomes[1], code
+
+
 def test_a_default_that_holds_itself_ends_in_a_row(generated: Generated) -> None:
     """Recurring.again defaults to a Recurring whose own ``again`` is null: a reader,
     lazy, finds that default again at every level; a row, eager, reads a default met
