@@ -1213,9 +1213,11 @@ encode_message(PyObject *const *args, Py_ssize_t nargs, int framed, const char *
         }
     }
     Py_ssize_t words = 1 + p->data_words + p->pointers;
-    o.cap = words << 3 < 256 ? 256 : words << 3;
-    if (o.cap < p->size_hint)
-        o.cap = p->size_hint;
+    /* The last message's size (and a little more), once there was one: a root of fixed
+     * size then needs no resizing at all; the first message starts at 256 bytes. */
+    o.cap = p->size_hint > 0 ? p->size_hint : 256;
+    if (o.cap < words << 3)
+        o.cap = words << 3;
     o.is_bytes = framed;
     o.head = framed ? 8 : 0;
     if (framed)
