@@ -1,10 +1,12 @@
-"""Command line of the serialization suite: ``run`` (pyperf), ``report`` and ``sizes``.
+"""Command line of the serialization suite: ``run`` (pyperf), ``report``, ``sizes``, ``ab``.
 
     python -m bench.serialization run [--benchmark B] [--mode M] [--format F]
                                       [--compression C] [--depth N] [--smoke] [-o FILE]
                                       [any pyperf Runner option]
     python -m bench.serialization report FILE.json
     python -m bench.serialization sizes [--iterations N]
+    python -m bench.serialization ab --benchmark B --mode M [--formats A,B] [--rounds N]
+                                     (two formats in alternation: interleave.py)
 
 Theory of operation
 -------------------
@@ -552,7 +554,7 @@ def run(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"run": run, "report": _report, "sizes": _sizes}
+    commands = {"run": run, "report": _report, "sizes": _sizes, "ab": _ab}
     if not argv or argv[0] not in commands:
         print(__doc__.split("Theory of operation")[0].rstrip(), file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -563,6 +565,12 @@ def _report(argv: Sequence[str]) -> int:
     from bench.serialization.report import main as report_main
 
     return report_main(argv)
+
+
+def _ab(argv: Sequence[str]) -> int:
+    from bench.serialization.interleave import main as ab_main
+
+    return ab_main(argv)
 
 
 def _sizes(argv: Sequence[str]) -> int:
