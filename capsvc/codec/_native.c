@@ -116,6 +116,11 @@ typedef struct {
     long long entry_budget;
     int bailed;
     int budget_written; /* msg.budget was set (before a callback): restore it on bail */
+    /* root_row's: no message object until a field is read through Python, then one made
+     * by ``make_msg(segment, traversal_limit, nesting_limit)`` and owned here. */
+    PyObject *make_msg;
+    long nesting_limit;
+    int owns_msg;
 } Ctx;
 
 static inline uint64_t
@@ -202,6 +207,13 @@ static PyObject *
 call_via(Ctx *c, Program *p, Field *f, PyObject *dseg, Py_ssize_t data, Py_ssize_t ptr,
          Py_ssize_t pend, long depth)
 {
+    if (c->msg == NULL) { /* root_row: the message object a Python read needs, now */
+        c->msg = PyObject_CallFunction(c->make_msg, "OLl", c->segment, c->entry_budget,
+                                       c->nesting_limit);
+        if (c->msg == NULL)
+            return NULL;
+        c->owns_msg = 1;
+    }
     if (write_budget(c, c->budget) < 0)
         return NULL;
     c->budget_written = 1;
@@ -608,6 +620,65 @@ py_element_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     return close_ctx(&c, read_elements(&c, p, start, count, size, data_words, pointers, depth));
+}
+
+/* ``root_row(program, segment, traversal_limit, nesting_limit, via, make_msg)``: the row
+ * of the root struct of a one-segment message whose words are ``segment`` (bytes, no
+ * segment table), as ``T.row(T.read([segment]))`` reads it, charged to a budget of its
+ * own; None (a bail) for anything else, and Python reads the same message from the
+ * start (a null root too: Python's empty reader gives its defaults). No message object
+ * is made unless a field is read through Python (``via``): ``make_msg(segment,
+ * traversal_limit, nesting_limit)`` makes it then, as ``T.read`` would have. */
+static PyObject *
+py_root_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyObject_TypeCheck(args[0], &ProgramType) || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "root_row(program, segment: bytes, traversal_limit,"
+                                         " nesting_limit, via, make_msg)");
+        return NULL;
+    }
+    Program *p = (Program *)args[0];
+    long long budget = PyLong_AsLongLong(args[2]);
+    if (budget == -1 && PyErr_Occurred())
+        return NULL;
+    long nesting = PyLong_AsLong(args[3]);
+    if (nesting == -1 && PyErr_Occurred())
+        return NULL;
+    Ctx c;
+    memset(&c, 0, sizeof(c));
+    c.via = args[4];
+    c.make_msg = args[5];
+    c.nesting_limit = nesting;
+    c.segment = Py_NewRef(args[1]);
+    c.base = (const uint8_t *)PyBytes_AS_STRING(args[1]);
+    c.words = PyBytes_GET_SIZE(args[1]) >> 3;
+    c.budget = c.entry_budget = budget;
+    PyObject *row = NULL;
+    /* The root pointer (word 0), as reading.locate_struct takes it: a near struct pointer
+     * within the segment and the budget, one level of nesting for the root itself. */
+    uint64_t word = c.words >= 1 ? load64(c.base) : 0;
+    if (word != 0 && (word & 3) == 0 && nesting > 0) {
+        int64_t data_words = (int64_t)((word >> 32) & 0xFFFF);
+        int64_t pointers = (int64_t)(word >> 48);
+        int64_t start = 1 + pointer_offset(word);
+        if (start >= 0 && start + data_words + pointers <= c.words
+            && charge(&c, data_words + pointers)) {
+            Py_ssize_t ptr = (Py_ssize_t)(start + data_words);
+            row = read_row(&c, p, c.segment, (Py_ssize_t)(start << 3),
+                           (Py_ssize_t)(data_words << 3), ptr, ptr + (Py_ssize_t)pointers,
+                           nesting - 1);
+        }
+        else
+            c.bailed = 1;
+    }
+    else
+        c.bailed = 1;
+    release_ctx(&c);
+    if (c.owns_msg)
+        Py_DECREF(c.msg); /* (nobody reads its budget after us: it was ours alone) */
+    if (row == NULL && c.bailed && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return row;
 }
 
 /* ---------------------------------------------------------------- the encoder
@@ -2059,6 +2130,8 @@ py_use_shuffle(PyObject *self, PyObject *on)
 }
 
 static PyMethodDef module_methods[] = {
+    {"root_row", (PyCFunction)(void (*)(void))py_root_row, METH_FASTCALL,
+     "The row of a one-segment message's root, or None to read it in Python."},
     {"struct_row", (PyCFunction)(void (*)(void))py_struct_row, METH_FASTCALL,
      "The row of one struct, or None to read it in Python."},
     {"element_rows", (PyCFunction)(void (*)(void))py_element_rows, METH_FASTCALL,

@@ -73,6 +73,7 @@ from capsvc.codec.reading import (
     DEFAULT_NESTING_LIMIT,
     ListReader,
     MessageReader,
+    R,
     StructList,
     StructReader,
     _open_list,
@@ -80,6 +81,7 @@ from capsvc.codec.reading import (
     near_composite,
     padded_data,
     read_data,
+    read_segments,
     read_text,
 )
 from capsvc.errors import DecodeError
@@ -89,6 +91,7 @@ __all__ = [
     "NativeEntries",
     "Selection",
     "list_rows",
+    "root_row",
     "select",
     "struct_row",
     "use_native",
@@ -108,7 +111,14 @@ class NativeEntries:
     a ``Final`` object in the compiled build (a module attribute there costs a dict
     lookup, and a function of it a getattr, per message)."""
 
-    __slots__ = ("element_rows", "encode_framed", "encode_root", "module", "struct_row")
+    __slots__ = (
+        "element_rows",
+        "encode_framed",
+        "encode_root",
+        "module",
+        "root_row",
+        "struct_row",
+    )
 
     def __init__(self) -> None:
         self.module: Any = None
@@ -116,6 +126,7 @@ class NativeEntries:
         self.element_rows: Any = None
         self.encode_root: Any = None
         self.encode_framed: Any = None
+        self.root_row: Any = None
 
 
 #: The C half in use: the compiled build's, else none (``use_native``).
@@ -132,6 +143,7 @@ def use_native(module: Any) -> None:
     NATIVE.element_rows = None if module is None else module.element_rows
     NATIVE.encode_root = None if module is None else module.encode_root
     NATIVE.encode_framed = None if module is None else module.encode_framed
+    NATIVE.root_row = None if module is None else module.root_row
 
 
 #: The C module itself (its ``Program`` type), while in use.
@@ -143,6 +155,25 @@ if _build.COMPILED:
 
 
 # ---------------------------------------------------------------------- entry points
+def root_row(
+    cls: type[R], plan: StructPlan, segments: list[bytes | memoryview], traversal: int, nesting: int
+) -> tuple[Any, ...]:
+    """The row of the root ``cls`` struct (``plan``'s) of a message's ``segments`` (a list
+    made for this message alone, a decoder's), read with ``traversal`` words of budget and
+    ``nesting`` levels: ``struct_row(read_segments(...))``, the same row and the same
+    errors, but a one-segment message is read in one C call with no message or reader
+    object made (what a row decoder gives per message)."""
+    root_row_in_c = NATIVE.root_row
+    if root_row_in_c is not None and len(segments) == 1:
+        only = segments[0]
+        if type(only) is bytes:
+            program = native_program(plan)
+            row = root_row_in_c(program, only, traversal, nesting, _VIA_READER, _ROOT_MESSAGE)
+            if row is not None:
+                return row  # type: ignore[no-any-return]
+    return struct_row(read_segments(cls, segments, traversal, nesting, True), plan)
+
+
 def struct_row(reader: object, plan: StructPlan) -> tuple[Any, ...]:
     """The row of ``reader`` (a generated reader of ``plan``'s struct, or a builder)."""
     if not isinstance(reader, StructReader):
@@ -747,3 +778,11 @@ def _row_value(
 #: ``_via_reader`` for the C reader's calls: a Final is a C static in the compiled build
 #: (a function named as a value is a dict lookup per call).
 _VIA_READER: Final = _via_reader
+
+
+def _root_message(segment: bytes, traversal: int, nesting: int) -> MessageReader:
+    """The message object of ``root_row``'s one segment, made when a field needs one."""
+    return MessageReader([segment], traversal_limit_words=traversal, nesting_limit=nesting)
+
+
+_ROOT_MESSAGE: Final = _root_message

@@ -1,4 +1,5 @@
-"""``RootDecoder``: the roots of a byte stream of framed messages, read as they arrive.
+"""``RootDecoder`` and ``RowDecoder``: the roots of a byte stream of framed messages, read
+as they arrive (as readers, or as rows).
 
 Theory of operation
 -------------------
@@ -23,12 +24,16 @@ streams carry no length before a message's end, so they are read whole
 
 from __future__ import annotations
 
-from typing import Generic
+from typing import Any, Generic, TypeVar
 
-from capsvc.codec.reading import R, read_segments
+from capsvc.codec.plans import StructPlan
+from capsvc.codec.reading import R, StructReader, read_segments
+from capsvc.codec.rows import root_row
 from capsvc.framing import DEFAULT_LIMITS, FrameDecoder, Limits
 
-__all__ = ["DEFAULT_LIMITS", "Limits", "RootDecoder"]
+__all__ = ["DEFAULT_LIMITS", "Limits", "RootDecoder", "RowDecoder"]
+
+W = TypeVar("W", bound=tuple[Any, ...])
 
 
 class RootDecoder(Generic[R]):
@@ -76,3 +81,56 @@ class RootDecoder(Generic[R]):
         if root is None:
             raise StopIteration
         return root
+
+
+class RowDecoder(Generic[W]):
+    """The roots of a stream of framed messages as rows of ``plan``'s struct (``cls`` its
+    generated reader, for what C leaves to Python); see the module docstring."""
+
+    __slots__ = ("_cls", "_frames", "_nesting", "_plan", "_traversal")
+
+    def __init__(
+        self, cls: type[StructReader], plan: StructPlan, limits: Limits = DEFAULT_LIMITS
+    ) -> None:
+        self._cls = cls
+        self._plan = plan
+        self._frames = FrameDecoder(limits)
+        self._traversal = limits.traversal_limit_words
+        self._nesting = limits.nesting_limit
+
+    @property
+    def limits(self) -> Limits:
+        return self._frames.limits
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as part of a message."""
+        return self._frames.buffered
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append bytes received from the stream (any split is fine)."""
+        self._frames.feed(data)
+
+    def feed_eof(self) -> None:
+        """The stream has ended: a message still incomplete makes ``next`` raise."""
+        self._frames.feed_eof()
+
+    def next(self) -> W | None:
+        """The row of the next complete message's root, or None while more bytes are
+        needed."""
+        segments = self._frames.next_message()
+        if segments is None:
+            return None
+        row: Any = root_row(self._cls, self._plan, segments, self._traversal, self._nesting)
+        return row  # type: ignore[no-any-return]
+
+    def __iter__(self) -> RowDecoder[W]:
+        return self
+
+    def __next__(self) -> W:
+        """Each row complete so far (iteration stops while more bytes are needed, and can
+        go on after the next ``feed``)."""
+        row = self.next()
+        if row is None:
+            raise StopIteration
+        return row

@@ -80,7 +80,7 @@ _NO_DEFAULT_TEXT = ""
 #: Names the generator defines in a type's namespace only (a struct's row functions, an
 #: interface's method table): a nested type or a constant named so is renamed, a field
 #: (an attribute of readers and builders) keeps its name.
-TYPE_RESERVED = frozenset({"row", "rows", "select", "decoder", "encode", "METHODS"})
+TYPE_RESERVED = frozenset({"row", "rows", "select", "decoder", "row_decoder", "encode", "METHODS"})
 
 #: Names a generated module imports for itself (its header): a type, a group's class or a
 #: constant named so would shadow the import in the module or in its class's body (where
@@ -948,6 +948,17 @@ def _struct(out: _Out, node: Struct, children: dict[str, list[Node]], names: _Na
             out.add("    arrive: ``feed`` it bytes, then ``next()`` gives each complete message's")
             out.add('    root (None until one is); ``limits`` bound each message."""')
             out.add(f"    return _s.RootDecoder({path}.Reader, limits)")
+            out.add("")
+            out.add("@staticmethod")
+            out.add(
+                "def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS)"
+                f" -> _s.RowDecoder[{path}.Row]:"
+            )
+            out.add(f'    """``decoder()``, giving each {node.scope} root as its row: what')
+            out.add("    ``row(decoder.next())`` gives, with no message or reader object made for")
+            out.add('    a message of one segment (the common case)."""')
+            # (No schema name can be ``row_decoder``: capnp names have no underscores.)
+            out.add(f"    return _s.RowDecoder({path}.Reader, {_plan_name(path)}, limits)")
             out.add("")
             out.lines.pop()
 

@@ -216,6 +216,13 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(BenchEcho.PingCapParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[BenchEcho.PingCapParams.Row]:
+            """``decoder()``, giving each BenchEcho.pingCap$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(BenchEcho.PingCapParams.Reader, _P_BenchEcho_PingCapParams, limits)
+
     class PingCapResults:
         """struct BenchEcho.pingCap$Results (0x9f590e4882f9b246)."""
 
@@ -416,6 +423,13 @@ class BenchEcho(_t.Interface["BenchEcho.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(BenchEcho.PingCapResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[BenchEcho.PingCapResults.Row]:
+            """``decoder()``, giving each BenchEcho.pingCap$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(BenchEcho.PingCapResults.Reader, _P_BenchEcho_PingCapResults, limits)
 
     class Client(echo_capnp.Echo.Client):
         """A capability typed as BenchEcho: call its methods."""

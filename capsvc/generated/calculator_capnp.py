@@ -389,6 +389,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Calculator.Expression.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Calculator.Expression.Row]:
+            """``decoder()``, giving each Calculator.Expression root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Calculator.Expression.Reader, _P_Calculator_Expression, limits)
+
     class Function(_t.Interface["Calculator.Function.Client"]):
         """interface Calculator.Function (0xede83a3d96840394): its methods' params and results."""
 
@@ -583,6 +590,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 root (None until one is); ``limits`` bound each message."""
                 return _s.RootDecoder(Calculator.Function.CallParams.Reader, limits)
 
+            @staticmethod
+            def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Calculator.Function.CallParams.Row]:
+                """``decoder()``, giving each Calculator.Function.call$Params root as its row: what
+                ``row(decoder.next())`` gives, with no message or reader object made for
+                a message of one segment (the common case)."""
+                return _s.RowDecoder(Calculator.Function.CallParams.Reader, _P_Calculator_Function_CallParams, limits)
+
         class CallResults:
             """struct Calculator.Function.call$Results (0xc0e0abf76914dead)."""
 
@@ -753,6 +767,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
                 root (None until one is); ``limits`` bound each message."""
                 return _s.RootDecoder(Calculator.Function.CallResults.Reader, limits)
+
+            @staticmethod
+            def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Calculator.Function.CallResults.Row]:
+                """``decoder()``, giving each Calculator.Function.call$Results root as its row: what
+                ``row(decoder.next())`` gives, with no message or reader object made for
+                a message of one segment (the common case)."""
+                return _s.RowDecoder(Calculator.Function.CallResults.Reader, _P_Calculator_Function_CallResults, limits)
 
         class Client(_t.Client):
             """A capability typed as Calculator.Function: call its methods."""
@@ -962,6 +983,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 root (None until one is); ``limits`` bound each message."""
                 return _s.RootDecoder(Calculator.Value.ReadParams.Reader, limits)
 
+            @staticmethod
+            def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Calculator.Value.ReadParams.Row]:
+                """``decoder()``, giving each Calculator.Value.read$Params root as its row: what
+                ``row(decoder.next())`` gives, with no message or reader object made for
+                a message of one segment (the common case)."""
+                return _s.RowDecoder(Calculator.Value.ReadParams.Reader, _P_Calculator_Value_ReadParams, limits)
+
         class ReadResults:
             """struct Calculator.Value.read$Results (0xe6be6723122ae822)."""
 
@@ -1132,6 +1160,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
                 arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
                 root (None until one is); ``limits`` bound each message."""
                 return _s.RootDecoder(Calculator.Value.ReadResults.Reader, limits)
+
+            @staticmethod
+            def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Calculator.Value.ReadResults.Row]:
+                """``decoder()``, giving each Calculator.Value.read$Results root as its row: what
+                ``row(decoder.next())`` gives, with no message or reader object made for
+                a message of one segment (the common case)."""
+                return _s.RowDecoder(Calculator.Value.ReadResults.Reader, _P_Calculator_Value_ReadResults, limits)
 
         class Client(_t.Client):
             """A capability typed as Calculator.Value: call its methods."""
@@ -1362,6 +1397,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Calculator.DefFunctionParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Calculator.DefFunctionParams.Row]:
+            """``decoder()``, giving each Calculator.defFunction$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Calculator.DefFunctionParams.Reader, _P_Calculator_DefFunctionParams, limits)
+
     class DefFunctionResults:
         """struct Calculator.defFunction$Results (0x8d24f465047cd6c8)."""
 
@@ -1553,6 +1595,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Calculator.DefFunctionResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Calculator.DefFunctionResults.Row]:
+            """``decoder()``, giving each Calculator.defFunction$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Calculator.DefFunctionResults.Reader, _P_Calculator_DefFunctionResults, limits)
+
     class EvaluateParams:
         """struct Calculator.evaluate$Params (0xbb0eaae1557a36d4)."""
 
@@ -1740,6 +1789,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Calculator.EvaluateParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Calculator.EvaluateParams.Row]:
+            """``decoder()``, giving each Calculator.evaluate$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Calculator.EvaluateParams.Reader, _P_Calculator_EvaluateParams, limits)
 
     class EvaluateResults:
         """struct Calculator.evaluate$Results (0x81b1a3f55887a611)."""
@@ -1932,6 +1988,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Calculator.EvaluateResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Calculator.EvaluateResults.Row]:
+            """``decoder()``, giving each Calculator.evaluate$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Calculator.EvaluateResults.Reader, _P_Calculator_EvaluateResults, limits)
+
     class GetOperatorParams:
         """struct Calculator.getOperator$Params (0x8a8dceb4f4a3c530)."""
 
@@ -2109,6 +2172,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Calculator.GetOperatorParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Calculator.GetOperatorParams.Row]:
+            """``decoder()``, giving each Calculator.getOperator$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Calculator.GetOperatorParams.Reader, _P_Calculator_GetOperatorParams, limits)
 
     class GetOperatorResults:
         """struct Calculator.getOperator$Results (0xd18fbb7763c08c20)."""
@@ -2300,6 +2370,13 @@ class Calculator(_t.Interface["Calculator.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Calculator.GetOperatorResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Calculator.GetOperatorResults.Row]:
+            """``decoder()``, giving each Calculator.getOperator$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Calculator.GetOperatorResults.Reader, _P_Calculator_GetOperatorResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Calculator: call its methods."""

@@ -215,6 +215,13 @@ class Echo(_t.Interface["Echo.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Echo.PingParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Echo.PingParams.Row]:
+            """``decoder()``, giving each Echo.ping$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Echo.PingParams.Reader, _P_Echo_PingParams, limits)
+
     class PingResults:
         """struct Echo.ping$Results (0xb37b9e41b12a2677)."""
 
@@ -386,6 +393,13 @@ class Echo(_t.Interface["Echo.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Echo.PingResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Echo.PingResults.Row]:
+            """``decoder()``, giving each Echo.ping$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Echo.PingResults.Reader, _P_Echo_PingResults, limits)
 
     class PingDataParams:
         """struct Echo.pingData$Params (0xd7e37bd20ee55124)."""
@@ -567,6 +581,13 @@ class Echo(_t.Interface["Echo.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Echo.PingDataParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Echo.PingDataParams.Row]:
+            """``decoder()``, giving each Echo.pingData$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Echo.PingDataParams.Reader, _P_Echo_PingDataParams, limits)
+
     class PingDataResults:
         """struct Echo.pingData$Results (0xf98dcdb1b8b0c70c)."""
 
@@ -746,6 +767,13 @@ class Echo(_t.Interface["Echo.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Echo.PingDataResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Echo.PingDataResults.Row]:
+            """``decoder()``, giving each Echo.pingData$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Echo.PingDataResults.Reader, _P_Echo_PingDataResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Echo: call its methods."""

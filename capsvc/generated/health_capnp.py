@@ -215,6 +215,13 @@ class Health(_t.Interface["Health.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Health.CheckParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Health.CheckParams.Row]:
+            """``decoder()``, giving each Health.check$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Health.CheckParams.Reader, _P_Health_CheckParams, limits)
+
     class CheckResults:
         """struct Health.check$Results (0xcff75b88dce15fb4)."""
 
@@ -392,6 +399,13 @@ class Health(_t.Interface["Health.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Health.CheckResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Health.CheckResults.Row]:
+            """``decoder()``, giving each Health.check$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Health.CheckResults.Reader, _P_Health_CheckResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Health: call its methods."""

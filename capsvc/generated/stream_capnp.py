@@ -183,6 +183,13 @@ class StreamResult:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(StreamResult.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[StreamResult.Row]:
+        """``decoder()``, giving each StreamResult root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(StreamResult.Reader, _P_StreamResult, limits)
+
 
 # What new_message(**fields) and assign(**fields) encode with (capsvc.codec.values).
 _P_StreamResult = StreamResult.Builder._PLAN = _v.StructPlan("StreamResult", 0, 0)

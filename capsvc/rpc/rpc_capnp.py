@@ -236,6 +236,13 @@ class Accept:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Accept.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Accept.Row]:
+        """``decoder()``, giving each Accept root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Accept.Reader, _P_Accept, limits)
+
 class Bootstrap:
     """struct Bootstrap (0xe94ccf8031176ec4)."""
 
@@ -425,6 +432,13 @@ class Bootstrap:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Bootstrap.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Bootstrap.Row]:
+        """``decoder()``, giving each Bootstrap root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Bootstrap.Reader, _P_Bootstrap, limits)
 
 class Call:
     """struct Call (0x836a53ce789d4cd4)."""
@@ -835,6 +849,13 @@ class Call:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Call.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Call.Row]:
+        """``decoder()``, giving each Call root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Call.Reader, _P_Call, limits)
+
 class CapDescriptor:
     """struct CapDescriptor (0x8523ddc40b86b8b0)."""
 
@@ -1130,6 +1151,13 @@ class CapDescriptor:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(CapDescriptor.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[CapDescriptor.Row]:
+        """``decoder()``, giving each CapDescriptor root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(CapDescriptor.Reader, _P_CapDescriptor, limits)
 
 class Disembargo:
     """struct Disembargo (0xf964368b0fbd3711)."""
@@ -1448,6 +1476,13 @@ class Disembargo:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Disembargo.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Disembargo.Row]:
+        """``decoder()``, giving each Disembargo root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Disembargo.Reader, _P_Disembargo, limits)
+
 class Exception:
     """struct Exception (0xd625b7063acf691a)."""
 
@@ -1682,6 +1717,13 @@ class Exception:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Exception.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Exception.Row]:
+        """``decoder()``, giving each Exception root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Exception.Reader, _P_Exception, limits)
+
 class Finish:
     """struct Finish (0xd37d2eb2c2f80e63)."""
 
@@ -1870,6 +1912,13 @@ class Finish:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Finish.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Finish.Row]:
+        """``decoder()``, giving each Finish root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Finish.Reader, _P_Finish, limits)
 
 class Join:
     """struct Join (0xfbe1980490e001af)."""
@@ -2086,6 +2135,13 @@ class Join:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Join.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Join.Row]:
+        """``decoder()``, giving each Join root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Join.Reader, _P_Join, limits)
 
 class Message:
     """struct Message (0x91b79f1f808db032)."""
@@ -2676,6 +2732,13 @@ class Message:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Message.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Message.Row]:
+        """``decoder()``, giving each Message root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Message.Reader, _P_Message, limits)
+
 class MessageTarget:
     """struct MessageTarget (0x95bc14545813fbc1)."""
 
@@ -2892,6 +2955,13 @@ class MessageTarget:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(MessageTarget.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[MessageTarget.Row]:
+        """``decoder()``, giving each MessageTarget root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(MessageTarget.Reader, _P_MessageTarget, limits)
+
 class Payload:
     """struct Payload (0x9a0e61223d96743b)."""
 
@@ -3093,6 +3163,13 @@ class Payload:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Payload.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Payload.Row]:
+        """``decoder()``, giving each Payload root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Payload.Reader, _P_Payload, limits)
 
 class PromisedAnswer:
     """struct PromisedAnswer (0xd800b1d6cd6f1ca0)."""
@@ -3304,6 +3381,13 @@ class PromisedAnswer:
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(PromisedAnswer.Op.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[PromisedAnswer.Op.Row]:
+            """``decoder()``, giving each PromisedAnswer.Op root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(PromisedAnswer.Op.Reader, _P_PromisedAnswer_Op, limits)
+
     class Init(TypedDict, total=False):
         """PromisedAnswer as plain values: what ``new_message`` and ``assign`` take."""
 
@@ -3490,6 +3574,13 @@ class PromisedAnswer:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(PromisedAnswer.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[PromisedAnswer.Row]:
+        """``decoder()``, giving each PromisedAnswer root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(PromisedAnswer.Reader, _P_PromisedAnswer, limits)
 
 class Provide:
     """struct Provide (0x9c6a046bfbc1ac5a)."""
@@ -3707,6 +3798,13 @@ class Provide:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Provide.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Provide.Row]:
+        """``decoder()``, giving each Provide root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Provide.Reader, _P_Provide, limits)
+
 class Release:
     """struct Release (0xad1a6c0d7dd07497)."""
 
@@ -3886,6 +3984,13 @@ class Release:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Release.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Release.Row]:
+        """``decoder()``, giving each Release root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Release.Reader, _P_Release, limits)
 
 class Resolve:
     """struct Resolve (0xbbc29655fa89086e)."""
@@ -4132,6 +4237,13 @@ class Resolve:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Resolve.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Resolve.Row]:
+        """``decoder()``, giving each Resolve root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Resolve.Reader, _P_Resolve, limits)
 
 class Return:
     """struct Return (0x9e19b28d3db3573a)."""
@@ -4468,6 +4580,13 @@ class Return:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Return.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Return.Row]:
+        """``decoder()``, giving each Return root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Return.Reader, _P_Return, limits)
+
 class ThirdPartyCapDescriptor:
     """struct ThirdPartyCapDescriptor (0xd37007fde1f0027d)."""
 
@@ -4657,6 +4776,13 @@ class ThirdPartyCapDescriptor:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(ThirdPartyCapDescriptor.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[ThirdPartyCapDescriptor.Row]:
+        """``decoder()``, giving each ThirdPartyCapDescriptor root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(ThirdPartyCapDescriptor.Reader, _P_ThirdPartyCapDescriptor, limits)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

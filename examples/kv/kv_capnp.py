@@ -216,6 +216,13 @@ class Directory(_t.Interface["Directory.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Directory.OpenParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Directory.OpenParams.Row]:
+            """``decoder()``, giving each Directory.open$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Directory.OpenParams.Reader, _P_Directory_OpenParams, limits)
+
     class OpenResults:
         """struct Directory.open$Results (0xba8460afbafa67bd)."""
 
@@ -406,6 +413,13 @@ class Directory(_t.Interface["Directory.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Directory.OpenResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Directory.OpenResults.Row]:
+            """``decoder()``, giving each Directory.open$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Directory.OpenResults.Reader, _P_Directory_OpenResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Directory: call its methods."""
@@ -621,6 +635,13 @@ class Store(_t.Interface["Store.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.GetParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.GetParams.Row]:
+            """``decoder()``, giving each Store.get$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.GetParams.Reader, _P_Store_GetParams, limits)
+
     class GetResults:
         """struct Store.get$Results (0xbd30083ac7e02037)."""
 
@@ -810,6 +831,13 @@ class Store(_t.Interface["Store.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.GetResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.GetResults.Row]:
+            """``decoder()``, giving each Store.get$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.GetResults.Reader, _P_Store_GetResults, limits)
+
     class KeysParams:
         """struct Store.keys$Params (0xa22fd3ba558f27d6)."""
 
@@ -957,6 +985,13 @@ class Store(_t.Interface["Store.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.KeysParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.KeysParams.Row]:
+            """``decoder()``, giving each Store.keys$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.KeysParams.Reader, _P_Store_KeysParams, limits)
 
     class KeysResults:
         """struct Store.keys$Results (0x847bd1b3dfc50463)."""
@@ -1144,6 +1179,13 @@ class Store(_t.Interface["Store.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.KeysResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.KeysResults.Row]:
+            """``decoder()``, giving each Store.keys$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.KeysResults.Reader, _P_Store_KeysResults, limits)
 
     class LoadParams:
         """struct Store.load$Params (0xf59f8bc1cee72ee9)."""
@@ -1335,6 +1377,13 @@ class Store(_t.Interface["Store.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.LoadParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.LoadParams.Row]:
+            """``decoder()``, giving each Store.load$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.LoadParams.Reader, _P_Store_LoadParams, limits)
+
     class PutParams:
         """struct Store.put$Params (0xfc2cc970b7db031e)."""
 
@@ -1525,6 +1574,13 @@ class Store(_t.Interface["Store.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.PutParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.PutParams.Row]:
+            """``decoder()``, giving each Store.put$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.PutParams.Reader, _P_Store_PutParams, limits)
+
     class PutResults:
         """struct Store.put$Results (0xd0886cc273a391c9)."""
 
@@ -1695,6 +1751,13 @@ class Store(_t.Interface["Store.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.PutResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.PutResults.Row]:
+            """``decoder()``, giving each Store.put$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.PutResults.Reader, _P_Store_PutResults, limits)
 
     class WatchParams:
         """struct Store.watch$Params (0xa776010c3373d561)."""
@@ -1887,6 +1950,13 @@ class Store(_t.Interface["Store.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.WatchParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.WatchParams.Row]:
+            """``decoder()``, giving each Store.watch$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.WatchParams.Reader, _P_Store_WatchParams, limits)
+
     class WatchResults:
         """struct Store.watch$Results (0xc2bacf4a9b95dbe5)."""
 
@@ -2034,6 +2104,13 @@ class Store(_t.Interface["Store.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.WatchResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.WatchResults.Row]:
+            """``decoder()``, giving each Store.watch$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.WatchResults.Reader, _P_Store_WatchResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Store: call its methods."""
@@ -2357,6 +2434,13 @@ class Watcher(_t.Interface["Watcher.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Watcher.ChangedParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Watcher.ChangedParams.Row]:
+            """``decoder()``, giving each Watcher.changed$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Watcher.ChangedParams.Reader, _P_Watcher_ChangedParams, limits)
+
     class ChangedResults:
         """struct Watcher.changed$Results (0xf5858af62119185c)."""
 
@@ -2504,6 +2588,13 @@ class Watcher(_t.Interface["Watcher.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Watcher.ChangedResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Watcher.ChangedResults.Row]:
+            """``decoder()``, giving each Watcher.changed$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Watcher.ChangedResults.Reader, _P_Watcher_ChangedResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Watcher: call its methods."""

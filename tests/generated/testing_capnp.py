@@ -214,6 +214,13 @@ class Callback(_t.Interface["Callback.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Callback.NotifyParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Callback.NotifyParams.Row]:
+            """``decoder()``, giving each Callback.notify$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Callback.NotifyParams.Reader, _P_Callback_NotifyParams, limits)
+
     class NotifyResults:
         """struct Callback.notify$Results (0x81ac18c2b77a7e34)."""
 
@@ -384,6 +391,13 @@ class Callback(_t.Interface["Callback.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Callback.NotifyResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Callback.NotifyResults.Row]:
+            """``decoder()``, giving each Callback.notify$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Callback.NotifyResults.Reader, _P_Callback_NotifyResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Callback: call its methods."""
@@ -574,6 +588,13 @@ class Counter(_t.Interface["Counter.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Counter.GetParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Counter.GetParams.Row]:
+            """``decoder()``, giving each Counter.get$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Counter.GetParams.Reader, _P_Counter_GetParams, limits)
+
     class GetResults:
         """struct Counter.get$Results (0x9ab7683552ae458d)."""
 
@@ -744,6 +765,13 @@ class Counter(_t.Interface["Counter.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Counter.GetResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Counter.GetResults.Row]:
+            """``decoder()``, giving each Counter.get$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Counter.GetResults.Reader, _P_Counter_GetResults, limits)
 
     class IncrementParams:
         """struct Counter.increment$Params (0xa8c575b575277d8d)."""
@@ -916,6 +944,13 @@ class Counter(_t.Interface["Counter.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Counter.IncrementParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Counter.IncrementParams.Row]:
+            """``decoder()``, giving each Counter.increment$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Counter.IncrementParams.Reader, _P_Counter_IncrementParams, limits)
+
     class IncrementResults:
         """struct Counter.increment$Results (0x85db5a634a971712)."""
 
@@ -1086,6 +1121,13 @@ class Counter(_t.Interface["Counter.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Counter.IncrementResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Counter.IncrementResults.Row]:
+            """``decoder()``, giving each Counter.increment$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Counter.IncrementResults.Reader, _P_Counter_IncrementResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Counter: call its methods."""
@@ -1661,6 +1703,13 @@ class Holder:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Holder.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Holder.Row]:
+        """``decoder()``, giving each Holder root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Holder.Reader, _P_Holder, limits)
+
 class Tester(_t.Interface["Tester.Client"]):
     """interface Tester (0xbc77724eeece5aa5): its methods' params and results."""
 
@@ -1868,6 +1917,13 @@ class Tester(_t.Interface["Tester.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.CallBackParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.CallBackParams.Row]:
+            """``decoder()``, giving each Tester.callBack$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.CallBackParams.Reader, _P_Tester_CallBackParams, limits)
+
     class CallBackResults:
         """struct Tester.callBack$Results (0xb24675892cd51330)."""
 
@@ -2038,6 +2094,13 @@ class Tester(_t.Interface["Tester.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.CallBackResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.CallBackResults.Row]:
+            """``decoder()``, giving each Tester.callBack$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.CallBackResults.Reader, _P_Tester_CallBackResults, limits)
 
     class CallCounterParams:
         """struct Tester.callCounter$Params (0xd19b10f34cac012c)."""
@@ -2239,6 +2302,13 @@ class Tester(_t.Interface["Tester.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.CallCounterParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.CallCounterParams.Row]:
+            """``decoder()``, giving each Tester.callCounter$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.CallCounterParams.Reader, _P_Tester_CallCounterParams, limits)
+
     class CallCounterResults:
         """struct Tester.callCounter$Results (0x97d6bf729d37e846)."""
 
@@ -2409,6 +2479,13 @@ class Tester(_t.Interface["Tester.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.CallCounterResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.CallCounterResults.Row]:
+            """``decoder()``, giving each Tester.callCounter$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.CallCounterResults.Reader, _P_Tester_CallCounterResults, limits)
 
     class EchoParams:
         """struct Tester.echo$Params (0xfeb89576b4aa96d5)."""
@@ -2582,6 +2659,13 @@ class Tester(_t.Interface["Tester.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.EchoParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.EchoParams.Row]:
+            """``decoder()``, giving each Tester.echo$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.EchoParams.Reader, _P_Tester_EchoParams, limits)
+
     class EchoResults:
         """struct Tester.echo$Results (0xa1618b735ff79130)."""
 
@@ -2753,6 +2837,13 @@ class Tester(_t.Interface["Tester.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.EchoResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.EchoResults.Row]:
+            """``decoder()``, giving each Tester.echo$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.EchoResults.Reader, _P_Tester_EchoResults, limits)
 
     class FailParams:
         """struct Tester.fail$Params (0xcde840d305c8a7d4)."""
@@ -2936,6 +3027,13 @@ class Tester(_t.Interface["Tester.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.FailParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.FailParams.Row]:
+            """``decoder()``, giving each Tester.fail$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.FailParams.Reader, _P_Tester_FailParams, limits)
+
     class FailResults:
         """struct Tester.fail$Results (0xad21451d070befe4)."""
 
@@ -3084,6 +3182,13 @@ class Tester(_t.Interface["Tester.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.FailResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.FailResults.Row]:
+            """``decoder()``, giving each Tester.fail$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.FailResults.Reader, _P_Tester_FailResults, limits)
+
     class GetSelfParams:
         """struct Tester.getSelf$Params (0x869121cbdec18493)."""
 
@@ -3231,6 +3336,13 @@ class Tester(_t.Interface["Tester.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.GetSelfParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.GetSelfParams.Row]:
+            """``decoder()``, giving each Tester.getSelf$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.GetSelfParams.Reader, _P_Tester_GetSelfParams, limits)
 
     class GetSelfResults:
         """struct Tester.getSelf$Results (0xf8d6fa4604497259)."""
@@ -3423,6 +3535,13 @@ class Tester(_t.Interface["Tester.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.GetSelfResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.GetSelfResults.Row]:
+            """``decoder()``, giving each Tester.getSelf$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.GetSelfResults.Reader, _P_Tester_GetSelfResults, limits)
+
     class HoldCapsParams:
         """struct Tester.holdCaps$Params (0x905081c282e88fc4)."""
 
@@ -3610,6 +3729,13 @@ class Tester(_t.Interface["Tester.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.HoldCapsParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.HoldCapsParams.Row]:
+            """``decoder()``, giving each Tester.holdCaps$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.HoldCapsParams.Reader, _P_Tester_HoldCapsParams, limits)
 
     class HoldCapsResults:
         """struct Tester.holdCaps$Results (0xcd5986ceafb6230b)."""
@@ -3799,6 +3925,13 @@ class Tester(_t.Interface["Tester.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.HoldCapsResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.HoldCapsResults.Row]:
+            """``decoder()``, giving each Tester.holdCaps$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.HoldCapsResults.Reader, _P_Tester_HoldCapsResults, limits)
+
     class NewCounterParams:
         """struct Tester.newCounter$Params (0x9582a54ceffea06e)."""
 
@@ -3969,6 +4102,13 @@ class Tester(_t.Interface["Tester.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.NewCounterParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.NewCounterParams.Row]:
+            """``decoder()``, giving each Tester.newCounter$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.NewCounterParams.Reader, _P_Tester_NewCounterParams, limits)
 
     class NewCounterResults:
         """struct Tester.newCounter$Results (0x8e5e606c0c82db77)."""
@@ -4161,6 +4301,13 @@ class Tester(_t.Interface["Tester.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.NewCounterResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.NewCounterResults.Row]:
+            """``decoder()``, giving each Tester.newCounter$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.NewCounterResults.Reader, _P_Tester_NewCounterResults, limits)
+
     class ReflectParams:
         """struct Tester.reflect$Params (0xa4d00b24343acc07)."""
 
@@ -4351,6 +4498,13 @@ class Tester(_t.Interface["Tester.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.ReflectParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.ReflectParams.Row]:
+            """``decoder()``, giving each Tester.reflect$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.ReflectParams.Reader, _P_Tester_ReflectParams, limits)
 
     class ReflectResults:
         """struct Tester.reflect$Results (0xacc791a6e349f4c1)."""
@@ -4543,6 +4697,13 @@ class Tester(_t.Interface["Tester.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.ReflectResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.ReflectResults.Row]:
+            """``decoder()``, giving each Tester.reflect$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.ReflectResults.Reader, _P_Tester_ReflectResults, limits)
+
     class SlowParams:
         """struct Tester.slow$Params (0x89d5c0e939a9303e)."""
 
@@ -4714,6 +4875,13 @@ class Tester(_t.Interface["Tester.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.SlowParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.SlowParams.Row]:
+            """``decoder()``, giving each Tester.slow$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.SlowParams.Reader, _P_Tester_SlowParams, limits)
+
     class SlowResults:
         """struct Tester.slow$Results (0x834d56595ae9a958)."""
 
@@ -4884,6 +5052,13 @@ class Tester(_t.Interface["Tester.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.SlowResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.SlowResults.Row]:
+            """``decoder()``, giving each Tester.slow$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.SlowResults.Reader, _P_Tester_SlowResults, limits)
 
     class SumParams:
         """struct Tester.sum$Params (0xe8e9c239995dc3da)."""
@@ -5072,6 +5247,13 @@ class Tester(_t.Interface["Tester.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.SumParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.SumParams.Row]:
+            """``decoder()``, giving each Tester.sum$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.SumParams.Reader, _P_Tester_SumParams, limits)
+
     class SumResults:
         """struct Tester.sum$Results (0xf773ed2b61584dac)."""
 
@@ -5242,6 +5424,13 @@ class Tester(_t.Interface["Tester.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tester.SumResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tester.SumResults.Row]:
+            """``decoder()``, giving each Tester.sum$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tester.SumResults.Reader, _P_Tester_SumResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Tester: call its methods."""
@@ -5630,6 +5819,13 @@ class Unknown(_t.Interface["Unknown.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Unknown.NothingParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Unknown.NothingParams.Row]:
+            """``decoder()``, giving each Unknown.nothing$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Unknown.NothingParams.Reader, _P_Unknown_NothingParams, limits)
+
     class NothingResults:
         """struct Unknown.nothing$Results (0xb6685db13a2858eb)."""
 
@@ -5777,6 +5973,13 @@ class Unknown(_t.Interface["Unknown.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Unknown.NothingResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Unknown.NothingResults.Row]:
+            """``decoder()``, giving each Unknown.nothing$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Unknown.NothingResults.Reader, _P_Unknown_NothingResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Unknown: call its methods."""

@@ -397,6 +397,13 @@ class Car:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Car.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Car.Row]:
+        """``decoder()``, giving each Car root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Car.Reader, _P_Car, limits)
+
 class Color(enum.IntEnum):
     """enum Color (0xc99bce43eaa3adbd). Codes unknown to this schema (from a
     newer writer) read as pseudo-members named by their number."""
@@ -627,6 +634,13 @@ class Engine:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Engine.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Engine.Row]:
+        """``decoder()``, giving each Engine root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Engine.Reader, _P_Engine, limits)
+
 class ParkingLot:
     """struct ParkingLot (0xf4c6b753280d6022)."""
 
@@ -810,6 +824,13 @@ class ParkingLot:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(ParkingLot.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[ParkingLot.Row]:
+        """``decoder()``, giving each ParkingLot root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(ParkingLot.Reader, _P_ParkingLot, limits)
+
 class TotalValue:
     """struct TotalValue (0xc1e8687b69be8e0b)."""
 
@@ -980,6 +1001,13 @@ class TotalValue:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(TotalValue.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[TotalValue.Row]:
+        """``decoder()``, giving each TotalValue root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(TotalValue.Reader, _P_TotalValue, limits)
 
 class Wheel:
     """struct Wheel (0xd7323be6aaee753c)."""
@@ -1169,6 +1197,13 @@ class Wheel:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Wheel.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Wheel.Row]:
+        """``decoder()``, giving each Wheel root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Wheel.Reader, _P_Wheel, limits)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

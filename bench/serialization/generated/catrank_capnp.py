@@ -226,6 +226,13 @@ class SearchResult:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(SearchResult.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[SearchResult.Row]:
+        """``decoder()``, giving each SearchResult root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(SearchResult.Reader, _P_SearchResult, limits)
+
 class SearchResultList:
     """struct SearchResultList (0x9e10f22b24271858)."""
 
@@ -408,6 +415,13 @@ class SearchResultList:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(SearchResultList.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[SearchResultList.Row]:
+        """``decoder()``, giving each SearchResultList root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(SearchResultList.Reader, _P_SearchResultList, limits)
 
 
 # Readers of list fields, and the encoded defaults of struct and list fields.

@@ -206,6 +206,13 @@ class EvaluationResult:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(EvaluationResult.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[EvaluationResult.Row]:
+        """``decoder()``, giving each EvaluationResult root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(EvaluationResult.Reader, _P_EvaluationResult, limits)
+
 class Expression:
     """struct Expression (0x81d32418aae320bf)."""
 
@@ -627,6 +634,13 @@ class Expression:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Expression.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Expression.Row]:
+        """``decoder()``, giving each Expression root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Expression.Reader, _P_Expression, limits)
 
 class Operation(enum.IntEnum):
     """enum Operation (0xacf353ef75773376). Codes unknown to this schema (from a

@@ -334,6 +334,13 @@ class Anything:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Anything.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Anything.Row]:
+        """``decoder()``, giving each Anything root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Anything.Reader, _P_Anything, limits)
+
 class Base(_t.Interface["Base.Client"]):
     """interface Base (0x96a03f741085f21b): its methods' params and results."""
 
@@ -488,6 +495,13 @@ class Base(_t.Interface["Base.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Base.DepthParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Base.DepthParams.Row]:
+            """``decoder()``, giving each Base.depth$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Base.DepthParams.Reader, _P_Base_DepthParams, limits)
 
     class DepthResults:
         """struct Base.depth$Results (0xedb2f1aace87baaf)."""
@@ -659,6 +673,13 @@ class Base(_t.Interface["Base.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Base.DepthResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Base.DepthResults.Row]:
+            """``decoder()``, giving each Base.depth$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Base.DepthResults.Reader, _P_Base_DepthResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Base: call its methods."""
@@ -908,6 +929,13 @@ class Box:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Box.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Box.Row]:
+        """``decoder()``, giving each Box root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Box.Reader, _P_Box, limits)
 
 class Boxes:
     """struct Boxes (0x9e6b4f98c502f78f)."""
@@ -1227,6 +1255,13 @@ class Boxes:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Boxes.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Boxes.Row]:
+        """``decoder()``, giving each Boxes root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Boxes.Reader, _P_Boxes, limits)
+
 class Builtins:
     """struct Builtins (0xd3074f24e76b6651)."""
 
@@ -1469,6 +1504,13 @@ class Builtins:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Builtins.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Builtins.Row]:
+        """``decoder()``, giving each Builtins root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Builtins.Reader, _P_Builtins, limits)
+
 class Choice:
     """struct Choice (0x8037fdb2ed77f6b6)."""
 
@@ -1695,6 +1737,13 @@ class Choice:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Choice.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Choice.Row]:
+        """``decoder()``, giving each Choice root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Choice.Reader, _P_Choice, limits)
+
 class Color(enum.IntEnum):
     """enum Color (0xcf8e5d676c9f70d3). Codes unknown to this schema (from a
     newer writer) read as pseudo-members named by their number."""
@@ -1890,6 +1939,13 @@ class Converter(_t.Interface["Converter.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Converter.StrParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Converter.StrParams.Row]:
+            """``decoder()``, giving each Converter.str$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Converter.StrParams.Reader, _P_Converter_StrParams, limits)
+
     class StrResults:
         """struct Converter.str$Results (0x995547025a9b5e10)."""
 
@@ -2061,6 +2117,13 @@ class Converter(_t.Interface["Converter.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Converter.StrResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Converter.StrResults.Row]:
+            """``decoder()``, giving each Converter.str$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Converter.StrResults.Reader, _P_Converter_StrResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Converter: call its methods."""
@@ -2284,6 +2347,13 @@ class Crate:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Crate.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Crate.Row]:
+        """``decoder()``, giving each Crate root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Crate.Reader, _P_Crate, limits)
 
 class Defaults:
     """struct Defaults (0xa5a498ef8c7964a4)."""
@@ -2672,6 +2742,13 @@ class Defaults:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Defaults.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Defaults.Row]:
+        """``decoder()``, giving each Defaults root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Defaults.Reader, _P_Defaults, limits)
+
 class Keywords:
     """struct Keywords (0xda50319eebd3ccb9)."""
 
@@ -2880,6 +2957,13 @@ class Keywords:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Keywords.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Keywords.Row]:
+        """``decoder()``, giving each Keywords root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Keywords.Reader, _P_Keywords, limits)
+
 class Layered:
     """struct Layered (0x9e4121db29f423d7)."""
 
@@ -3068,6 +3152,13 @@ class Layered:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Layered.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Layered.Row]:
+        """``decoder()``, giving each Layered root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Layered.Reader, _P_Layered, limits)
+
 class Left(_t.Interface["Left.Client"]):
     """interface Left (0xf473790c0ad00ffa): its methods' params and results."""
 
@@ -3222,6 +3313,13 @@ class Left(_t.Interface["Left.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Left.LeftParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Left.LeftParams.Row]:
+            """``decoder()``, giving each Left.left$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Left.LeftParams.Reader, _P_Left_LeftParams, limits)
 
     class LeftResults:
         """struct Left.left$Results (0xe560cb21678a29d7)."""
@@ -3394,6 +3492,13 @@ class Left(_t.Interface["Left.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Left.LeftResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Left.LeftResults.Row]:
+            """``decoder()``, giving each Left.left$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Left.LeftResults.Reader, _P_Left_LeftResults, limits)
 
     class Client(Base.Client):
         """A capability typed as Left: call its methods."""
@@ -4044,6 +4149,13 @@ class Lists:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Lists.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Lists.Row]:
+        """``decoder()``, giving each Lists root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Lists.Reader, _P_Lists, limits)
+
 class Loud(_t.Interface["Loud.Client"]):
     """interface Loud (0xb0faafd60c50a451): its methods' params and results."""
 
@@ -4222,6 +4334,13 @@ class Loud(_t.Interface["Loud.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Loud.LeftParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Loud.LeftParams.Row]:
+            """``decoder()``, giving each Loud.left$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Loud.LeftParams.Reader, _P_Loud_LeftParams, limits)
+
     class LeftResults:
         """struct Loud.left$Results (0xc12d13397ef1ef12)."""
 
@@ -4393,6 +4512,13 @@ class Loud(_t.Interface["Loud.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Loud.LeftResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Loud.LeftResults.Row]:
+            """``decoder()``, giving each Loud.left$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Loud.LeftResults.Reader, _P_Loud_LeftResults, limits)
 
     class Client(Left.Client):
         """A capability typed as Loud: call its methods."""
@@ -4748,6 +4874,13 @@ class Numbers:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Numbers.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Numbers.Row]:
+        """``decoder()``, giving each Numbers root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Numbers.Reader, _P_Numbers, limits)
+
 class Pair:
     """struct Pair (0xa47fe1974073d1ed)."""
 
@@ -4948,6 +5081,13 @@ class Pair:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Pair.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Pair.Row]:
+        """``decoder()``, giving each Pair root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Pair.Reader, _P_Pair, limits)
+
 class Parcel:
     """struct Parcel (0xb41ed0dc566d19cf)."""
 
@@ -5135,6 +5275,13 @@ class Parcel:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Parcel.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Parcel.Row]:
+        """``decoder()``, giving each Parcel root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Parcel.Reader, _P_Parcel, limits)
 
 class Recurring:
     """struct Recurring (0xf082a26b4d34c7c8)."""
@@ -5358,6 +5505,13 @@ class Recurring:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Recurring.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Recurring.Row]:
+        """``decoder()``, giving each Recurring root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Recurring.Reader, _P_Recurring, limits)
+
 class Relay(_t.Interface["Relay.Client"]):
     """interface Relay (0xfe87f54a120f0ed5): its methods' params and results."""
 
@@ -5556,6 +5710,13 @@ class Relay(_t.Interface["Relay.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Relay.RelayParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Relay.RelayParams.Row]:
+            """``decoder()``, giving each Relay.relay$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Relay.RelayParams.Reader, _P_Relay_RelayParams, limits)
+
     class RelayResults:
         """struct Relay.relay$Results (0x9167aadfb4bad43f)."""
 
@@ -5747,6 +5908,13 @@ class Relay(_t.Interface["Relay.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Relay.RelayResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Relay.RelayResults.Row]:
+            """``decoder()``, giving each Relay.relay$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Relay.RelayResults.Reader, _P_Relay_RelayResults, limits)
+
     class Client(_t.Client):
         """A capability typed as Relay: call its methods."""
 
@@ -5937,6 +6105,13 @@ class Right(_t.Interface["Right.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Right.RightParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Right.RightParams.Row]:
+            """``decoder()``, giving each Right.right$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Right.RightParams.Reader, _P_Right_RightParams, limits)
+
     class RightResults:
         """struct Right.right$Results (0xf8584f0bc4aad1d1)."""
 
@@ -6108,6 +6283,13 @@ class Right(_t.Interface["Right.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Right.RightResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Right.RightResults.Row]:
+            """``decoder()``, giving each Right.right$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Right.RightResults.Reader, _P_Right_RightResults, limits)
 
     class Client(Base.Client):
         """A capability typed as Right: call its methods."""
@@ -6356,6 +6538,13 @@ class Diamond(_t.Interface["Diamond.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Diamond.TrickyParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Diamond.TrickyParams.Row]:
+            """``decoder()``, giving each Diamond.tricky$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Diamond.TrickyParams.Reader, _P_Diamond_TrickyParams, limits)
+
     class TrickyResults:
         """struct Diamond.tricky$Results (0xaa19950e7806feaf)."""
 
@@ -6556,6 +6745,13 @@ class Diamond(_t.Interface["Diamond.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Diamond.TrickyResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Diamond.TrickyResults.Row]:
+            """``decoder()``, giving each Diamond.tricky$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Diamond.TrickyResults.Reader, _P_Diamond_TrickyResults, limits)
 
     class Client(Left.Client, Right.Client):
         """A capability typed as Diamond: call its methods."""
@@ -6775,6 +6971,13 @@ class Settings:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Settings.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Settings.Row]:
+        """``decoder()``, giving each Settings root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Settings.Reader, _P_Settings, limits)
 
 class Shapes:
     """struct Shapes (0x9f02ca7d05a0b039)."""
@@ -7404,6 +7607,13 @@ class Shapes:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Shapes.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shapes.Row]:
+        """``decoder()``, giving each Shapes root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Shapes.Reader, _P_Shapes, limits)
+
 class Shelf:
     """struct Shelf (0xd3f02015eafa750f)."""
 
@@ -7609,6 +7819,13 @@ class Shelf:
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Shelf.Slot.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shelf.Slot.Row]:
+            """``decoder()``, giving each Shelf.Slot root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Shelf.Slot.Reader, _P_Shelf_Slot, limits)
+
     class Init(TypedDict, total=False):
         """Shelf as plain values: what ``new_message`` and ``assign`` take."""
 
@@ -7751,6 +7968,13 @@ class Shelf:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Shelf.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shelf.Row]:
+        """``decoder()``, giving each Shelf root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Shelf.Reader, _P_Shelf, limits)
 
 class Shelves:
     """struct Shelves (0xc248111320a01136)."""
@@ -7992,6 +8216,13 @@ class Shelves:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Shelves.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shelves.Row]:
+        """``decoder()``, giving each Shelves root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Shelves.Reader, _P_Shelves, limits)
+
 class Shop(_t.Interface["Shop.Client"]):
     """interface Shop (0xf2d5bf22d7bcc8c3): its methods' params and results."""
 
@@ -8179,6 +8410,13 @@ class Shop(_t.Interface["Shop.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Shop.BuyParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shop.BuyParams.Row]:
+            """``decoder()``, giving each Shop.buy$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Shop.BuyParams.Reader, _P_Shop_BuyParams, limits)
 
     class BuyResults:
         """struct Shop.buy$Results (0xb5b0feede3958f34)."""
@@ -8377,6 +8615,13 @@ class Shop(_t.Interface["Shop.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Shop.BuyResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shop.BuyResults.Row]:
+            """``decoder()``, giving each Shop.buy$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Shop.BuyResults.Reader, _P_Shop_BuyResults, limits)
+
     class ListParams:
         """struct Shop.list$Params (0x87f34b5c15e689d4)."""
 
@@ -8524,6 +8769,13 @@ class Shop(_t.Interface["Shop.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Shop.ListParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shop.ListParams.Row]:
+            """``decoder()``, giving each Shop.list$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Shop.ListParams.Reader, _P_Shop_ListParams, limits)
 
     class ListResults:
         """struct Shop.list$Results (0xcb1c936d4236d062)."""
@@ -8711,6 +8963,13 @@ class Shop(_t.Interface["Shop.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Shop.ListResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shop.ListResults.Row]:
+            """``decoder()``, giving each Shop.list$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Shop.ListResults.Reader, _P_Shop_ListResults, limits)
 
     class PeekParams:
         """struct Shop.peek$Params (0xb9891045ff38eb55)."""
@@ -8900,6 +9159,13 @@ class Shop(_t.Interface["Shop.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Shop.PeekParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shop.PeekParams.Row]:
+            """``decoder()``, giving each Shop.peek$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Shop.PeekParams.Reader, _P_Shop_PeekParams, limits)
+
     class PeekResults:
         """struct Shop.peek$Results (0xfbf3e7a2ef3a4eef)."""
 
@@ -9047,6 +9313,13 @@ class Shop(_t.Interface["Shop.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Shop.PeekResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shop.PeekResults.Row]:
+            """``decoder()``, giving each Shop.peek$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Shop.PeekResults.Reader, _P_Shop_PeekResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Shop: call its methods."""
@@ -9280,6 +9553,13 @@ class Sink(_t.Interface["Sink.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Sink.TotalParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Sink.TotalParams.Row]:
+            """``decoder()``, giving each Sink.total$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Sink.TotalParams.Reader, _P_Sink_TotalParams, limits)
+
     class TotalResults:
         """struct Sink.total$Results (0xae978cf066dcffc6)."""
 
@@ -9460,6 +9740,13 @@ class Sink(_t.Interface["Sink.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Sink.TotalResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Sink.TotalResults.Row]:
+            """``decoder()``, giving each Sink.total$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Sink.TotalResults.Reader, _P_Sink_TotalResults, limits)
+
     class WriteParams:
         """struct Sink.write$Params (0x9862afb0c9fed47b)."""
 
@@ -9639,6 +9926,13 @@ class Sink(_t.Interface["Sink.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Sink.WriteParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Sink.WriteParams.Row]:
+            """``decoder()``, giving each Sink.write$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Sink.WriteParams.Reader, _P_Sink_WriteParams, limits)
 
     class Client(_t.Client):
         """A capability typed as Sink: call its methods."""
@@ -9850,6 +10144,13 @@ class Store(_t.Interface["Store.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.GetParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.GetParams.Row]:
+            """``decoder()``, giving each Store.get$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.GetParams.Reader, _P_Store_GetParams, limits)
+
     class GetResults:
         """struct Store.get$Results (0xd36be23475e9cc90)."""
 
@@ -10057,6 +10358,13 @@ class Store(_t.Interface["Store.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.GetResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.GetResults.Row]:
+            """``decoder()``, giving each Store.get$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.GetResults.Reader, _P_Store_GetResults, limits)
+
     class PutParams:
         """struct Store.put$Params (0xa6180aa386969846)."""
 
@@ -10238,6 +10546,13 @@ class Store(_t.Interface["Store.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.PutParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.PutParams.Row]:
+            """``decoder()``, giving each Store.put$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.PutParams.Reader, _P_Store_PutParams, limits)
+
     class PutResults:
         """struct Store.put$Results (0xd7873a365413a4bc)."""
 
@@ -10385,6 +10700,13 @@ class Store(_t.Interface["Store.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store.PutResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store.PutResults.Row]:
+            """``decoder()``, giving each Store.put$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store.PutResults.Reader, _P_Store_PutResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Store: call its methods."""
@@ -10612,6 +10934,13 @@ class Tree:
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Tree.Reader_.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tree.Reader_.Row]:
+            """``decoder()``, giving each Tree.Reader root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Tree.Reader_.Reader, _P_Tree_Reader_, limits)
 
     class Init(TypedDict, total=False):
         """Tree as plain values: what ``new_message`` and ``assign`` take."""
@@ -10871,6 +11200,13 @@ class Tree:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Tree.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Tree.Row]:
+        """``decoder()``, giving each Tree root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Tree.Reader, _P_Tree, limits)
+
 class Wrapper:
     """struct Wrapper (0xd3afbe57cb0910f9)."""
 
@@ -11093,6 +11429,13 @@ class Wrapper:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Wrapper.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Wrapper.Row]:
+        """``decoder()``, giving each Wrapper root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Wrapper.Reader, _P_Wrapper, limits)
 
 answer: int = 42
 
@@ -11320,6 +11663,13 @@ class Box_Text:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Box_Text.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Box_Text.Row]:
+        """``decoder()``, giving each Box_Text root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Box_Text.Reader, _P_Box_Text, limits)
+
 class Box_List_Int32:
     """struct Box_List_Int32: a generic bound to (List(Int32)) (0xf26089fe5b3a8bb4)."""
 
@@ -11542,6 +11892,13 @@ class Box_List_Int32:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Box_List_Int32.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Box_List_Int32.Row]:
+        """``decoder()``, giving each Box_List_Int32 root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Box_List_Int32.Reader, _P_Box_List_Int32, limits)
 
 class Box_Tree:
     """struct Box_Tree: a generic bound to (Tree) (0xf26089fe5b3a8bb4)."""
@@ -11766,6 +12123,13 @@ class Box_Tree:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Box_Tree.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Box_Tree.Row]:
+        """``decoder()``, giving each Box_Tree root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Box_Tree.Reader, _P_Box_Tree, limits)
 
 class Box_Shop:
     """struct Box_Shop: a generic bound to (Shop) (0xf26089fe5b3a8bb4)."""
@@ -11994,6 +12358,13 @@ class Box_Shop:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Box_Shop.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Box_Shop.Row]:
+        """``decoder()``, giving each Box_Shop root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Box_Shop.Reader, _P_Box_Shop, limits)
+
 class Pair_Text_Box_Text:
     """struct Pair_Text_Box_Text: a generic bound to (Text, Box_Text) (0xa47fe1974073d1ed)."""
 
@@ -12191,6 +12562,13 @@ class Pair_Text_Box_Text:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Pair_Text_Box_Text.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Pair_Text_Box_Text.Row]:
+        """``decoder()``, giving each Pair_Text_Box_Text root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Pair_Text_Box_Text.Reader, _P_Pair_Text_Box_Text, limits)
 
 class Shelf_Tree:
     """struct Shelf_Tree: a generic bound to (Tree) (0xd3f02015eafa750f)."""
@@ -12394,6 +12772,13 @@ class Shelf_Tree:
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Shelf_Tree.Slot_Text.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shelf_Tree.Slot_Text.Row]:
+            """``decoder()``, giving each Shelf_Tree.Slot_Text root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Shelf_Tree.Slot_Text.Reader, _P_Shelf_Tree_Slot_Text, limits)
 
     class Slot_List_Int32:
         """struct Shelf_Tree.Slot_List_Int32: a generic bound to (Tree, List(Int32)) (0xf9997ae00faddc4f)."""
@@ -12608,6 +12993,13 @@ class Shelf_Tree:
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Shelf_Tree.Slot_List_Int32.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shelf_Tree.Slot_List_Int32.Row]:
+            """``decoder()``, giving each Shelf_Tree.Slot_List_Int32 root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Shelf_Tree.Slot_List_Int32.Reader, _P_Shelf_Tree_Slot_List_Int32, limits)
+
     class Init(TypedDict, total=False):
         """Shelf_Tree as plain values: what ``new_message`` and ``assign`` take."""
 
@@ -12750,6 +13142,13 @@ class Shelf_Tree:
         arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Shelf_Tree.Reader, limits)
+
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Shelf_Tree.Row]:
+        """``decoder()``, giving each Shelf_Tree root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Shelf_Tree.Reader, _P_Shelf_Tree, limits)
 
 class Store_Text(_t.Interface["Store_Text.Client"]):
     """interface Store_Text: a generic bound to (Text) (0xe9b2d9a153c56bd4): its methods' params and results."""
@@ -12930,6 +13329,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store_Text.PutParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store_Text.PutParams.Row]:
+            """``decoder()``, giving each Store_Text.put$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store_Text.PutParams.Reader, _P_Store_Text_PutParams, limits)
+
     class PutResults:
         """struct Store_Text.put$Results: a generic bound to (Text) (0xd7873a365413a4bc)."""
 
@@ -13078,6 +13484,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store_Text.PutResults.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store_Text.PutResults.Row]:
+            """``decoder()``, giving each Store_Text.put$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store_Text.PutResults.Reader, _P_Store_Text_PutResults, limits)
+
     class GetParams:
         """struct Store_Text.get$Params: a generic bound to (Text) (0xd2b215c21fe35105)."""
 
@@ -13225,6 +13638,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store_Text.GetParams.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store_Text.GetParams.Row]:
+            """``decoder()``, giving each Store_Text.get$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store_Text.GetParams.Reader, _P_Store_Text_GetParams, limits)
 
     class GetResults:
         """struct Store_Text.get$Results: a generic bound to (Text) (0xd36be23475e9cc90)."""
@@ -13423,6 +13843,13 @@ class Store_Text(_t.Interface["Store_Text.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(Store_Text.GetResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Store_Text.GetResults.Row]:
+            """``decoder()``, giving each Store_Text.get$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(Store_Text.GetResults.Reader, _P_Store_Text_GetResults, limits)
 
     class Client(_t.Client):
         """A capability typed as Store_Text: call its methods."""
@@ -13633,6 +14060,13 @@ class TextStore(_t.Interface["TextStore.Client"]):
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(TextStore.SizeParams.Reader, limits)
 
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[TextStore.SizeParams.Row]:
+            """``decoder()``, giving each TextStore.size$Params root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(TextStore.SizeParams.Reader, _P_TextStore_SizeParams, limits)
+
     class SizeResults:
         """struct TextStore.size$Results (0x8d8deed2c4474a6d)."""
 
@@ -13803,6 +14237,13 @@ class TextStore(_t.Interface["TextStore.Client"]):
             arrive: ``feed`` it bytes, then ``next()`` gives each complete message's
             root (None until one is); ``limits`` bound each message."""
             return _s.RootDecoder(TextStore.SizeResults.Reader, limits)
+
+        @staticmethod
+        def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[TextStore.SizeResults.Row]:
+            """``decoder()``, giving each TextStore.size$Results root as its row: what
+            ``row(decoder.next())`` gives, with no message or reader object made for
+            a message of one segment (the common case)."""
+            return _s.RowDecoder(TextStore.SizeResults.Reader, _P_TextStore_SizeResults, limits)
 
     class Client(Store_Text.Client):
         """A capability typed as TextStore: call its methods."""

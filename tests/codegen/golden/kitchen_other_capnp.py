@@ -248,6 +248,13 @@ class Thing:
         root (None until one is); ``limits`` bound each message."""
         return _s.RootDecoder(Thing.Reader, limits)
 
+    @staticmethod
+    def row_decoder(limits: _s.Limits = _s.DEFAULT_LIMITS) -> _s.RowDecoder[Thing.Row]:
+        """``decoder()``, giving each Thing root as its row: what
+        ``row(decoder.next())`` gives, with no message or reader object made for
+        a message of one segment (the common case)."""
+        return _s.RowDecoder(Thing.Reader, _P_Thing, limits)
+
 
 # Readers of list fields, and the encoded defaults of struct and list fields.
 _E_Thing_Kind = tuple(Thing.Kind)
