@@ -341,6 +341,7 @@ def make_codec(benchmark_module: Any, fmt: str, compression: str) -> Any:
             getattr(generated, benchmark_module.RESPONSE_TYPE),
             compression,
             fmt,
+            rows=fmt == "capsvc" and getattr(benchmark_module, "CAPSVC_ROW_MESSAGES", False),
         )
     if fmt == "capnpy":
         from bench.serialization.peer_capnpy import make_capnpy_codec

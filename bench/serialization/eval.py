@@ -46,6 +46,9 @@ REQUEST_TYPE = "Expression"
 RESPONSE_TYPE = "EvaluationResult"
 MSGPACK_SINGLE_FLOAT = False
 MSGPACK_RAW = False  # no strings
+# The capsvc format's cases read whole messages as rows (typed/eval.py): its codec gives
+# them the rows (``T.row_decoder()`` on the pipe), as msgpack's gives its tuples.
+CAPSVC_ROW_MESSAGES = True
 
 EvalInput = tuple[tuple[int, ...], int]
 

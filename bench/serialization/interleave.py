@@ -27,9 +27,10 @@ median is reported beside the pooled one.
 
 As in ``run``, the cyclic GC is collected before and disabled during each timed batch,
 and in the pipe modes the client's and the server's CPU time per iteration are recorded
-(pipe.CPU_LOG: both to the nanosecond on Linux). The machine's state (CPU model, cpuidle driver and haltpoll setting, load) is
-printed with the figures and stored in the JSON output. Rounds and iterations are
-bounded, and every pipe server is stopped by PID when the command ends.
+(pipe.CPU_LOG: both to the nanosecond on Linux). The machine's state (CPU model,
+cpuidle driver and haltpoll setting, load) is printed with the figures and stored in the
+JSON output. Rounds and iterations are bounded, and every pipe server is stopped by PID
+when the command ends.
 """
 
 from __future__ import annotations

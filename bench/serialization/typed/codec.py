@@ -15,6 +15,10 @@ mode; on the pipe, unpacked streams are read by the generated root type's ``deco
 carry the same 4-byte length prefix as the other formats (codecs.py: the documented
 deviation of §6, never counted as data).
 Object mode reads a builder in place through ``as_reader()`` (a row: ``from_row`` first).
+A benchmark whose ``capsvc`` cases read whole messages as rows (``CAPSVC_ROW_MESSAGES``:
+eval) is given rows instead of readers, as msgpack's codec gives its tuples: the root's
+``row_decoder()`` on the pipe (the row read in C straight from the segment, no reader
+made), ``row`` of the reader in the other modes.
 """
 
 from __future__ import annotations
@@ -32,27 +36,37 @@ _LENGTH_PACK = struct.Struct("<I").pack
 
 
 class _Packed:
-    """Packed stream: length-prefixed records, each one ``from_bytes_packed``."""
+    """Packed stream: length-prefixed records, each one ``from_bytes_packed`` (and its
+    row, for a codec of rows)."""
 
-    __slots__ = ("_read", "_records")
+    __slots__ = ("_read", "_records", "_row")
 
-    def __init__(self, root: Any) -> None:
+    def __init__(self, root: Any, rows: bool) -> None:
         self._records = LengthPrefixDecoder()
         self._read = root.from_bytes_packed
+        self._row = root.row if rows else None
 
     def feed(self, data: bytes) -> None:
         self._records.feed(data)
 
     def next(self) -> Any | None:
         body = self._records.next_body()
-        return None if body is None else self._read(body)
+        if body is None:
+            return None
+        message = self._read(body)
+        return message if self._row is None else self._row(message)
 
 
 class CapsvcCodec:
     """Generated codecs of one benchmark's request and response roots."""
 
     def __init__(
-        self, request_root: Any, response_root: Any, compression: str, fmt: str = "capsvc"
+        self,
+        request_root: Any,
+        response_root: Any,
+        compression: str,
+        fmt: str = "capsvc",
+        rows: bool = False,
     ) -> None:
         if compression not in ("none", "packed"):
             raise ValueError(f"unknown compression {compression!r}")
@@ -61,20 +75,28 @@ class CapsvcCodec:
         self.packed = compression == "packed"
         self._request = request_root
         self._response = response_root
+        # A case that reads whole messages as rows (the benchmark's CAPSVC_ROW_MESSAGES)
+        # is given rows: the root's row decoder on the pipe, ``row`` of the reader else.
+        self.rows = rows
         # Bound once, as msgpack's codec binds its packer's ``pack``: a message is framed in
         # one call of the codec's own, not a method chain per message.
         self.frame = self._framer(request_root)
         self.frame_response = self._framer(response_root)
 
     def view(self, message: Any) -> Any:
-        if type(message) is tuple:
-            return self._request.from_row(message).as_reader()
-        return message.as_reader()
+        return self._view(self._request, message)
 
     def view_response(self, message: Any) -> Any:
-        if type(message) is tuple:
-            return self._response.from_row(message).as_reader()
-        return message.as_reader()
+        return self._view(self._response, message)
+
+    def _view(self, root: Any, message: Any) -> Any:
+        """object mode: ``message`` (a row: built first) read in place, as a reader or
+        (a codec of rows) a row."""
+        reader = (root.from_row(message) if type(message) is tuple else message).as_reader()
+        return root.row(reader) if self.rows else reader
+
+    def _received(self, root: Any, reader: Any) -> Any:
+        return root.row(reader) if self.rows else reader
 
     def encode(self, message: Any) -> bytes:
         return self._bytes(self._request, message)
@@ -88,15 +110,14 @@ class CapsvcCodec:
         return data
 
     def serve_bytes(self, handle: Callable[[Any], Any], data: bytes) -> bytes:
-        if self.packed:
-            return self._bytes(self._response, handle(self._request.from_bytes_packed(data)))
-        return self._bytes(self._response, handle(self._request.from_bytes(data)))
+        request = self._request
+        reader = request.from_bytes_packed(data) if self.packed else request.from_bytes(data)
+        return self._bytes(self._response, handle(self._received(request, reader)))
 
     def check_bytes(self, check: Callable[[Any, Any], None], data: bytes, expected: Any) -> None:
-        if self.packed:
-            check(self._response.from_bytes_packed(data), expected)
-        else:
-            check(self._response.from_bytes(data), expected)
+        response = self._response
+        reader = response.from_bytes_packed(data) if self.packed else response.from_bytes(data)
+        check(self._received(response, reader), expected)
 
     def _framer(self, root: Any) -> Callable[[Any], bytes]:
         """``frame`` for messages of ``root`` (rows or builders): unpacked bytes are framed
@@ -126,7 +147,12 @@ class CapsvcCodec:
         return encode_messages([message.to_segments() for message in messages])
 
     def request_decoder(self) -> Any:
-        return _Packed(self._request) if self.packed else self._request.decoder()
+        return self._decoder(self._request)
 
     def response_decoder(self) -> Any:
-        return _Packed(self._response) if self.packed else self._response.decoder()
+        return self._decoder(self._response)
+
+    def _decoder(self, root: Any) -> Any:
+        if self.packed:
+            return _Packed(root, self.rows)
+        return root.row_decoder() if self.rows else root.decoder()

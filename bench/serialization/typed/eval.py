@@ -6,9 +6,10 @@ Two ways a user of ``capsvc gen`` writes it, through the generated API only. ``c
 (``CapsvcEval``) works on whole rows: the client builds the tree as nested
 ``Expression.Row`` tuples (op, then each side's group in its place: its value and its
 expression, one of them None as a union member not set reads), which the codec encodes
-with one ``Expression.encode``; the server reads the whole tree in one ``Expression.row``
-call, evaluates the tuples, as the msgpack format does its nested lists
-(specs/benchmarks.md §8), and answers with an ``EvaluationResult.Row``. ``capsvc-fields``
+with one ``Expression.encode``; the server is given the whole tree as rows (the codec's
+``Expression.row_decoder()`` on the pipe, ``Expression.row`` elsewhere), evaluates them
+as the msgpack format does its nested lists (specs/benchmarks.md §8), and answers with
+an ``EvaluationResult.Row``, which the client is given as a row too. ``capsvc-fields``
 (``CapsvcFieldsEval``) is what follows: the client builds the tree recursively from the
 preorder tokens of eval.py as plain values (a dict per node, ``{"value": v}`` or
 ``{"expression": ...}`` per side) and encodes it with one ``Expression.new_message``;
@@ -117,11 +118,17 @@ class CapsvcEval:
         tokens, value = inputs
         return _build_row(iter(tokens).__next__), value  # (the codec encodes it)
 
-    def handle(self, request: Expression.Reader) -> EvaluationResult.Row:
-        return (evaluate_row(Expression.row(request)),)
+    def handle(self, request: Expression.Row | Expression.Reader) -> EvaluationResult.Row:
+        # The codec gives rows (eval.CAPSVC_ROW_MESSAGES: ``row_decoder()`` on the pipe); a
+        # reader, as tests give one, is read whole first.
+        if type(request) is not tuple:
+            request = Expression.row(request)
+        return (evaluate_row(request),)
 
-    def check(self, response: EvaluationResult.Reader, expectation: int) -> None:
-        value = response.value
+    def check(
+        self, response: EvaluationResult.Row | EvaluationResult.Reader, expectation: int
+    ) -> None:
+        value = response[0] if type(response) is tuple else response.value
         if value != expectation:
             raise CheckFailed(f"eval: value {value}, expected {expectation}")
 
