@@ -877,16 +877,23 @@ small_int(PyObject *value, long long *out)
     return 0;
 }
 
+/* Whether ``number`` fits ``f``'s width (under 8 bytes) and sign. */
+static inline int
+fits_width(long long number, Field *f)
+{
+    int bits = f->width * 8;
+    long long low = f->is_signed ? -(1LL << (bits - 1)) : 0;
+    long long high = f->is_signed ? (1LL << (bits - 1)) - 1 : (1LL << bits) - 1;
+    return number >= low && number <= high;
+}
+
 /* An integer of ``f``'s width and sign, as the bits stored (before the XOR); -1 to bail. */
 static int
 integer_bits(PyObject *value, Field *f, uint64_t *out)
 {
     long long small;
     if (f->width < 8 && small_int(value, &small)) {
-        int bits = f->width * 8;
-        long long low = f->is_signed ? -(1LL << (bits - 1)) : 0;
-        long long high = f->is_signed ? (1LL << (bits - 1)) - 1 : (1LL << bits) - 1;
-        if (small < low || small > high)
+        if (!fits_width(small, f))
             return -1;
         *out = (uint64_t)small;
         return 0;
@@ -908,13 +915,8 @@ integer_bits(PyObject *value, Field *f, uint64_t *out)
         PyErr_Clear();
         return -1;
     }
-    if (f->width < 8) {
-        int bits = f->width * 8;
-        long long low = f->is_signed ? -(1LL << (bits - 1)) : 0;
-        long long high = f->is_signed ? (1LL << (bits - 1)) - 1 : (1LL << bits) - 1;
-        if (number < low || number > high)
-            return -1;
-    }
+    if (f->width < 8 && !fits_width(number, f))
+        return -1;
     *out = (uint64_t)number;
     return 0;
 }

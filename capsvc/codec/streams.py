@@ -36,13 +36,13 @@ __all__ = ["DEFAULT_LIMITS", "Limits", "RootDecoder", "RowDecoder"]
 W = TypeVar("W", bound=tuple[Any, ...])
 
 
-class RootDecoder(Generic[R]):
-    """The ``cls`` roots of a stream of framed messages; see the module docstring."""
+class _Frames:
+    """What both decoders share: the framing decoder, fed bytes, and each message's read
+    limits."""
 
-    __slots__ = ("_cls", "_frames", "_nesting", "_traversal")
+    __slots__ = ("_frames", "_nesting", "_traversal")
 
-    def __init__(self, cls: type[R], limits: Limits = DEFAULT_LIMITS) -> None:
-        self._cls = cls
+    def __init__(self, limits: Limits) -> None:
         self._frames = FrameDecoder(limits)
         self._traversal = limits.traversal_limit_words
         self._nesting = limits.nesting_limit
@@ -63,6 +63,16 @@ class RootDecoder(Generic[R]):
     def feed_eof(self) -> None:
         """The stream has ended: a message still incomplete makes ``next`` raise."""
         self._frames.feed_eof()
+
+
+class RootDecoder(_Frames, Generic[R]):
+    """The ``cls`` roots of a stream of framed messages; see the module docstring."""
+
+    __slots__ = ("_cls",)
+
+    def __init__(self, cls: type[R], limits: Limits = DEFAULT_LIMITS) -> None:
+        super().__init__(limits)
+        self._cls = cls
 
     def next(self) -> R | None:
         """The root of the next complete message, or None while more bytes are needed."""
@@ -83,37 +93,18 @@ class RootDecoder(Generic[R]):
         return root
 
 
-class RowDecoder(Generic[W]):
+class RowDecoder(_Frames, Generic[W]):
     """The roots of a stream of framed messages as rows of ``plan``'s struct (``cls`` its
     generated reader, for what C leaves to Python); see the module docstring."""
 
-    __slots__ = ("_cls", "_frames", "_nesting", "_plan", "_traversal")
+    __slots__ = ("_cls", "_plan")
 
     def __init__(
         self, cls: type[StructReader], plan: StructPlan, limits: Limits = DEFAULT_LIMITS
     ) -> None:
+        super().__init__(limits)
         self._cls = cls
         self._plan = plan
-        self._frames = FrameDecoder(limits)
-        self._traversal = limits.traversal_limit_words
-        self._nesting = limits.nesting_limit
-
-    @property
-    def limits(self) -> Limits:
-        return self._frames.limits
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet returned as part of a message."""
-        return self._frames.buffered
-
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        """Append bytes received from the stream (any split is fine)."""
-        self._frames.feed(data)
-
-    def feed_eof(self) -> None:
-        """The stream has ended: a message still incomplete makes ``next`` raise."""
-        self._frames.feed_eof()
 
     def next(self) -> W | None:
         """The row of the next complete message's root, or None while more bytes are

@@ -242,11 +242,14 @@ def _native_root(plan: StructPlan, given: object) -> bytearray | None:
     kind = type(given)  # (``is`` tests: ``in`` a tuple of types compares them with ``==``)
     if encode_root is None or not (kind is list or kind is tuple or kind is dict):
         return None
-    program = plan.native
-    if program is None:
-        program = rows.native_program(plan)
-    buf: bytearray | None = encode_root(program, given, MISSING)
+    buf: bytearray | None = encode_root(_program(plan), given, MISSING)
     return buf
+
+
+def _program(plan: StructPlan) -> Any:
+    """``plan``'s C program (made on first use)."""
+    program = plan.native
+    return rows.native_program(plan) if program is None else program
 
 
 def _native_framed(plan: StructPlan, value: object) -> bytes | None:
@@ -256,10 +259,7 @@ def _native_framed(plan: StructPlan, value: object) -> bytes | None:
     encode_framed = _NATIVE.encode_framed
     if encode_framed is None:
         return None
-    program = plan.native
-    if program is None:
-        program = rows.native_program(plan)
-    data: bytes | None = encode_framed(program, value, MISSING)
+    data: bytes | None = encode_framed(_program(plan), value, MISSING)
     return data
 
 
