@@ -105,7 +105,7 @@ def bad_type(value: object, field: str, expected: str) -> TypeError:
 class MessageBuilder:
     """One message being built: a single segment that grows at the end."""
 
-    __slots__ = ("buf", "caps")
+    __slots__ = ("buf", "caps", "owns_caps")
 
     def __init__(self, buf: bytearray | None = None) -> None:
         #: The segment: a root pointer to begin with, or a whole message made elsewhere
@@ -114,6 +114,16 @@ class MessageBuilder:
         #: The capabilities the message's capability pointers index, as engine hooks in
         #: cap-table order (an RPC payload's cap table is written from it).
         self.caps: list[Any] = []
+        #: Whether this builder owns one reference to each hook in ``caps``: a message of
+        #: its own (``new_message``, ``from_row``, a copy) does, and releases them when it
+        #: is gone, as libcapnp's message builder does its cap table (an import's Release
+        #: then reaches its peer: rpc-protocol.md §7). An RPC payload's builder does not:
+        #: the payload owns them (capsvc.rpc.payload).
+        self.owns_caps = True
+
+    def __del__(self) -> None:
+        if self.owns_caps and self.caps:
+            release_hooks(self.caps)
 
     def alloc(self, words: int) -> int:
         """Allocate ``words`` zeroed words; returns the first one's index."""
@@ -1286,8 +1296,11 @@ class Undo:
 
 
 def release_hooks(hooks: list[Any]) -> None:
-    """Release each capability reference of a cap table (None: a null entry)."""
-    for hook in hooks:
+    """Release each capability reference of a cap table (None: a null entry), and empty
+    it: a message builder's own table is then released once, not again when it is gone."""
+    taken = list(hooks)
+    hooks.clear()
+    for hook in taken:
         if hook is not None:
             hook.release()
 

@@ -326,8 +326,8 @@ class StructReader:
     def _of_builder(cls: type[R], builder: Any) -> R:
         """A reader of a struct being built (its message as it is now, capabilities
         included: its cap table is the builder's, so a capability read or copied from it
-        is the one put in)."""
-        msg = MessageReader([bytes(builder._b.buf)], caps=builder._b.caps)
+        is the one put in; the reader keeps the builder's message, which owns them)."""
+        msg = MessageReader([bytes(builder._b.buf)], caps=builder._b.caps, keep=builder._b)
         start = builder._data >> 3
         # The builder's own data size: a struct copied in from a newer writer has more
         # data words than the schema (capsvc.codec.building.struct_at).

@@ -598,6 +598,7 @@ def _from_template(content: type[B], kind: _Kind) -> tuple[CodecPayload, B]:
     builder = MessageBuilder.__new__(MessageBuilder)
     builder.buf = bytearray(data)
     builder.caps = []
+    builder.owns_caps = False  # (the payload owns them: Payload.release)
     body = new_builder(kind.body.Builder, builder, body_at)
     holder = new_builder(rpc_capnp.Payload.Builder, builder, holder_at)
     payload = CodecPayload(builder, body, holder, kind.content_path, holder._ptr, target_at)

@@ -294,3 +294,35 @@ def test_a_dict_set_in_place_takes_one_reference_per_capability() -> None:
     before = callback_hook.refs
     holder.extra = {"number": 2, "callback": callback}  # a group: the same check
     assert callback_hook.refs == before + 1
+
+
+def test_a_message_of_its_own_releases_its_capabilities_when_it_is_gone() -> None:
+    """A builder of a message of its own holds one reference per cap-table entry (a field
+    set twice has two, as in libcapnp) and releases them all when it is gone; a reader of
+    it keeps the message, and so the references, while it lives. A call's params or
+    results builder does not: its payload owns them (tests/interop: the imports)."""
+    import gc
+
+    from tests.generated import testing_capnp as t
+
+    class Counter(t.Counter.Server):  # type: ignore[misc]
+        pass
+
+    client = t.Holder.new_message(cap=Counter()).cap
+    hook = client._capsvc_hook()
+    gc.collect()
+    before = hook.refs
+    holder = t.Holder.new_message(cap=client, caps=[client, client])
+    holder.cap = client
+    holder.inner = {"cap": client}
+    assert hook.refs == before + 5
+    del holder
+    gc.collect()
+    assert hook.refs == before
+    reader = t.Holder.new_message(cap=client).as_reader()
+    gc.collect()
+    assert hook.refs == before + 1
+    assert reader.cap._hook.shortest() is hook  # (its client holds one more, let go at once)
+    del reader
+    gc.collect()
+    assert hook.refs == before

@@ -152,6 +152,39 @@ async def test_the_demo_client_side_against_the_cpp_calculator(
         await assert_tables(conn)
 
 
+async def drop_a_message_holding_imports(tester: t.Tester.Client, conn: capsvc.Connection) -> None:
+    """Imported capabilities put into a message of its own (``new_message``, a field set
+    twice, a list, a reader of it), then every reference dropped: the message releases
+    its cap table's references when it is gone, as libcapnp's does, so the imports are
+    released and only the bootstrap's is left (rpc-protocol.md §7)."""
+    counter = (await tester.newCounter(start=1)).counter
+    other = (await tester.newCounter(start=2)).counter
+    await assert_tables(conn, imports=3)
+    holder = t.Holder.new_message(cap=counter, caps=[counter, other])
+    holder.cap = other  # set again: a second cap-table entry, as libcapnp makes
+    reader = t.Holder.new_message(inner={"cap": counter}).as_reader()
+    del holder
+    assert (await reader.inner.cap.get()).value == 1  # the reader keeps its message's
+    counter.close()
+    other.close()
+    del reader
+    await assert_tables(conn, imports=1)
+
+
+async def test_a_dropped_message_releases_its_imports() -> None:
+    async with local_server(TypedTester()) as address, typed_tester(address) as (conn, tester):
+        with peer_deadline():
+            await drop_a_message_holding_imports(tester, conn)
+
+
+async def test_a_dropped_message_releases_the_cpp_servers_imports(
+    pycapnp_tester: PeerProcess,
+) -> None:
+    async with typed_tester(pycapnp_tester.address) as (conn, tester):
+        with peer_deadline():
+            await drop_a_message_holding_imports(tester, conn)
+
+
 async def test_typed_and_dynamic_objects_mix() -> None:
     """A typed client of a dynamic server, and a dynamic client of a typed server."""
     async with local_server(TesterImpl()) as address, typed_tester(address) as (_, tester):
