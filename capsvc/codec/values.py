@@ -211,11 +211,13 @@ def encode_message(plan: StructPlan, value: object, packed: bool) -> bytes:
             expected = f"a {plan.name} row (a tuple) or a dict of its fields"
             raise bad_type(value, f"{plan.name}.encode()", expected)
         value = dict(value)
-    if not packed:
+    if packed:
+        buf = _native_root(plan, value)
+    else:
         data = _native_framed(plan, value)
         if data is not None:
             return data  # (the common case: framed as the C encoder writes it, no copy)
-    buf = _native_root(plan, value)
+        buf = None  # (C left it to Python: running C again as _native_root would not help)
     if buf is None:
         message = _python_root(plan, "encode", value, None)
         if message.caps:
